@@ -1,0 +1,94 @@
+"""Shared fixtures: a real redis-server, an in-process server, clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import uvicorn
+from redis.asyncio import Redis
+
+from yrelay.app import create_app
+from yrelay.client import Backoff, YrelayClient
+from yrelay.config import Settings
+from yrelay.redis_server import RedisProcess, free_port
+
+FAST_BACKOFF = Backoff(base=0.05, max_delay=0.5, max_attempts=30)
+
+
+@pytest.fixture(scope="session")
+def redis_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    """One redis-server (AOF on) for the whole run; tests flush it."""
+    with RedisProcess(tmp_path_factory.mktemp("redis")) as process:
+        yield process
+
+
+@pytest.fixture
+def redis_url(redis_process: RedisProcess) -> str:
+    redis.Redis.from_url(redis_process.url).flushall()
+    return redis_process.url
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def running_server(redis_url: str, **overrides: object) -> AsyncIterator[str]:
+    """An app served by uvicorn inside the test's event loop; yields its ws URL."""
+    settings = Settings.from_env(**{"resend_after": 0.5, "resend_check_interval": 0.1, **overrides})
+    port = free_port()
+    config = uvicorn.Config(create_app(settings, redis_url), host="127.0.0.1", port=port, log_level="warning",
+                            ws_max_size=settings.max_frame_bytes * 4)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"ws://127.0.0.1:{port}/ws"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def server_url(redis_url: str) -> AsyncIterator[str]:
+    async with running_server(redis_url) as url:
+        yield url
+
+
+@pytest.fixture
+async def make_client() -> AsyncIterator:
+    clients: list[YrelayClient] = []
+
+    async def make(url: str, **kwargs: object) -> YrelayClient:
+        client = YrelayClient(url, backoff=kwargs.pop("backoff", FAST_BACKOFF), **kwargs)  # type: ignore[arg-type]
+        clients.append(client)
+        return await client.connect()
+
+    yield make
+    for client in clients:
+        await client.close()
+
+
+async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Poll ``predicate`` until it is true; fail with its last value otherwise."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture
+def tmp_dir(tmp_path: Path) -> Path:
+    return tmp_path

@@ -1,0 +1,54 @@
+"""A bare protocol peer for tests that must control every frame."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import websockets
+
+
+class RawPeer:
+    def __init__(self, ws: Any):
+        self.ws = ws
+        self.session: str | None = None
+
+    @classmethod
+    async def connect(cls, url: str, session: str | None = None) -> "RawPeer":
+        peer = cls(await websockets.connect(url, max_size=None))
+        await peer.send({"op": "hello", "session": session})
+        welcome = await peer.expect("welcome")
+        peer.session = welcome["session"]
+        return peer
+
+    async def send(self, frame: dict[str, Any] | str) -> None:
+        await self.ws.send(frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def recv(self, timeout: float = 5.0) -> dict[str, Any]:
+        return json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+
+    async def expect(self, op: str, timeout: float = 5.0) -> dict[str, Any]:
+        frame = await self.recv(timeout)
+        assert frame["op"] == op, frame
+        return frame
+
+    async def nothing(self, timeout: float = 0.5) -> None:
+        try:
+            frame = await self.recv(timeout)
+        except asyncio.TimeoutError:
+            return
+        raise AssertionError(f"unexpected frame {frame}")
+
+    async def update(self, doc: str, clock: int, update: bytes) -> dict[str, Any]:
+        """Send an update and return the server's answer to it (deliveries of
+        other entries that arrive first are skipped)."""
+        await self.send({"op": "update", "doc": doc, "clock": clock, "update": base64.b64encode(update).decode()})
+        while True:
+            frame = await self.recv()
+            if frame["op"] != "deliver":
+                return frame
+
+    async def close(self) -> None:
+        await self.ws.close()

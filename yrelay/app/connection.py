@@ -1,0 +1,207 @@
+"""One websocket: the handshake, then routing each frame to its document.
+
+Every rejection becomes an ``error`` frame with a code and a plain message;
+nothing a client sends can raise out of this module, store anything invalid,
+or stop other documents on the same socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from typing import Any
+
+import redis.exceptions
+from fastapi import WebSocket, WebSocketDisconnect
+
+from .. import crdt, protocol
+from ..offsets import StreamId
+from ..protocol import Ack, ErrorCode, Hello, Ping, ProtocolError, Subscribe, Sync, Unsubscribe, Update
+from .context import ServerContext
+from .subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+
+class ConnectionState(enum.Enum):
+    AWAITING_HELLO = "awaiting_hello"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Connection:
+    def __init__(self, websocket: WebSocket, ctx: ServerContext):
+        self.websocket = websocket
+        self.ctx = ctx
+        self.state = ConnectionState.AWAITING_HELLO
+        self.session: str | None = None
+        self.subscriptions: dict[str, Subscription] = {}
+        self._send_lock = asyncio.Lock()
+        self._inflight = asyncio.Semaphore(ctx.settings.max_inflight_appends)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        await self.websocket.accept()
+        resend_timer = asyncio.create_task(self._resend_timer())
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                await self._handle_message(message)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.state = ConnectionState.CLOSED
+            resend_timer.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            # Unsubscribe locally only: the session stays tracked, so a quick
+            # reconnect resumes from its offset.
+            for subscription in list(self.subscriptions.values()):
+                await subscription.close()
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        text = protocol.encode(frame)
+        async with self._send_lock:
+            await self.websocket.send_text(text)
+
+    async def _handle_message(self, message: dict[str, Any]) -> None:
+        text = message.get("text")
+        if text is None:
+            await self._reject(ProtocolError(ErrorCode.MALFORMED_FRAME, "frames are JSON text, not binary"))
+            return
+        if len(text) > self.ctx.settings.max_frame_bytes:
+            await self._reject(ProtocolError(
+                ErrorCode.FRAME_TOO_LARGE, f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes"
+            ))
+            return
+        try:
+            frame = protocol.parse_client_frame(text)
+            await self._dispatch(frame)
+        except ProtocolError as error:
+            await self._reject(error)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("Redis error while handling a frame: %s", exc)
+            await self._reject(ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; retry later"))
+        except (WebSocketDisconnect, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("unexpected error handling a frame")
+            await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
+
+    async def _reject(self, error: ProtocolError) -> None:
+        await self.send(protocol.error(error))
+
+    async def _dispatch(self, frame: object) -> None:
+        if isinstance(frame, Hello):
+            await self._hello(frame)
+            return
+        if self.state is not ConnectionState.OPEN:
+            raise ProtocolError(ErrorCode.HANDSHAKE_REQUIRED, "send 'hello' first")
+        if isinstance(frame, Update):
+            await self._update(frame)
+        elif isinstance(frame, Ack):
+            self._subscription(frame.doc).on_ack(StreamId.parse(frame.offset))
+        elif isinstance(frame, Subscribe):
+            await self._subscribe(frame)
+        elif isinstance(frame, Unsubscribe):
+            await self._unsubscribe(frame)
+        elif isinstance(frame, Sync):
+            self._subscription(frame.doc).request_sync(_decode_b64(frame.state_vector, frame.doc, None))
+        elif isinstance(frame, Ping):
+            await self.send(protocol.pong())
+
+    def _subscription(self, doc: str) -> Subscription:
+        subscription = self.subscriptions.get(doc)
+        if subscription is None:
+            raise ProtocolError(ErrorCode.NOT_SUBSCRIBED, "subscribe to the document first", doc=doc)
+        return subscription
+
+    async def _hello(self, frame: Hello) -> None:
+        if self.state is not ConnectionState.AWAITING_HELLO:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, "'hello' was already sent on this connection")
+        if frame.protocol != protocol.PROTOCOL_VERSION:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}")
+        self.session, resumed = await self.ctx.sessions.open(frame.session)
+        self.state = ConnectionState.OPEN
+        await self.send(protocol.welcome(self.session, resumed, self.ctx.settings.client_limits()))
+
+    async def _subscribe(self, frame: Subscribe) -> None:
+        assert self.session is not None
+        old = self.subscriptions.pop(frame.doc, None)
+        if old is not None:
+            await old.close()
+        elif len(self.subscriptions) >= self.ctx.settings.max_docs_per_connection:
+            raise ProtocolError(
+                ErrorCode.MALFORMED_FRAME,
+                f"at most {self.ctx.settings.max_docs_per_connection} documents per connection",
+                doc=frame.doc,
+            )
+        requested = StreamId.parse(frame.offset) if frame.offset is not None else None
+        subscription = Subscription(self.ctx, frame.doc, self.session, self.send, requested)
+        self.subscriptions[frame.doc] = subscription
+        subscription.start()
+
+    async def _unsubscribe(self, frame: Unsubscribe) -> None:
+        assert self.session is not None
+        subscription = self.subscriptions.pop(frame.doc, None)
+        if subscription is not None:
+            await subscription.close()
+        await self.ctx.tracker.untrack(frame.doc, self.session)
+        await self.send(protocol.unsubscribed(frame.doc))
+
+    async def _update(self, frame: Update) -> None:
+        assert self.session is not None
+        self._subscription(frame.doc)
+        limit = self.ctx.settings.max_update_bytes
+        if len(frame.update) > (limit + 2) // 3 * 4:  # base64 length of `limit` bytes
+            raise ProtocolError(ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {limit} bytes", doc=frame.doc, clock=frame.clock)
+        update = _decode_b64(frame.update, frame.doc, frame.clock)
+        if len(update) > limit:
+            raise ProtocolError(ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {limit} bytes", doc=frame.doc, clock=frame.clock)
+        try:
+            crdt.validate_update(update)
+        except crdt.InvalidUpdate as exc:
+            raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
+        await self._inflight.acquire()
+        future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
+        task = asyncio.create_task(self._confirm(frame, future))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]]) -> None:
+        """Ack an update once (and only once) the append script returned."""
+        try:
+            entry_id, duplicate = await future
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("append of %s clock %s failed: %s", frame.doc, frame.clock, exc)
+            await self._safe_send(protocol.error(ProtocolError(
+                ErrorCode.UNAVAILABLE, "the update was not stored; resend it", doc=frame.doc, clock=frame.clock
+            )))
+            return
+        finally:
+            self._inflight.release()
+        await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate))
+
+    async def _safe_send(self, frame: dict[str, Any]) -> None:
+        try:
+            await self.send(frame)
+        except Exception:  # the socket is gone; the client resends unacked updates
+            pass
+
+    async def _resend_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.settings.resend_check_interval)
+            for subscription in list(self.subscriptions.values()):
+                subscription.check_resend()
+
+
+def _decode_b64(text: str, doc: str, clock: int | None) -> bytes:
+    try:
+        return protocol.b64decode(text)
+    except ValueError:
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "payload is not valid base64", doc=doc, clock=clock) from None

@@ -1,0 +1,62 @@
+"""The per-process parts every connection shares, built once at start-up."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from ..config import Settings
+from ..redis_server import check_durability
+from ..store import DocumentStore
+from ..tracker import AckWriter, Tracker
+from .appender import Appender
+from .fanout import Fanout
+from .sessions import SessionRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerContext:
+    settings: Settings
+    redis: Redis
+    store: DocumentStore
+    tracker: Tracker
+    ack_writer: AckWriter
+    appender: Appender
+    fanout: Fanout
+    sessions: SessionRegistry
+    process_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    @classmethod
+    async def open(cls, settings: Settings, redis_url: str) -> "ServerContext":
+        redis = Redis.from_url(redis_url, socket_timeout=10, health_check_interval=30)
+        reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
+        store = DocumentStore(redis)
+        await store.load_scripts()
+        for warning in await check_durability(redis):
+            log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
+        ctx = cls(
+            settings=settings,
+            redis=redis,
+            store=store,
+            tracker=Tracker(redis),
+            ack_writer=AckWriter(redis),
+            appender=Appender(store),
+            fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size),
+            sessions=SessionRegistry(redis, settings.session_ttl),
+        )
+        ctx.ack_writer.start()
+        ctx.appender.start()
+        ctx.fanout.start()
+        return ctx
+
+    async def close(self) -> None:
+        await self.fanout.stop()
+        await self.appender.stop()
+        await self.ack_writer.stop()
+        await self.redis.aclose()

@@ -1,0 +1,208 @@
+"""One reader per server process: a blocking XREAD over the streams of every
+document that has a subscriber here, handing each batch of new entries to
+those subscribers.
+
+Fan-out goes through Redis streams, never through process memory, so any
+number of server processes can serve one document. Batches of one document are
+contiguous (each starts exactly where the previous one ended), which lets a
+subscription tell whether it can take a batch as is or must first read the
+gap from the stream.
+
+Isolation: if Redis rejects the multi-stream XREAD (a key of the wrong type,
+say), every document is probed on its own, the broken ones are set aside for a
+while and reported to their subscribers, and the rest carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import redis.exceptions
+from redis.asyncio import Redis
+
+from ..keys import stream_key
+from ..offsets import StreamId
+from ..store import DocumentStore, Entry, to_entry
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Entries of one document with ids in ``(after, last]``, all of them."""
+
+    after: StreamId
+    entries: list[Entry]
+
+    @property
+    def last(self) -> StreamId:
+        return self.entries[-1].id
+
+
+class Subscriber(Protocol):
+    doc: str
+
+    def offer(self, batch: Batch) -> None: ...
+
+    def document_failed(self, reason: str) -> None: ...
+
+
+@dataclass
+class Feed:
+    """Per-document fan-out state of this process."""
+
+    cursor: StreamId
+    subscribers: set = field(default_factory=set)
+    broken_until: float = 0.0
+
+
+class Fanout:
+    def __init__(self, url_redis: Redis, store: DocumentStore, *, block_ms: int, count: int):
+        self.reader = url_redis  # a single-connection client, owned by this loop
+        self.store = store
+        self.block_ms = block_ms
+        self.count = count
+        self.feeds: dict[str, Feed] = {}
+        self._changed = asyncio.Event()
+        self._reader_id: int | None = None
+        self._generation = 0  # bumped when the set of documents changes
+        self._reading_generation = -1
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="yrelay-fanout")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.reader.aclose()
+
+    def cursor(self, doc: str) -> StreamId | None:
+        feed = self.feeds.get(doc)
+        return feed.cursor if feed else None
+
+    async def register(self, subscriber: Subscriber) -> StreamId:
+        """Start feeding ``subscriber``; returns the feed's cursor: everything
+        after it will be offered, everything up to it the subscriber reads itself."""
+        feed = self.feeds.get(subscriber.doc)
+        if feed is None:
+            last = await self.store.last_id(subscriber.doc)
+            feed = self.feeds.get(subscriber.doc)  # another task may have won the race
+            if feed is None:
+                feed = self.feeds[subscriber.doc] = Feed(cursor=last)
+                self._documents_changed()
+        feed.subscribers.add(subscriber)
+        return feed.cursor
+
+    def unregister(self, subscriber: Subscriber) -> None:
+        feed = self.feeds.get(subscriber.doc)
+        if feed is None:
+            return
+        feed.subscribers.discard(subscriber)
+        if not feed.subscribers:
+            del self.feeds[subscriber.doc]
+            self._generation += 1
+
+    def _documents_changed(self) -> None:
+        self._generation += 1
+        self._changed.set()
+        asyncio.create_task(self._interrupt_read())
+
+    async def _interrupt_read(self) -> None:
+        """Wake the blocking XREAD so it picks up a new document now, not after
+        ``block_ms``. Retried briefly: the reader may be between two reads."""
+        for _ in range(50):
+            if self._reading_generation >= self._generation or self._reader_id is None:
+                return
+            try:
+                if await self.store.redis.client_unblock(self._reader_id):
+                    return
+            except redis.exceptions.RedisError:
+                return
+            await asyncio.sleep(0.005)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await self._read_once()
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                log.warning("fan-out reader lost Redis (%s); retrying in %.1fs", exc, backoff)
+                self._reader_id = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception:
+                log.exception("fan-out reader failed; retrying")
+                await asyncio.sleep(backoff)
+
+    def _readable(self) -> dict[str, StreamId]:
+        now = time.monotonic()
+        return {doc: feed.cursor for doc, feed in self.feeds.items() if feed.broken_until <= now}
+
+    async def _read_once(self) -> None:
+        if self._reader_id is None:
+            self._reader_id = await self.reader.client_id()
+        readable = self._readable()
+        self._reading_generation = self._generation
+        if not readable:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=self.block_ms / 1000)
+            except asyncio.TimeoutError:
+                pass
+            return
+        streams = {stream_key(doc): str(cursor) for doc, cursor in readable.items()}
+        try:
+            reply = await self.reader.xread(streams, count=self.count, block=self.block_ms)
+        except redis.exceptions.ResponseError:
+            await self._isolate_broken(readable)
+            return
+        self._dispatch(reply or [])
+
+    def _dispatch(self, reply: list) -> None:
+        for raw_key, raw_entries in reply:
+            doc = _doc_of(raw_key)
+            feed = self.feeds.get(doc)
+            if feed is None or not raw_entries:
+                continue
+            entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
+            entries = [entry for entry in entries if entry.id > feed.cursor]
+            if not entries:
+                continue
+            batch = Batch(feed.cursor, entries)
+            feed.cursor = batch.last
+            for subscriber in list(feed.subscribers):
+                subscriber.offer(batch)
+
+    async def _isolate_broken(self, readable: dict[str, StreamId]) -> None:
+        for doc, cursor in readable.items():
+            try:
+                reply = await self.store.redis.xread({stream_key(doc): str(cursor)}, count=self.count)
+            except redis.exceptions.ResponseError as exc:
+                feed = self.feeds.get(doc)
+                if feed is None:
+                    continue
+                log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS)
+                feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
+                for subscriber in list(feed.subscribers):
+                    subscriber.document_failed(str(exc))
+                continue
+            self._dispatch(reply or [])
+
+
+def _doc_of(raw_key: bytes) -> str:
+    key = raw_key.decode()
+    return key[key.index("{") + 1 : key.rindex("}")]
+
+
+__all__ = ["Batch", "Fanout", "Feed", "Subscriber"]

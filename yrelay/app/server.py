@@ -1,0 +1,52 @@
+"""The FastAPI application: the websocket endpoint and health checks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse
+
+from .. import __version__
+from ..config import Settings
+from .connection import Connection
+from .context import ServerContext
+
+
+def create_app(settings: Settings, redis_url: str) -> FastAPI:
+    """An app bound to one Redis; the process-wide parts start with it."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.ctx = await ServerContext.open(settings, redis_url)
+        try:
+            yield
+        finally:
+            await app.state.ctx.close()
+
+    app = FastAPI(title="yrelay", version=__version__, lifespan=lifespan)
+
+    @app.websocket("/ws")
+    async def websocket_endpoint(websocket: WebSocket) -> None:
+        await Connection(websocket, websocket.app.state.ctx).run()
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """The process is up (no dependencies checked)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """Redis answers and the scripts are loaded: ready for traffic."""
+        ctx: ServerContext = app.state.ctx
+        try:
+            await ctx.redis.ping()
+            [loaded] = await ctx.redis.script_exists(ctx.store.scripts.append.sha)
+            if not loaded:  # Redis restarted without its script cache
+                await ctx.store.load_scripts()
+        except Exception as exc:
+            return JSONResponse({"status": "unavailable", "reason": str(exc)[:200]}, status_code=503)
+        return JSONResponse({"status": "ready", "process": ctx.process_id})
+
+    return app

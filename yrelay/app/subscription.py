@@ -1,0 +1,292 @@
+"""One connection's subscription to one document: what was sent, what was
+acked, and the task that sends everything else.
+
+Every frame about this document is sent by the subscription's own pump task,
+so a catch-up, a live batch, a resend and a sync answer can never interleave.
+Entries come from two places: batches the process-wide fan-out offers (shared
+by all subscribers, encoded once), and pages read from the stream when the
+subscription is behind the fan-out (new subscriber, resend, slow consumer).
+Memory per subscription is bounded: pending batches are capped (on overflow
+they are dropped and read back from the stream), and at most
+``max_unacked_entries`` are in flight before sending pauses for acks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+
+from .. import crdt, protocol
+from ..offsets import StreamId
+from ..protocol import ErrorCode, ProtocolError, ResyncReason
+from ..store import Entry, HistoryTrimmed
+from .fanout import Batch
+
+if TYPE_CHECKING:
+    from .context import ServerContext
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_BATCHES = 64
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class SubscriptionState(enum.Enum):
+    STARTING = "starting"  # registered, first frames not sent yet
+    LIVE = "live"  # sending from the cursor on
+    RESYNC_REQUIRED = "resync_required"  # waiting for the client's sync frame
+    CLOSED = "closed"
+
+
+_TRANSITIONS = {
+    SubscriptionState.STARTING: {SubscriptionState.LIVE, SubscriptionState.RESYNC_REQUIRED, SubscriptionState.CLOSED},
+    SubscriptionState.LIVE: {SubscriptionState.RESYNC_REQUIRED, SubscriptionState.CLOSED},
+    SubscriptionState.RESYNC_REQUIRED: {SubscriptionState.LIVE, SubscriptionState.CLOSED},
+    SubscriptionState.CLOSED: set(),
+}
+
+
+class Subscription:
+    def __init__(self, ctx: "ServerContext", doc: str, session: str, send: Send, requested: StreamId | None):
+        self.ctx = ctx
+        self.doc = doc
+        self.session = session
+        self._send = send
+        self._requested = requested
+        self.state = SubscriptionState.STARTING
+        #: Every entry up to the cursor was sent, or skipped as the session's own.
+        self.cursor = StreamId(0, 0)
+        #: The client's cumulative ack.
+        self.acked = StreamId(0, 0)
+        #: What the tracker was last told this session holds.
+        self.tracked = StreamId(0, 0)
+        self._sent: deque[StreamId] = deque()  # sent, not yet acked, in order
+        self._unacked_since: float | None = None
+        self._pending: deque[Batch] = deque()
+        self._sync_vector: bytes | None = None
+        self._failure: str | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.resends = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _move(self, new: SubscriptionState) -> None:
+        if new not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"subscription {self.doc}: {self.state.value} -> {new.value} is not allowed")
+        self.state = new
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"yrelay-sub-{self.doc}")
+
+    async def close(self) -> None:
+        if self.state is not SubscriptionState.CLOSED:
+            self._move(SubscriptionState.CLOSED)
+        self.ctx.fanout.unregister(self)
+        if self._task and self._task is not asyncio.current_task():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # ------------------------------------------------------ called by others
+
+    def offer(self, batch: Batch) -> None:
+        """A batch from the fan-out (synchronous: called for every subscriber)."""
+        if self.state not in (SubscriptionState.LIVE, SubscriptionState.STARTING):
+            return  # read back from the stream once live again
+        if len(self._pending) >= MAX_PENDING_BATCHES:
+            self._pending.clear()  # slow consumer: catch up from the stream instead
+        else:
+            self._pending.append(batch)
+        self._wake.set()
+
+    def document_failed(self, reason: str) -> None:
+        self._failure = reason
+        self._wake.set()
+
+    def on_ack(self, offset: StreamId) -> None:
+        """The client holds everything up to ``offset``."""
+        offset = min(offset, self.cursor)  # it cannot hold what was never sent
+        if offset > self.acked:
+            self.acked = offset
+        while self._sent and self._sent[0] <= self.acked:
+            self._sent.popleft()
+        if self._sent:
+            self._unacked_since = time.monotonic()  # progress: restart the resend clock
+            self._hold_through(self.acked)
+        else:
+            self._unacked_since = None
+            self._hold_through(self.cursor)  # the rest up to the cursor is its own
+        self._wake.set()
+
+    def request_sync(self, state_vector: bytes) -> None:
+        self._sync_vector = state_vector
+        self._wake.set()
+
+    def check_resend(self) -> None:
+        """Called periodically: resend when the document went quiet."""
+        if self._resend_due():
+            self._wake.set()
+
+    # ------------------------------------------------------------ the pump
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        try:
+            await self.ctx.fanout.register(self)
+            await self._start()
+            while self.state is not SubscriptionState.CLOSED:
+                try:
+                    await self._step()
+                    backoff = 0.1
+                except HistoryTrimmed:
+                    await self._require_resync(ResyncReason.TRIMMED)
+                except (redis.exceptions.RedisError, OSError) as exc:
+                    log.warning("document %s: Redis error %s; retrying", self.doc, exc)
+                    await self._error(ErrorCode.UNAVAILABLE, "storage unavailable; retrying")
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    self._wake.set()
+                await self._wake.wait()
+                self._wake.clear()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the socket closed under us, most likely
+            log.debug("subscription %s stopped: %r", self.doc, exc)
+
+    async def _start(self) -> None:
+        if self._requested is None:
+            snapshot = await self.ctx.store.load_snapshot(self.doc)
+            await self._go_live(snapshot.offset)
+            if snapshot.update:
+                parts = protocol.chunks(snapshot.update, self.ctx.settings.chunk_bytes)
+                for index, part in enumerate(parts):
+                    await self._send(protocol.snapshot(self.doc, str(snapshot.offset), part, index, len(parts)))
+            return
+        last = await self.ctx.store.last_id(self.doc)
+        if self._requested > last:
+            await self._require_resync(ResyncReason.AHEAD)
+        elif self._requested < await self.ctx.store.trimmed_through(self.doc):
+            await self._require_resync(ResyncReason.TRIMMED)
+        else:
+            await self._go_live(self._requested)
+
+    async def _go_live(self, offset: StreamId) -> None:
+        await self.ctx.tracker.track(self.doc, self.session, offset)
+        self.cursor = self.acked = self.tracked = offset
+        self._sent.clear()
+        self._move(SubscriptionState.LIVE)
+        await self._send(protocol.subscribed(self.doc, str(offset)))
+        self._wake.set()
+
+    async def _step(self) -> None:
+        if self._failure is not None:
+            reason, self._failure = self._failure, None
+            await self._error(ErrorCode.DOCUMENT_UNAVAILABLE, f"document cannot be read: {reason[:200]}")
+        if self._sync_vector is not None:
+            await self._answer_sync()
+        while self.state is SubscriptionState.LIVE and await self._send_more():
+            pass
+
+    async def _send_more(self) -> bool:
+        """Send one batch or page; False when there is nothing to send now."""
+        if self._resend_due():
+            self._rewind()
+        if len(self._sent) >= self.ctx.settings.max_unacked_entries:
+            return False  # paced: the next ack wakes us
+        if self._pending:
+            batch = self._pending.popleft()
+            if batch.last <= self.cursor:
+                return True
+            if batch.after > self.cursor:  # a gap before this batch: read it first
+                self._pending.appendleft(batch)
+                return await self._send_page(until=batch.after)
+            await self._send_entries([entry for entry in batch.entries if entry.id > self.cursor])
+            return True
+        target = self.ctx.fanout.cursor(self.doc)
+        if target is not None and self.cursor < target:
+            return await self._send_page(until=target)
+        return False
+
+    async def _send_page(self, until: StreamId) -> bool:
+        page = await self.ctx.store.read_page(self.doc, self.cursor, self.ctx.settings.page_size)
+        page = [entry for entry in page if entry.id <= until]
+        if not page:
+            return False
+        await self._send_entries(page)
+        return True
+
+    async def _send_entries(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        visible = [entry for entry in entries if entry.session != self.session]
+        if visible:
+            await self._send(protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible]))
+            self._sent.extend(entry.id for entry in visible)
+            if self._unacked_since is None:
+                self._unacked_since = time.monotonic()
+        self.cursor = entries[-1].id
+        if not self._sent:
+            self._hold_through(self.cursor)  # only its own entries: nothing to ack
+
+    # ------------------------------------------------------ resend and sync
+
+    def _resend_due(self) -> bool:
+        return (
+            self.state is SubscriptionState.LIVE
+            and self._unacked_since is not None
+            and time.monotonic() - self._unacked_since >= self.ctx.settings.resend_after
+        )
+
+    def _rewind(self) -> None:
+        """Send again everything after the client's ack, read from the stream."""
+        self.cursor = self.acked
+        self._sent.clear()
+        self._pending.clear()
+        self._unacked_since = None
+        self.resends += 1
+
+    def _hold_through(self, offset: StreamId) -> None:
+        if offset > self.tracked:
+            self.tracked = offset
+            self.ctx.ack_writer.submit(self.doc, self.session, offset)
+
+    async def _require_resync(self, reason: ResyncReason) -> None:
+        self._move(SubscriptionState.RESYNC_REQUIRED)
+        self._pending.clear()
+        self._sent.clear()
+        self._unacked_since = None
+        await self._send(protocol.resync_required(self.doc, reason))
+
+    async def _answer_sync(self) -> None:
+        """Two-way state-vector exchange: send what the client lacks, with the
+        server's state vector so the client can send back what the server lacks."""
+        state_vector, self._sync_vector = self._sync_vector, None
+        ydoc, offset = await self.ctx.store.load_document(self.doc, self.ctx.settings.page_size)
+        try:
+            diff = crdt.encode_state(ydoc, state_vector)
+        except crdt.InvalidUpdate:
+            await self._error(ErrorCode.MALFORMED_FRAME, "state_vector is not a Yjs state vector")
+            return
+        server_vector = crdt.state_vector(ydoc)
+        await self.ctx.tracker.track(self.doc, self.session, offset)
+        self.cursor = self.acked = self.tracked = offset
+        self._sent.clear()
+        self._pending.clear()
+        self._unacked_since = None
+        if self.state is SubscriptionState.RESYNC_REQUIRED:
+            self._move(SubscriptionState.LIVE)
+        parts = protocol.chunks(diff, self.ctx.settings.chunk_bytes)
+        for index, part in enumerate(parts):
+            await self._send(protocol.sync_reply(self.doc, str(offset), part, server_vector, index, len(parts)))
+        self._wake.set()
+
+    async def _error(self, code: ErrorCode, message: str) -> None:
+        await self._send(protocol.error(ProtocolError(code, message, doc=self.doc)))

@@ -1,0 +1,363 @@
+"""An asyncio yrelay client that binds y-py documents to a server.
+
+It is the reference implementation of docs/protocol.md on the client side,
+and what the tests, the checker and the benchmarks drive.
+
+Guarantees it keeps: every local change stays in the send buffer until the
+server acks it (appended to the stream), and is resent with exponential
+backoff + jitter; after ``max_attempts`` the client reconnects and resyncs
+every document in full (a two-way state-vector exchange). Deliveries are
+acked cumulatively per document once applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import websockets
+from websockets.exceptions import ConnectionClosed
+
+from .. import crdt, protocol
+from ..offsets import StreamId
+from .backoff import Backoff
+from .sendbuffer import SendBuffer
+
+log = logging.getLogger(__name__)
+
+#: Errors after which resending the same update can never succeed.
+FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large"}
+
+
+@dataclass
+class AckedUpdate:
+    """An update the server confirmed is in the stream (for checkers)."""
+
+    doc: str
+    clock: int
+    id: str
+    update: bytes
+
+
+@dataclass
+class ClientDocument:
+    """One subscribed document: its y-py doc and its place in the stream."""
+
+    name: str
+    ydoc: crdt.Doc
+    offset: str | None = None
+    #: Set when the client gave up resending: resync in full on resubscribe.
+    needs_sync: bool = False
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    _parts: list[bytes] = field(default_factory=list)
+    _batch: list[bytes] = field(default_factory=list)
+    _batch_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def text(self) -> str:
+        return crdt.text_of(self.ydoc)
+
+
+class YrelayClient:
+    def __init__(
+        self,
+        url: str | list[str],
+        *,
+        session: str | None = None,
+        backoff: Backoff = Backoff(),
+        batch_delay: float = 0.0,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ):
+        """``batch_delay`` > 0 turns on Nagle-like batching: local updates of a
+        document made within that many seconds are merged into one send."""
+        #: Servers to try, in turn, on every reconnect.
+        self.urls = [url] if isinstance(url, str) else list(url)
+        self.session = session
+        self.backoff = backoff
+        self.batch_delay = batch_delay
+        self.on_event = on_event
+        self.docs: dict[str, ClientDocument] = {}
+        self.buffer = SendBuffer(backoff)
+        self.acked: list[AckedUpdate] = []
+        self.errors: list[dict[str, Any]] = []
+        self.resyncs = 0
+        self.connected = asyncio.Event()
+        self._ws: Any = None
+        self._applying_remote = False
+        self._closing = False
+        self._runner: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------- public API
+
+    async def connect(self, timeout: float = 10.0) -> "YrelayClient":
+        self._runner = asyncio.create_task(self._run(), name="yrelay-client")
+        await asyncio.wait_for(self.connected.wait(), timeout)
+        return self
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._ws is not None:
+            await self._ws.close()
+        if self._runner:
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+
+    async def __aenter__(self) -> "YrelayClient":
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def subscribe(self, name: str, ydoc: crdt.Doc | None = None, timeout: float = 10.0) -> ClientDocument:
+        """Bind ``ydoc`` (a new one by default) to document ``name`` and wait
+        until it holds the server's state."""
+        doc = ClientDocument(name, ydoc if ydoc is not None else crdt.new_doc())
+        self.docs[name] = doc
+        crdt.observe_updates(doc.ydoc, lambda update: self._local_update(doc, update))
+        await self._send_quietly({"op": "subscribe", "doc": name, "offset": doc.offset})
+        await asyncio.wait_for(doc.synced.wait(), timeout)
+        return doc
+
+    async def unsubscribe(self, name: str) -> None:
+        self.docs.pop(name, None)
+        await self._send_quietly({"op": "unsubscribe", "doc": name})
+
+    @property
+    def pending(self) -> int:
+        return len(self.buffer) + sum(len(doc._batch) for doc in self.docs.values())
+
+    async def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until every local change is acked."""
+        async def idle() -> None:
+            while self.pending:
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(idle(), timeout)
+
+    async def drop_connection(self) -> None:
+        """Close the socket (tests, network changes): the client reconnects by itself."""
+        if self._ws is not None:
+            await self._ws.close(code=4000)
+
+    # ------------------------------------------------------------ local edits
+
+    def _local_update(self, doc: ClientDocument, update: bytes) -> None:
+        if self._applying_remote:
+            return
+        if self.batch_delay <= 0:
+            self._enqueue(doc.name, update)
+            return
+        doc._batch.append(update)
+        if doc._batch_timer is None:
+            loop = asyncio.get_running_loop()
+            doc._batch_timer = loop.call_later(self.batch_delay, self._flush_batch, doc)
+
+    def _flush_batch(self, doc: ClientDocument) -> None:
+        doc._batch_timer = None
+        updates, doc._batch = doc._batch, []
+        if updates:
+            self._enqueue(doc.name, updates[0] if len(updates) == 1 else crdt.merge_updates(updates))
+
+    def _enqueue(self, doc: str, update: bytes) -> None:
+        item = self.buffer.add(doc, update)
+        if self.connected.is_set():
+            self.buffer.mark_sent(item)
+            asyncio.ensure_future(self._send_quietly(_update_frame(item)))
+
+    # ------------------------------------------------------------ connection
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._closing:
+            url = self.urls[attempt % len(self.urls)]
+            try:
+                async with websockets.connect(url, max_size=None, open_timeout=10) as ws:
+                    self._ws = ws
+                    await self._handshake(ws)
+                    attempt = 0
+                    retry = asyncio.create_task(self._retry_loop())
+                    try:
+                        async for message in ws:
+                            self._handle(json.loads(message))
+                    finally:
+                        retry.cancel()
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ConnectionClosed, asyncio.TimeoutError, websockets.InvalidHandshake) as exc:
+                log.debug("connection lost: %r", exc)
+            finally:
+                self._ws = None
+                self.connected.clear()
+            if self._closing:
+                return
+            self._emit("disconnected", {})
+            await asyncio.sleep(self.backoff.delay(attempt))
+            attempt += 1
+
+    async def _handshake(self, ws: Any) -> None:
+        await ws.send(json.dumps({"op": "hello", "session": self.session}))
+        welcome = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        if welcome.get("op") != "welcome":
+            raise ConnectionError(f"expected welcome, got {welcome}")
+        self.session = welcome["session"]
+        for doc in self.docs.values():
+            doc.synced.clear()
+            await ws.send(json.dumps({"op": "subscribe", "doc": doc.name, "offset": doc.offset}))
+        self.buffer.reset_attempts()
+        for item in self.buffer.all():
+            self.buffer.mark_sent(item)
+            await ws.send(json.dumps(_update_frame(item)))
+        self.connected.set()
+        self._emit("connected", {"session": self.session, "resumed": welcome["resumed"]})
+
+    async def _retry_loop(self) -> None:
+        """Resend unacked updates on their backoff schedule; past the maximum
+        number of attempts, reconnect and resync every document in full."""
+        while True:
+            await asyncio.sleep(0.05)
+            if self.buffer.exhausted():
+                log.warning("updates unacked after %d attempts: reconnecting for a full resync", self.backoff.max_attempts)
+                for doc in self.docs.values():
+                    doc.needs_sync = True
+                if self._ws is not None:
+                    await self._ws.close(code=4000)
+                return
+            for item in self.buffer.due():
+                self.buffer.mark_sent(item)
+                await self._send_quietly(_update_frame(item))
+
+    async def _send_quietly(self, frame: dict[str, Any]) -> None:
+        ws = self._ws
+        if ws is None:
+            return  # sent again after the next handshake
+        try:
+            await ws.send(json.dumps(frame))
+        except ConnectionClosed:
+            pass
+
+    def _emit(self, event: str, data: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(event, data)
+
+    # ------------------------------------------------------------ server frames
+
+    def _handle(self, frame: dict[str, Any]) -> None:
+        handler = getattr(self, f"_on_{frame.get('op')}", None)
+        if handler is None:
+            log.warning("unexpected frame %s", str(frame)[:200])
+            return
+        handler(frame)
+
+    def _on_appended(self, frame: dict[str, Any]) -> None:
+        item = self.buffer.pop(frame["clock"])
+        if item is not None:
+            self.acked.append(AckedUpdate(item.doc, item.clock, frame["id"], item.update))
+            self._emit("appended", frame)
+
+    def _on_deliver(self, frame: dict[str, Any]) -> None:
+        doc = self.docs.get(frame["doc"])
+        if doc is None:
+            return
+        for entry in frame["entries"]:
+            self._apply_remote(doc, protocol.b64decode(entry["update"]))
+            doc.offset = _max_offset(doc.offset, entry["id"])
+        self._ack(doc)
+
+    def _on_subscribed(self, frame: dict[str, Any]) -> None:
+        doc = self.docs.get(frame["doc"])
+        if doc is None:
+            return
+        doc.offset = _max_offset(doc.offset, frame["offset"])
+        if doc.needs_sync:
+            doc.needs_sync = False
+            self._request_sync(doc)
+        else:
+            doc.synced.set()
+
+    def _on_snapshot(self, frame: dict[str, Any]) -> None:
+        doc = self.docs.get(frame["doc"])
+        if doc is None:
+            return
+        update = self._collect(doc, frame)
+        if update is not None:
+            self._apply_remote(doc, update)
+            doc.offset = _max_offset(doc.offset, frame["offset"])
+            self._ack(doc)
+
+    def _on_resync_required(self, frame: dict[str, Any]) -> None:
+        doc = self.docs.get(frame["doc"])
+        if doc is not None:
+            self._emit("resync_required", frame)
+            self._request_sync(doc)
+
+    def _request_sync(self, doc: ClientDocument) -> None:
+        self.resyncs += 1
+        doc._parts.clear()
+        vector = protocol.b64encode(crdt.state_vector(doc.ydoc))
+        asyncio.ensure_future(self._send_quietly({"op": "sync", "doc": doc.name, "state_vector": vector}))
+
+    def _on_sync_reply(self, frame: dict[str, Any]) -> None:
+        doc = self.docs.get(frame["doc"])
+        if doc is None:
+            return
+        update = self._collect(doc, frame)
+        if update is None:
+            return
+        self._apply_remote(doc, update)
+        doc.offset = frame["offset"]  # may move back: the server's history is the reference
+        missing_on_server = crdt.encode_state(doc.ydoc, protocol.b64decode(frame["state_vector"]))
+        if missing_on_server != crdt.EMPTY_UPDATE:
+            self._enqueue(doc.name, missing_on_server)
+        self._ack(doc)
+        doc.synced.set()
+        self._emit("synced", {"doc": doc.name, "offset": doc.offset})
+
+    def _on_error(self, frame: dict[str, Any]) -> None:
+        self.errors.append(frame)
+        self._emit("error", frame)
+        if "clock" in frame and frame.get("code") in FATAL_UPDATE_ERRORS:
+            self.buffer.pop(frame["clock"])  # resending cannot help; keep the local edit
+        log.info("server error: %s", frame)
+
+    def _on_unsubscribed(self, frame: dict[str, Any]) -> None:
+        pass
+
+    def _on_pong(self, frame: dict[str, Any]) -> None:
+        pass
+
+    # ------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _collect(doc: ClientDocument, frame: dict[str, Any]) -> bytes | None:
+        """Reassemble a chunked snapshot / sync reply; None until complete."""
+        if frame["part"] == 0:
+            doc._parts.clear()
+        doc._parts.append(protocol.b64decode(frame["update"]))
+        if frame["part"] + 1 < frame["parts"]:
+            return None
+        data, doc._parts = b"".join(doc._parts), []
+        return data
+
+    def _apply_remote(self, doc: ClientDocument, update: bytes) -> None:
+        self._applying_remote = True
+        try:
+            crdt.apply_update(doc.ydoc, update)
+        finally:
+            self._applying_remote = False
+
+    def _ack(self, doc: ClientDocument) -> None:
+        if doc.offset is not None:
+            asyncio.ensure_future(self._send_quietly({"op": "ack", "doc": doc.name, "offset": doc.offset}))
+
+
+def _update_frame(item: Any) -> dict[str, Any]:
+    return {"op": "update", "doc": item.doc, "clock": item.clock, "update": protocol.b64encode(item.update)}
+
+
+def _max_offset(current: str | None, new: str) -> str:
+    if current is None or StreamId.parse(new) > StreamId.parse(current):
+        return new
+    return current

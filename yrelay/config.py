@@ -1,0 +1,73 @@
+"""Server settings, each with a production default and a ``YRELAY_*`` variable."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a server process needs to know; immutable once started."""
+
+    #: ``None`` starts an embedded redis-server under ``data_dir``.
+    redis_url: str | None = None
+    data_dir: Path = field(default_factory=lambda: Path("data"))
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    #: Largest Yjs update accepted, in bytes (decoded).
+    max_update_bytes: int = 1_048_576
+    #: Largest websocket frame accepted, in bytes; checked before JSON decoding.
+    max_frame_bytes: int = 1_500_000
+    #: Documents one connection may subscribe to.
+    max_docs_per_connection: int = 10_000
+    #: Updates of one connection being appended at once (more waits).
+    max_inflight_appends: int = 256
+    #: Entries sent to a subscription and not yet acked before sending pauses.
+    max_unacked_entries: int = 5_000
+    #: Entries per catch-up read (XRANGE COUNT) and per deliver frame.
+    page_size: int = 500
+    #: Largest snapshot / sync reply chunk, in bytes (before base64).
+    chunk_bytes: int = 256 * 1024
+    #: Resend unacked entries older than this (seconds) ...
+    resend_after: float = 2.0
+    #: ... checked this often when a document is quiet.
+    resend_check_interval: float = 1.0
+    #: Blocking XREAD timeout of the fan-out loop, in milliseconds.
+    block_ms: int = 1_000
+    #: How long a disconnected session id stays resumable, in seconds.
+    session_ttl: int = 7 * 24 * 3600
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "Settings":
+        """Defaults, then ``YRELAY_<FIELD>`` variables, then explicit overrides."""
+        values: dict[str, object] = {}
+        for item in fields(cls):
+            raw = os.environ.get(f"YRELAY_{item.name.upper()}")
+            if raw is not None:
+                values[item.name] = _convert(item.name, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
+
+    def client_limits(self) -> dict[str, int]:
+        """Limits announced to clients in ``welcome``."""
+        return {
+            "max_update_bytes": self.max_update_bytes,
+            "max_frame_bytes": self.max_frame_bytes,
+            "max_docs_per_connection": self.max_docs_per_connection,
+        }
+
+
+def _convert(name: str, raw: str) -> object:
+    default = getattr(Settings(), name)
+    if isinstance(default, Path) or name == "data_dir":
+        return Path(raw)
+    if isinstance(default, bool):
+        return raw.lower() in {"1", "true", "yes"}
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw or None

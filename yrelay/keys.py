@@ -1,0 +1,73 @@
+"""The whole Redis key layout of yrelay, in one place.
+
+Every key that belongs to one document carries the document id as a Redis
+Cluster hash tag (``yrelay:{<doc>}:...``) so that the append script, which
+touches several of them atomically, always runs on a single slot. Because the
+tag is delimited by braces, document ids may not contain ``{`` or ``}``.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "yrelay"
+
+#: Allowed document ids: 1..200 characters of letters, digits and ``._-:/@``.
+#: No braces (they would break the hash tag), no whitespace, no control bytes.
+DOC_ID_PATTERN = re.compile(r"^[A-Za-z0-9._\-:/@]{1,200}$")
+
+#: Session ids are issued by the server (``secrets.token_urlsafe``).
+SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{16,64}$")
+
+
+class InvalidDocumentId(ValueError):
+    """Raised for a document id outside :data:`DOC_ID_PATTERN`."""
+
+
+def validate_doc_id(doc: object) -> str:
+    """Return ``doc`` if it is a valid document id, else raise :class:`InvalidDocumentId`."""
+    if not isinstance(doc, str) or not DOC_ID_PATTERN.fullmatch(doc):
+        raise InvalidDocumentId(
+            "document ids are 1-200 characters of letters, digits and ._-:/@"
+        )
+    return doc
+
+
+def stream_key(doc: str) -> str:
+    """The append-only stream of Yjs updates of one document."""
+    return f"{PREFIX}:{{{doc}}}:stream"
+
+
+def tracker_key(doc: str) -> str:
+    """Sorted set: member = session id, score = the session's acked offset."""
+    return f"{PREFIX}:{{{doc}}}:tracker"
+
+
+def meta_key(doc: str) -> str:
+    """Hash: ``last_id`` (last id ever appended), ``trimmed_through``,
+    ``snapshot_offset``."""
+    return f"{PREFIX}:{{{doc}}}:meta"
+
+
+def snapshot_key(doc: str) -> str:
+    """String: a Yjs update holding the document up to ``snapshot_offset``."""
+    return f"{PREFIX}:{{{doc}}}:snapshot"
+
+
+def dedup_key(doc: str) -> str:
+    """Hash: ``<session>:<clock>`` -> stream id of the entry that update became.
+
+    Makes a resent update idempotent. A field lives as long as its stream
+    entry; trimming the entry removes the field.
+    """
+    return f"{PREFIX}:{{{doc}}}:dedup"
+
+
+def session_key(session: str) -> str:
+    """String with a TTL: marks a session id the server issued as resumable."""
+    return f"{PREFIX}:session:{session}"
+
+
+def document_keys(doc: str) -> list[str]:
+    """Every key of one document (all on the same cluster slot)."""
+    return [stream_key(doc), tracker_key(doc), meta_key(doc), snapshot_key(doc), dedup_key(doc)]

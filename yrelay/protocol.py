@@ -1,0 +1,255 @@
+"""Wire frames of the yrelay websocket protocol (mirrored by docs/protocol.md).
+
+Every frame is one JSON text message with an ``op`` field. Binary Yjs payloads
+(updates, state vectors) travel base64-encoded. Frames that concern a document
+name it in ``doc``, so one socket can carry many documents.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from .keys import InvalidDocumentId, validate_doc_id
+from .offsets import InvalidOffset, StreamId
+
+PROTOCOL_VERSION = 1
+
+
+class Op(str, enum.Enum):
+    """Operation names. Client -> server first, then server -> client."""
+
+    HELLO = "hello"
+    SUBSCRIBE = "subscribe"
+    UNSUBSCRIBE = "unsubscribe"
+    UPDATE = "update"
+    ACK = "ack"
+    SYNC = "sync"
+    PING = "ping"
+    # server -> client
+    WELCOME = "welcome"
+    SUBSCRIBED = "subscribed"
+    UNSUBSCRIBED = "unsubscribed"
+    SNAPSHOT = "snapshot"
+    APPENDED = "appended"
+    DELIVER = "deliver"
+    RESYNC_REQUIRED = "resync_required"
+    SYNC_REPLY = "sync_reply"
+    ERROR = "error"
+    PONG = "pong"
+
+
+class ErrorCode(str, enum.Enum):
+    """Why the server rejected a frame. Every ``error`` frame carries one."""
+
+    MALFORMED_FRAME = "malformed_frame"
+    UNKNOWN_OP = "unknown_op"
+    FRAME_TOO_LARGE = "frame_too_large"
+    HANDSHAKE_REQUIRED = "handshake_required"
+    INVALID_DOC_ID = "invalid_doc_id"
+    INVALID_OFFSET = "invalid_offset"
+    INVALID_UPDATE = "invalid_update"
+    UPDATE_TOO_LARGE = "update_too_large"
+    NOT_SUBSCRIBED = "not_subscribed"
+    DOCUMENT_UNAVAILABLE = "document_unavailable"
+    UNAVAILABLE = "unavailable"
+    INTERNAL_ERROR = "internal_error"
+
+
+class ResyncReason(str, enum.Enum):
+    """Why the server cannot resume a document from the client's offset."""
+
+    TRIMMED = "trimmed"  # entries after the offset were compacted away
+    AHEAD = "ahead"  # the offset is past the stream's last id (lost tail)
+
+
+class ProtocolError(Exception):
+    """A frame the server must reject; turned into an ``error`` frame."""
+
+    def __init__(self, code: ErrorCode, message: str, *, doc: str | None = None, clock: int | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.doc = doc
+        self.clock = clock
+
+
+def b64encode(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64decode(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not valid base64") from None
+
+
+# ---------------------------------------------------------------- client frames
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _DocFrame(_Frame):
+    doc: str
+
+    @field_validator("doc")
+    @classmethod
+    def _check_doc(cls, value: str) -> str:
+        return validate_doc_id(value)
+
+
+def _check_offset(value: str | None) -> str | None:
+    if value is not None:
+        StreamId.parse(value)
+    return value
+
+
+class Hello(_Frame):
+    op: Literal["hello"]
+    session: str | None = None
+    protocol: int = PROTOCOL_VERSION
+
+
+class Subscribe(_DocFrame):
+    op: Literal["subscribe"]
+    offset: str | None = None
+
+    _offset = field_validator("offset")(_check_offset)
+
+
+class Unsubscribe(_DocFrame):
+    op: Literal["unsubscribe"]
+
+
+class Update(_DocFrame):
+    op: Literal["update"]
+    clock: int = Field(ge=0, lt=2**53)
+    update: str
+
+
+class Ack(_DocFrame):
+    op: Literal["ack"]
+    offset: str
+
+    _offset = field_validator("offset")(_check_offset)
+
+
+class Sync(_DocFrame):
+    op: Literal["sync"]
+    state_vector: str
+
+
+class Ping(_Frame):
+    op: Literal["ping"]
+
+
+ClientFrame = Annotated[
+    Union[Hello, Subscribe, Unsubscribe, Update, Ack, Sync, Ping], Field(discriminator="op")
+]
+_client_frame = TypeAdapter(ClientFrame)
+CLIENT_OPS = {"hello", "subscribe", "unsubscribe", "update", "ack", "sync", "ping"}
+
+
+def parse_client_frame(text: str | bytes) -> Hello | Subscribe | Unsubscribe | Update | Ack | Sync | Ping:
+    """Decode and validate one client frame, or raise :class:`ProtocolError`."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame is not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a JSON object")
+    doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
+    clock = raw.get("clock") if isinstance(raw.get("clock"), int) else None
+    op = raw.get("op")
+    if op not in CLIENT_OPS:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}", doc=doc, clock=clock)
+    try:
+        return _client_frame.validate_python(raw)
+    except ValidationError as exc:
+        raise _error_from_validation(exc, doc, clock) from None
+
+
+def _error_from_validation(exc: ValidationError, doc: str | None, clock: int | None) -> ProtocolError:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    field = ".".join(str(part) for part in first["loc"][1:]) or "frame"
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, InvalidDocumentId):
+        return ProtocolError(ErrorCode.INVALID_DOC_ID, str(cause), clock=clock)
+    if isinstance(cause, InvalidOffset):
+        return ProtocolError(ErrorCode.INVALID_OFFSET, str(cause), doc=doc, clock=clock)
+    return ProtocolError(ErrorCode.MALFORMED_FRAME, f"{field}: {first['msg']}", doc=doc, clock=clock)
+
+
+# ---------------------------------------------------------------- server frames
+# Built as plain dicts: they are produced on the hot path and never parsed here.
+
+
+def encode(frame: dict[str, Any]) -> str:
+    return json.dumps(frame, separators=(",", ":"))
+
+
+def welcome(session: str, resumed: bool, limits: dict[str, int]) -> dict[str, Any]:
+    return {"op": "welcome", "session": session, "resumed": resumed, "protocol": PROTOCOL_VERSION, "limits": limits}
+
+
+def subscribed(doc: str, offset: str) -> dict[str, Any]:
+    return {"op": "subscribed", "doc": doc, "offset": offset}
+
+
+def unsubscribed(doc: str) -> dict[str, Any]:
+    return {"op": "unsubscribed", "doc": doc}
+
+
+def snapshot(doc: str, offset: str, update: bytes, part: int, parts: int) -> dict[str, Any]:
+    return {"op": "snapshot", "doc": doc, "offset": offset, "update": b64encode(update), "part": part, "parts": parts}
+
+
+def appended(doc: str, clock: int, entry_id: str, duplicate: bool) -> dict[str, Any]:
+    return {"op": "appended", "doc": doc, "clock": clock, "id": entry_id, "duplicate": duplicate}
+
+
+def deliver(doc: str, entries: list[tuple[str, str]]) -> dict[str, Any]:
+    """``entries`` are ``(stream id, base64 update)`` pairs in stream order."""
+    return {"op": "deliver", "doc": doc, "entries": [{"id": i, "update": u} for i, u in entries]}
+
+
+def resync_required(doc: str, reason: ResyncReason) -> dict[str, Any]:
+    return {"op": "resync_required", "doc": doc, "reason": reason.value}
+
+
+def sync_reply(doc: str, offset: str, update: bytes, state_vector: bytes, part: int, parts: int) -> dict[str, Any]:
+    return {
+        "op": "sync_reply",
+        "doc": doc,
+        "offset": offset,
+        "update": b64encode(update),
+        "state_vector": b64encode(state_vector),
+        "part": part,
+        "parts": parts,
+    }
+
+
+def error(error: ProtocolError) -> dict[str, Any]:
+    frame: dict[str, Any] = {"op": "error", "code": error.code.value, "message": error.message}
+    if error.doc is not None:
+        frame["doc"] = error.doc
+    if error.clock is not None:
+        frame["clock"] = error.clock
+    return frame
+
+
+def pong() -> dict[str, Any]:
+    return {"op": "pong"}
+
+
+def chunks(data: bytes, size: int) -> list[bytes]:
+    """Split a large payload so no single frame carries more than ``size`` bytes."""
+    return [data[i : i + size] for i in range(0, len(data), size)] or [b""]

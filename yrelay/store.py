@@ -1,0 +1,159 @@
+"""Reading and writing one document's Redis keys: stream pages, snapshot, meta.
+
+Appends go through the ``append`` Lua script (see :mod:`yrelay.app.appender`
+for the batching); everything else a server needs to read lives here, so the
+rest of the code never spells a Redis command against document keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from . import crdt
+from .keys import dedup_key, meta_key, snapshot_key, stream_key
+from .offsets import ZERO, StreamId
+from .protocol import b64encode
+from .scripts import Scripts
+
+
+class Entry:
+    """One stream entry: a Yjs update and the session that sent it.
+
+    ``b64`` is computed once and shared by every subscriber it is sent to.
+    """
+
+    __slots__ = ("id", "update", "session", "_b64")
+
+    def __init__(self, entry_id: StreamId, update: bytes, session: str):
+        self.id = entry_id
+        self.update = update
+        self.session = session
+        self._b64: str | None = None
+
+    @property
+    def b64(self) -> str:
+        if self._b64 is None:
+            self._b64 = b64encode(self.update)
+        return self._b64
+
+    def __repr__(self) -> str:
+        return f"Entry({self.id}, {len(self.update)} bytes, from {self.session})"
+
+
+class HistoryTrimmed(Exception):
+    """The entries right after the requested offset were compacted away."""
+
+    def __init__(self, doc: str, after: StreamId, trimmed_through: StreamId):
+        super().__init__(f"{doc}: entries after {after} trimmed through {trimmed_through}")
+        self.trimmed_through = trimmed_through
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The document folded up to ``offset`` (empty bytes when there is none)."""
+
+    offset: StreamId
+    update: bytes
+
+
+def _decode_id(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _optional_id(raw: bytes | None) -> StreamId | None:
+    return StreamId.parse(_decode_id(raw)) if raw else None
+
+
+def to_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
+    return Entry(StreamId.parse(_decode_id(entry_id)), fields.get(b"u", b""), fields.get(b"s", b"").decode())
+
+
+class DocumentStore:
+    """Typed access to the keys of documents; one per process."""
+
+    def __init__(self, redis: Redis):
+        self.redis = redis
+        self.scripts = Scripts(redis)
+
+    async def load_scripts(self) -> None:
+        await self.scripts.load(self.redis)
+
+    async def append(self, doc: str, session: str, clock: int, update: bytes) -> tuple[str, bool]:
+        """Append one update (unbatched; servers use the Appender)."""
+        [(entry_id, duplicate)] = await self.scripts.append(
+            keys=append_keys(doc), args=[session, clock, update]
+        )
+        return _decode_id(entry_id), bool(duplicate)
+
+    async def last_id(self, doc: str) -> StreamId:
+        """The last id ever appended to ``doc`` (``0-0`` for a new document)."""
+        return _optional_id(await self.redis.hget(meta_key(doc), "last_id")) or ZERO
+
+    async def trimmed_through(self, doc: str) -> StreamId:
+        return _optional_id(await self.redis.hget(meta_key(doc), "trimmed_through")) or ZERO
+
+    async def read_page(self, doc: str, after: StreamId, count: int) -> list[Entry]:
+        """Up to ``count`` entries with ids greater than ``after``.
+
+        Reads the trim mark in the same transaction, and raises
+        :class:`HistoryTrimmed` when entries right after ``after`` are gone:
+        a client must never be told it is caught up across a hole.
+        """
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(meta_key(doc), "trimmed_through")
+            pipe.xrange(stream_key(doc), min=f"({after}", max="+", count=count)
+            raw_trimmed, raw_entries = await pipe.execute()
+        trimmed = _optional_id(raw_trimmed)
+        if trimmed is not None and after < trimmed:
+            raise HistoryTrimmed(doc, after, trimmed)
+        return [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
+
+    async def iter_entries(
+        self, doc: str, after: StreamId, until: StreamId | None = None, page_size: int = 500
+    ) -> AsyncIterator[list[Entry]]:
+        """Pages of entries in ``(after, until]`` (to the end when ``until`` is None)."""
+        cursor = after
+        while until is None or cursor < until:
+            page = await self.read_page(doc, cursor, page_size)
+            if until is not None:
+                page = [entry for entry in page if entry.id <= until]
+            if not page:
+                return
+            yield page
+            cursor = page[-1].id
+
+    async def load_snapshot(self, doc: str) -> Snapshot:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(meta_key(doc), "snapshot_offset")
+            pipe.get(snapshot_key(doc))
+            raw_offset, raw_update = await pipe.execute()
+        return Snapshot(_optional_id(raw_offset) or ZERO, raw_update or b"")
+
+    async def load_document(self, doc: str, page_size: int = 500) -> tuple[crdt.Doc, StreamId]:
+        """Snapshot + every stream entry after it, as a document and its offset.
+
+        Retries from a fresh snapshot if a compaction trims entries while the
+        stream is being read.
+        """
+        while True:
+            snapshot = await self.load_snapshot(doc)
+            ydoc = crdt.new_doc()
+            if snapshot.update:
+                crdt.apply_update(ydoc, snapshot.update)
+            offset = snapshot.offset
+            try:
+                async for page in self.iter_entries(doc, snapshot.offset, page_size=page_size):
+                    for entry in page:
+                        crdt.apply_update(ydoc, entry.update)
+                    offset = page[-1].id
+            except HistoryTrimmed:
+                continue
+            return ydoc, offset
+
+
+def append_keys(doc: str) -> list[str]:
+    """KEYS of the append script, in its order."""
+    return [stream_key(doc), meta_key(doc), dedup_key(doc)]

@@ -1,0 +1,1 @@
+"""Reusable test machinery: server processes and the delivery checker."""

@@ -1,0 +1,70 @@
+"""The delivery checker: did every acked update reach everybody, and did
+everybody converge?
+
+Used by the core tests and meant for the fault suite: give it the updates the
+server acknowledged and the final documents of every live client (and,
+optionally, the server's own snapshot + stream), and it either returns a
+report or raises :class:`DeliveryViolation` naming what is missing where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .. import crdt
+
+
+class DeliveryViolation(AssertionError):
+    """An acked update is missing somewhere, or replicas diverged."""
+
+
+@dataclass
+class CheckReport:
+    replicas: int
+    acked_updates: int
+    content: str
+    missing: dict[str, int] = field(default_factory=dict)
+
+
+def contains_update(doc: crdt.Doc, update: bytes) -> bool:
+    """True when integrating ``update`` would change nothing in ``doc``.
+
+    Applies it to a copy and compares state vector and full state: an update
+    that is already in the document is a no-op on both.
+    """
+    before = crdt.encode_state(doc)
+    probe = crdt.new_doc()
+    crdt.apply_update(probe, before)
+    vector = crdt.state_vector(probe)
+    crdt.apply_update(probe, update)
+    return crdt.state_vector(probe) == vector and crdt.encode_state(probe) == before
+
+
+def check_delivery(
+    replicas: Mapping[str, crdt.Doc],
+    acked_updates: Iterable[bytes],
+    content: Callable[[crdt.Doc], str] = crdt.text_of,
+) -> CheckReport:
+    """Assert every acked update is in every replica, and all replicas agree.
+
+    ``replicas`` maps a name (``"client-3"``, ``"server"``) to its final
+    document for one Yjs document.
+    """
+    acked = list(acked_updates)
+    missing: dict[str, int] = {}
+    for name, doc in replicas.items():
+        absent = sum(1 for update in acked if not contains_update(doc, update))
+        if absent:
+            missing[name] = absent
+    contents = {name: content(doc) for name, doc in replicas.items()}
+    distinct = set(contents.values())
+    problems = []
+    if missing:
+        problems.append(f"acked updates missing: {missing} (of {len(acked)})")
+    if len(distinct) > 1:
+        sample = {name: text[:80] for name, text in contents.items()}
+        problems.append(f"replicas diverged into {len(distinct)} versions: {sample}")
+    if problems:
+        raise DeliveryViolation("; ".join(problems))
+    return CheckReport(len(replicas), len(acked), next(iter(distinct), ""), missing)

@@ -1,0 +1,65 @@
+"""Real server processes for tests, the fault suite and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from ..redis_server import free_port
+
+
+class ServerProcess:
+    """``yrelay serve`` in a child process, against a given Redis."""
+
+    def __init__(self, redis_url: str, log_dir: Path, port: int | None = None, env: dict[str, str] | None = None):
+        self.redis_url = redis_url
+        self.port = port or free_port()
+        self.log_path = Path(log_dir) / f"server-{self.port}.log"
+        self.env = env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def start(self, timeout: float = 20.0) -> "ServerProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        command = [sys.executable, "-m", "yrelay", "serve", "--port", str(self.port),
+                   "--redis-url", self.redis_url, "--log-level", "warning"]
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server on port {self.port} not ready")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush; what was acked must already be in Redis."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()

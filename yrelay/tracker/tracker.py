@@ -1,0 +1,104 @@
+"""A sorted set per document: member = session id, score = acked offset.
+
+Scores are ``StreamId.score()`` (``ms * 1000 + seq``), exact because the
+append path never issues a sequence above 999. GC reads the minimum score to
+know what every tracked session holds, and the score's millisecond part to
+measure how far behind a session is in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+
+from ..keys import tracker_key
+from ..offsets import StreamId
+
+log = logging.getLogger(__name__)
+
+
+class Tracker:
+    """Reads and writes of the per-document tracker sorted sets."""
+
+    def __init__(self, redis: Redis):
+        self.redis = redis
+
+    async def track(self, doc: str, session: str, offset: StreamId) -> None:
+        """Record what a (re)subscribing session holds, replacing any older value.
+
+        Subscribing states what the client really holds, which may be less than
+        the tracker remembered (a client that lost its local copy).
+        """
+        await self.redis.zadd(tracker_key(doc), {session: offset.score()})
+
+    async def advance(self, doc: str, session: str, offset: StreamId) -> bool:
+        """Move a tracked session forward only (``ZADD XX GT``).
+
+        ``XX``: an ack from a session GC evicted must not re-add it and pin the
+        stream. ``GT``: a late, reordered ack never moves it back.
+        """
+        changed = await self.redis.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True, ch=True)
+        return bool(changed)
+
+    async def untrack(self, doc: str, session: str) -> None:
+        await self.redis.zrem(tracker_key(doc), session)
+
+    async def offset(self, doc: str, session: str) -> StreamId | None:
+        """The session's acked offset, or None when it is not tracked (evicted)."""
+        score = await self.redis.zscore(tracker_key(doc), session)
+        return None if score is None else StreamId.from_score(score)
+
+    async def sessions(self, doc: str) -> dict[str, StreamId]:
+        rows = await self.redis.zrange(tracker_key(doc), 0, -1, withscores=True)
+        return {member.decode(): StreamId.from_score(score) for member, score in rows}
+
+
+class AckWriter:
+    """Coalesces acks into one pipeline per event-loop turn.
+
+    Many readers ack every delivery; only the highest offset per (document,
+    session) matters, and losing an ack costs a resend, never data, so acks are
+    written asynchronously in batches.
+    """
+
+    def __init__(self, redis: Redis):
+        self.redis = redis
+        self._pending: dict[tuple[str, str], StreamId] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="yrelay-ack-writer")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.flush()
+
+    def submit(self, doc: str, session: str, offset: StreamId) -> None:
+        key = (doc, session)
+        if key not in self._pending or self._pending[key] < offset:
+            self._pending[key] = offset
+        self._wake.set()
+
+    async def flush(self) -> None:
+        batch, self._pending = self._pending, {}
+        if not batch:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for (doc, session), offset in batch.items():
+                pipe.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True)
+            await pipe.execute()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception:  # Redis down: the acks are lost, clients get resends.
+                log.warning("could not write acks to the tracker", exc_info=True)
+                await asyncio.sleep(0.5)
