@@ -6,7 +6,7 @@ later Yrs binding) means changing this module only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import y_py
 
@@ -57,14 +57,64 @@ def apply_update(doc: Doc, update: bytes) -> None:
         raise InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
 
 
-def merge_updates(updates: Iterable[bytes], base: bytes | None = None) -> bytes:
-    """Fold ``updates`` (on top of ``base``) into one update."""
-    doc = new_doc()
-    if base:
-        apply_update(doc, base)
+def apply_updates(doc: Doc, updates: Sequence[bytes]) -> None:
+    """Integrate ``updates`` in any order.
+
+    y-py 0.6.2 keeps an update whose dependencies are missing as "pending" and
+    never retries it when they arrive later (Yjs and newer Yrs do). Out-of-order
+    updates are normal here (a retried update lands after a later one), so the
+    fold re-applies the batch until the document stops changing; re-applying an
+    integrated update is a no-op.
+    """
     for update in updates:
         apply_update(doc, update)
+    state = encode_state(doc)
+    for _ in range(len(updates)):
+        for update in updates:
+            apply_update(doc, update)
+        settled = encode_state(doc)
+        if settled == state:
+            return
+        state = settled
+
+
+def merge_updates(updates: Iterable[bytes], base: bytes | None = None) -> bytes:
+    """Fold ``updates`` (on top of ``base``) into one update, in any order."""
+    doc = new_doc()
+    apply_updates(doc, ([base] if base else []) + list(updates))
     return encode_state(doc)
+
+
+class Replica:
+    """Incremental application for a long-lived y-py document (clients).
+
+    Works around the same y-py defect as :func:`apply_updates`: an update that
+    did not move the state vector may be stuck as pending; such updates are
+    kept (bounded) and re-applied whenever a later update moves it.
+    """
+
+    MAX_SUSPECTS = 256
+
+    def __init__(self, doc: Doc):
+        self.doc = doc
+        self._suspects: list[bytes] = []
+
+    def apply(self, update: bytes) -> None:
+        before = state_vector(self.doc)
+        apply_update(self.doc, update)
+        if state_vector(self.doc) == before:
+            self._suspects.append(update)
+            del self._suspects[: -self.MAX_SUSPECTS]
+        elif self._suspects:
+            self._retry_suspects()
+
+    def _retry_suspects(self) -> None:
+        while True:
+            before = state_vector(self.doc)
+            for update in self._suspects:
+                apply_update(self.doc, update)
+            if state_vector(self.doc) == before:
+                return
 
 
 def encode_state(doc: Doc, state_vector: bytes | None = None) -> bytes:

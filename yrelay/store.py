@@ -140,17 +140,16 @@ class DocumentStore:
         """
         while True:
             snapshot = await self.load_snapshot(doc)
-            ydoc = crdt.new_doc()
-            if snapshot.update:
-                crdt.apply_update(ydoc, snapshot.update)
+            updates = [snapshot.update] if snapshot.update else []
             offset = snapshot.offset
             try:
                 async for page in self.iter_entries(doc, snapshot.offset, page_size=page_size):
-                    for entry in page:
-                        crdt.apply_update(ydoc, entry.update)
+                    updates.extend(entry.update for entry in page)
                     offset = page[-1].id
             except HistoryTrimmed:
                 continue
+            ydoc = crdt.new_doc()
+            crdt.apply_updates(ydoc, updates)
             return ydoc, offset
 
 

@@ -159,7 +159,7 @@ class Subscription:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the socket closed under us, most likely
-            log.debug("subscription %s stopped: %r", self.doc, exc)
+            log.warning("subscription %s stopped: %r", self.doc, exc)
 
     async def _start(self) -> None:
         if self._requested is None:

@@ -56,6 +56,13 @@ class ClientDocument:
     _parts: list[bytes] = field(default_factory=list)
     _batch: list[bytes] = field(default_factory=list)
     _batch_timer: asyncio.TimerHandle | None = None
+    _replica: crdt.Replica | None = None
+
+    @property
+    def replica(self) -> crdt.Replica:
+        if self._replica is None:
+            self._replica = crdt.Replica(self.ydoc)
+        return self._replica
 
     @property
     def text(self) -> str:
@@ -344,7 +351,7 @@ class YrelayClient:
     def _apply_remote(self, doc: ClientDocument, update: bytes) -> None:
         self._applying_remote = True
         try:
-            crdt.apply_update(doc.ydoc, update)
+            doc.replica.apply(update)
         finally:
             self._applying_remote = False
 
