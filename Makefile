@@ -1,0 +1,23 @@
+# The habits of this project. `make serve` and `make test` are the README's
+# two set-up commands: each installs everything it needs into .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install serve test lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+serve: install
+	$(VENV)/bin/yrelay serve $(ARGS)
+
+test: install
+	$(PY) -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis data

@@ -1,0 +1,59 @@
+"""`yrelay serve` as the README runs it: embedded Redis, durable settings."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import redis
+
+from yrelay.redis_server import durability_warnings, free_port
+
+
+def test_serve_starts_and_stops_an_embedded_durable_redis(tmp_path):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "yrelay", "serve", "--port", str(port), "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and process.poll() is None, "server did not become ready"
+            time.sleep(0.1)
+        assert (tmp_path / "redis" / "appendonly.aof").exists()
+        redis_pids = subprocess.run(["pgrep", "-P", str(process.pid), "redis-server"], capture_output=True, text=True).stdout.split()
+        assert len(redis_pids) == 1, "no embedded redis-server child"
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=20)
+    assert "embedded redis-server" in output
+    time.sleep(0.5)
+    assert not os.path.exists(f"/proc/{redis_pids[0]}"), "embedded redis-server outlived the server"
+
+
+def test_embedded_redis_has_durable_settings(redis_process):
+    client = redis.Redis.from_url(redis_process.url, decode_responses=True)
+    config = {**client.config_get("appendonly"), **client.config_get("appendfsync"), **client.config_get("maxmemory-policy")}
+    assert durability_warnings(config) == []
+
+
+@pytest.mark.parametrize(
+    "config,fragment",
+    [
+        ({"appendonly": "no", "maxmemory-policy": "noeviction"}, "appendonly is off"),
+        ({"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"}, "one second"),
+        ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "allkeys-lru"}, "evict"),
+    ],
+)
+def test_durability_warnings_say_what_is_at_risk(config, fragment):
+    [warning] = durability_warnings(config)
+    assert fragment in warning
