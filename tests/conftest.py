@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -87,8 +86,3 @@ async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02) -
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(interval)
-
-
-@pytest.fixture
-def tmp_dir(tmp_path: Path) -> Path:
-    return tmp_path

@@ -10,7 +10,6 @@ from functools import cache
 from importlib import resources
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
 
 @cache
@@ -31,5 +30,3 @@ class Scripts:
         for script in (self.append,):
             script.sha = await redis.script_load(script.script)
 
-
-__all__ = ["Scripts", "AsyncScript", "source"]
