@@ -16,8 +16,8 @@ from yrelay.redis_server import durability_warnings, free_port
 def test_serve_starts_and_stops_an_embedded_durable_redis(tmp_path):
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "yrelay", "serve", "--port", str(port), "--data-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-m", "yrelay", "serve", "--port", str(port), "--data-dir", "data"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,  # relative, as the README runs it
     )
     try:
         deadline = time.monotonic() + 20
@@ -29,7 +29,7 @@ def test_serve_starts_and_stops_an_embedded_durable_redis(tmp_path):
                 pass
             assert time.monotonic() < deadline and process.poll() is None, "server did not become ready"
             time.sleep(0.1)
-        assert (tmp_path / "redis" / "appendonly.aof").exists()
+        assert (tmp_path / "data" / "redis" / "appendonly.aof").exists()
         redis_pids = subprocess.run(["pgrep", "-P", str(process.pid), "redis-server"], capture_output=True, text=True).stdout.split()
         assert len(redis_pids) == 1, "no embedded redis-server child"
     finally:

@@ -73,7 +73,7 @@ class RedisProcess:
     """
 
     def __init__(self, data_dir: str | Path, port: int | None = None, *, fsync: str = "always"):
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()  # redis-server chdirs into --dir
         self.port = port or free_port()
         self.fsync = fsync
         self.process: subprocess.Popen[bytes] | None = None
