@@ -40,6 +40,28 @@ class Settings:
     #: How long a disconnected session id stays resumable, in seconds.
     session_ttl: int = 7 * 24 * 3600
 
+    #: Seconds between GC passes of this process (0 turns the loop off).
+    gc_interval: float = 10.0
+    #: Evict a session lacking an entry this many seconds older than the most
+    #: advanced session's position (while one session is healthy).
+    gc_relative_delta: float = 30.0
+    #: When no session is healthy: evict sessions lacking an entry this many
+    #: seconds older than now. Must exceed ``gc_relative_delta``.
+    gc_absolute_delta: float = 1800.0
+    #: Documents claimed per round of a GC pass.
+    gc_batch_size: int = 500
+    #: Entries folded into a snapshot per document per round.
+    gc_max_fold_entries: int = 10_000
+    #: A claimed document is handed to another process after this (seconds).
+    gc_lease: float = 60.0
+
+    #: Bearer token of the /ops endpoints; without one they answer 403.
+    ops_token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.gc_absolute_delta <= self.gc_relative_delta:
+            raise ValueError("gc_absolute_delta must be larger than gc_relative_delta")
+
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":
         """Defaults, then ``YRELAY_<FIELD>`` variables, then explicit overrides."""

@@ -7,8 +7,11 @@ later Yrs binding) means changing this module only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import y_py
+
+from . import update_format
 
 #: The update a transaction that changed nothing encodes to.
 EMPTY_UPDATE = b"\x00\x00"
@@ -36,6 +39,10 @@ def validate_update(update: bytes) -> None:
     """
     if not update:
         raise InvalidUpdate("empty update")
+    try:
+        update_format.decode(update)  # strict layout check: GC must be able to read it
+    except update_format.MalformedUpdate as exc:
+        raise InvalidUpdate(f"not a Yjs update: {exc}") from None
     try:
         y_py.apply_update(y_py.YDoc(), update)
     except BaseException as exc:  # noqa: BLE001 - see _reraise_control_flow
@@ -83,6 +90,54 @@ def merge_updates(updates: Iterable[bytes], base: bytes | None = None) -> bytes:
     doc = new_doc()
     apply_updates(doc, ([base] if base else []) + list(updates))
     return encode_state(doc)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """A new snapshot, and how many of the folded updates it surely holds."""
+
+    snapshot: bytes
+    #: The first ``held`` updates are all in ``snapshot``; ``held < len(updates)``
+    #: means update number ``held`` did not land (its dependencies are missing,
+    #: or y-py could not reload it) and must stay in the stream.
+    held: int
+
+
+def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
+    """Fold ``updates`` into the snapshot ``base`` and prove what the result holds.
+
+    The proof reloads the new snapshot into a fresh document, exactly as every
+    later reader will, and checks the ranges each update inserts and deletes
+    against it (:mod:`yrelay.update_format`). y-py drops pending updates when
+    encoding and cannot reload some documents it encoded itself, so trusting
+    ``encode_state`` alone would let GC delete content. If even ``base`` is not
+    fully held, ``held`` is 0 and the snapshot must not be stored.
+    """
+    doc = new_doc()
+    apply_updates(doc, ([base] if base else []) + list(updates))
+    snapshot = encode_state(doc)
+    reloaded = new_doc()
+    apply_update(reloaded, snapshot)
+    whole = update_format.decode(encode_state(reloaded))
+    if base and not _held(whole, base):
+        return Fold(snapshot, 0)
+    for index, update in enumerate(updates):
+        if not _held(whole, update):
+            return Fold(snapshot, index)
+    return Fold(snapshot, len(updates))
+
+
+def _held(whole: update_format.Coverage, update: bytes) -> bool:
+    try:
+        return update_format.covers(whole, update_format.decode(update))
+    except update_format.MalformedUpdate:
+        return False
+
+
+def contains(doc: Doc, update: bytes) -> bool:
+    """True when everything ``update`` inserts and deletes is integrated in ``doc``
+    (a pending, unintegrated update is not contained)."""
+    return _held(update_format.decode(encode_state(doc)), update)
 
 
 class Replica:

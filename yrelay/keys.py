@@ -68,6 +68,22 @@ def session_key(session: str) -> str:
     return f"{PREFIX}:session:{session}"
 
 
+def gc_due_key() -> str:
+    """Sorted set: document -> when its next GC is due (ms; 0 = changed).
+
+    Appends reset a document to 0; a collection pushes it to its next check or
+    drops it when nothing is left to collect. A GC pass reads only this set,
+    never the keyspace.
+    """
+    return f"{PREFIX}:gc:due"
+
+
+def documents_key() -> str:
+    """Sorted set (all scores 0, ordered by id): every document ever appended
+    to. Pages the ops listing and ``yrelay gc`` over all documents."""
+    return f"{PREFIX}:docs"
+
+
 def document_keys(doc: str) -> list[str]:
     """Every key of one document (all on the same cluster slot)."""
     return [stream_key(doc), tracker_key(doc), meta_key(doc), snapshot_key(doc), dedup_key(doc)]

@@ -66,6 +66,7 @@ class ResyncReason(str, enum.Enum):
 
     TRIMMED = "trimmed"  # entries after the offset were compacted away
     AHEAD = "ahead"  # the offset is past the stream's last id (lost tail)
+    EVICTED = "evicted"  # GC (or an operator) dropped the session from the tracker
 
 
 class ProtocolError(Exception):

@@ -18,15 +18,24 @@ def source(name: str) -> str:
     return resources.files("yrelay").joinpath("lua", f"{name}.lua").read_text()
 
 
+NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release")
+
+
 class Scripts:
-    """The registered scripts of one Redis client."""
+    """The registered scripts of one Redis client, one attribute per file."""
 
     def __init__(self, redis: Redis):
         self.append = redis.register_script(source("append"))
+        self.gc_evict = redis.register_script(source("gc_evict"))
+        self.gc_snapshot = redis.register_script(source("gc_snapshot"))
+        self.gc_trim = redis.register_script(source("gc_trim"))
+        self.gc_claim = redis.register_script(source("gc_claim"))
+        self.gc_release = redis.register_script(source("gc_release"))
 
     async def load(self, redis: Redis) -> None:
         """Load every script up front, so ``/readyz`` can report it and a
         syntax error fails at start-up instead of on the first update."""
-        for script in (self.append,):
+        for name in NAMES:
+            script = getattr(self, name)
             script.sha = await redis.script_load(script.script)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from ..config import Settings
+from ..gc import Collector, GcLoop, GcPolicy
 from ..redis_server import check_durability
 from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
@@ -30,6 +31,8 @@ class ServerContext:
     appender: Appender
     fanout: Fanout
     sessions: SessionRegistry
+    collector: Collector
+    gc_loop: GcLoop
     process_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @classmethod
@@ -38,6 +41,7 @@ class ServerContext:
         reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
         store = DocumentStore(redis)
         await store.load_scripts()
+        collector = Collector(redis, GcPolicy.from_settings(settings))
         for warning in await check_durability(redis):
             log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
         ctx = cls(
@@ -45,17 +49,23 @@ class ServerContext:
             redis=redis,
             store=store,
             tracker=Tracker(redis),
-            ack_writer=AckWriter(redis),
+            ack_writer=AckWriter(redis),  # on_evicted is wired below
             appender=Appender(store),
             fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size),
             sessions=SessionRegistry(redis, settings.session_ttl),
+            collector=collector,
+            gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,
+                           lease=settings.gc_lease),
         )
+        ctx.ack_writer.on_evicted = ctx.fanout.session_evicted
         ctx.ack_writer.start()
         ctx.appender.start()
         ctx.fanout.start()
+        ctx.gc_loop.start()
         return ctx
 
     async def close(self) -> None:
+        await self.gc_loop.stop()
         await self.fanout.stop()
         await self.appender.stop()
         await self.ack_writer.stop()

@@ -47,10 +47,13 @@ class Batch:
 
 class Subscriber(Protocol):
     doc: str
+    session: str
 
     def offer(self, batch: Batch) -> None: ...
 
     def document_failed(self, reason: str) -> None: ...
+
+    def evicted(self) -> None: ...
 
 
 @dataclass
@@ -100,6 +103,14 @@ class Fanout:
                 self._documents_changed()
         feed.subscribers.add(subscriber)
         return feed.cursor
+
+    def session_evicted(self, doc: str, session: str) -> None:
+        """Tell this process's subscriptions of ``session`` to ``doc`` that
+        the tracker dropped them (found by the ack writer)."""
+        feed = self.feeds.get(doc)
+        for subscriber in list(feed.subscribers) if feed else []:
+            if subscriber.session == session:
+                subscriber.evicted()
 
     def unregister(self, subscriber: Subscriber) -> None:
         feed = self.feeds.get(subscriber.doc)

@@ -73,6 +73,7 @@ class Subscription:
         self._pending: deque[Batch] = deque()
         self._sync_vector: bytes | None = None
         self._failure: str | None = None
+        self._evicted = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.resends = 0
@@ -110,6 +111,12 @@ class Subscription:
     def document_failed(self, reason: str) -> None:
         self._failure = reason
         self._wake.set()
+
+    def evicted(self) -> None:
+        """The tracker no longer holds this session (an ack found it gone)."""
+        if self.state is SubscriptionState.LIVE:
+            self._evicted = True
+            self._wake.set()
 
     def on_ack(self, offset: StreamId) -> None:
         """The client holds everything up to ``offset``."""
@@ -187,6 +194,10 @@ class Subscription:
         self._wake.set()
 
     async def _step(self) -> None:
+        if self._evicted:
+            self._evicted = False
+            if self.state is SubscriptionState.LIVE:
+                await self._require_resync(ResyncReason.EVICTED)
         if self._failure is not None:
             reason, self._failure = self._failure, None
             await self._error(ErrorCode.DOCUMENT_UNAVAILABLE, f"document cannot be read: {reason[:200]}")

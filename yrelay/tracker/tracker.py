@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 
@@ -42,8 +43,9 @@ class Tracker:
         changed = await self.redis.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True, ch=True)
         return bool(changed)
 
-    async def untrack(self, doc: str, session: str) -> None:
-        await self.redis.zrem(tracker_key(doc), session)
+    async def untrack(self, doc: str, session: str) -> bool:
+        """Drop a session (unsubscribe, or eviction by hand); True if it was tracked."""
+        return bool(await self.redis.zrem(tracker_key(doc), session))
 
     async def offset(self, doc: str, session: str) -> StreamId | None:
         """The session's acked offset, or None when it is not tracked (evicted)."""
@@ -60,11 +62,14 @@ class AckWriter:
 
     Many readers ack every delivery; only the highest offset per (document,
     session) matters, and losing an ack costs a resend, never data, so acks are
-    written asynchronously in batches.
+    written asynchronously in batches. An ack for a session that is no longer
+    in the tracker (GC or an operator evicted it) is reported to
+    ``on_evicted``: that session must resync, and its ack must not re-add it.
     """
 
-    def __init__(self, redis: Redis):
+    def __init__(self, redis: Redis, on_evicted: Callable[[str, str], None] | None = None):
         self.redis = redis
+        self.on_evicted = on_evicted
         self._pending: dict[tuple[str, str], StreamId] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -91,7 +96,13 @@ class AckWriter:
         async with self.redis.pipeline(transaction=False) as pipe:
             for (doc, session), offset in batch.items():
                 pipe.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True)
-            await pipe.execute()
+                pipe.zscore(tracker_key(doc), session)
+            results = await pipe.execute()
+        if self.on_evicted is None:
+            return
+        for (doc, session), score in zip(batch, results[1::2]):
+            if score is None:
+                self.on_evicted(doc, session)
 
     async def _run(self) -> None:
         while True:

@@ -1,0 +1,170 @@
+"""Which documents a GC pass looks at, and the loop that runs passes.
+
+Appends mark documents as changed in one sorted set (see
+:func:`yrelay.app.appender.mark_changed`); a pass claims due documents from
+it under a lease (``gc_claim.lua``), collects them, and hands them back
+(``gc_release.lua``): settled ones leave the set, the rest come due again after
+one interval. A pass never scans the keyspace, and processes running passes
+at the same time claim disjoint documents. Correctness does not depend on the
+lease: the collector's compare-and-set makes overlapping collections safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+import redis.exceptions
+from redis.asyncio import Redis
+
+from ..keys import documents_key, gc_due_key
+from ..scripts import Scripts
+from .collector import Collector, DocReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PassSummary:
+    """Totals of one pass (or one CLI / ops run)."""
+
+    documents: int = 0
+    evicted: int = 0
+    folded: int = 0
+    trimmed: int = 0
+    blocked: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    reports: list[DocReport] = field(default_factory=list, repr=False)
+
+    def add(self, reports: Iterable[DocReport], keep_reports: bool = False) -> None:
+        for report in reports:
+            self.documents += 1
+            self.evicted += report.evicted
+            self.folded += report.folded
+            self.trimmed += report.trimmed
+            self.blocked += report.blocked_at is not None
+            self.conflicts += report.conflict
+            self.errors += report.error is not None
+            if keep_reports:
+                self.reports.append(report)
+
+
+@dataclass(frozen=True)
+class Claim:
+    lease: str
+    docs: list[str]
+
+
+class DueSet:
+    """The set of documents waiting for GC, with leases."""
+
+    def __init__(self, redis: Redis):
+        self.redis = redis
+        self.scripts = Scripts(redis)
+
+    async def claim(self, limit: int, lease_ms: int) -> Claim:
+        lease, *docs = await self.scripts.gc_claim(keys=[gc_due_key()], args=[limit, lease_ms])
+        return Claim(_text(lease), [_text(doc) for doc in docs])
+
+    async def release(self, claim: Claim, reports: list[DocReport], next_due_ms: int) -> None:
+        args: list[object] = [claim.lease, next_due_ms]
+        for report in reports:
+            args += [report.doc, "drop" if report.settled else "keep"]
+        await self.scripts.gc_release(keys=[gc_due_key()], args=args)
+
+    async def pending(self) -> int:
+        return await self.redis.zcard(gc_due_key())
+
+
+async def all_documents(redis: Redis, page: int = 1000) -> AsyncIterator[list[str]]:
+    """Every registered document, in id order, a page at a time."""
+    start = "-"
+    while True:
+        docs = [_text(doc) for doc in await redis.zrangebylex(documents_key(), start, "+", 0, page)]
+        if not docs:
+            return
+        yield docs
+        start = f"({docs[-1]}"
+
+
+async def run_due_pass(
+    collector: Collector, due: DueSet, *, batch_size: int, lease_ms: int, next_due_ms: int
+) -> PassSummary:
+    """Collect every document that is due now, each at most once."""
+    summary = PassSummary()
+    started = time.perf_counter()
+    seen: set[str] = set()
+    while True:
+        claim = await due.claim(batch_size, lease_ms)
+        fresh = [doc for doc in claim.docs if doc not in seen]
+        if fresh:
+            reports = await collector.collect(fresh)
+            summary.add(reports)
+            seen.update(fresh)
+            await due.release(claim, reports, next_due_ms)
+        again = [DocReport(doc, stream_length=1) for doc in claim.docs if doc not in fresh]
+        if again:  # changed again during this pass: due at the next one
+            await due.release(claim, again, next_due_ms=0)
+        if len(claim.docs) < batch_size or not fresh:
+            break
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+class GcLoop:
+    """The periodic GC of one server process."""
+
+    def __init__(self, collector: Collector, *, interval: float, batch_size: int, lease: float):
+        self.collector = collector
+        self.due = DueSet(collector.redis)
+        self.interval = interval
+        self.batch_size = batch_size
+        self.lease_ms = round(lease * 1000)
+        self.passes = 0
+        self.last: PassSummary | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.interval > 0:
+            self._task = asyncio.create_task(self._run(), name="yrelay-gc")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def run_once(self) -> PassSummary:
+        summary = await run_due_pass(
+            self.collector, self.due, batch_size=self.batch_size, lease_ms=self.lease_ms,
+            next_due_ms=round(self.interval * 1000),
+        )
+        self.passes += 1
+        self.last = summary
+        if summary.documents:
+            log.info(
+                "gc pass: %d documents, %d evicted, %d folded, %d trimmed, %d blocked, %d conflicts in %.3fs",
+                summary.documents, summary.evicted, summary.folded, summary.trimmed,
+                summary.blocked, summary.conflicts, summary.seconds,
+            )
+        return summary
+
+    async def _run(self) -> None:
+        while True:
+            # Jitter keeps the passes of many processes from lining up.
+            await asyncio.sleep(self.interval * random.uniform(0.8, 1.2))
+            try:
+                await self.run_once()
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("gc pass failed (Redis): %s; next pass in %.0fs", exc, self.interval)
+            except Exception:
+                log.exception("gc pass failed; next pass in %.0fs", self.interval)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw

@@ -1,0 +1,235 @@
+"""Reading what a Yjs (v1) update covers, without integrating it.
+
+y-py 0.6.2 silently drops updates whose dependencies are missing: they stay
+"pending", never show in the state vector, and ``encode_state`` leaves them
+out. Folding the stream into a snapshot through y-py alone would therefore
+lose such an update without a trace. This module decodes the update's binary
+layout (lib0 encoding, as written by Yjs' ``UpdateEncoderV1``) far enough to
+know which ``(client, clock)`` ranges it inserts and which ranges it deletes,
+so a fold can check that every entry really landed in the snapshot.
+
+The layout, per the Yjs source (``encoding.js``, ``UpdateDecoderV1``):
+
+* structs: ``n`` client sections, each ``count, client, clock`` then ``count``
+  structs; a struct is ``info`` (one byte) and, by ``info & 31``: 0 GC
+  (length), 10 Skip (length, covers nothing), else an Item whose origins,
+  parent and content follow and whose length is its content's length;
+* the delete set: ``n`` clients, each ``client, count`` then ``clock, length``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
+
+_BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
+_GC, _SKIP = 0, 10
+_TYPE_NEEDS_KEY = {3, 5}  # YXmlElement, YXmlHook carry a node name
+
+
+class MalformedUpdate(ValueError):
+    """The bytes do not follow the Yjs v1 update layout."""
+
+
+class _Reader:
+    """lib0 decoding: unsigned/signed varints, var-length strings and buffers."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.pos = 0
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            raise MalformedUpdate("unexpected end of update")
+        value = self.data[self.pos]
+        self.pos += 1
+        return value
+
+    def uint(self) -> int:
+        value, shift = 0, 0
+        while True:
+            byte = self.byte()
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+            if shift > 70:
+                raise MalformedUpdate("varint too long")
+
+    def skip_int(self) -> None:
+        while self.byte() >= 0x80:
+            pass
+
+    def raw(self, length: int) -> bytes:
+        end = self.pos + length
+        if end > len(self.data):
+            raise MalformedUpdate("unexpected end of update")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def buffer(self) -> bytes:
+        return self.raw(self.uint())
+
+    def string(self) -> str:
+        return self.buffer().decode("utf-8", errors="surrogatepass")
+
+    def skip_any(self, depth: int = 0) -> None:
+        """Skip one lib0 ``any`` value (JSON-like, with binary and bigint)."""
+        if depth > 100:
+            raise MalformedUpdate("value nested too deeply")
+        kind = self.byte()
+        if kind in (127, 126, 121, 120):  # undefined, null, false, true
+            return
+        if kind == 125:  # varint
+            self.skip_int()
+        elif kind == 124:  # float32
+            self.raw(4)
+        elif kind in (123, 122):  # float64, bigint64
+            self.raw(8)
+        elif kind in (119, 116):  # string, Uint8Array
+            self.buffer()
+        elif kind == 118:  # object
+            for _ in range(self.uint()):
+                self.buffer()
+                self.skip_any(depth + 1)
+        elif kind == 117:  # array
+            for _ in range(self.uint()):
+                self.skip_any(depth + 1)
+        else:
+            raise MalformedUpdate(f"unknown value type {kind}")
+
+
+def _utf16_length(text: str) -> int:
+    """Yjs counts string clocks in UTF-16 code units, as JavaScript does."""
+    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
+
+
+def _content_length(reader: _Reader, ref: int) -> int:
+    """Consume an Item's content and return how many clocks it spans."""
+    if ref == 1:  # ContentDeleted
+        return reader.uint()
+    if ref == 2:  # ContentJSON: strings
+        count = reader.uint()
+        for _ in range(count):
+            reader.buffer()
+        return count
+    if ref == 3:  # ContentBinary
+        reader.buffer()
+        return 1
+    if ref == 4:  # ContentString
+        return _utf16_length(reader.string())
+    if ref == 5:  # ContentEmbed: JSON text
+        reader.buffer()
+        return 1
+    if ref == 6:  # ContentFormat: key, JSON text
+        reader.buffer()
+        reader.buffer()
+        return 1
+    if ref == 7:  # ContentType
+        if reader.uint() in _TYPE_NEEDS_KEY:
+            reader.buffer()
+        return 1
+    if ref == 8:  # ContentAny
+        count = reader.uint()
+        for _ in range(count):
+            reader.skip_any()
+        return count
+    if ref == 9:  # ContentDoc: guid, options
+        reader.buffer()
+        reader.skip_any()
+        return 1
+    raise MalformedUpdate(f"unknown content type {ref}")
+
+
+def _struct_length(reader: _Reader, info: int) -> int:
+    """Consume one Item (after its info byte) and return its length."""
+    if info & _BIT8:
+        reader.uint(), reader.uint()  # origin id
+    if info & _BIT7:
+        reader.uint(), reader.uint()  # right origin id
+    if not info & (_BIT7 | _BIT8):  # the parent cannot be copied from an origin
+        if reader.uint() == 1:
+            reader.buffer()  # a root type's name
+        else:
+            reader.uint(), reader.uint()  # the parent item's id
+        if info & _BIT6:
+            reader.buffer()  # parentSub: the map key
+    return _content_length(reader, info & _BITS5)
+
+
+@dataclass
+class Coverage:
+    """What one update holds: inserted struct ranges and deleted ranges."""
+
+    structs: Ranges = field(default_factory=dict)
+    deletes: Ranges = field(default_factory=dict)
+
+
+def _read_structs(reader: _Reader) -> Ranges:
+    structs: Ranges = {}
+    for _ in range(reader.uint()):
+        count, client, clock = reader.uint(), reader.uint(), reader.uint()
+        ranges = structs.setdefault(client, [])
+        for _ in range(count):
+            info = reader.byte()
+            ref = info & _BITS5
+            length = reader.uint() if ref in (_GC, _SKIP) else _struct_length(reader, info)
+            if ref != _SKIP and length:
+                ranges.append((clock, clock + length))
+            clock += length
+    return {client: _merge(ranges) for client, ranges in structs.items() if ranges}
+
+
+def _read_deletes(reader: _Reader) -> Ranges:
+    deletes: Ranges = {}
+    for _ in range(reader.uint()):
+        client, count = reader.uint(), reader.uint()
+        ranges = deletes.setdefault(client, [])
+        for _ in range(count):
+            clock, length = reader.uint(), reader.uint()
+            if length:  # y-py writes empty deletes; they cover nothing
+                ranges.append((clock, clock + length))
+    return {client: _merge(ranges) for client, ranges in deletes.items() if ranges}
+
+
+def decode(update: bytes) -> Coverage:
+    """The ranges ``update`` inserts and deletes; raises :class:`MalformedUpdate`."""
+    reader = _Reader(update)
+    coverage = Coverage(_read_structs(reader), _read_deletes(reader))
+    if reader.pos != len(update):
+        raise MalformedUpdate("trailing bytes after the delete set")
+    return coverage
+
+
+def _merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _within(inner: Ranges, outer: Ranges) -> bool:
+    for client, ranges in inner.items():
+        available = outer.get(client, [])
+        for start, end in ranges:
+            if not any(lo <= start and end <= hi for lo, hi in available):
+                return False
+    return True
+
+
+def covers(whole: Coverage, part: Coverage) -> bool:
+    """True when everything ``part`` inserts and deletes is in ``whole``.
+
+    ``whole`` is normally the coverage of a document's full state
+    (``encode_state``): its structs are every integrated range and its delete
+    set every deleted one, so a pending (unintegrated) part shows up as absent.
+    """
+    return _within(part.structs, whole.structs) and _within(part.deletes, whole.deletes)
