@@ -7,7 +7,7 @@ from redis.asyncio import Redis
 from yrelay import crdt
 from yrelay.keys import dedup_key, document_keys, meta_key, stream_key, tracker_key
 from yrelay.offsets import StreamId
-from yrelay.store import DocumentStore
+from yrelay.store import DocumentStore, mark_changed
 
 
 def text_updates(count: int, client_id: int = 1, word: str = "w") -> tuple[list[bytes], str]:
@@ -39,6 +39,9 @@ async def append_at(redis: Redis, doc: str, times_ms: list[int], updates: list[b
         await redis.hset(dedup_key(doc), f"{session}:{clock}", str(entry_id))
         ids.append(entry_id)
     await redis.hset(meta_key(doc), "last_id", str(ids[-1]))
+    async with redis.pipeline(transaction=False) as pipe:
+        mark_changed(pipe, [doc])
+        await pipe.execute()
     return ids
 
 

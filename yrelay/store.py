@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from . import crdt
-from .keys import dedup_key, meta_key, snapshot_key, stream_key
+from .keys import dedup_key, documents_key, gc_due_key, meta_key, snapshot_key, stream_key
 from .offsets import ZERO, StreamId
 from .protocol import b64encode
 from .scripts import Scripts
@@ -83,9 +83,10 @@ class DocumentStore:
 
     async def append(self, doc: str, session: str, clock: int, update: bytes) -> tuple[str, bool]:
         """Append one update (unbatched; servers use the Appender)."""
-        [(entry_id, duplicate)] = await self.scripts.append(
-            keys=append_keys(doc), args=[session, clock, update]
-        )
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await self.scripts.append(keys=append_keys(doc), args=[session, clock, update], client=pipe)
+            mark_changed(pipe, [doc])
+            [[(entry_id, duplicate)], *_] = await pipe.execute()
         return _decode_id(entry_id), bool(duplicate)
 
     async def last_id(self, doc: str) -> StreamId:
@@ -156,3 +157,15 @@ class DocumentStore:
 def append_keys(doc: str) -> list[str]:
     """KEYS of the append script, in its order."""
     return [stream_key(doc), meta_key(doc), dedup_key(doc)]
+
+
+def mark_changed(pipe, docs: list[str]) -> None:
+    """Queue the GC bookkeeping of an append on ``pipe``: the documents become
+    due for collection and are listed in the document registry.
+
+    Outside the append script on purpose: those two keys are global, and the
+    script must touch only one document's keys (one cluster slot). Losing the
+    mark in a crash costs a late GC, never data: the next append marks again.
+    """
+    pipe.zadd(gc_due_key(), dict.fromkeys(docs, 0))
+    pipe.zadd(documents_key(), dict.fromkeys(docs, 0), nx=True)

@@ -4,7 +4,7 @@ goes out together, one append-script call per document, in one pipeline.
 On this machine batching is the difference between ~10k and ~60k XADD/s. Order
 is kept: updates of one document are appended in the order they were submitted.
 A failing document (say, a key of the wrong type) fails only its own updates.
-The same pipeline marks the documents as changed for GC (see ``mark_changed``).
+The same pipeline marks the documents as changed for GC (``store.mark_changed``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import asyncio
 import logging
 from collections import defaultdict
 
-from ..keys import documents_key, gc_due_key
-from ..store import DocumentStore, append_keys
+from ..store import DocumentStore, append_keys, mark_changed
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +84,3 @@ class Appender:
             if not future.done():
                 future.set_result((entry_id.decode(), bool(duplicate)))
 
-
-def mark_changed(pipe, docs: list[str]) -> None:
-    """Queue the GC bookkeeping of an append on ``pipe``: the documents become
-    due for collection and are listed in the document registry.
-
-    Outside the append script on purpose: those two keys are global, and the
-    script must touch only one document's keys (one cluster slot). Losing the
-    mark in a crash costs a late GC, never data: the next append marks again.
-    """
-    pipe.zadd(gc_due_key(), dict.fromkeys(docs, 0))
-    pipe.zadd(documents_key(), dict.fromkeys(docs, 0), nx=True)

@@ -1,4 +1,5 @@
-"""The FastAPI application: the websocket endpoint and health checks."""
+"""The FastAPI application: the websocket endpoint, health checks and the
+operator endpoints (:mod:`yrelay.app.ops`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .. import __version__
 from ..config import Settings
 from .connection import Connection
 from .context import ServerContext
+from .ops import router as ops_router
 
 
 def create_app(settings: Settings, redis_url: str) -> FastAPI:
@@ -26,6 +28,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             await app.state.ctx.close()
 
     app = FastAPI(title="yrelay", version=__version__, lifespan=lifespan)
+    app.include_router(ops_router)
 
     @app.websocket("/ws")
     async def websocket_endpoint(websocket: WebSocket) -> None:

@@ -1,0 +1,104 @@
+"""The /ops endpoints on a running server: auth, figures on a known scenario,
+dry runs that change nothing, eviction by hand."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from yrelay.offsets import StreamId
+
+from conftest import running_server
+from gcutil import append_at, dump_document, text_updates, track, tracked
+
+TOKEN = "ops-secret-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def ops(redis_url):
+    async with running_server(redis_url, ops_token=TOKEN, gc_interval=0) as ws_url:
+        base = ws_url.replace("ws://", "http://").removesuffix("/ws")
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            yield client
+
+
+async def _known_scenario(redis_client) -> list[StreamId]:
+    """doc 'notes': 10 entries one second apart, ending 5 s ago; three sessions."""
+    seconds, micros = await redis_client.time()
+    now = seconds * 1000 + micros // 1000
+    updates, _ = text_updates(10)
+    ids = await append_at(redis_client, "notes", [now - 15_000 + i * 1000 for i in range(10)], updates)
+    await track(redis_client, "notes", {"leader": ids[9], "middle": ids[6], "behind": ids[1]})
+    return ids
+
+
+async def test_auth_is_enforced(ops, redis_url):
+    assert (await ops.get("/ops/docs")).status_code == 401
+    assert (await ops.get("/ops/docs", headers={"Authorization": "Bearer wrong"})).status_code == 403
+    assert (await ops.post("/ops/gc", json={}, headers={"Authorization": "Bearer wrong"})).status_code == 403
+    assert (await ops.delete("/ops/docs/x/sessions/y")).status_code == 401
+    assert (await ops.get("/ops/docs", headers=AUTH)).status_code == 200
+    async with running_server(redis_url, gc_interval=0) as ws_url:  # no token configured: off
+        base = ws_url.replace("ws://", "http://").removesuffix("/ws")
+        async with httpx.AsyncClient(base_url=base) as client:
+            response = await client.get("/ops/docs", headers=AUTH)
+            assert response.status_code == 403 and "YRELAY_OPS_TOKEN" in response.text
+
+
+async def test_endpoints_are_in_the_openapi_schema(ops):
+    schema = (await ops.get("/openapi.json")).json()
+    assert {"/ops/gc", "/ops/docs", "/ops/docs/{doc}", "/ops/docs/{doc}/sessions/{session}"} <= set(schema["paths"])
+    assert schema["paths"]["/ops/gc"]["post"]["security"] == [{"HTTPBearer": []}]
+
+
+async def test_document_figures(ops, redis_client):
+    ids = await _known_scenario(redis_client)
+    detail = (await ops.get("/ops/docs/notes", headers=AUTH)).json()
+    assert detail["stream_length"] == 10 and detail["tracked_sessions"] == 3
+    assert (detail["first_id"], detail["last_id"]) == (str(ids[0]), str(ids[9]))
+    lags = {row["session"]: (row["offset"], row["lag_entries"], row["lag_ms"]) for row in detail["sessions"]}
+    assert lags == {
+        "leader": (str(ids[9]), 0, 0),
+        "middle": (str(ids[6]), 3, 3000),
+        "behind": (str(ids[1]), 8, 8000),
+    }
+    assert (detail["worst_lag_entries"], detail["worst_lag_ms"]) == (8, 8000)
+    assert (await ops.get("/ops/docs/nope", headers=AUTH)).status_code == 404
+    assert (await ops.get("/ops/docs/bad%20id", headers=AUTH)).status_code == 422
+
+
+async def test_listing_pages_with_a_cursor(ops, redis_client):
+    updates, _ = text_updates(1)
+    for index in range(5):
+        await append_at(redis_client, f"doc-{index}", [1000 + index], updates)
+    first = (await ops.get("/ops/docs", params={"limit": 2}, headers=AUTH)).json()
+    assert [item["doc"] for item in first["documents"]] == ["doc-0", "doc-1"]
+    seen = [item["doc"] for item in first["documents"]]
+    cursor = first["next_cursor"]
+    while cursor:
+        page = (await ops.get("/ops/docs", params={"limit": 2, "cursor": cursor}, headers=AUTH)).json()
+        seen += [item["doc"] for item in page["documents"]]
+        cursor = page["next_cursor"]
+    assert seen == [f"doc-{index}" for index in range(5)]
+    assert first["documents"][0]["stream_length"] == 1
+
+
+async def test_gc_dry_run_changes_nothing_then_gc_does_it(ops, redis_client):
+    await _known_scenario(redis_client)
+    before = await dump_document(redis_client, "notes")
+    dry = (await ops.post("/ops/gc", json={"doc": "notes", "dry_run": True}, headers=AUTH)).json()
+    assert await dump_document(redis_client, "notes") == before
+    [report] = dry["reports"]
+    # Relative threshold 30 s: nobody is evicted; fold and trim up to "behind".
+    assert (report["evicted"], report["folded"], report["trimmed"]) == (0, 2, 2)
+    done = (await ops.post("/ops/gc", json={}, headers=AUTH)).json()
+    assert (done["documents"], done["folded"], done["trimmed"], done["dry_run"]) == (1, 2, 2, False)
+    assert await redis_client.xlen("yrelay:{notes}:stream") == 8
+
+
+async def test_evict_a_session_by_hand(ops, redis_client):
+    await _known_scenario(redis_client)
+    assert (await ops.delete("/ops/docs/notes/sessions/behind", headers=AUTH)).status_code == 204
+    assert await tracked(redis_client, "notes") == {"leader", "middle"}
+    assert (await ops.delete("/ops/docs/notes/sessions/behind", headers=AUTH)).status_code == 404

@@ -1,0 +1,126 @@
+"""Operator endpoints under ``/ops``: GC on demand, document and lag
+inspection, eviction by hand. All behind a bearer token of their own
+(``YRELAY_OPS_TOKEN``), separate from anything clients hold: without a
+configured token the endpoints are off (403), a missing token is 401, a wrong
+one 403.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+from ..gc import DocReport, PassSummary, all_documents
+from ..keys import InvalidDocumentId, documents_key, validate_doc_id
+from ..tracker.lag import document_status
+from .context import ServerContext
+
+_bearer = HTTPBearer(auto_error=False, description="The ops token (YRELAY_OPS_TOKEN).")
+
+
+def _ctx(request: Request) -> ServerContext:
+    return request.app.state.ctx
+
+
+def require_ops_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    expected = _ctx(request).settings.ops_token
+    if not expected:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "ops endpoints are disabled: set YRELAY_OPS_TOKEN")
+    if credentials is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "ops token required", headers={"WWW-Authenticate": "Bearer"})
+    if not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "wrong ops token")
+
+
+def _doc_id(doc: str) -> str:
+    try:
+        return validate_doc_id(doc)
+    except InvalidDocumentId as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+
+
+class GcRequest(BaseModel):
+    doc: str | None = Field(None, description="One document; all documents when omitted.")
+    dry_run: bool = Field(False, description="Report what would be folded, trimmed and evicted; change nothing.")
+
+
+class GcResponse(BaseModel):
+    dry_run: bool
+    documents: int
+    evicted: int
+    folded: int
+    trimmed: int
+    blocked: int
+    conflicts: int
+    errors: int
+    seconds: float
+    reports: list[dict[str, Any]] = Field(description="Per document, those where something happened or would.")
+
+
+router = APIRouter(prefix="/ops", tags=["ops"], dependencies=[Depends(require_ops_token)])
+
+
+@router.post("/gc", response_model=GcResponse)
+async def run_gc(body: GcRequest, request: Request) -> GcResponse:
+    """Collect one document or all of them now (or, with ``dry_run``, report)."""
+    ctx = _ctx(request)
+    summary = PassSummary()
+    if body.doc is not None:
+        summary.add(await ctx.collector.collect([_doc_id(body.doc)], dry_run=body.dry_run), keep_reports=True)
+    else:
+        async for page in all_documents(ctx.redis, ctx.settings.gc_batch_size):
+            summary.add(await ctx.collector.collect(page, dry_run=body.dry_run), keep_reports=True)
+    return GcResponse(
+        dry_run=body.dry_run,
+        **{name: getattr(summary, name) for name in ("documents", "evicted", "folded", "trimmed", "blocked",
+                                                     "conflicts", "errors", "seconds")},
+        reports=[asdict(report) for report in summary.reports if _eventful(report) or body.doc is not None],
+    )
+
+
+def _eventful(report: DocReport) -> bool:
+    return bool(report.evicted or report.folded or report.trimmed or report.blocked_at or report.conflict
+                or report.error)
+
+
+@router.get("/docs")
+async def list_docs(
+    request: Request,
+    cursor: Annotated[str | None, Query(description="The next_cursor of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """Documents in id order, a page at a time: stream length, first and last
+    id, snapshot offset, tracked sessions, worst lag."""
+    ctx = _ctx(request)
+    start = f"({_doc_id(cursor)}" if cursor else "-"
+    docs = [raw.decode() for raw in await ctx.redis.zrangebylex(documents_key(), start, "+", 0, limit + 1)]
+    page, more = docs[:limit], len(docs) > limit
+    statuses = [asdict(await document_status(ctx.redis, doc, count_cap=10_000)) for doc in page]
+    for item in statuses:
+        item.pop("sessions")
+    return {"documents": statuses, "next_cursor": page[-1] if more else None}
+
+
+@router.get("/docs/{doc:path}")
+async def get_doc(doc: str, request: Request) -> dict[str, Any]:
+    """One document: every tracked session with its offset and its lag in
+    entries and in milliseconds."""
+    status_ = await document_status(_ctx(request).redis, _doc_id(doc), with_sessions=True)
+    if not status_.exists:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown document {doc!r}")
+    return asdict(status_)
+
+
+@router.delete("/docs/{doc:path}/sessions/{session}", status_code=status.HTTP_204_NO_CONTENT)
+async def evict_session(doc: str, session: str, request: Request) -> Response:
+    """Evict one session by hand. It resyncs on its next ack or reconnect."""
+    if not await _ctx(request).tracker.untrack(_doc_id(doc), session):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"session {session!r} is not tracked on {doc!r}")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
