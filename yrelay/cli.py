@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Optional
 
 import typer
 import uvicorn
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
 from .app import create_app
 from .config import Settings
+from .gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
+from .keys import documents_key
 from .redis_server import RedisProcess
 
 cli = typer.Typer(help="yrelay: reliable Yjs sync over Redis streams.", no_args_is_help=True)
@@ -55,6 +62,79 @@ def serve(
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _redis_url(redis_url: str | None, data_dir: Path) -> str:
+    """The given URL, else the one a running ``yrelay serve`` left for its
+    embedded Redis under the data dir."""
+    if redis_url:
+        return redis_url
+    url_file = RedisProcess(data_dir / "redis").url_file
+    if url_file.exists():
+        return url_file.read_text().strip()
+    raise typer.BadParameter(f"no --redis-url given and no embedded Redis running under {data_dir}", param_hint="--redis-url")
+
+
+@cli.command()
+def gc(
+    docs: Optional[list[str]] = typer.Argument(None, help="Documents to collect (all when none are given)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Report what would be folded, trimmed and evicted; change nothing."),
+    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis to collect. Default: the embedded one of `yrelay serve`."),
+    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
+    batch_size: int = typer.Option(500, min=1, help="Documents per round trip."),
+    rows: int = typer.Option(20, min=0, help="Documents listed in the table (those with most work)."),
+) -> None:
+    """Collect documents now: evict lagging sessions, fold into snapshots, trim streams.
+
+    Safe while servers run: collections of the same document at the same time
+    cannot both store a snapshot, and none can trim what is not folded.
+    """
+    settings = Settings.from_env()
+    policy = GcPolicy.from_settings(settings)
+    summary = asyncio.run(_gc(_redis_url(redis_url, data_dir), docs or None, policy, dry_run, batch_size))
+    _print_summary(summary, dry_run, rows)
+    if summary.errors:
+        raise typer.Exit(1)
+
+
+async def _gc(url: str, docs: list[str] | None, policy: GcPolicy, dry_run: bool, batch_size: int) -> PassSummary:
+    redis = Redis.from_url(url)
+    try:
+        total = len(docs) if docs is not None else await redis.zcard(documents_key())
+        with Progress(transient=True) as progress:
+            task = progress.add_task("dry run" if dry_run else "collecting", total=total)
+            return await collect_documents(
+                Collector(redis, policy), docs, dry_run=dry_run, batch_size=batch_size,
+                on_batch=lambda reports: progress.advance(task, len(reports)),
+            )
+    finally:
+        await redis.aclose()
+
+
+def _print_summary(summary: PassSummary, dry_run: bool, rows: int) -> None:
+    console = Console()
+    verb = "would be" if dry_run else "were"
+    table = Table(title=f"GC of {summary.documents} documents in {summary.seconds:.2f}s" + (" (dry run)" if dry_run else ""))
+    for column in ("document", "eviction", "evicted", "folded", "trimmed", "stream", "snapshot offset", "note"):
+        table.add_column(column, justify="right" if column in {"evicted", "folded", "trimmed", "stream"} else "left")
+    busiest = sorted(summary.reports, key=lambda r: (r.error is None, -(r.evicted + r.folded + r.trimmed)))
+    for report in busiest[:rows]:
+        table.add_row(report.doc, report.eviction, str(report.evicted), str(report.folded), str(report.trimmed),
+                      str(report.stream_length), report.snapshot_offset, _note(report))
+    table.add_section()
+    table.add_row("total", "", str(summary.evicted), str(summary.folded), str(summary.trimmed), "", "",
+                  f"{summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors")
+    console.print(table)
+    console.print(f"{summary.evicted} sessions {verb} evicted, {summary.folded} entries {verb} folded, "
+                  f"{summary.trimmed} {verb} trimmed.")
+
+
+def _note(report: DocReport) -> str:
+    if report.error:
+        return f"error: {report.error}"
+    if report.blocked_at:
+        return f"blocked at {report.blocked_at}"
+    return "conflict" if report.conflict else ""
 
 
 if __name__ == "__main__":

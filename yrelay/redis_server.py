@@ -104,7 +104,13 @@ class RedisProcess:
             self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec
         )
         self._wait_ready(timeout)
+        self.url_file.write_text(self.url)
         return self
+
+    @property
+    def url_file(self) -> Path:
+        """Where a running embedded Redis leaves its URL for ``yrelay gc``."""
+        return self.data_dir / "redis.url"
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -130,6 +136,7 @@ class RedisProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful shutdown (SIGTERM): Redis fsyncs and exits."""
+        self.url_file.unlink(missing_ok=True)
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:

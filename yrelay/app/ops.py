@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response,
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from ..gc import DocReport, PassSummary, all_documents
+from ..gc import DocReport, collect_documents
 from ..keys import InvalidDocumentId, documents_key, validate_doc_id
 from ..tracker.lag import document_status
 from .context import ServerContext
@@ -71,12 +71,8 @@ router = APIRouter(prefix="/ops", tags=["ops"], dependencies=[Depends(require_op
 async def run_gc(body: GcRequest, request: Request) -> GcResponse:
     """Collect one document or all of them now (or, with ``dry_run``, report)."""
     ctx = _ctx(request)
-    summary = PassSummary()
-    if body.doc is not None:
-        summary.add(await ctx.collector.collect([_doc_id(body.doc)], dry_run=body.dry_run), keep_reports=True)
-    else:
-        async for page in all_documents(ctx.redis, ctx.settings.gc_batch_size):
-            summary.add(await ctx.collector.collect(page, dry_run=body.dry_run), keep_reports=True)
+    docs = None if body.doc is None else [_doc_id(body.doc)]
+    summary = await collect_documents(ctx.collector, docs, dry_run=body.dry_run, batch_size=ctx.settings.gc_batch_size)
     return GcResponse(
         dry_run=body.dry_run,
         **{name: getattr(summary, name) for name in ("documents", "evicted", "folded", "trimmed", "blocked",

@@ -8,9 +8,9 @@ standard library's ``gc``.
 
 from .collector import Collector, DocReport, Step
 from .policy import GcPolicy
-from .schedule import DueSet, GcLoop, PassSummary, all_documents, run_due_pass
+from .schedule import DueSet, GcLoop, PassSummary, all_documents, collect_documents, run_due_pass
 
 __all__ = [
     "Collector", "DocReport", "DueSet", "GcLoop", "GcPolicy", "PassSummary", "Step",
-    "all_documents", "run_due_pass",
+    "all_documents", "collect_documents", "run_due_pass",
 ]

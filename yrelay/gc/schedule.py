@@ -15,7 +15,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis.exceptions
@@ -91,6 +91,36 @@ async def all_documents(redis: Redis, page: int = 1000) -> AsyncIterator[list[st
             return
         yield docs
         start = f"({docs[-1]}"
+
+
+async def collect_documents(
+    collector: Collector,
+    docs: list[str] | None,
+    *,
+    dry_run: bool = False,
+    batch_size: int = 500,
+    on_batch: Callable[[list[DocReport]], None] | None = None,
+) -> PassSummary:
+    """Collect the given documents, or every registered one, batch by batch
+    (what ``yrelay gc`` and ``POST /ops/gc`` run)."""
+    summary = PassSummary()
+    started = time.perf_counter()
+
+    async def pages() -> AsyncIterator[list[str]]:
+        if docs is None:
+            async for page in all_documents(collector.redis, batch_size):
+                yield page
+        else:
+            for start in range(0, len(docs), batch_size):
+                yield docs[start : start + batch_size]
+
+    async for page in pages():
+        reports = await collector.collect(page, dry_run=dry_run)
+        summary.add(reports, keep_reports=True)
+        if on_batch is not None:
+            on_batch(reports)
+    summary.seconds = time.perf_counter() - started
+    return summary
 
 
 async def run_due_pass(
