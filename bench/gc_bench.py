@@ -104,8 +104,8 @@ class Load:
             await self.redis.zadd(tracker_key(doc), readers)
 
     async def edit(self, doc: str, update: bytes) -> None:
-        entry_id, _ = await self.appender.submit(doc, "writer", self.clock, update)
-        self.clock += 1
+        clock, self.clock = self.clock, self.clock + 1  # before awaiting: edits run concurrently
+        entry_id, _ = await self.appender.submit(doc, "writer", clock, update)
         score = StreamId.parse(entry_id).score()
         # Readers ack what they get; the stalled one never does.
         await self.redis.zadd(tracker_key(doc), {f"reader-{r}": score for r in range(3)}, xx=True, gt=True)
@@ -174,6 +174,7 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
                 if time.monotonic() >= next_gc:
                     summary = await run_due_pass(collector, due, batch_size=500, lease_ms=60_000, next_due_ms=10_000)
                     gc_seconds = summary.seconds
+                    print(f"# gc pass: {summary.documents} docs, {summary.folded} folded, {summary.trimmed} trimmed, {summary.evicted} evicted, {summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors", flush=True)
                     next_gc += 10
                 if time.monotonic() >= next_sample:
                     minute = (time.monotonic() - (deadline - minutes * 60)) / 60
