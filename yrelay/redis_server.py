@@ -21,6 +21,8 @@ from pathlib import Path
 
 import redis
 
+from .replies import text
+
 log = logging.getLogger(__name__)
 
 DURABLE_CONFIG = {
@@ -193,11 +195,7 @@ async def check_durability(client) -> list[str]:
         config: dict[str, str] = {}
         for name in DURABLE_CONFIG:
             raw = await client.config_get(name)
-            config.update({_text(k): _text(v) for k, v in raw.items()})
+            config.update({text(k): text(v) for k, v in raw.items()})
     except redis.ResponseError as exc:
         return [f"could not read Redis settings ({exc}); durability of acks is unverified"]
     return durability_warnings(config)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

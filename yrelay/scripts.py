@@ -14,8 +14,12 @@ from redis.asyncio import Redis
 
 @cache
 def source(name: str) -> str:
-    """The text of ``yrelay/lua/<name>.lua``."""
-    return resources.files("yrelay").joinpath("lua", f"{name}.lua").read_text()
+    """``yrelay/lua/_prelude.lua`` (id parsing, Redis time) + ``<name>.lua``.
+
+    Redis scripts cannot import each other; the shared helpers are prepended
+    instead of being written again in every script."""
+    lua = resources.files("yrelay").joinpath("lua")
+    return lua.joinpath("_prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
 NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release")

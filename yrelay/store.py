@@ -16,6 +16,7 @@ from . import crdt
 from .keys import dedup_key, documents_key, gc_due_key, meta_key, snapshot_key, stream_key
 from .offsets import ZERO, StreamId
 from .protocol import b64encode
+from .replies import stream_id, text
 from .scripts import Scripts
 
 
@@ -59,16 +60,8 @@ class Snapshot:
     update: bytes
 
 
-def _decode_id(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def _optional_id(raw: bytes | None) -> StreamId | None:
-    return StreamId.parse(_decode_id(raw)) if raw else None
-
-
 def to_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
-    return Entry(StreamId.parse(_decode_id(entry_id)), fields.get(b"u", b""), fields.get(b"s", b"").decode())
+    return Entry(StreamId.parse(text(entry_id)), fields.get(b"u", b""), fields.get(b"s", b"").decode())
 
 
 class DocumentStore:
@@ -87,14 +80,14 @@ class DocumentStore:
             await self.scripts.append(keys=append_keys(doc), args=[session, clock, update], client=pipe)
             mark_changed(pipe, [doc])
             [[(entry_id, duplicate)], *_] = await pipe.execute()
-        return _decode_id(entry_id), bool(duplicate)
+        return text(entry_id), bool(duplicate)
 
     async def last_id(self, doc: str) -> StreamId:
         """The last id ever appended to ``doc`` (``0-0`` for a new document)."""
-        return _optional_id(await self.redis.hget(meta_key(doc), "last_id")) or ZERO
+        return stream_id(await self.redis.hget(meta_key(doc), "last_id")) or ZERO
 
     async def trimmed_through(self, doc: str) -> StreamId:
-        return _optional_id(await self.redis.hget(meta_key(doc), "trimmed_through")) or ZERO
+        return stream_id(await self.redis.hget(meta_key(doc), "trimmed_through")) or ZERO
 
     async def read_page(self, doc: str, after: StreamId, count: int) -> list[Entry]:
         """Up to ``count`` entries with ids greater than ``after``.
@@ -107,7 +100,7 @@ class DocumentStore:
             pipe.hget(meta_key(doc), "trimmed_through")
             pipe.xrange(stream_key(doc), min=f"({after}", max="+", count=count)
             raw_trimmed, raw_entries = await pipe.execute()
-        trimmed = _optional_id(raw_trimmed)
+        trimmed = stream_id(raw_trimmed)
         if trimmed is not None and after < trimmed:
             raise HistoryTrimmed(doc, after, trimmed)
         return [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
@@ -131,7 +124,7 @@ class DocumentStore:
             pipe.hget(meta_key(doc), "snapshot_offset")
             pipe.get(snapshot_key(doc))
             raw_offset, raw_update = await pipe.execute()
-        return Snapshot(_optional_id(raw_offset) or ZERO, raw_update or b"")
+        return Snapshot(stream_id(raw_offset) or ZERO, raw_update or b"")
 
     async def load_document(self, doc: str, page_size: int = 500) -> tuple[crdt.Doc, StreamId]:
         """Snapshot + every stream entry after it, as a document and its offset.

@@ -73,12 +73,9 @@ async def run_gc(body: GcRequest, request: Request) -> GcResponse:
     ctx = _ctx(request)
     docs = None if body.doc is None else [_doc_id(body.doc)]
     summary = await collect_documents(ctx.collector, docs, dry_run=body.dry_run, batch_size=ctx.settings.gc_batch_size)
-    return GcResponse(
-        dry_run=body.dry_run,
-        **{name: getattr(summary, name) for name in ("documents", "evicted", "folded", "trimmed", "blocked",
-                                                     "conflicts", "errors", "seconds")},
-        reports=[asdict(report) for report in summary.reports if _eventful(report) or body.doc is not None],
-    )
+    totals = {name: value for name, value in asdict(summary).items() if name != "reports"}
+    reports = [asdict(report) for report in summary.reports if _eventful(report) or body.doc is not None]
+    return GcResponse(dry_run=body.dry_run, reports=reports, **totals)
 
 
 def _eventful(report: DocReport) -> bool:

@@ -39,6 +39,7 @@ from redis.asyncio import Redis
 from .. import crdt
 from ..keys import dedup_key, meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
+from ..replies import stream_id, text
 from ..scripts import Scripts
 from ..store import Entry, to_entry
 from .policy import GcPolicy
@@ -103,16 +104,6 @@ class _Plan:
         return self.report.doc
 
 
-def _id(raw: bytes | str | None) -> StreamId | None:
-    if not raw:
-        return None
-    return StreamId.parse(raw.decode() if isinstance(raw, bytes) else raw)
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
 async def _no_checkpoint(step: Step) -> None:
     return None
 
@@ -170,16 +161,16 @@ class Collector:
     @staticmethod
     def _plan(report: DocReport, result: list) -> _Plan | None:
         mode, evicted, names, min_score, _leader, last_id, snapshot_offset, trimmed = result
-        report.eviction = _text(mode)
+        report.eviction = text(mode)
         report.evicted = int(evicted)
-        report.evicted_sessions = [_text(name) for name in names]
-        folded = _id(snapshot_offset) or ZERO
+        report.evicted_sessions = [text(name) for name in names]
+        folded = stream_id(snapshot_offset) or ZERO
         report.snapshot_offset = str(folded)
-        last = _id(last_id)
+        last = stream_id(last_id)
         if last is None:
             return None  # never appended to: nothing to fold or trim
         target = last if not min_score else min(last, StreamId.from_score(float(min_score)))
-        return _Plan(report, last, folded, _id(trimmed) or ZERO, target)
+        return _Plan(report, last, folded, stream_id(trimmed) or ZERO, target)
 
     # ------------------------------------------------------------- 2. read
 
@@ -204,7 +195,7 @@ class Collector:
             failure = next((r for r in (offset, snapshot, entries) if isinstance(r, Exception)), None)
             if failure is not None:
                 plan.report.error = str(failure)[:200]
-            elif (_id(offset) or ZERO) != plan.snapshot_offset:
+            elif (stream_id(offset) or ZERO) != plan.snapshot_offset:
                 plan.report.conflict = True
             else:
                 plan.base = snapshot if isinstance(snapshot, bytes) else b""
@@ -242,7 +233,7 @@ class Collector:
             if isinstance(result, Exception):
                 plan.report.error = str(result)[:200]
             elif int(result[0]) == 1:
-                plan.stored = _id(result[1])
+                plan.stored = stream_id(result[1])
                 plan.report.folded = plan.fold.held  # type: ignore[union-attr]
                 plan.report.snapshot_offset = str(plan.stored)
             else:

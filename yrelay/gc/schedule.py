@@ -22,6 +22,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..keys import documents_key, gc_due_key
+from ..replies import text
 from ..scripts import Scripts
 from .collector import Collector, DocReport
 
@@ -70,12 +71,14 @@ class DueSet:
 
     async def claim(self, limit: int, lease_ms: int) -> Claim:
         lease, *docs = await self.scripts.gc_claim(keys=[gc_due_key()], args=[limit, lease_ms])
-        return Claim(_text(lease), [_text(doc) for doc in docs])
+        return Claim(text(lease), [text(doc) for doc in docs])
 
-    async def release(self, claim: Claim, reports: list[DocReport], next_due_ms: int) -> None:
+    async def release(self, claim: Claim, settled: dict[str, bool], next_due_ms: int) -> None:
+        """Hand documents back: settled ones leave the set, the others come
+        due ``next_due_ms`` from now (unless appended to meanwhile)."""
         args: list[object] = [claim.lease, next_due_ms]
-        for report in reports:
-            args += [report.doc, "drop" if report.settled else "keep"]
+        for doc, done in settled.items():
+            args += [doc, "drop" if done else "keep"]
         await self.scripts.gc_release(keys=[gc_due_key()], args=args)
 
     async def pending(self) -> int:
@@ -86,7 +89,7 @@ async def all_documents(redis: Redis, page: int = 1000) -> AsyncIterator[list[st
     """Every registered document, in id order, a page at a time."""
     start = "-"
     while True:
-        docs = [_text(doc) for doc in await redis.zrangebylex(documents_key(), start, "+", 0, page)]
+        docs = [text(doc) for doc in await redis.zrangebylex(documents_key(), start, "+", 0, page)]
         if not docs:
             return
         yield docs
@@ -137,8 +140,8 @@ async def run_due_pass(
             reports = await collector.collect(fresh)
             summary.add(reports)
             seen.update(fresh)
-            await due.release(claim, reports, next_due_ms)
-        again = [DocReport(doc, stream_length=1) for doc in claim.docs if doc not in fresh]
+            await due.release(claim, {report.doc: report.settled for report in reports}, next_due_ms)
+        again = {doc: False for doc in claim.docs if doc not in fresh}
         if again:  # changed again during this pass: due at the next one
             await due.release(claim, again, next_due_ms=0)
         if len(claim.docs) < batch_size or not fresh:
@@ -194,7 +197,3 @@ class GcLoop:
                 log.warning("gc pass failed (Redis): %s; next pass in %.0fs", exc, self.interval)
             except Exception:
                 log.exception("gc pass failed; next pass in %.0fs", self.interval)
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw

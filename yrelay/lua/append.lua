@@ -11,15 +11,12 @@
 local stream, meta, dedup = KEYS[1], KEYS[2], KEYS[3]
 local MAX_SEQ = 999
 
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now = now_ms()
 
 local last_ms, last_seq = -1, 0
 local last = redis.call('HGET', meta, 'last_id')
 if last then
-  local dash = string.find(last, '-', 1, true)
-  last_ms = tonumber(string.sub(last, 1, dash - 1))
-  last_seq = tonumber(string.sub(last, dash + 1))
+  last_ms, last_seq = parse_id(last)
 end
 
 local result = {}
@@ -30,8 +27,8 @@ for i = 1, #ARGV, 3 do
   if previous then
     result[#result + 1] = {previous, 1}
   else
-    if now_ms > last_ms then
-      last_ms, last_seq = now_ms, 0
+    if now > last_ms then
+      last_ms, last_seq = now, 0
     elseif last_seq < MAX_SEQ then
       last_seq = last_seq + 1
     else

@@ -9,10 +9,9 @@
 -- knows the document changed while it was being collected.
 -- Returns {lease score, doc, doc, ...}.
 local due = KEYS[1]
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local lease = string.format('%.0f', now_ms + tonumber(ARGV[2]))
-local docs = redis.call('ZRANGEBYSCORE', due, '-inf', string.format('%.0f', now_ms), 'LIMIT', 0, tonumber(ARGV[1]))
+local now = now_ms()
+local lease = string.format('%.0f', now + tonumber(ARGV[2]))
+local docs = redis.call('ZRANGEBYSCORE', due, '-inf', string.format('%.0f', now), 'LIMIT', 0, tonumber(ARGV[1]))
 local result = {lease}
 for _, doc in ipairs(docs) do
   redis.call('ZADD', due, lease, doc)

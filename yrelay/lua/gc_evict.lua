@@ -18,16 +18,11 @@ local tracker, stream, meta = KEYS[1], KEYS[2], KEYS[3]
 local relative_ms, absolute_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local dry_run, max_names = ARGV[3] == '1', tonumber(ARGV[4])
 
-local function score_of(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)) * 1000 + tonumber(string.sub(id, dash + 1))
-end
-
 local function cutoff(t_ms)
   if t_ms < 0 then return nil end
   local newest = redis.call('XREVRANGE', stream, string.format('%.0f', t_ms), '-', 'COUNT', 1)
   if #newest == 0 then return nil end
-  return score_of(newest[1][1])
+  return id_score(newest[1][1])
 end
 
 local meta_fields = redis.call('HMGET', meta, 'last_id', 'snapshot_offset', 'trimmed_through')
@@ -36,11 +31,10 @@ if #leader == 0 then
   return {'none', 0, {}, false, false, meta_fields[1], meta_fields[2], meta_fields[3]}
 end
 local leader_score = tonumber(leader[2])
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now = now_ms()
 
 local mode, cut = 'relative', nil
-local absolute_cut = cutoff(now_ms - absolute_ms)
+local absolute_cut = cutoff(now - absolute_ms)
 if absolute_cut ~= nil and leader_score < absolute_cut then
   mode, cut = 'absolute', absolute_cut
 else

@@ -7,9 +7,7 @@
 -- Only documents still holding this claim's lease are touched: one that was
 -- appended to meanwhile (score reset to 0) stays due for the next pass.
 local due, lease = KEYS[1], ARGV[1]
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local next_due = string.format('%.0f', now_ms + tonumber(ARGV[2]))
+local next_due = string.format('%.0f', now_ms() + tonumber(ARGV[2]))
 local released = 0
 for i = 3, #ARGV, 2 do
   local doc = ARGV[i]

@@ -11,16 +11,9 @@
 local meta, snapshot = KEYS[1], KEYS[2]
 local expected, covers = ARGV[1], ARGV[2]
 
-local function parse(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
-
 local current = redis.call('HGET', meta, 'snapshot_offset') or '0-0'
 if current ~= expected then return {0, current} end
-local cur_ms, cur_seq = parse(current)
-local new_ms, new_seq = parse(covers)
-if new_ms < cur_ms or (new_ms == cur_ms and new_seq <= cur_seq) then return {0, current} end
+if not id_less(current, covers) then return {0, current} end
 redis.call('SET', snapshot, ARGV[3])
 redis.call('HSET', meta, 'snapshot_offset', covers)
 return {1, covers}

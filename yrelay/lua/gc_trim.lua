@@ -11,19 +11,9 @@
 -- Returns {entries removed, last removed id or false}.
 local stream, meta, dedup = KEYS[1], KEYS[2], KEYS[3]
 
-local function parse(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
-local function less(a, b)
-  local a_ms, a_seq = parse(a)
-  local b_ms, b_seq = parse(b)
-  return a_ms < b_ms or (a_ms == b_ms and a_seq < b_seq)
-end
-
 local through = ARGV[1]
 local folded = redis.call('HGET', meta, 'snapshot_offset') or '0-0'
-if less(folded, through) then through = folded end
+if id_less(folded, through) then through = folded end
 
 local entries = redis.call('XRANGE', stream, '-', through, 'COUNT', tonumber(ARGV[2]))
 if #entries == 0 then return {0, false} end
@@ -35,10 +25,10 @@ for _, entry in ipairs(entries) do
   if session and clock then redis.call('HDEL', dedup, session .. ':' .. clock) end
 end
 local last = entries[#entries][1]
-local last_ms, last_seq = parse(last)
+local last_ms, last_seq = parse_id(last)
 redis.call('XTRIM', stream, 'MINID', string.format('%.0f-%.0f', last_ms, last_seq + 1))
 local previous = redis.call('HGET', meta, 'trimmed_through')
-if not previous or less(previous, last) then
+if not previous or id_less(previous, last) then
   redis.call('HSET', meta, 'trimmed_through', last)
 end
 return {#entries, last}

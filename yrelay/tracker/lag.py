@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from ..keys import meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
+from ..replies import stream_id, text
 
 COUNT_CAP = 100_000
 _PAGE = 1_000
@@ -51,21 +52,13 @@ class DocumentStatus:
         return self.last_id is not None or self.tracked_sessions > 0 or self.snapshot_bytes > 0
 
 
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def _id(raw: bytes | None) -> StreamId | None:
-    return StreamId.parse(_text(raw)) if raw else None
-
-
 async def _ids_after(redis: Redis, doc: str, after: StreamId, cap: int) -> tuple[list[StreamId], bool]:
     """Ids of the entries after ``after`` (at most ``cap``), and whether that is all."""
     ids: list[StreamId] = []
     cursor = after
     while len(ids) < cap:
         page = await redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=min(_PAGE, cap - len(ids)))
-        ids.extend(StreamId.parse(_text(entry_id)) for entry_id, _ in page)
+        ids.extend(StreamId.parse(text(entry_id)) for entry_id, _ in page)
         if len(page) < _PAGE:
             return ids, True
         cursor = ids[-1]
@@ -83,17 +76,17 @@ async def document_status(redis: Redis, doc: str, with_sessions: bool = False, c
         pipe.zcard(tracker_key(doc))
         length, first, meta, snapshot_bytes, rows, tracked = await pipe.execute()
     last_id, snapshot_offset, trimmed_through, gc_at = meta
-    last = _id(last_id) or ZERO
-    offsets = [(_text(member), StreamId.from_score(score)) for member, score in rows]
+    last = stream_id(last_id) or ZERO
+    offsets = [(text(member), StreamId.from_score(score)) for member, score in rows]
     lowest = offsets[0][1] if offsets else last
     ids, complete = await _ids_after(redis, doc, lowest, count_cap)
     status = DocumentStatus(
         doc=doc,
         stream_length=length,
-        first_id=_text(first[0][0]) if first else None,
-        last_id=_text(last_id) if last_id else None,
-        snapshot_offset=str(_id(snapshot_offset) or ZERO),
-        trimmed_through=str(_id(trimmed_through) or ZERO),
+        first_id=text(first[0][0]) if first else None,
+        last_id=text(last_id) if last_id else None,
+        snapshot_offset=str(stream_id(snapshot_offset) or ZERO),
+        trimmed_through=str(stream_id(trimmed_through) or ZERO),
         snapshot_bytes=snapshot_bytes,
         tracked_sessions=tracked,
         worst_lag_entries=len(ids),

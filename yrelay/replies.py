@@ -1,0 +1,18 @@
+"""Turning Redis replies (bytes, or str for values Lua built) into our types.
+
+One place for it, so every module reads ids and names the same way.
+"""
+
+from __future__ import annotations
+
+from .offsets import StreamId
+
+
+def text(raw: bytes | str) -> str:
+    """A reply as text (Redis answers bytes; a few script replies are str)."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def stream_id(raw: bytes | str | None) -> StreamId | None:
+    """A stream id reply, or None for a missing (nil or empty) one."""
+    return StreamId.parse(text(raw)) if raw else None
