@@ -37,10 +37,14 @@ def serve(
     ),
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    verify_digests: bool = typer.Option(
+        False, "--verify-digests", help="Recompute every drift digest from the streams at start-up; fix wrong ones."
+    ),
 ) -> None:
     """Serve the websocket endpoint at /ws (and /healthz, /readyz)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir)
+    settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
+                                 verify_digests=verify_digests or None)
     embedded: RedisProcess | None = None
     url = settings.redis_url
     if url is None:

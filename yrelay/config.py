@@ -55,6 +55,10 @@ class Settings:
     #: A claimed document is handed to another process after this (seconds).
     gc_lease: float = 60.0
 
+    #: At start-up, recompute every stored drift digest from the streams,
+    #: log the wrong ones and fix them (seconds to minutes on a large store).
+    verify_digests: bool = False
+
     #: Bearer token of the /ops endpoints; without one they answer 403.
     ops_token: str | None = field(default=None, repr=False)
 

@@ -67,6 +67,7 @@ class ResyncReason(str, enum.Enum):
     TRIMMED = "trimmed"  # entries after the offset were compacted away
     AHEAD = "ahead"  # the offset is past the stream's last id (lost tail)
     EVICTED = "evicted"  # GC (or an operator) dropped the session from the tracker
+    DRIFT = "drift"  # the drift digests differ over the same window, or could not be compared
 
 
 class ProtocolError(Exception):
@@ -119,9 +120,20 @@ class Hello(_Frame):
     protocol: int = PROTOCOL_VERSION
 
 
+class WindowDigest(_Frame):
+    """Count and XOR of xxh3_128 over the stream ids held in ``(since, offset]``."""
+
+    since: str
+    count: int = Field(ge=0, lt=2**53)
+    hash: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+    _since = field_validator("since")(_check_offset)
+
+
 class Subscribe(_DocFrame):
     op: Literal["subscribe"]
     offset: str | None = None
+    digest: WindowDigest | None = None
 
     _offset = field_validator("offset")(_check_offset)
 
@@ -201,8 +213,12 @@ def welcome(session: str, resumed: bool, limits: dict[str, int]) -> dict[str, An
     return {"op": "welcome", "session": session, "resumed": resumed, "protocol": PROTOCOL_VERSION, "limits": limits}
 
 
-def subscribed(doc: str, offset: str) -> dict[str, Any]:
-    return {"op": "subscribed", "doc": doc, "offset": offset}
+def subscribed(doc: str, offset: str, digest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``digest`` is the server's over ``(digest.since, offset]`` (see WindowDigest)."""
+    frame: dict[str, Any] = {"op": "subscribed", "doc": doc, "offset": offset}
+    if digest is not None:
+        frame["digest"] = digest
+    return frame
 
 
 def unsubscribed(doc: str) -> dict[str, Any]:

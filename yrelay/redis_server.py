@@ -74,10 +74,19 @@ class RedisProcess:
     same port, which is what the crash tests do.
     """
 
-    def __init__(self, data_dir: str | Path, port: int | None = None, *, fsync: str = "always"):
+    def __init__(
+        self,
+        data_dir: str | Path,
+        port: int | None = None,
+        *,
+        fsync: str = "always",
+        extra_config: dict[str, str] | None = None,
+    ):
+        """``extra_config``: more ``--name value`` settings (e.g. ``replicaof``)."""
         self.data_dir = Path(data_dir).resolve()  # redis-server chdirs into --dir
         self.port = port or free_port()
         self.fsync = fsync
+        self.extra_config = extra_config or {}
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -97,6 +106,7 @@ class RedisProcess:
             "--daemonize", "no",
             "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),
+            *(part for name, value in self.extra_config.items() for part in (f"--{name}", *value.split())),
         ]
 
     def start(self, timeout: float = 15.0) -> "RedisProcess":

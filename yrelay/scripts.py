@@ -22,7 +22,8 @@ def source(name: str) -> str:
     return lua.joinpath("_prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
-NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release")
+NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release",
+         "digest_window", "digest_advance")
 
 
 class Scripts:
@@ -35,6 +36,8 @@ class Scripts:
         self.gc_trim = redis.register_script(source("gc_trim"))
         self.gc_claim = redis.register_script(source("gc_claim"))
         self.gc_release = redis.register_script(source("gc_release"))
+        self.digest_window = redis.register_script(source("digest_window"))
+        self.digest_advance = redis.register_script(source("digest_advance"))
 
     async def load(self, redis: Redis) -> None:
         """Load every script up front, so ``/readyz`` can report it and a

@@ -162,3 +162,14 @@ def mark_changed(pipe, docs: list[str]) -> None:
     """
     pipe.zadd(gc_due_key(), dict.fromkeys(docs, 0))
     pipe.zadd(documents_key(), dict.fromkeys(docs, 0), nx=True)
+
+
+async def all_documents(redis: Redis, page: int = 1000) -> AsyncIterator[list[str]]:
+    """Every registered document, in id order, a page at a time."""
+    start = "-"
+    while True:
+        docs = [text(doc) for doc in await redis.zrangebylex(documents_key(), start, "+", 0, page)]
+        if not docs:
+            return
+        yield docs
+        start = f"({docs[-1]}"

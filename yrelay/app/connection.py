@@ -18,6 +18,8 @@ from fastapi import WebSocket, WebSocketDisconnect
 from .. import crdt, protocol
 from ..offsets import StreamId
 from ..protocol import Ack, ErrorCode, Hello, Ping, ProtocolError, Subscribe, Sync, Unsubscribe, Update
+from ..reconciliation.digest import Digest
+from ..reconciliation.stream_digest import WindowDigest
 from .context import ServerContext
 from .subscription import Subscription
 
@@ -140,7 +142,7 @@ class Connection:
                 doc=frame.doc,
             )
         requested = StreamId.parse(frame.offset) if frame.offset is not None else None
-        subscription = Subscription(self.ctx, frame.doc, self.session, self.send, requested)
+        subscription = Subscription(self.ctx, frame.doc, self.session, self.send, requested, _claimed(frame))
         self.subscriptions[frame.doc] = subscription
         subscription.start()
 
@@ -198,6 +200,16 @@ class Connection:
             await asyncio.sleep(self.ctx.settings.resend_check_interval)
             for subscription in list(self.subscriptions.values()):
                 subscription.check_resend()
+
+
+def _claimed(frame: Subscribe) -> WindowDigest | None:
+    """The client's drift digest, meaningful only with an offset to end its window."""
+    if frame.digest is None or frame.offset is None:
+        return None
+    since, offset = StreamId.parse(frame.digest.since), StreamId.parse(frame.offset)
+    if since > offset:
+        raise ProtocolError(ErrorCode.INVALID_OFFSET, "digest.since is after offset", doc=frame.doc)
+    return WindowDigest(since, offset, Digest(count=frame.digest.count, hash=int(frame.digest.hash, 16)))
 
 
 def _decode_b64(text: str, doc: str, clock: int | None) -> bytes:

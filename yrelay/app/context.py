@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 from ..config import Settings
 from ..gc import Collector, GcLoop, GcPolicy
+from ..reconciliation.stream_digest import StreamDigests
 from ..redis_server import check_durability
 from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
@@ -33,6 +34,7 @@ class ServerContext:
     sessions: SessionRegistry
     collector: Collector
     gc_loop: GcLoop
+    digests: StreamDigests
     process_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @classmethod
@@ -56,7 +58,10 @@ class ServerContext:
             collector=collector,
             gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,
                            lease=settings.gc_lease),
+            digests=StreamDigests(redis, store.scripts),
         )
+        if settings.verify_digests:
+            await verify_digests(ctx.digests)
         ctx.ack_writer.on_evicted = ctx.fanout.session_evicted
         ctx.ack_writer.start()
         ctx.appender.start()
@@ -70,3 +75,13 @@ class ServerContext:
         await self.appender.stop()
         await self.ack_writer.stop()
         await self.redis.aclose()
+
+
+async def verify_digests(digests: StreamDigests) -> None:
+    """The start-up check: every stored digest against its stream."""
+    log.info("verifying the drift digests of every document")
+    wrong = await digests.recompute_all(fix=True)
+    if wrong:
+        log.warning("drift digests: %d wrong, all fixed", len(wrong))
+    else:
+        log.info("drift digests: all correct")

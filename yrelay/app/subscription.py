@@ -26,6 +26,8 @@ import redis.exceptions
 from .. import crdt, protocol
 from ..offsets import StreamId
 from ..protocol import ErrorCode, ProtocolError, ResyncReason
+from ..reconciliation.digest import Digest
+from ..reconciliation.stream_digest import WindowDigest
 from ..store import Entry, HistoryTrimmed
 from .fanout import Batch
 
@@ -55,12 +57,22 @@ _TRANSITIONS = {
 
 
 class Subscription:
-    def __init__(self, ctx: "ServerContext", doc: str, session: str, send: Send, requested: StreamId | None):
+    def __init__(
+        self,
+        ctx: "ServerContext",
+        doc: str,
+        session: str,
+        send: Send,
+        requested: StreamId | None,
+        claimed: WindowDigest | None = None,
+    ):
         self.ctx = ctx
         self.doc = doc
         self.session = session
         self._send = send
         self._requested = requested
+        #: The client's drift digest over (claimed.since, requested], if it sent one.
+        self._claimed = claimed
         self.state = SubscriptionState.STARTING
         #: Every entry up to the cursor was sent, or skipped as the session's own.
         self.cursor = StreamId(0, 0)
@@ -77,6 +89,7 @@ class Subscription:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.resends = 0
+        self.drift_detected = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -171,7 +184,7 @@ class Subscription:
     async def _start(self) -> None:
         if self._requested is None:
             snapshot = await self.ctx.store.load_snapshot(self.doc)
-            await self._go_live(snapshot.offset)
+            await self._go_live(snapshot.offset, WindowDigest(snapshot.offset, snapshot.offset, Digest()))
             if snapshot.update:
                 parts = protocol.chunks(snapshot.update, self.ctx.settings.chunk_bytes)
                 for index, part in enumerate(parts):
@@ -183,14 +196,34 @@ class Subscription:
         elif self._requested < await self.ctx.store.trimmed_through(self.doc):
             await self._require_resync(ResyncReason.TRIMMED)
         else:
-            await self._go_live(self._requested)
+            await self._resume(self._requested)
 
-    async def _go_live(self, offset: StreamId) -> None:
+    async def _resume(self, offset: StreamId) -> None:
+        """Resume from ``offset`` once the drift digests agree (one round trip).
+
+        The server compares when its window starts where the client's does;
+        when GC trimmed past the client's ``since``, the client compares the
+        digest it gets in ``subscribed``. Either side that sees a difference
+        starts the two-way state-vector exchange."""
+        claimed = self._claimed
+        if claimed is None:  # a client that keeps no digest
+            await self._go_live(offset)
+            return
+        window = await self.ctx.digests.window(self.doc, claimed.since, offset)
+        if window is None or (window.since == claimed.since and window.digest != claimed.digest):
+            log.warning("document %s session %s: drift detected (client %s, server %s)",
+                        self.doc, self.session, claimed, window)
+            self.drift_detected += 1
+            await self._require_resync(ResyncReason.DRIFT)
+        else:
+            await self._go_live(offset, window)
+
+    async def _go_live(self, offset: StreamId, window: WindowDigest | None = None) -> None:
         await self.ctx.tracker.track(self.doc, self.session, offset)
         self.cursor = self.acked = self.tracked = offset
         self._sent.clear()
         self._move(SubscriptionState.LIVE)
-        await self._send(protocol.subscribed(self.doc, str(offset)))
+        await self._send(protocol.subscribed(self.doc, str(offset), window.to_wire() if window else None))
         self._wake.set()
 
     async def _step(self) -> None:

@@ -24,6 +24,8 @@ from websockets.exceptions import ConnectionClosed
 
 from .. import crdt, protocol
 from ..offsets import StreamId
+from ..reconciliation.digest import Digest
+from ..reconciliation.held_entries import HeldEntries
 from .backoff import Backoff
 from .sendbuffer import SendBuffer
 
@@ -52,6 +54,8 @@ class ClientDocument:
     offset: str | None = None
     #: Set when the client gave up resending: resync in full on resubscribe.
     needs_sync: bool = False
+    #: Stream ids held, for the drift digest sent on every resubscribe.
+    held: HeldEntries = field(default_factory=HeldEntries)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     _parts: list[bytes] = field(default_factory=list)
     _batch: list[bytes] = field(default_factory=list)
@@ -92,6 +96,8 @@ class YrelayClient:
         self.acked: list[AckedUpdate] = []
         self.errors: list[dict[str, Any]] = []
         self.resyncs = 0
+        #: Resubscribes where the drift digests differed (either side noticed).
+        self.drifts = 0
         self.connected = asyncio.Event()
         self._ws: Any = None
         self._applying_remote = False
@@ -125,7 +131,7 @@ class YrelayClient:
         doc = ClientDocument(name, ydoc if ydoc is not None else crdt.new_doc())
         self.docs[name] = doc
         crdt.observe_updates(doc.ydoc, lambda update: self._local_update(doc, update))
-        await self._send_quietly({"op": "subscribe", "doc": name, "offset": doc.offset})
+        await self._send_quietly(_subscribe_frame(doc))
         await asyncio.wait_for(doc.synced.wait(), timeout)
         return doc
 
@@ -212,7 +218,7 @@ class YrelayClient:
         self.session = welcome["session"]
         for doc in self.docs.values():
             doc.synced.clear()
-            await ws.send(json.dumps({"op": "subscribe", "doc": doc.name, "offset": doc.offset}))
+            await ws.send(json.dumps(_subscribe_frame(doc)))
         self.buffer.reset_attempts()
         for item in self.buffer.all():
             self.buffer.mark_sent(item)
@@ -260,6 +266,9 @@ class YrelayClient:
 
     def _on_appended(self, frame: dict[str, Any]) -> None:
         item = self.buffer.pop(frame["clock"])
+        doc = self.docs.get(frame["doc"])
+        if doc is not None:
+            doc.held.add(StreamId.parse(frame["id"]))  # also for a late or duplicate answer
         if item is not None:
             self.acked.append(AckedUpdate(item.doc, item.clock, frame["id"], item.update))
             self._emit("appended", frame)
@@ -271,6 +280,7 @@ class YrelayClient:
         for entry in frame["entries"]:
             self._apply_remote(doc, protocol.b64decode(entry["update"]))
             doc.offset = _max_offset(doc.offset, entry["id"])
+            doc.held.add(StreamId.parse(entry["id"]))
         self._ack(doc)
 
     def _on_subscribed(self, frame: dict[str, Any]) -> None:
@@ -278,11 +288,24 @@ class YrelayClient:
         if doc is None:
             return
         doc.offset = _max_offset(doc.offset, frame["offset"])
-        if doc.needs_sync:
+        if "digest" in frame and not self._digest_agrees(doc, frame):
+            self.drifts += 1
+            self._emit("drift", {"doc": doc.name, "server": frame["digest"]})
+            self._request_sync(doc)
+        elif doc.needs_sync:
             doc.needs_sync = False
             self._request_sync(doc)
         else:
             doc.synced.set()
+
+    @staticmethod
+    def _digest_agrees(doc: ClientDocument, frame: dict[str, Any]) -> bool:
+        """Compare with the server's digest over its window (which starts
+        at or after ours: GC may have trimmed past our base)."""
+        server = frame["digest"]
+        doc.held.rebase(StreamId.parse(server["since"]))
+        ours = doc.held.digest(StreamId.parse(frame["offset"]))
+        return ours == Digest(count=server["count"], hash=int(server["hash"], 16))
 
     def _on_snapshot(self, frame: dict[str, Any]) -> None:
         doc = self.docs.get(frame["doc"])
@@ -297,6 +320,8 @@ class YrelayClient:
     def _on_resync_required(self, frame: dict[str, Any]) -> None:
         doc = self.docs.get(frame["doc"])
         if doc is not None:
+            if frame.get("reason") == "drift":
+                self.drifts += 1
             self._emit("resync_required", frame)
             self._request_sync(doc)
 
@@ -315,6 +340,7 @@ class YrelayClient:
             return
         self._apply_remote(doc, update)
         doc.offset = frame["offset"]  # may move back: the server's history is the reference
+        doc.held.reset(StreamId.parse(frame["offset"]))
         missing_on_server = crdt.encode_state(doc.ydoc, protocol.b64decode(frame["state_vector"]))
         if missing_on_server != crdt.EMPTY_UPDATE:
             self._enqueue(doc.name, missing_on_server)
@@ -358,6 +384,15 @@ class YrelayClient:
     def _ack(self, doc: ClientDocument) -> None:
         if doc.offset is not None:
             asyncio.ensure_future(self._send_quietly({"op": "ack", "doc": doc.name, "offset": doc.offset}))
+
+
+def _subscribe_frame(doc: ClientDocument) -> dict[str, Any]:
+    """Resubscribe from the offset held, with the drift digest over the window."""
+    frame: dict[str, Any] = {"op": "subscribe", "doc": doc.name, "offset": doc.offset}
+    if doc.offset is not None:
+        digest = doc.held.digest(StreamId.parse(doc.offset))
+        frame["digest"] = {"since": str(doc.held.since), **digest.to_wire()}
+    return frame
 
 
 def _update_frame(item: Any) -> dict[str, Any]:

@@ -16,7 +16,8 @@ Per document, the steps and why each crash point is safe:
    snapshot also holds: readers load the snapshot and continue after its
    offset; the next pass trims them. Two collectors that folded from the same
    snapshot cannot both store: the loser reports a conflict.
-4. **trim** (``gc_trim.lua``): ``XTRIM MINID`` and ``trimmed_through`` in one
+4. **trim** (``gc_trim.lua``): ``XTRIM MINID``, ``trimmed_through`` and the
+   drift digest (the removed ids XORed out; hashed here, checked there) in one
    script that refuses to pass ``snapshot_offset``. A crash after it leaves
    only the statistics of step 5 unwritten.
 5. **record**: GC statistics in the meta hash, the stream length for the
@@ -41,6 +42,7 @@ from ..keys import dedup_key, meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
 from ..replies import stream_id, text
 from ..scripts import Scripts
+from ..reconciliation.digest import hash_hex, item_hash
 from ..store import Entry, to_entry
 from .policy import GcPolicy
 
@@ -252,22 +254,34 @@ class Collector:
             if through > plan.trimmed_through:
                 pending[plan.doc] = (plan, through)
         while pending:
+            chunks = await self._trim_chunks(list(pending.values()))
             async with self.redis.pipeline(transaction=False) as pipe:
-                for plan, through in pending.values():
+                for (plan, _), ids in zip(pending.values(), chunks):
                     await self.scripts.gc_trim(
                         keys=[stream_key(plan.doc), meta_key(plan.doc), dedup_key(plan.doc)],
-                        args=[str(through), self.policy.max_fold_entries],
+                        args=[part for entry_id in ids for part in (entry_id, hash_hex(item_hash(entry_id)))],
                         client=pipe,
                     )
                 results = await pipe.execute(raise_on_error=False)
             for (plan, _), result in zip(list(pending.values()), results):
+                removed = -1 if isinstance(result, Exception) else int(result[0])
                 if isinstance(result, Exception):
                     plan.report.error = str(result)[:200]
+                elif removed < 0:
+                    plan.report.conflict = True  # the stream moved under us: next pass
+                else:
+                    plan.report.trimmed += removed
+                if removed < self.policy.max_fold_entries:
                     del pending[plan.doc]
-                    continue
-                plan.report.trimmed += int(result[0])
-                if int(result[0]) < self.policy.max_fold_entries:
-                    del pending[plan.doc]
+
+    async def _trim_chunks(self, pending: list[tuple[_Plan, StreamId]]) -> list[list[str]]:
+        """The ids of the next chunk to trim per document: the trim script
+        checks them and XORs their hashes (computed here) out of the digest."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for plan, through in pending:
+                pipe.xrange(stream_key(plan.doc), min="-", max=str(through), count=self.policy.max_fold_entries)
+            pages = await pipe.execute(raise_on_error=False)
+        return [[] if isinstance(page, Exception) else [text(entry_id) for entry_id, _ in page] for page in pages]
 
     # ----------------------------------------------------------- 5. record
 

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from ..keys import documents_key, gc_due_key
 from ..replies import text
 from ..scripts import Scripts
+from ..store import all_documents
 from .collector import Collector, DocReport
 
 log = logging.getLogger(__name__)
@@ -83,17 +84,6 @@ class DueSet:
 
     async def pending(self) -> int:
         return await self.redis.zcard(gc_due_key())
-
-
-async def all_documents(redis: Redis, page: int = 1000) -> AsyncIterator[list[str]]:
-    """Every registered document, in id order, a page at a time."""
-    start = "-"
-    while True:
-        docs = [text(doc) for doc in await redis.zrangebylex(documents_key(), start, "+", 0, page)]
-        if not docs:
-            return
-        yield docs
-        start = f"({docs[-1]}"
 
 
 async def collect_documents(

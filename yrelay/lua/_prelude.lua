@@ -21,3 +21,29 @@ local function now_ms()
   local now = redis.call('TIME')
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
+
+-- 128-bit set hashes travel as 32 lowercase hex digits; XOR them as four
+-- 32-bit words (Redis Lua numbers are doubles; the bit library is 32-bit).
+local ZERO_HASH = string.rep('0', 32)
+
+local function xor_hex(a, b)
+  local words = {}
+  for i = 1, 32, 8 do
+    local x = tonumber(string.sub(a, i, i + 7), 16)
+    local y = tonumber(string.sub(b, i, i + 7), 16)
+    words[#words + 1] = bit.tohex(bit.bxor(x, y), 8)
+  end
+  return table.concat(words)
+end
+
+-- A document's drift digest (see yrelay/reconciliation/stream_digest.py):
+-- digest_hash is the XOR of xxh3_128(id) over the stream entries with
+-- base < id <= through, where base is trimmed_through. Entries after
+-- `through` are in the stream but not hashed yet.
+local function digest_state(meta)
+  local state = redis.call('HMGET', meta, 'trimmed_through', 'digest_through', 'digest_hash')
+  local base = state[1] or '0-0'
+  local through = state[2] or base
+  if id_less(through, base) then through = base end
+  return base, through, state[3] or ZERO_HASH
+end

@@ -1,0 +1,254 @@
+"""Per-document drift digests: maintained exactly, checked on resubscribe,
+repaired by the two-way exchange when the server lost what clients hold."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import redis as redis_sync
+from redis.asyncio import Redis
+from conftest import eventually, running_server
+from gcutil import append_all, dump_document, text_updates
+
+from yrelay import crdt
+from yrelay.gc import Collector, GcPolicy
+from yrelay.keys import meta_key, stream_key
+from yrelay.offsets import ZERO, StreamId
+from yrelay.reconciliation.digest import Digest, digest_of
+from yrelay.reconciliation.held_entries import HeldEntries
+from yrelay.reconciliation.stream_digest import StreamDigests
+from yrelay.redis_server import RedisProcess, free_port
+from yrelay.replies import text
+from yrelay.store import DocumentStore
+
+NO_GC = {"gc_interval": 0}
+#: A URL nothing listens on: parks a client until a test points it back.
+NOWHERE = f"ws://127.0.0.1:{free_port()}/ws"
+
+
+async def stream_ids(redis_client, doc: str) -> list[str]:
+    return [text(entry_id) for entry_id, _ in await redis_client.xrange(stream_key(doc))]
+
+
+async def append_text(store: DocumentStore, doc: str, count: int, word: str) -> None:
+    client_id = 1 + sum(map(ord, word))  # distinct per word: no clashing Yjs clocks
+    await append_all(store, doc, text_updates(count, client_id, word)[0], session=f"writer-{word}-0000000000")
+
+
+def tokens(count: int, tag: str) -> list[str]:
+    return [f"<{tag}{i}>" for i in range(count)]
+
+
+# ------------------------------------------------------------------ the store
+
+
+async def test_stored_digest_follows_appends_and_trims(redis_client):
+    store, digests = DocumentStore(redis_client), StreamDigests(redis_client)
+    await append_text(store, "d", 40, "a")
+    ids = await stream_ids(redis_client, "d")
+    last = StreamId.parse(ids[-1])
+
+    window = await digests.window("d", ZERO, last)  # also folds the unhashed tail in
+    assert window is not None and window.digest == digest_of(ids)
+    assert text(await redis_client.hget(meta_key("d"), "digest_through")) == ids[-1]
+
+    # A window that starts and ends inside the stream.
+    window = await digests.window("d", StreamId.parse(ids[9]), StreamId.parse(ids[29]))
+    assert window is not None and window.digest == digest_of(ids[10:30])
+
+    await append_text(store, "d", 10, "b")
+    reports = await Collector(redis_client, GcPolicy(relative_ms=5, absolute_ms=50)).collect(["d"])  # nobody tracked: folds and trims all
+    assert reports[0].trimmed == 50
+    assert await stream_ids(redis_client, "d") == []
+    check = await digests.recompute("d")
+    assert not check.wrong and check.actual == "0" * 32
+
+    await append_text(store, "d", 5, "c")
+    ids = await stream_ids(redis_client, "d")
+    window = await digests.window("d", ZERO, StreamId.parse(ids[-1]))
+    assert window is not None and window.since > ZERO  # starts at the trim point
+    assert window.digest == digest_of(ids)
+
+
+async def test_trim_of_hashed_and_unhashed_entries_keeps_the_digest_exact(redis_client):
+    store, digests = DocumentStore(redis_client), StreamDigests(redis_client)
+    await append_text(store, "d", 30, "a")
+    ids = await stream_ids(redis_client, "d")
+    await digests.window("d", ZERO, StreamId.parse(ids[9]))  # hashes all 30
+    await append_text(store, "d", 30, "b")
+    policy = GcPolicy(relative_ms=5, absolute_ms=50, max_fold_entries=7)  # trims in chunks of 7, past the hashed part
+    await Collector(redis_client, policy).collect(["d"])
+    await append_text(store, "d", 3, "c")
+    check = await digests.recompute("d", fix=False)
+    assert not check.wrong
+    ids = await stream_ids(redis_client, "d")
+    window = await digests.window("d", ZERO, StreamId.parse(ids[-1]))
+    assert window is not None and window.digest == digest_of(ids)
+
+
+async def test_recompute_reports_and_fixes_a_wrong_digest(redis_client):
+    store, digests = DocumentStore(redis_client), StreamDigests(redis_client)
+    for doc in ("good", "bad"):
+        await append_text(store, doc, 12, doc)
+        await digests.window(doc, ZERO, await store.last_id(doc))
+    await redis_client.hset(meta_key("bad"), "digest_hash", "f" * 32)
+
+    wrong = await digests.recompute_all(fix=True)
+    assert [check.doc for check in wrong] == ["bad"]
+    assert wrong[0].stored == "f" * 32 and wrong[0].fixed
+    assert await digests.recompute_all(fix=True) == []
+    window = await digests.window("bad", ZERO, await store.last_id("bad"))
+    assert window is not None and window.digest == digest_of(await stream_ids(redis_client, "bad"))
+
+
+async def test_window_past_the_cap_is_not_computed(redis_client):
+    store = DocumentStore(redis_client)
+    await append_text(store, "d", 20, "a")
+    assert await StreamDigests(redis_client, cap=10).window("d", ZERO, ZERO) is None
+
+
+def test_held_entries_count_each_id_once_and_rebase():
+    held = HeldEntries()
+    ids = [StreamId(1000 + i, 0) for i in range(10)]
+    for entry_id in ids + ids[3:5]:  # resent deliveries repeat ids
+        held.add(entry_id)
+    assert held.digest(ids[-1]) == digest_of(map(str, ids))
+    assert held.digest(ids[4]) == digest_of(map(str, ids[:5]))  # own ids past the offset left out
+    held.rebase(ids[5])
+    assert held.digest(ids[-1]) == digest_of(map(str, ids[6:]))
+    assert not held.add(ids[2])  # at or below the base: not held individually
+    held.reset(ids[1])  # a resync to an older point keeps nothing below it
+    assert held.since == ids[1] and held.digest(ids[-1]) == digest_of(map(str, ids[6:]))
+    assert held.digest(ZERO) == Digest()
+
+
+# ------------------------------------------------------------- the protocol
+
+
+async def test_matching_digests_resume_in_one_round_trip(redis_url, make_client):
+    async with running_server(redis_url, **NO_GC) as url:
+        writer, reader = await make_client(url), await make_client(url)
+        wdoc, rdoc = await writer.subscribe("doc"), await reader.subscribe("doc")
+        for i in range(20):
+            crdt.insert_text(wdoc.ydoc, 0, f"<w{i}>")
+        await eventually(lambda: rdoc.text == wdoc.text)
+        events: list[str] = []
+        reader.on_event = lambda name, data: events.append(name)
+        await reader.drop_connection()
+        for i in range(5):
+            crdt.insert_text(wdoc.ydoc, 0, f"<x{i}>")
+        await eventually(lambda: rdoc.text == wdoc.text and reader.connected.is_set())
+        assert reader.drifts == 0 and reader.resyncs == 0
+        assert "resync_required" not in events
+
+
+async def test_restored_backup_is_detected_and_repaired_by_the_digest(redis_url, redis_client, make_client):
+    """The server goes back to an older state of the document (a restore from
+    backup): the first client to return is ahead and resyncs; its repair
+    appends new entries, so the second client is no longer ahead. Only the
+    digest shows that the server lost entries it holds."""
+    async with running_server(redis_url, **NO_GC) as url:
+        first, second = await make_client(url), await make_client(url)
+        one, two = await first.subscribe("doc"), await second.subscribe("doc")
+        crdt.insert_text(one.ydoc, 0, "<before>")
+        await eventually(lambda: two.text == "<before>")
+        backup = await dump_document(redis_client, "doc")
+        for i in range(5):
+            crdt.insert_text(one.ydoc, 0, f"<one{i}>")
+            crdt.insert_text(two.ydoc, 0, f"<two{i}>")
+        await first.wait_idle()
+        await second.wait_idle()
+        await eventually(lambda: one.text == two.text)
+        second.urls = [NOWHERE]  # keep the second client away until the first repaired
+        await second.drop_connection()
+        await restore_document(redis_client, "doc", backup)
+
+        await first.drop_connection()
+        await eventually(lambda: first.resyncs == 1 and first.pending == 0 and first.connected.is_set())
+        crdt.insert_text(one.ydoc, 0, "<after>")
+        await first.wait_idle()
+
+        second.urls = [url]
+        await eventually(lambda: one.text == two.text and second.pending == 0, timeout=15)
+        assert second.drifts == 1
+        for token in ["<before>", "<after>", *tokens(5, "one"), *tokens(5, "two")]:
+            assert token in one.text
+        server_doc, _ = await DocumentStore(redis_client).load_document("doc")
+        assert crdt.text_of(server_doc) == one.text
+
+
+async def restore_document(redis_client, doc: str, backup: dict[str, bytes | None]) -> None:
+    async with redis_client.pipeline(transaction=True) as pipe:
+        for key, value in backup.items():
+            pipe.delete(key)
+            if value is not None:
+                pipe.restore(key, 0, value, replace=True)
+        await pipe.execute()
+
+
+async def test_failover_to_a_replica_that_missed_writes_converges(tmp_path, make_client):
+    """Primary + replica; the replica is promoted while the primary still
+    accepts (and acks) updates it never replicates. Every update any live
+    client holds ends up in the promoted replica and in every client."""
+    primary = RedisProcess(tmp_path / "primary").start()
+    replica = RedisProcess(tmp_path / "replica", extra_config={"replicaof": f"127.0.0.1 {primary.port}"}).start()
+    try:
+        await wait_replicating(replica)
+        new_port = free_port()
+        new_url = f"ws://127.0.0.1:{new_port}/ws"
+        async with contextlib.AsyncExitStack() as old_server:
+            old_url = await old_server.enter_async_context(running_server(primary.url, **NO_GC))
+            first = await make_client([old_url, new_url])
+            second = await make_client(old_url)
+            one, two = await first.subscribe("doc"), await second.subscribe("doc")
+            await edit_both(one, two, "early", 8)
+            await settle(first, second, one, two)
+            redis_sync.Redis(port=primary.port).wait(1, 5000)  # the replica has all of it
+
+            redis_sync.Redis(port=replica.port).replicaof("NO", "ONE")  # promoted too early
+            await edit_both(one, two, "lost", 8)  # acked by the old primary only
+            await settle(first, second, one, two)
+            second.urls = [NOWHERE]  # the second client stays away until the first repaired
+            async with running_server(replica.url, port=new_port, **NO_GC):
+                await old_server.aclose()
+                primary.kill()
+                await eventually(lambda: first.connected.is_set() and first.pending == 0 and first.resyncs >= 1,
+                                 timeout=20)
+                crdt.insert_text(one.ydoc, 0, "<late>")
+                await first.wait_idle()
+                second.urls = [new_url]
+                await eventually(lambda: one.text == two.text and second.pending == 0, timeout=20)
+                assert second.drifts >= 1
+                for token in ["<late>", *tokens(8, "early-one"), *tokens(8, "lost-one"), *tokens(8, "lost-two")]:
+                    assert token in one.text
+                promoted = Redis.from_url(replica.url)
+                server_doc, _ = await DocumentStore(promoted).load_document("doc")
+                await promoted.aclose()
+                assert crdt.text_of(server_doc) == one.text
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+async def settle(first, second, one, two) -> None:
+    await first.wait_idle()
+    await second.wait_idle()
+    await eventually(lambda: one.text == two.text)
+
+
+async def edit_both(one, two, tag: str, rounds: int) -> None:
+    for i in range(rounds):
+        crdt.insert_text(one.ydoc, 0, f"<{tag}-one{i}>")
+        crdt.insert_text(two.ydoc, 0, f"<{tag}-two{i}>")
+        await asyncio.sleep(0.01)
+
+
+async def wait_replicating(replica: RedisProcess, timeout: float = 15.0) -> None:
+    client = redis_sync.Redis(port=replica.port)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while client.info("replication").get("master_link_status") != "up":
+        if loop.time() > deadline:
+            raise AssertionError("replica never linked to the primary")
+        await asyncio.sleep(0.05)

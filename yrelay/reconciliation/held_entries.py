@@ -1,0 +1,73 @@
+"""The client side of a document's drift digest: which stream ids it holds.
+
+A client holds the entries delivered to it and the entries its own updates
+became (``appended`` names their ids), on top of a base it got whole: the
+snapshot it started from, or the state a resync brought (``since``). Its
+digest over ``(since, offset]`` must equal the server's over the same window
+(:mod:`yrelay.reconciliation.stream_digest`); when the server's window starts
+later (GC trimmed past ``since``), :meth:`HeldEntries.rebase` drops what the
+server no longer counts.
+
+Ids are kept individually, sorted, so the digest over any window above the
+base is a running total minus the few ids past the window's end (its own
+updates appended after the last delivery). Memory is one id per entry the
+server still holds in its stream, which GC bounds.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from ..offsets import ZERO, StreamId
+from .digest import Digest, item_hash
+
+
+class HeldEntries:
+    """De-duplicated stream ids above ``since``, with their running digest."""
+
+    def __init__(self, since: StreamId = ZERO):
+        self.since = since
+        self._ids: list[StreamId] = []
+        self._hashes: dict[StreamId, int] = {}
+        self._total = 0
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, entry_id: StreamId) -> bool:
+        """Count ``entry_id`` once (resent deliveries and duplicate acks
+        repeat ids; XORing one twice would cancel it)."""
+        if entry_id <= self.since or entry_id in self._hashes:
+            return False
+        value = item_hash(str(entry_id))
+        self._hashes[entry_id] = value
+        self._total ^= value
+        if self._ids and entry_id < self._ids[-1]:
+            bisect.insort(self._ids, entry_id)
+        else:
+            self._ids.append(entry_id)
+        return True
+
+    def rebase(self, since: StreamId) -> None:
+        """Forget ids at or below ``since``; the window now starts there."""
+        if since <= self.since:
+            return
+        cut = bisect.bisect_right(self._ids, since)
+        for entry_id in self._ids[:cut]:
+            self._total ^= self._hashes.pop(entry_id)
+        del self._ids[:cut]
+        self.since = since
+
+    def reset(self, since: StreamId) -> None:
+        """After a resync to ``since``: the base is the server's state there,
+        even if that is older than what the client held (a lost tail)."""
+        self.rebase(since)
+        self.since = since
+
+    def digest(self, through: StreamId) -> Digest:
+        """Count and hash of the held ids in ``(since, through]``."""
+        cut = bisect.bisect_right(self._ids, through)
+        value = self._total
+        for entry_id in self._ids[cut:]:
+            value ^= self._hashes[entry_id]
+        return Digest(count=cut, hash=value)

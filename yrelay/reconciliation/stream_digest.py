@@ -1,0 +1,160 @@
+"""Per-document drift digests: count + XOR of xxh3_128 over stream ids.
+
+The server's digest of a document covers the entries its stream holds, the
+ids in ``(trimmed_through, last_id]``. The count is the stream's length. The
+hash is kept in the meta hash as ``digest_hash`` over ``(trimmed_through,
+digest_through]``; entries appended after ``digest_through`` are in the stream
+but not hashed yet. That split is what makes the digest exact at every
+instant without hashing in Lua (Redis has no xxh3): an append changes nothing
+but the stream (the unhashed tail grows), a trim XORs the removed ids out in
+the same script that removes them (``gc_trim.lua``, with hashes computed
+here), and whoever reads the tail hashes it and folds it in with a
+compare-and-set (``digest_advance.lua``). Readers are subscribes and GC
+passes, so the tail stays short.
+
+A client's digest covers the ids it holds in a window ``(since, offset]``;
+:meth:`StreamDigests.window` computes the server's digest over the same
+window from the stored one by XORing out what lies outside it, which the
+client's catch-up reads anyway.
+
+Only server-assigned stream ids are hashed, each entry once: XOR is linear
+and duplicates cancel, so ids a client chose, or counted twice, could hide
+drift (see docs/reconciliation.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from ..keys import meta_key, stream_key
+from ..offsets import ZERO, StreamId
+from ..replies import stream_id, text
+from ..scripts import Scripts
+from ..store import all_documents
+from .digest import Digest, hash_hex, item_hash, xor_hashes
+
+log = logging.getLogger(__name__)
+
+#: Most ids one window computation may hash; past it, the window is not
+#: checked and the client resyncs (cheaper than a catch-up that long anyway).
+WINDOW_ID_CAP = 100_000
+ZERO_HASH = "0" * 32
+
+
+@dataclass(frozen=True)
+class WindowDigest:
+    """A digest over the entries in ``(since, offset]``."""
+
+    since: StreamId
+    offset: StreamId
+    digest: Digest
+
+    def to_wire(self) -> dict[str, object]:
+        return {"since": str(self.since), **self.digest.to_wire()}
+
+
+@dataclass(frozen=True)
+class DigestCheck:
+    """The outcome of recomputing one document's stored digest."""
+
+    doc: str
+    stored: str
+    actual: str
+    fixed: bool
+
+    @property
+    def wrong(self) -> bool:
+        return self.stored != self.actual
+
+
+class StreamDigests:
+    """Reads, advances and verifies the drift digests of documents."""
+
+    def __init__(self, redis: Redis, scripts: Scripts | None = None, *, cap: int = WINDOW_ID_CAP):
+        self.redis = redis
+        self.scripts = scripts or Scripts(redis)
+        self.cap = cap
+
+    async def window(self, doc: str, since: StreamId, offset: StreamId) -> WindowDigest | None:
+        """The server's digest over ``(max(since, trimmed_through), offset]``.
+
+        None when more than ``cap`` ids would have to be hashed. Also folds the
+        unhashed tail into the stored digest (best effort: a concurrent trim
+        wins, and the next reader folds it)."""
+        raw = await self.scripts.digest_window(
+            keys=[stream_key(doc), meta_key(doc)], args=[str(since), str(offset), self.cap]
+        )
+        base_raw, through_raw, stored_raw, last_raw, length, unhashed, below, above, complete = raw
+        if not int(complete):
+            return None
+        base, stored = stream_id(base_raw) or ZERO, text(stored_raw)
+        total = int(stored, 16) ^ xor_hashes(map(text, unhashed))
+        if unhashed:
+            await self._advance(doc, base_raw, through_raw, stored, text(unhashed[-1]), total)
+        outside = [text(entry_id) for entry_id in (*below, *above)]
+        digest = Digest(count=int(length) - len(outside), hash=total ^ xor_hashes(outside))
+        return WindowDigest(max(base, since), offset, digest)
+
+    async def _advance(self, doc: str, base: bytes, through: bytes, stored: str, new_through: str, total: int) -> bool:
+        applied = await self.scripts.digest_advance(
+            keys=[meta_key(doc)], args=[text(base), text(through), stored, new_through, hash_hex(total)]
+        )
+        return bool(int(applied))
+
+    async def recompute(self, doc: str, fix: bool = True, page_size: int = 1000) -> DigestCheck:
+        """Hash every id in the stream again and compare with the stored digest.
+
+        Fixes a wrong one (and folds the unhashed tail) with the same
+        compare-and-set as readers use, retrying if a trim ran meanwhile."""
+        while True:
+            base, through, stored = await self._state(doc)
+            actual, total, last = 0, 0, base
+            async for ids in self._ids_after(doc, base, page_size):
+                for entry_id in ids:
+                    value = item_hash(entry_id)
+                    total ^= value
+                    if StreamId.parse(entry_id) <= through:
+                        actual ^= value
+                last = StreamId.parse(ids[-1])
+            check = DigestCheck(doc, stored, hash_hex(actual), fixed=False)
+            if not fix or (not check.wrong and last == through):
+                return check
+            new_through = max(last, through)
+            if await self._advance(doc, str(base).encode(), str(through).encode(), stored, str(new_through), total):
+                return DigestCheck(doc, stored, hash_hex(actual), fixed=check.wrong)
+
+    async def _state(self, doc: str) -> tuple[StreamId, StreamId, str]:
+        """(base, through, hash) normalised as ``digest_state`` in the Lua prelude."""
+        base_raw, through_raw, hash_raw = await self.redis.hmget(
+            meta_key(doc), ["trimmed_through", "digest_through", "digest_hash"]
+        )
+        base = stream_id(base_raw) or ZERO
+        through = max(stream_id(through_raw) or base, base)
+        return base, through, text(hash_raw) if hash_raw else ZERO_HASH
+
+    async def _ids_after(self, doc: str, after: StreamId, page_size: int) -> AsyncIterator[list[str]]:
+        cursor = str(after)
+        while True:
+            page = await self.redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=page_size)
+            if not page:
+                return
+            ids = [text(entry_id) for entry_id, _ in page]
+            yield ids
+            cursor = ids[-1]
+
+    async def recompute_all(self, fix: bool = True, page_size: int = 1000) -> list[DigestCheck]:
+        """:meth:`recompute` for every document in the registry; returns the
+        checks that found a wrong digest."""
+        wrong: list[DigestCheck] = []
+        async for docs in all_documents(self.redis, page_size):
+            for doc in docs:
+                check = await self.recompute(doc, fix=fix)
+                if check.wrong:
+                    log.warning("drift digest of %s was wrong (stored %s, actual %s)%s",
+                                doc, check.stored, check.actual, "; fixed" if check.fixed else "")
+                    wrong.append(check)
+        return wrong
