@@ -68,6 +68,18 @@ def session_key(session: str) -> str:
     return f"{PREFIX}:session:{session}"
 
 
+def session_documents_key(session: str) -> str:
+    """Sorted set (all scores 0, ordered by id): the documents whose tracker
+    holds ``session``. What the subscription-set digest is computed over."""
+    return f"{PREFIX}:session:{{{session}}}:docs"
+
+
+def session_documents_digest_key(session: str) -> str:
+    """Hash: count + XOR hash of :func:`session_documents_key`, kept by the
+    same script that changes the set (same hash tag: one cluster slot)."""
+    return f"{PREFIX}:session:{{{session}}}:docs:digest"
+
+
 def gc_due_key() -> str:
     """Sorted set: document -> when its next GC is due (ms; 0 = changed).
 

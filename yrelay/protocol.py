@@ -30,6 +30,8 @@ class Op(str, enum.Enum):
     UPDATE = "update"
     ACK = "ack"
     SYNC = "sync"
+    CHECK_SUBSCRIPTIONS = "check_subscriptions"
+    RECONCILE = "reconcile"
     PING = "ping"
     # server -> client
     WELCOME = "welcome"
@@ -40,6 +42,8 @@ class Op(str, enum.Enum):
     DELIVER = "deliver"
     RESYNC_REQUIRED = "resync_required"
     SYNC_REPLY = "sync_reply"
+    SUBSCRIPTIONS = "subscriptions"
+    RECONCILE_REPLY = "reconcile_reply"
     ERROR = "error"
     PONG = "pong"
 
@@ -160,18 +164,36 @@ class Sync(_DocFrame):
     state_vector: str
 
 
+class CheckSubscriptions(_Frame):
+    """The digest of the documents the client is subscribed to."""
+
+    op: Literal["check_subscriptions"]
+    count: int = Field(ge=0, lt=2**53)
+    hash: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+
+class Reconcile(_Frame):
+    """One range-reconciliation request (yrelay.reconciliation.messages), base64."""
+
+    op: Literal["reconcile"]
+    payload: str
+
+
 class Ping(_Frame):
     op: Literal["ping"]
 
 
 ClientFrame = Annotated[
-    Union[Hello, Subscribe, Unsubscribe, Update, Ack, Sync, Ping], Field(discriminator="op")
+    Union[Hello, Subscribe, Unsubscribe, Update, Ack, Sync, CheckSubscriptions, Reconcile, Ping],
+    Field(discriminator="op"),
 ]
 _client_frame = TypeAdapter(ClientFrame)
-CLIENT_OPS = {"hello", "subscribe", "unsubscribe", "update", "ack", "sync", "ping"}
+CLIENT_OPS = {"hello", "subscribe", "unsubscribe", "update", "ack", "sync", "check_subscriptions", "reconcile", "ping"}
 
 
-def parse_client_frame(text: str | bytes) -> Hello | Subscribe | Unsubscribe | Update | Ack | Sync | Ping:
+def parse_client_frame(
+    text: str | bytes,
+) -> Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping:
     """Decode and validate one client frame, or raise :class:`ProtocolError`."""
     try:
         raw = json.loads(text)
@@ -252,6 +274,15 @@ def sync_reply(doc: str, offset: str, update: bytes, state_vector: bytes, part: 
         "part": part,
         "parts": parts,
     }
+
+
+def subscriptions(digest: dict[str, Any]) -> dict[str, Any]:
+    """The digest of the documents that track the session (``{count, hash}``)."""
+    return {"op": "subscriptions", **digest}
+
+
+def reconcile_reply(payload: bytes) -> dict[str, Any]:
+    return {"op": "reconcile_reply", "payload": b64encode(payload)}
 
 
 def error(error: ProtocolError) -> dict[str, Any]:

@@ -23,7 +23,7 @@ def source(name: str) -> str:
 
 
 NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release",
-         "digest_window", "digest_advance")
+         "digest_window", "digest_advance", "idset_update")
 
 
 class Scripts:
@@ -38,6 +38,7 @@ class Scripts:
         self.gc_release = redis.register_script(source("gc_release"))
         self.digest_window = redis.register_script(source("digest_window"))
         self.digest_advance = redis.register_script(source("digest_advance"))
+        self.idset_update = redis.register_script(source("idset_update"))
 
     async def load(self, redis: Redis) -> None:
         """Load every script up front, so ``/readyz`` can report it and a

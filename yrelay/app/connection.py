@@ -17,7 +17,9 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from .. import crdt, protocol
 from ..offsets import StreamId
-from ..protocol import Ack, ErrorCode, Hello, Ping, ProtocolError, Subscribe, Sync, Unsubscribe, Update
+from ..protocol import (Ack, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe, Sync,
+                        Unsubscribe, Update)
+from ..reconciliation import MalformedMessage, respond
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from .context import ServerContext
@@ -112,6 +114,11 @@ class Connection:
             await self._unsubscribe(frame)
         elif isinstance(frame, Sync):
             self._subscription(frame.doc).request_sync(_decode_b64(frame.state_vector, frame.doc, None))
+        elif isinstance(frame, CheckSubscriptions):
+            digest = await self.ctx.tracker.session_documents(self.session).digest()
+            await self.send(protocol.subscriptions(digest.to_wire()))
+        elif isinstance(frame, Reconcile):
+            await self._reconcile(frame)
         elif isinstance(frame, Ping):
             await self.send(protocol.pong())
 
@@ -153,6 +160,17 @@ class Connection:
             await subscription.close()
         await self.ctx.tracker.untrack(frame.doc, self.session)
         await self.send(protocol.unsubscribed(frame.doc))
+
+    async def _reconcile(self, frame: Reconcile) -> None:
+        """Answer one range-reconciliation request over the documents that
+        track this session (stateless: the client drives the rounds)."""
+        assert self.session is not None
+        request = _decode_b64(frame.payload, None, None)
+        try:
+            reply = await respond(self.ctx.tracker.session_documents(self.session), request)
+        except MalformedMessage as exc:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"reconcile payload: {str(exc)[:200]}") from None
+        await self.send(protocol.reconcile_reply(reply))
 
     async def _update(self, frame: Update) -> None:
         assert self.session is not None
@@ -212,7 +230,7 @@ def _claimed(frame: Subscribe) -> WindowDigest | None:
     return WindowDigest(since, offset, Digest(count=frame.digest.count, hash=int(frame.digest.hash, 16)))
 
 
-def _decode_b64(text: str, doc: str, clock: int | None) -> bytes:
+def _decode_b64(text: str, doc: str | None, clock: int | None) -> bytes:
     try:
         return protocol.b64decode(text)
     except ValueError:

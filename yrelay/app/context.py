@@ -50,7 +50,7 @@ class ServerContext:
             settings=settings,
             redis=redis,
             store=store,
-            tracker=Tracker(redis),
+            tracker=Tracker(redis, store.scripts),
             ack_writer=AckWriter(redis),  # on_evicted is wired below
             appender=Appender(store),
             fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size),

@@ -26,8 +26,10 @@ from .. import crdt, protocol
 from ..offsets import StreamId
 from ..reconciliation.digest import Digest
 from ..reconciliation.held_entries import HeldEntries
+from ..reconciliation import ReconciliationError
 from .backoff import Backoff
 from .sendbuffer import SendBuffer
+from .subscription_check import SubscriptionCheck, compare_subscriptions
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +83,19 @@ class YrelayClient:
         session: str | None = None,
         backoff: Backoff = Backoff(),
         batch_delay: float = 0.0,
+        subscription_check_interval: float | None = 300.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
     ):
         """``batch_delay`` > 0 turns on Nagle-like batching: local updates of a
-        document made within that many seconds are merged into one send."""
+        document made within that many seconds are merged into one send.
+        ``subscription_check_interval``: seconds between checks of the whole
+        subscription set against the server's (None: only on request)."""
         #: Servers to try, in turn, on every reconnect.
         self.urls = [url] if isinstance(url, str) else list(url)
         self.session = session
         self.backoff = backoff
         self.batch_delay = batch_delay
+        self.subscription_check_interval = subscription_check_interval
         self.on_event = on_event
         self.docs: dict[str, ClientDocument] = {}
         self.buffer = SendBuffer(backoff)
@@ -103,6 +109,8 @@ class YrelayClient:
         self._applying_remote = False
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
+        self._answers: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._check_lock = asyncio.Lock()
 
     # ------------------------------------------------------------- public API
 
@@ -150,6 +158,55 @@ class YrelayClient:
                 await asyncio.sleep(0.02)
         await asyncio.wait_for(idle(), timeout)
 
+    async def check_subscriptions(self, timeout: float = 30.0) -> SubscriptionCheck:
+        """Compare the subscribed documents with those the server tracks for
+        this session; re-create missing subscriptions (with a resync) and
+        remove extra ones. Documents still waiting for their first answer
+        are left out (the server may not have tracked them yet)."""
+        async with self._check_lock:
+            documents = [name for name, doc in self.docs.items() if doc.synced.is_set()]
+            check = await asyncio.wait_for(compare_subscriptions(documents, self._request), timeout)
+            for name in check.missing:
+                doc = self.docs[name]
+                doc.needs_sync = True
+                doc.synced.clear()
+                await self._send_quietly(_subscribe_frame(doc))
+            for name in check.extra:
+                await self._send_quietly({"op": "unsubscribe", "doc": name})
+            if not check.in_sync:
+                self._emit("subscriptions_repaired", {"missing": check.missing, "extra": check.extra})
+            return check
+
+    async def _request(self, frame: dict[str, Any], answer_op: str) -> dict[str, Any]:
+        """Send ``frame`` and wait for the next frame with ``answer_op``."""
+        ws = self._ws
+        if ws is None:
+            raise ConnectionError("not connected")
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._answers[answer_op] = future
+        try:
+            await ws.send(json.dumps(frame))
+            return await future
+        finally:
+            self._answers.pop(answer_op, None)
+
+    def _answer(self, frame: dict[str, Any]) -> None:
+        future = self._answers.get(frame["op"])
+        if future is not None and not future.done():
+            future.set_result(frame)
+
+    _on_subscriptions = _answer
+    _on_reconcile_reply = _answer
+
+    async def _check_loop(self) -> None:
+        assert self.subscription_check_interval is not None
+        while True:
+            await asyncio.sleep(self.subscription_check_interval)
+            try:
+                await self.check_subscriptions()
+            except (ConnectionError, ConnectionClosed, asyncio.TimeoutError, ReconciliationError) as exc:
+                log.info("subscription check did not finish: %r", exc)
+
     async def drop_connection(self) -> None:
         """Close the socket (tests, network changes): the client reconnects by itself."""
         if self._ws is not None:
@@ -191,12 +248,15 @@ class YrelayClient:
                     self._ws = ws
                     await self._handshake(ws)
                     attempt = 0
-                    retry = asyncio.create_task(self._retry_loop())
+                    helpers = [asyncio.create_task(self._retry_loop())]
+                    if self.subscription_check_interval:
+                        helpers.append(asyncio.create_task(self._check_loop()))
                     try:
                         async for message in ws:
                             self._handle(json.loads(message))
                     finally:
-                        retry.cancel()
+                        for helper in helpers:
+                            helper.cancel()
             except asyncio.CancelledError:
                 raise
             except (OSError, ConnectionClosed, asyncio.TimeoutError, websockets.InvalidHandshake) as exc:

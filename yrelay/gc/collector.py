@@ -44,6 +44,7 @@ from ..replies import stream_id, text
 from ..scripts import Scripts
 from ..reconciliation.digest import hash_hex, item_hash
 from ..store import Entry, to_entry
+from ..tracker.tracker import session_documents
 from .policy import GcPolicy
 
 
@@ -146,7 +147,9 @@ class Collector:
             for report in reports:
                 await self.scripts.gc_evict(
                     keys=[tracker_key(report.doc), stream_key(report.doc), meta_key(report.doc)],
-                    args=[policy.relative_ms, policy.absolute_ms, int(dry_run), policy.max_reported_sessions],
+                    # A real eviction returns every name: each leaves its session's document set.
+                    args=[policy.relative_ms, policy.absolute_ms, int(dry_run),
+                          policy.max_reported_sessions if dry_run else -1],
                     client=pipe,
                 )
             results = await pipe.execute(raise_on_error=False)
@@ -158,7 +161,21 @@ class Collector:
             plan = self._plan(report, result)
             if plan is not None:
                 plans.append(plan)
+        if not dry_run:
+            await self._forget_evicted(reports)
+        for report in reports:
+            del report.evicted_sessions[policy.max_reported_sessions:]
         return plans
+
+    async def _forget_evicted(self, reports: list[DocReport]) -> None:
+        """Take the documents out of the evicted sessions' document sets, so
+        their subscription-set digests show the eviction. Right after the
+        eviction, not in its script: the sets live on other cluster slots.
+        A crash in between leaves a stale member, and that one eviction then
+        shows only on the session's next ack or reconnect."""
+        for report in reports:
+            for session in report.evicted_sessions:
+                await session_documents(self.redis, session, self.scripts).remove([report.doc])
 
     @staticmethod
     def _plan(report: DocReport, result: list) -> _Plan | None:

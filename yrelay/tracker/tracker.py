@@ -4,6 +4,14 @@ Scores are ``StreamId.score()`` (``ms * 1000 + seq``), exact because the
 append path never issues a sequence above 999. GC reads the minimum score to
 know what every tracked session holds, and the score's millisecond part to
 measure how far behind a session is in time.
+
+The inverse view, the documents that track a session, is kept per session
+(:func:`session_documents`) with its subscription-set digest, so a client
+can check its whole subscription set in one round trip. The two views live
+on different keys (and cluster slots), so they change one after the other,
+in the order that makes a crash in between err towards "not tracked": a
+client then re-creates a subscription it still had, which costs a resync,
+never a silent gap.
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from ..keys import tracker_key
+from ..keys import session_documents_digest_key, session_documents_key, tracker_key
 from ..offsets import StreamId
+from ..reconciliation.redis_idset import RedisIdSet
+from ..scripts import Scripts
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +33,9 @@ log = logging.getLogger(__name__)
 class Tracker:
     """Reads and writes of the per-document tracker sorted sets."""
 
-    def __init__(self, redis: Redis):
+    def __init__(self, redis: Redis, scripts: Scripts | None = None):
         self.redis = redis
+        self.scripts = scripts or Scripts(redis)
 
     async def track(self, doc: str, session: str, offset: StreamId) -> None:
         """Record what a (re)subscribing session holds, replacing any older value.
@@ -33,6 +44,7 @@ class Tracker:
         the tracker remembered (a client that lost its local copy).
         """
         await self.redis.zadd(tracker_key(doc), {session: offset.score()})
+        await self.session_documents(session).add([doc])
 
     async def advance(self, doc: str, session: str, offset: StreamId) -> bool:
         """Move a tracked session forward only (``ZADD XX GT``).
@@ -45,7 +57,12 @@ class Tracker:
 
     async def untrack(self, doc: str, session: str) -> bool:
         """Drop a session (unsubscribe, or eviction by hand); True if it was tracked."""
+        await self.session_documents(session).remove([doc])
         return bool(await self.redis.zrem(tracker_key(doc), session))
+
+    def session_documents(self, session: str) -> RedisIdSet:
+        """The documents whose tracker holds ``session``, with their digest."""
+        return session_documents(self.redis, session, self.scripts)
 
     async def offset(self, doc: str, session: str) -> StreamId | None:
         """The session's acked offset, or None when it is not tracked (evicted)."""
@@ -55,6 +72,11 @@ class Tracker:
     async def sessions(self, doc: str) -> dict[str, StreamId]:
         rows = await self.redis.zrange(tracker_key(doc), 0, -1, withscores=True)
         return {member.decode(): StreamId.from_score(score) for member, score in rows}
+
+
+def session_documents(redis: Redis, session: str, scripts: Scripts | None = None) -> RedisIdSet:
+    """The set of documents tracking ``session`` (see the module doc)."""
+    return RedisIdSet(redis, session_documents_key(session), session_documents_digest_key(session), scripts)
 
 
 class AckWriter:

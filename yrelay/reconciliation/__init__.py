@@ -1,0 +1,17 @@
+"""Set reconciliation: detect drift between two sets of ids with a digest
+(count + XOR of xxh3_128), then find exactly what differs with range-based
+reconciliation. Independent of websockets: messages are bytes.
+"""
+
+from __future__ import annotations
+
+from .digest import Digest, DigestSet, digest_of, hash_hex, item_hash
+from .messages import MalformedMessage
+from .protocol import FULL_LIST_FRACTION, Limits, ReconciliationError, Reconciler, respond
+from .redis_idset import RedisIdSet
+from .storage import IdSet, MemoryIdSet, Range
+
+__all__ = [
+    "FULL_LIST_FRACTION", "Digest", "DigestSet", "IdSet", "Limits", "MalformedMessage", "MemoryIdSet",
+    "Range", "Reconciler", "ReconciliationError", "RedisIdSet", "digest_of", "hash_hex", "item_hash", "respond",
+]

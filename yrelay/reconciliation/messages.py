@@ -1,0 +1,280 @@
+"""The binary encoding of reconciliation messages.
+
+A message is a version byte and a run of entries. Entries cover consecutive
+ranges of the sorted id space: each carries only its *upper* bound, its
+lower bound being the previous entry's upper bound ("" for the first). A
+range nobody has anything to say about is a SKIP entry, or is simply past
+the last entry.
+
+    message  = VERSION entry*
+    entry    = head:varint [shared:varint suffix:bytes] payload
+      head   = mode | (suffix length + 1) << 2, or mode | 0 for the bound +inf
+      bound  = previous bound[:shared] + suffix (UTF-8); strictly increasing
+    payload  = SKIP, LIST: nothing
+               FINGERPRINT: count:varint  fingerprint:8 bytes (top of xxh3 XOR)
+               IDS: k:varint  k x (suffix length:varint  shared:varint  suffix),
+                    each id prefix-compressed against the previous one (the
+                    first against the entry's lower bound)
+
+Bounds are :func:`~yrelay.reconciliation.storage.separator` prefixes and
+share a prefix with their predecessor, so one costs about three bytes and a
+fingerprint entry about thirteen. Decoding trusts nothing: every violation
+(truncation, overlong varints, bounds out of order, ids outside their range,
+invalid UTF-8, a mode the direction does not allow, too many entries) raises
+:class:`MalformedMessage`, and each loop is bounded by the input's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+VERSION = 1
+FINGERPRINT_BYTES = 8
+#: Longest bound or id accepted (document ids are at most 200 characters).
+MAX_ID_BYTES = 1024
+_MAX_VARINT_BYTES = 9  # 63 bits
+
+
+class Mode(IntEnum):
+    SKIP = 0  # nothing to say about this range
+    FINGERPRINT = 1  # count + fingerprint of the sender's ids in the range
+    IDS = 2  # every id the sender holds in the range (replies)
+    LIST = 3  # "send me your ids in this range" (requests)
+
+
+REQUEST_MODES = frozenset({Mode.SKIP, Mode.FINGERPRINT, Mode.LIST})
+REPLY_MODES = frozenset({Mode.SKIP, Mode.FINGERPRINT, Mode.IDS})
+
+
+class MalformedMessage(ValueError):
+    """A message that is not a valid encoding, or breaks a limit."""
+
+
+@dataclass(slots=True)
+class Entry:
+    """One non-SKIP range of a message, with its payload."""
+
+    lower: str
+    upper: str | None
+    mode: Mode
+    count: int = 0
+    fingerprint: int = 0
+    ids: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Message:
+    """The non-SKIP entries, and how far the message reaches (its last
+    bound: None is +inf, "" an empty message)."""
+
+    entries: list[Entry]
+    end: str | None
+
+
+def fingerprint(hash_value: int) -> int:
+    """The range fingerprint of a 128-bit XOR hash: its top 64 bits."""
+    return hash_value >> (128 - 8 * FINGERPRINT_BYTES)
+
+
+def _varint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _shared(left: bytes, right: bytes) -> int:
+    common = 0
+    for a, b in zip(left, right):
+        if a != b:
+            break
+        common += 1
+    return common
+
+
+def _compressed(out: bytearray, previous: bytes, value: bytes) -> None:
+    shared = _shared(previous, value)
+    _varint(out, len(value) - shared)
+    _varint(out, shared)
+    out += value[shared:]
+
+
+class Encoder:
+    """Builds one message entry by entry. ``mark``/``rollback`` let a sender
+    add an entry, see that the message grew past its limit, and take it back."""
+
+    def __init__(self) -> None:
+        self._out = bytearray([VERSION])
+        self._position: str | None = ""  # lower bound of the next entry
+        self._last = b""  # the previous bound, UTF-8
+        self.entries = 0
+
+    def __len__(self) -> int:
+        return len(self._out)
+
+    @property
+    def position(self) -> str | None:
+        return self._position
+
+    def mark(self) -> tuple[int, str | None, bytes, int]:
+        return len(self._out), self._position, self._last, self.entries
+
+    def rollback(self, mark: tuple[int, str | None, bytes, int]) -> None:
+        size, self._position, self._last, self.entries = mark
+        del self._out[size:]
+
+    def _bound(self, mode: Mode, upper: str | None) -> None:
+        if self._position is None or (upper is not None and upper <= self._position):
+            raise ValueError("entries must be added in increasing order")
+        self.entries += 1
+        self._position = upper
+        if upper is None:
+            _varint(self._out, int(mode))
+            return
+        value = upper.encode()
+        shared = _shared(self._last, value)
+        _varint(self._out, int(mode) | (len(value) - shared + 1) << 2)
+        _varint(self._out, shared)
+        self._out += value[shared:]
+        self._last = value
+
+    def _start(self, lower: str) -> None:
+        if lower != self._position:
+            self._bound(Mode.SKIP, lower)
+
+    def fingerprint(self, lower: str, upper: str | None, count: int, hash_value: int) -> None:
+        self._start(lower)
+        self._bound(Mode.FINGERPRINT, upper)
+        _varint(self._out, count)
+        self._out += fingerprint(hash_value).to_bytes(FINGERPRINT_BYTES, "big")
+
+    def ids(self, lower: str, upper: str | None, ids: Sequence[str]) -> None:
+        self._start(lower)
+        self._bound(Mode.IDS, upper)
+        _varint(self._out, len(ids))
+        previous = lower.encode()
+        for item in ids:
+            value = item.encode()
+            _compressed(self._out, previous, value)
+            previous = value
+
+    def list(self, lower: str, upper: str | None) -> None:
+        self._start(lower)
+        self._bound(Mode.LIST, upper)
+
+    def finish(self) -> bytes:
+        return bytes(self._out)
+
+    def finish_at(self, end: str | None) -> bytes:
+        """The message, extended with a SKIP if needed so that it visibly
+        reaches ``end`` (None: +inf). Replies say how far they got this way."""
+        if end != self._position:
+            self._bound(Mode.SKIP, end)
+        return bytes(self._out)
+
+
+def id_sizes(lower: str, ids: Sequence[str]) -> list[int]:
+    """The running size of ``ids`` as an IDS payload after ``lower`` (without
+    the count): ``sizes[k - 1]`` bytes hold the first ``k`` ids."""
+    scratch, sizes = bytearray(), []
+    previous = lower.encode()
+    for item in ids:
+        value = item.encode()
+        _compressed(scratch, previous, value)
+        previous = value
+        sizes.append(len(scratch))
+    return sizes
+
+
+class _Reader:
+    def __init__(self, data: bytes):
+        self.data = data
+        self.pos = 0
+
+    def varint(self) -> int:
+        data, pos, value = self.data, self.pos, 0
+        for shift in range(0, 7 * _MAX_VARINT_BYTES, 7):
+            if pos >= len(data):
+                raise MalformedMessage("truncated varint")
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                self.pos = pos
+                return value
+        raise MalformedMessage("varint too long")
+
+    def take(self, size: int) -> bytes:
+        if size > len(self.data) - self.pos:
+            raise MalformedMessage("truncated message")
+        self.pos += size
+        return self.data[self.pos - size:self.pos]
+
+    def prefixed(self, previous: bytes, suffix: int) -> bytes:
+        """``previous[:shared] + suffix``: a bound or an id (shared is next)."""
+        shared = self.varint()
+        if shared > len(previous) or shared + suffix > MAX_ID_BYTES:
+            raise MalformedMessage("bad prefix compression, or an id longer than allowed")
+        return previous[:shared] + self.take(suffix)
+
+
+
+def _text(value: bytes) -> str:
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise MalformedMessage("id or bound is not UTF-8") from None
+
+
+def decode(data: bytes, modes: frozenset[Mode], max_entries: int) -> Message:
+    """Parse a message, allowing only ``modes`` and at most ``max_entries``
+    entries (SKIPs included); MalformedMessage on anything wrong."""
+    if not isinstance(data, (bytes, bytearray)) or not data or data[0] != VERSION:
+        raise MalformedMessage("not a reconciliation message of this version")
+    reader, entries = _Reader(bytes(data)), []
+    reader.pos = 1  # past the version
+    lower: str | None = ""
+    last = b""
+    count = 0
+    while reader.pos < len(reader.data):
+        count += 1
+        if count > max_entries or lower is None:
+            raise MalformedMessage("too many entries, or an entry past +inf")
+        head = reader.varint()
+        mode, size = head & 3, head >> 2
+        if mode not in modes:
+            raise MalformedMessage(f"mode {mode} not allowed here")
+        upper: str | None = None
+        if size:
+            last = reader.prefixed(last, size - 1)
+            upper = _text(last)
+            if upper <= lower:
+                raise MalformedMessage("bounds must increase")
+        entry = Entry(lower, upper, Mode(mode))
+        if mode == Mode.FINGERPRINT:
+            entry.count = reader.varint()
+            entry.fingerprint = int.from_bytes(reader.take(FINGERPRINT_BYTES), "big")
+        elif mode == Mode.IDS:
+            entry.ids = _ids(reader, entry)
+        if mode != Mode.SKIP:
+            entries.append(entry)
+        lower = upper
+    return Message(entries, lower)
+
+
+def _ids(reader: _Reader, entry: Entry) -> list[str]:
+    size = reader.varint()
+    if size > (len(reader.data) - reader.pos) // 2:  # every id takes >= 2 bytes
+        raise MalformedMessage("id count larger than the message")
+    ids: list[str] = []
+    previous = entry.lower.encode()
+    lowest = entry.lower
+    for _ in range(size):
+        previous = reader.prefixed(previous, reader.varint())
+        item = _text(previous)
+        if item < lowest or (ids and item <= ids[-1]) or (entry.upper is not None and item >= entry.upper):
+            raise MalformedMessage("ids must be sorted, distinct and inside their range")
+        ids.append(item)
+    return ids
