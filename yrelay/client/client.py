@@ -349,6 +349,7 @@ class YrelayClient:
             return
         doc.offset = _max_offset(doc.offset, frame["offset"])
         if "digest" in frame and not self._digest_agrees(doc, frame):
+            doc.needs_sync = False  # the sync below covers it
             self.drifts += 1
             self._emit("drift", {"doc": doc.name, "server": frame["digest"]})
             self._request_sync(doc)
