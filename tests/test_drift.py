@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import redis as redis_sync
 from redis.asyncio import Redis
@@ -21,6 +22,7 @@ from yrelay.reconciliation.stream_digest import StreamDigests
 from yrelay.redis_server import RedisProcess, free_port
 from yrelay.replies import text
 from yrelay.store import DocumentStore
+from yrelay.tracker.tracker import session_documents
 
 NO_GC = {"gc_interval": 0}
 #: A URL nothing listens on: parks a client until a test points it back.
@@ -252,3 +254,22 @@ async def wait_replicating(replica: RedisProcess, timeout: float = 15.0) -> None
         if loop.time() > deadline:
             raise AssertionError("replica never linked to the primary")
         await asyncio.sleep(0.05)
+
+
+async def test_server_started_with_verify_digests_fixes_wrong_ones(redis_url, redis_client, caplog):
+    store, digests = DocumentStore(redis_client), StreamDigests(redis_client)
+    await append_text(store, "d", 12, "a")
+    await digests.window("d", ZERO, await store.last_id("d"))
+    sessions = session_documents(redis_client, "session-for-verify-0001")
+    await sessions.add(["d", "e"])
+    await redis_client.hset(meta_key("d"), "digest_hash", "f" * 32)
+    await redis_client.hset(sessions.digest_key, "hash", "e" * 32)
+
+    with caplog.at_level(logging.INFO, logger="yrelay"):
+        async with running_server(redis_url, verify_digests=True, **NO_GC):
+            pass
+    assert "drift digest of d was wrong" in caplog.text
+    assert "subscription-set digest of session session-for-verify-0001 was wrong" in caplog.text
+    assert "drift digests: 2 wrong, all fixed" in caplog.text
+    assert not (await digests.recompute("d", fix=False)).wrong
+    assert await sessions.digest() == digest_of(["d", "e"])

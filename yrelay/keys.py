@@ -74,6 +74,11 @@ def session_documents_key(session: str) -> str:
     return f"{PREFIX}:session:{{{session}}}:docs"
 
 
+def session_of_documents_key(key: str) -> str:
+    """Inverse of :func:`session_documents_key`."""
+    return key[len(f"{PREFIX}:session:{{"):-len("}:docs")]
+
+
 def session_documents_digest_key(session: str) -> str:
     """Hash: count + XOR hash of :func:`session_documents_key`, kept by the
     same script that changes the set (same hash tag: one cluster slot)."""

@@ -12,9 +12,12 @@ from redis.asyncio import Redis
 from ..config import Settings
 from ..gc import Collector, GcLoop, GcPolicy
 from ..reconciliation.stream_digest import StreamDigests
+from ..keys import session_documents_key, session_of_documents_key
 from ..redis_server import check_durability
+from ..replies import text
 from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
+from ..tracker.tracker import session_documents
 from .appender import Appender
 from .fanout import Fanout
 from .sessions import SessionRegistry
@@ -78,10 +81,18 @@ class ServerContext:
 
 
 async def verify_digests(digests: StreamDigests) -> None:
-    """The start-up check: every stored digest against its stream."""
-    log.info("verifying the drift digests of every document")
-    wrong = await digests.recompute_all(fix=True)
+    """The start-up check: every stored digest against what it sums up, the
+    documents' against their streams, the sessions' against their sets."""
+    log.info("verifying the drift digests of every document and session")
+    wrong = len(await digests.recompute_all(fix=True))
+    async for key in digests.redis.scan_iter(match=session_documents_key("*"), count=1000):
+        session = session_of_documents_key(text(key))
+        stored, actual = await session_documents(digests.redis, session, digests.scripts).recompute(fix=True)
+        if stored != actual:
+            log.warning("subscription-set digest of session %s was wrong (stored %s, actual %s); fixed",
+                        session, stored, actual)
+            wrong += 1
     if wrong:
-        log.warning("drift digests: %d wrong, all fixed", len(wrong))
+        log.warning("drift digests: %d wrong, all fixed", wrong)
     else:
         log.info("drift digests: all correct")
