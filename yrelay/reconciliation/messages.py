@@ -44,6 +44,7 @@ class Mode(IntEnum):
     LIST = 3  # "send me your ids in this range" (requests)
 
 
+_MODES = tuple(Mode)  # Mode(value) is slow; decoding looks modes up here
 REQUEST_MODES = frozenset({Mode.SKIP, Mode.FINGERPRINT, Mode.LIST})
 REPLY_MODES = frozenset({Mode.SKIP, Mode.FINGERPRINT, Mode.IDS})
 
@@ -160,7 +161,7 @@ class Encoder:
             _compressed(self._out, previous, value)
             previous = value
 
-    def list(self, lower: str, upper: str | None) -> None:
+    def list_request(self, lower: str, upper: str | None) -> None:
         self._start(lower)
         self._bound(Mode.LIST, upper)
 
@@ -175,9 +176,10 @@ class Encoder:
         return bytes(self._out)
 
 
-def id_sizes(lower: str, ids: Sequence[str]) -> list[int]:
+def id_sizes(lower: str, ids: Sequence[str], room: int) -> list[int]:
     """The running size of ``ids`` as an IDS payload after ``lower`` (without
-    the count): ``sizes[k - 1]`` bytes hold the first ``k`` ids."""
+    the count): ``sizes[k - 1]`` bytes hold the first ``k`` ids. Stops after
+    the first size past ``room``."""
     scratch, sizes = bytearray(), []
     previous = lower.encode()
     for item in ids:
@@ -185,6 +187,8 @@ def id_sizes(lower: str, ids: Sequence[str]) -> list[int]:
         _compressed(scratch, previous, value)
         previous = value
         sizes.append(len(scratch))
+        if len(scratch) > room:
+            break
     return sizes
 
 
@@ -252,7 +256,7 @@ def decode(data: bytes, modes: frozenset[Mode], max_entries: int) -> Message:
             upper = _text(last)
             if upper <= lower:
                 raise MalformedMessage("bounds must increase")
-        entry = Entry(lower, upper, Mode(mode))
+        entry = Entry(lower, upper, _MODES[mode])
         if mode == Mode.FINGERPRINT:
             entry.count = reader.varint()
             entry.fingerprint = int.from_bytes(reader.take(FINGERPRINT_BYTES), "big")

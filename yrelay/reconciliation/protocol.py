@@ -36,7 +36,7 @@ BRANCHING = 16
 LEAF = 16
 #: Ask for a range's ids once its count difference is at least this
 #: fraction of its size (see docs/reconciliation.md for the measurement).
-FULL_LIST_FRACTION = 0.05
+FULL_LIST_FRACTION = 0.03
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,15 @@ async def respond(store: IdSet, request: bytes, limits: Limits = Limits()) -> by
     planned = _affordable(entries, counts, limits.max_reply_bytes)
     small = [i for i in range(planned) if entries[i].mode == Mode.LIST or counts[i] <= LEAF]
     large = sorted(set(range(planned)).difference(small))
-    ids = dict(zip(small, await store.items([spans[i] for i in small], limits.max_reply_bytes // 2)))
+    ids = dict(zip(small, await store.items([spans[i] for i in small], LIST_READ)))
     parts = dict(zip(large, await store.parts([spans[i] for i in large], BRANCHING)))
     encoder = Encoder()
     for index in range(planned):
         entry, mark, reached = entries[index], encoder.mark(), None
         if entry.mode == Mode.LIST:
-            reached = _list(encoder, entry, ids[index], counts[index], limits.max_reply_bytes)
+            room = limits.max_reply_bytes - len(encoder) - _HEAD_ROOM
+            page = await _page(store, entry, ids[index], counts[index], room)
+            reached = _list(encoder, entry, page, counts[index], room)
         elif index in ids:
             ours = ids[index]
             if not _matches(entry, Digest(len(ours), xor_hashes(ours))):
@@ -124,21 +126,40 @@ def _matches(entry: Entry, ours: Digest) -> bool:
     return entry.count == ours.count and entry.fingerprint == fingerprint(ours.hash)
 
 
+#: Ids of each LIST range read up front (all ranges in one store call); a
+#: longer range is read on as its page fills.
+LIST_READ = 4_096
 #: Room kept for an IDS entry's head: a SKIP and a bound (each at most an id
 #: long) and the count.
 _HEAD_ROOM = 2 * MAX_ID_BYTES + 32
 
 
-def _list(encoder: Encoder, entry: Entry, ids: list[str], count: int, max_bytes: int) -> str | None:
-    """Add ``entry``'s ids; if they do not all fit (or the store read only a
-    budget's worth), as many as fit as a page ``[lower, cut)``. Returns the
-    cut, or None when the whole range went out."""
-    sizes = id_sizes(entry.lower, ids)
-    room = max_bytes - len(encoder) - _HEAD_ROOM
-    if len(ids) == count and (count < 2 or sizes[-1] <= room):
+async def _page(store: IdSet, entry: Entry, ids: list[str], count: int, room: int) -> list[str]:
+    """``ids`` (the first :data:`LIST_READ` of the range) read on until they
+    fill ``room`` bytes or the range ends, in reads sized by the ids so far."""
+    sizes = id_sizes(entry.lower, ids, room)
+    while ids and len(ids) < count and sizes[-1] <= room:
+        want = int((room - sizes[-1]) * len(ids) / sizes[-1]) + 2  # +1 past the page, for its bound
+        more = (await store.items([(ids[-1] + "\0", entry.upper)], want))[0]
+        if not more:  # the set shrank since it was counted
+            break
+        ids = ids + more
+        sizes = id_sizes(entry.lower, ids, room)
+    return ids
+
+
+def _list(encoder: Encoder, entry: Entry, ids: list[str], count: int, room: int) -> str | None:
+    """Add ``entry``'s ids, or if they do not all fit in ``room`` bytes (or
+    are not all there), as many as fit as a page ``[lower, cut)``. Returns
+    how far the reply got: None when the whole range went out, else the cut
+    (``entry.lower`` when not even one id fits)."""
+    sizes = id_sizes(entry.lower, ids, room)
+    if len(ids) == count and (count == 0 or sizes[-1] <= room):
         encoder.ids(entry.lower, entry.upper, ids)
         return None
-    fit = min(len(ids) - 1, max(1, bisect.bisect_right(sizes, room)))
+    fit = min(len(ids) - 1, bisect.bisect_right(sizes, room))
+    if fit < 1:
+        return entry.lower
     cut = separator(ids[fit - 1], ids[fit])
     encoder.ids(entry.lower, cut, ids[:fit])
     return cut
@@ -150,7 +171,8 @@ def _list(encoder: Encoder, entry: Entry, ids: list[str], count: int, max_bytes:
 class State(Enum):
     READY = "ready"  # start() not called yet
     WAITING = "waiting"  # a request is out; step() takes its reply
-    DONE = "done"  # only_local / only_remote are final
+    DONE = "done"  # only_local / only_remote are final and checked
+    FAILED = "failed"  # a call raised; start again with a new Reconciler
 
 
 @dataclass(slots=True)
@@ -207,16 +229,28 @@ class Reconciler:
     async def start(self) -> bytes | None:
         """The first request, or None when there is nothing to ask."""
         self._expect(State.READY)
-        ours = await self.local.digest()
-        if ours != self.remote:
-            await self._differs([(WHOLE, self.remote.count, ours.count)])
-        return await self._next()
+        try:
+            ours = await self.local.digest()
+            if ours != self.remote:
+                await self._differs([(WHOLE, self.remote.count, ours.count)])
+            return await self._next()
+        except BaseException:
+            self.state = State.FAILED
+            raise
 
     async def step(self, reply: bytes) -> bytes | None:
         """Take the server's reply; the next request, or None when done.
         MalformedMessage for an invalid reply, ReconciliationError when the
-        result does not check out or the run takes too many round trips."""
+        result does not check out or the run takes too many round trips;
+        after either, the reconciler is FAILED."""
         self._expect(State.WAITING)
+        try:
+            return await self._step(reply)
+        except BaseException:
+            self.state = State.FAILED
+            raise
+
+    async def _step(self, reply: bytes) -> bytes | None:
         self.round_trips += 1
         self.bytes_received += len(reply)
         if len(reply) > self.limits.max_reply_bytes:
@@ -280,7 +314,7 @@ class Reconciler:
         for ask in batch:
             mark = encoder.mark()
             if ask.mode == Mode.LIST:
-                encoder.list(ask.lower, ask.upper)
+                encoder.list_request(ask.lower, ask.upper)
             else:
                 encoder.fingerprint(ask.lower, ask.upper, ask.digest.count, ask.digest.hash)
             if len(encoder) > self.limits.max_request_bytes:
@@ -300,9 +334,9 @@ class Reconciler:
         ours = await self.local.digest()
         count = ours.count - len(self._only_local) + len(self._only_remote)
         value = ours.hash ^ xor_hashes(self._only_local) ^ xor_hashes(self._only_remote)
-        self.state = State.DONE
         if Digest(count, value) != self.remote:
             raise ReconciliationError("the differences found do not explain the server's digest")
+        self.state = State.DONE
 
 
 def _check_inside(entries: list[Entry], asks: list[_Ask]) -> None:
