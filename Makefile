@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install serve test lint clean
+.PHONY: install serve test browser lint clean
 
 install: $(VENV)/.installed
 
@@ -16,8 +16,13 @@ $(VENV)/.installed: pyproject.toml
 serve: install
 	$(VENV)/bin/yrelay serve $(ARGS)
 
-test: install
+test: install browser
 	$(PY) -m pytest $(ARGS)
+
+# Browser tests use Debian's chromium (Playwright drives it; it never downloads one).
+browser:
+	@command -v chromium >/dev/null || (apt-get install -y -q chromium >/dev/null 2>&1 || \
+		(apt-get update -q && apt-get install -y -q chromium))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis data

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -17,6 +19,30 @@ from yrelay.config import Settings
 from yrelay.redis_server import RedisProcess, free_port
 
 FAST_BACKOFF = Backoff(base=0.05, max_delay=0.5, max_attempts=30)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Servers started by tests keep their data (event log) in a temporary
+    directory, never in the checkout."""
+    path = tmp_path_factory.mktemp("data")
+    previous = os.environ.get("YRELAY_DATA_DIR")
+    os.environ["YRELAY_DATA_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("YRELAY_DATA_DIR", None)
+    else:
+        os.environ["YRELAY_DATA_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole test run (starting one costs seconds)."""
+    from yrelay.spark_analytics.session import spark_session
+
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 import logging
 from pathlib import Path
 from typing import Optional
@@ -15,7 +16,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .app import create_app
+from .app.context import open_event_log
 from .config import Settings
+from .eventlog import EventLog, NullEventLog
 from .gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
 from .keys import documents_key
 from .redis_server import RedisProcess
@@ -95,20 +98,26 @@ def gc(
     """
     settings = Settings.from_env()
     policy = GcPolicy.from_settings(settings)
-    summary = asyncio.run(_gc(_redis_url(redis_url, data_dir), docs or None, policy, dry_run, batch_size))
+    events = open_event_log(replace(settings, data_dir=data_dir)) if not dry_run else NullEventLog()
+    try:
+        summary = asyncio.run(_gc(_redis_url(redis_url, data_dir), docs or None, policy, dry_run, batch_size, events))
+    finally:
+        events.stop()
     _print_summary(summary, dry_run, rows)
     if summary.errors:
         raise typer.Exit(1)
 
 
-async def _gc(url: str, docs: list[str] | None, policy: GcPolicy, dry_run: bool, batch_size: int) -> PassSummary:
+async def _gc(
+    url: str, docs: list[str] | None, policy: GcPolicy, dry_run: bool, batch_size: int, events: EventLog
+) -> PassSummary:
     redis = Redis.from_url(url)
     try:
         total = len(docs) if docs is not None else await redis.zcard(documents_key())
         with Progress(transient=True) as progress:
             task = progress.add_task("dry run" if dry_run else "collecting", total=total)
             return await collect_documents(
-                Collector(redis, policy), docs, dry_run=dry_run, batch_size=batch_size,
+                Collector(redis, policy, events=events), docs, dry_run=dry_run, batch_size=batch_size,
                 on_batch=lambda reports: progress.advance(task, len(reports)),
             )
     finally:

@@ -55,6 +55,15 @@ class Settings:
     #: A claimed document is handed to another process after this (seconds).
     gc_lease: float = 60.0
 
+    #: Write the event log (docs/events.md) under ``data_dir/events``.
+    event_log: bool = True
+    #: Start a new event log file past this size (bytes) ...
+    event_log_max_bytes: int = 64 * 1024 * 1024
+    #: ... or this age (seconds).
+    event_log_max_age: float = 3600.0
+    #: Events buffered in memory before new ones are dropped (and counted).
+    event_log_buffer: int = 100_000
+
     #: At start-up, recompute every stored drift digest from the streams,
     #: log the wrong ones and fix them (seconds to minutes on a large store).
     verify_digests: bool = False

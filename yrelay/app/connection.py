@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from typing import Any
 
 import redis.exceptions
@@ -47,6 +48,7 @@ class Connection:
 
     async def run(self) -> None:
         await self.websocket.accept()
+        opened = time.monotonic()
         resend_timer = asyncio.create_task(self._resend_timer())
         try:
             while True:
@@ -65,6 +67,9 @@ class Connection:
             # reconnect resumes from its offset.
             for subscription in list(self.subscriptions.values()):
                 await subscription.close()
+            if self.session is not None:
+                self.ctx.events.emit("disconnect", session=self.session, docs=len(self.subscriptions),
+                                     duration_ms=int((time.monotonic() - opened) * 1000))
 
     async def send(self, frame: dict[str, Any]) -> None:
         text = protocol.encode(frame)
@@ -135,6 +140,7 @@ class Connection:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}")
         self.session, resumed = await self.ctx.sessions.open(frame.session)
         self.state = ConnectionState.OPEN
+        self.ctx.events.emit("connect", session=self.session, resumed=resumed)
         await self.send(protocol.welcome(self.session, resumed, self.ctx.settings.client_limits()))
 
     async def _subscribe(self, frame: Subscribe) -> None:
@@ -187,11 +193,11 @@ class Connection:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
         await self._inflight.acquire()
         future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
-        task = asyncio.create_task(self._confirm(frame, future))
+        task = asyncio.create_task(self._confirm(frame, future, len(update)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]]) -> None:
+    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int) -> None:
         """Ack an update once (and only once) the append script returned."""
         try:
             entry_id, duplicate = await future
@@ -206,6 +212,8 @@ class Connection:
         finally:
             self._inflight.release()
         await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate))
+        self.ctx.events.emit("append", frame.doc, self.session, offset=entry_id, clock=frame.clock,
+                             bytes=size, duplicate=duplicate)
 
     async def _safe_send(self, frame: dict[str, Any]) -> None:
         try:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
 from ..config import Settings
+from ..eventlog import EventLog, NullEventLog, process_name
 from ..gc import Collector, GcLoop, GcPolicy
 from ..reconciliation.stream_digest import StreamDigests
 from ..keys import session_documents_key, session_of_documents_key
@@ -38,7 +37,8 @@ class ServerContext:
     collector: Collector
     gc_loop: GcLoop
     digests: StreamDigests
-    process_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    events: EventLog
+    process_id: str = field(default_factory=process_name)
 
     @classmethod
     async def open(cls, settings: Settings, redis_url: str) -> "ServerContext":
@@ -46,7 +46,8 @@ class ServerContext:
         reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
         store = DocumentStore(redis)
         await store.load_scripts()
-        collector = Collector(redis, GcPolicy.from_settings(settings))
+        events = open_event_log(settings)
+        collector = Collector(redis, GcPolicy.from_settings(settings), events=events)
         for warning in await check_durability(redis):
             log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
         ctx = cls(
@@ -62,6 +63,7 @@ class ServerContext:
             gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,
                            lease=settings.gc_lease),
             digests=StreamDigests(redis, store.scripts),
+            events=events,
         )
         if settings.verify_digests:
             await verify_digests(ctx.digests)
@@ -78,6 +80,14 @@ class ServerContext:
         await self.appender.stop()
         await self.ack_writer.stop()
         await self.redis.aclose()
+        self.events.stop()
+
+
+def open_event_log(settings: Settings) -> EventLog:
+    if not settings.event_log:
+        return NullEventLog()
+    return EventLog(settings.data_dir / "events", max_bytes=settings.event_log_max_bytes,
+                    max_age=settings.event_log_max_age, capacity=settings.event_log_buffer).start()
 
 
 async def verify_digests(digests: StreamDigests) -> None:

@@ -114,6 +114,8 @@ async def get_doc(doc: str, request: Request) -> dict[str, Any]:
 @router.delete("/docs/{doc:path}/sessions/{session}", status_code=status.HTTP_204_NO_CONTENT)
 async def evict_session(doc: str, session: str, request: Request) -> Response:
     """Evict one session by hand. It resyncs on its next ack or reconnect."""
-    if not await _ctx(request).tracker.untrack(_doc_id(doc), session):
+    ctx = _ctx(request)
+    if not await ctx.tracker.untrack(_doc_id(doc), session):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"session {session!r} is not tracked on {doc!r}")
+    ctx.events.emit("evict", doc, session, mode="operator")
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -134,6 +134,7 @@ class Subscription:
     def on_ack(self, offset: StreamId) -> None:
         """The client holds everything up to ``offset``."""
         offset = min(offset, self.cursor)  # it cannot hold what was never sent
+        self.ctx.events.emit("ack", self.doc, self.session, offset=str(offset), head=str(self._head()))
         if offset > self.acked:
             self.acked = offset
         while self._sent and self._sent[0] <= self.acked:
@@ -273,6 +274,9 @@ class Subscription:
         visible = [entry for entry in entries if entry.session != self.session]
         if visible:
             await self._send(protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible]))
+            self.ctx.events.emit("deliver", self.doc, self.session, first=str(visible[0].id), last=str(visible[-1].id),
+                                 entries=len(visible), bytes=sum(len(entry.update) for entry in visible),
+                                 head=str(max(self._head(), entries[-1].id)))
             self._sent.extend(entry.id for entry in visible)
             if self._unacked_since is None:
                 self._unacked_since = time.monotonic()
@@ -281,6 +285,10 @@ class Subscription:
             self._hold_through(self.cursor)  # only its own entries: nothing to ack
 
     # ------------------------------------------------------ resend and sync
+
+    def _head(self) -> StreamId:
+        """The last id this process knows for the document (for lag figures)."""
+        return self.ctx.fanout.cursor(self.doc) or self.cursor
 
     def _resend_due(self) -> bool:
         return (
@@ -291,6 +299,7 @@ class Subscription:
 
     def _rewind(self) -> None:
         """Send again everything after the client's ack, read from the stream."""
+        self.ctx.events.emit("resend", self.doc, self.session, offset=str(self.acked), entries=len(self._sent))
         self.cursor = self.acked
         self._sent.clear()
         self._pending.clear()
@@ -303,6 +312,8 @@ class Subscription:
             self.ctx.ack_writer.submit(self.doc, self.session, offset)
 
     async def _require_resync(self, reason: ResyncReason) -> None:
+        self.ctx.events.emit("resync", self.doc, self.session, reason=reason.value,
+                             offset=None if self._requested is None else str(self._requested))
         self._move(SubscriptionState.RESYNC_REQUIRED)
         self._pending.clear()
         self._sent.clear()

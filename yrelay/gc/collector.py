@@ -43,6 +43,7 @@ from ..offsets import ZERO, StreamId
 from ..replies import stream_id, text
 from ..scripts import Scripts
 from ..reconciliation.digest import hash_hex, item_hash
+from ..eventlog import EventLog, NullEventLog
 from ..store import Entry, to_entry
 from ..tracker.tracker import session_documents
 from .policy import GcPolicy
@@ -101,6 +102,8 @@ class _Plan:
     fold: crdt.Fold | None = None
     #: The offset the new snapshot covers, once stored.
     stored: StreamId | None = None
+    #: The last id trimmed in this collection.
+    trimmed_to: str | None = None
 
     @property
     def doc(self) -> str:
@@ -114,11 +117,13 @@ async def _no_checkpoint(step: Step) -> None:
 class Collector:
     """Runs collections; one per process (or per CLI run), any number at once."""
 
-    def __init__(self, redis: Redis, policy: GcPolicy, checkpoint: Checkpoint | None = None):
+    def __init__(self, redis: Redis, policy: GcPolicy, checkpoint: Checkpoint | None = None,
+                 events: EventLog | None = None):
         self.redis = redis
         self.policy = policy
         self.scripts = Scripts(redis)
         self.checkpoint = checkpoint or _no_checkpoint
+        self.events = events or NullEventLog()
 
     async def collect(self, docs: list[str], dry_run: bool = False) -> list[DocReport]:
         """Collect ``docs`` (one batch); a report per document, in order."""
@@ -176,6 +181,7 @@ class Collector:
         for report in reports:
             for session in report.evicted_sessions:
                 await session_documents(self.redis, session, self.scripts).remove([report.doc])
+                self.events.emit("evict", report.doc, session, mode=report.eviction)
 
     @staticmethod
     def _plan(report: DocReport, result: list) -> _Plan | None:
@@ -255,6 +261,8 @@ class Collector:
                 plan.stored = stream_id(result[1])
                 plan.report.folded = plan.fold.held  # type: ignore[union-attr]
                 plan.report.snapshot_offset = str(plan.stored)
+                self.events.emit("snapshot", plan.doc, offset=str(plan.stored), entries=plan.report.folded,
+                                 bytes=len(plan.fold.snapshot))  # type: ignore[union-attr]
             else:
                 plan.report.conflict = True
 
@@ -288,6 +296,7 @@ class Collector:
                     plan.report.conflict = True  # the stream moved under us: next pass
                 else:
                     plan.report.trimmed += removed
+                    plan.trimmed_to = text(result[1]) if removed else plan.trimmed_to
                 if removed < self.policy.max_fold_entries:
                     del pending[plan.doc]
 
@@ -316,6 +325,9 @@ class Collector:
         for index, plan in enumerate(plans):
             length = results[5 * index + 4]
             plan.report.stream_length = 0 if isinstance(length, Exception) else int(length)
+            if plan.report.trimmed:
+                self.events.emit("trim", plan.doc, offset=plan.trimmed_to, entries=plan.report.trimmed,
+                                 stream_length=plan.report.stream_length)
 
 
 def _fold_all(plans: list[_Plan]) -> None:

@@ -1,0 +1,143 @@
+"""The event log: lines as docs/events.md says, rotation, and no failure of
+the log ever reaching delivery."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+from conftest import eventually, running_server
+
+from yrelay import crdt
+from yrelay.eventlog import EventLog
+from yrelay.gc import Collector, GcPolicy
+from yrelay.store import DocumentStore
+
+COMMON = {"v", "ts", "type", "process", "doc", "session"}
+
+
+def read_events(directory: Path) -> list[dict]:
+    lines = []
+    for path in sorted(directory.glob("*.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines()]
+    return lines
+
+
+def test_lines_carry_the_common_fields(tmp_path):
+    events = EventLog(tmp_path, process="host:1").start()
+    events.emit("append", "doc", "s1", offset="1-0", clock=0, bytes=10, duplicate=False)
+    events.stop()
+    [line] = read_events(tmp_path)
+    assert COMMON <= set(line)
+    assert line["v"] == 1 and line["type"] == "append" and line["process"] == "host:1"
+    assert (line["doc"], line["session"], line["offset"], line["bytes"]) == ("doc", "s1", "1-0", 10)
+
+
+def test_rotates_by_size_and_by_age(tmp_path):
+    by_size = EventLog(tmp_path / "size", max_bytes=500)
+    for i in range(40):
+        by_size.emit("ack", "doc", "s", offset=f"{i}-0", head=f"{i}-0")
+        if i % 5 == 4:
+            by_size.flush()
+    by_size.stop()
+    files = list((tmp_path / "size").glob("*.jsonl"))
+    assert len(files) > 3 and len(read_events(tmp_path / "size")) == 40
+    assert all(path.stat().st_size < 500 + 5 * 200 for path in files)
+
+    by_age = EventLog(tmp_path / "age", max_age=0)
+    for i in range(3):
+        by_age.emit("connect", session=f"s{i}", resumed=False)
+        by_age.flush()
+    by_age.stop()
+    assert len(list((tmp_path / "age").glob("*.jsonl"))) == 3
+
+
+def test_a_full_buffer_drops_and_reports_the_count(tmp_path):
+    events = EventLog(tmp_path, capacity=5)
+    for i in range(12):
+        events.emit("ack", "doc", "s", offset=f"{i}-0", head=f"{i}-0")
+    assert events.dropped == 7
+    events.flush()
+    lines = read_events(tmp_path)
+    assert [line["type"] for line in lines] == ["ack"] * 5 + ["dropped"]
+    assert lines[-1]["entries"] == 7
+
+
+def test_a_failing_disk_never_raises_and_the_hole_is_recorded(tmp_path):
+    blocker = tmp_path / "events"
+    blocker.write_text("not a directory")  # every write fails, like a full disk
+    events = EventLog(blocker)
+    events.emit("connect", session="s", resumed=False)
+    events.flush()
+    events.emit("connect", session="t", resumed=False)
+    events.flush()
+    assert events.dropped == 2
+    blocker.unlink()  # space again
+    events.emit("connect", session="u", resumed=True)
+    events.flush()
+    events.stop()
+    lines = read_events(blocker)
+    assert [line["type"] for line in lines] == ["connect", "dropped"]
+    assert lines[1]["entries"] == 2
+
+
+async def test_a_server_logs_what_happens(redis_url, redis_client, make_client, tmp_path):
+    async with running_server(redis_url, gc_interval=0, data_dir=tmp_path, ops_token="t") as url:
+        writer, reader = await make_client(url), await make_client(url)
+        wdoc, rdoc = await writer.subscribe("logged"), await reader.subscribe("logged")
+        for i in range(6):
+            crdt.insert_text(wdoc.ydoc, 0, f"<{i}>")
+        await writer.wait_idle()
+        await eventually(lambda: rdoc.text == wdoc.text)
+        base = url.replace("ws://", "http://").removesuffix("/ws")
+        async with httpx.AsyncClient(base_url=base) as ops:
+            response = await ops.delete(f"/ops/docs/logged/sessions/{reader.session}",
+                                        headers={"Authorization": "Bearer t"})
+            assert response.status_code == 204
+        await writer.close()
+        await reader.close()
+    await Collector(redis_client, GcPolicy(relative_ms=5, absolute_ms=50),
+                    events=(gc_events := EventLog(tmp_path / "events"))).collect(["logged"])
+    gc_events.stop()
+
+    lines = read_events(tmp_path / "events")
+    by_type: dict[str, list[dict]] = {}
+    for line in lines:
+        assert COMMON <= set(line)
+        by_type.setdefault(line["type"], []).append(line)
+    appends = by_type["append"]
+    assert len(appends) == 6 and {line["session"] for line in appends} == {writer.session}
+    assert [line["offset"] for line in appends] == sorted(line["offset"] for line in appends)
+    delivered = sum(line["entries"] for line in by_type["deliver"] if line["session"] == reader.session)
+    assert delivered >= 6
+    assert any(line["session"] == reader.session and line["offset"] == appends[-1]["offset"] for line in by_type["ack"])
+    assert {line["session"] for line in by_type["connect"]} == {writer.session, reader.session}
+    assert {line["session"] for line in by_type["disconnect"]} == {writer.session, reader.session}
+    assert by_type["evict"][0]["mode"] == "operator" and by_type["evict"][0]["session"] == reader.session
+    [snapshot] = by_type["snapshot"]
+    [trim] = by_type["trim"]
+    assert snapshot["offset"] == trim["offset"] == appends[-1]["offset"] and trim["entries"] == 6
+    assert snapshot["bytes"] == len((await DocumentStore(redis_client).load_snapshot("logged")).update)
+
+
+async def test_resync_and_resend_are_logged(redis_url, make_client, tmp_path):
+    from wsraw import RawPeer
+
+    async with running_server(redis_url, gc_interval=0, data_dir=tmp_path, resend_after=0.2) as url:
+        writer = await make_client(url)
+        wdoc = await writer.subscribe("r")
+        peer = await RawPeer.connect(url)
+        await peer.send({"op": "subscribe", "doc": "r", "offset": "99999999999999-0"})
+        assert (await peer.expect("resync_required"))["reason"] == "ahead"
+        lazy = await RawPeer.connect(url)
+        await lazy.send({"op": "subscribe", "doc": "r"})
+        await lazy.expect("subscribed")
+        crdt.insert_text(wdoc.ydoc, 0, "x")
+        await writer.wait_idle()
+        await lazy.expect("deliver")
+        await lazy.expect("deliver", timeout=5)  # never acked: sent again
+    lines = read_events(tmp_path / "events")
+    resyncs = [line for line in lines if line["type"] == "resync"]
+    assert resyncs and resyncs[0]["reason"] == "ahead" and resyncs[0]["offset"] == "99999999999999-0"
+    assert any(line["type"] == "resend" and line["session"] == lazy.session for line in lines)

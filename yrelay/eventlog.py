@@ -1,0 +1,183 @@
+"""The event log: what happens to documents and sessions, as JSON lines.
+
+Schema and file layout: docs/events.md. The Spark jobs in
+:mod:`yrelay.spark_analytics` read it.
+
+The hot path only builds a small dict and appends it to a bounded deque
+(thread-safe, no lock, no I/O, no JSON); a daemon thread encodes and writes
+batches every ``flush_interval`` seconds and rotates files by size and age.
+Delivery never waits for the log, and the log can never break delivery: a
+full buffer drops events (counted), a failed write drops its batch (counted,
+warned about once a minute), and the next successful write records a
+``dropped`` event with the count so readers know the log has a hole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, BinaryIO
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+#: Tells apart the logs of several servers in one process (tests, embedding).
+_instances = itertools.count(1)
+#: Seconds between two "events dropped" warnings.
+WARN_EVERY = 60.0
+
+
+def process_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class EventLog:
+    """Buffered, rotated JSON-lines writer for one process."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int = 64 * 1024 * 1024,
+        max_age: float = 3600.0,
+        capacity: int = 100_000,
+        flush_interval: float = 0.2,
+        process: str | None = None,
+    ):
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self.capacity = capacity
+        self.flush_interval = flush_interval
+        self.process = process or process_name()
+        #: Events lost so far (full buffer or failed writes), for metrics and tests.
+        self.dropped = 0
+        self._unreported = 0
+        self._counters = threading.Lock()
+        self._queue: deque[dict[str, Any]] = deque()
+        self._file: BinaryIO | None = None
+        self._file_opened = 0.0
+        self._file_size = 0
+        self._files = 0
+        self._started = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{next(_instances)}"
+        self._last_warning = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------- hot path
+
+    def emit(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> None:
+        """Queue one event; never blocks, never raises."""
+        if len(self._queue) >= self.capacity:
+            self._count_dropped(1)
+            return
+        self._queue.append(self._event(type, doc, session, **fields))
+
+    def _event(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> dict[str, Any]:
+        return {"v": SCHEMA_VERSION, "ts": int(time.time() * 1000), "type": type,
+                "process": self.process, "doc": doc, "session": session, **fields}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> "EventLog":
+        self._thread = threading.Thread(target=self._run, name="yrelay-event-log", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Write what is queued and close the file."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.flush()
+        self._close()
+
+    # --------------------------------------------------------- writer thread
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every queued event (called by the writer thread)."""
+        batch = []
+        while self._queue:
+            batch.append(self._queue.popleft())
+        reported = self._unreported
+        if reported:
+            batch.append(self._event("dropped", entries=reported))
+        if not batch:
+            return
+        data = "".join(json.dumps(event, separators=(",", ":")) + "\n" for event in batch).encode()
+        try:
+            self._write(data)
+        except OSError as exc:
+            self._count_dropped(len(batch) - (1 if reported else 0))
+            self._close()
+            self._warn(f"event log write failed ({exc}); {self.dropped} events dropped so far")
+        else:
+            with self._counters:
+                self._unreported -= reported
+
+    def _count_dropped(self, events: int) -> None:
+        with self._counters:  # the event loop and the writer thread both count
+            self.dropped += events
+            self._unreported += events
+
+    def _write(self, data: bytes) -> None:
+        if self._file is None or self._due_for_rotation():
+            self._rotate()
+        assert self._file is not None
+        self._file.write(data)
+        self._file.flush()
+        self._file_size += len(data)
+
+    def _due_for_rotation(self) -> bool:
+        return self._file_size >= self.max_bytes or time.monotonic() - self._file_opened >= self.max_age
+
+    def _rotate(self) -> None:
+        self._close()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._files += 1
+        host, _, pid = self.process.rpartition(":")
+        name = f"events-{host}-{pid}-{self._started}-{self._files}.jsonl"
+        self._file = (self.directory / name).open("ab")
+        self._file_opened = time.monotonic()
+        self._file_size = 0
+
+    def _close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+    def _warn(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= WARN_EVERY:
+            self._last_warning = now
+            log.warning(message)
+
+
+class NullEventLog(EventLog):
+    """The log switched off (``YRELAY_EVENT_LOG=0``): emits nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(Path("."), process="off")
+
+    def emit(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> None:
+        pass
+
+    def start(self) -> "EventLog":
+        return self
+
+    def stop(self) -> None:
+        pass
