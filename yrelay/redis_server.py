@@ -113,7 +113,7 @@ class RedisProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         self.process = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec
         )
         self._wait_ready(timeout)
         self.url_file.write_text(self.url)

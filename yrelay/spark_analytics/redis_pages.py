@@ -1,0 +1,68 @@
+"""Paging through yrelay's Redis keys with a sync client, a bounded reply at a time.
+
+Three keys are walked, each in its own order: the document registry by id
+(ZRANGE BYLEX, exclusive start after the last id seen), a document's stream by
+entry id (XRANGE with COUNT, exclusive start ``(<last id>``), and a tracker by
+rank (ZRANGE WITHSCORES). None of the walks is a snapshot: an entry appended or
+a session acking during the walk may or may not be seen, as with SCAN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import redis
+
+from ..keys import documents_key, stream_key, tracker_key
+from ..offsets import StreamId
+from ..replies import text
+
+#: Ids per ZRANGE BYLEX page of the registry.
+REGISTRY_PAGE = 1000
+#: Entries per XRANGE page: the update bytes come along, so keep replies modest.
+STREAM_PAGE = 1000
+#: Members per ZRANGE page of a tracker.
+TRACKER_PAGE = 1000
+
+#: A raw stream entry as redis-py returns it: id and field map.
+RawEntry = tuple[bytes, dict[bytes, bytes]]
+
+
+def registered_documents(client: redis.Redis, page: int = REGISTRY_PAGE) -> Iterator[str]:
+    """Every document of the registry (``yrelay:docs``), in id order."""
+    start = "-"
+    while True:
+        docs = [text(doc) for doc in client.zrange(documents_key(), start, "+", bylex=True, offset=0, num=page)]
+        yield from docs
+        if len(docs) < page:
+            return
+        start = f"({docs[-1]}"
+
+
+def stream_pages(client: redis.Redis, doc: str, after: str = "-", page: int = STREAM_PAGE) -> Iterator[list[RawEntry]]:
+    """Pages of ``doc``'s stream entries with ids above ``after`` ("-": all)."""
+    start = after if after == "-" else f"({after}"
+    while True:
+        entries = client.xrange(stream_key(doc), min=start, max="+", count=page)
+        if entries:
+            yield entries
+        if len(entries) < page:
+            return
+        start = f"({text(entries[-1][0])}"
+
+
+def tracker_pages(client: redis.Redis, doc: str, page: int = TRACKER_PAGE) -> Iterator[list[tuple[str, int]]]:
+    """Pages of ``doc``'s tracker as (session, score), lowest offset first."""
+    rank = 0
+    while True:
+        rows = client.zrange(tracker_key(doc), rank, rank + page - 1, withscores=True)
+        if rows:
+            yield [(text(member), int(score)) for member, score in rows]
+        if len(rows) < page:
+            return
+        rank += page
+
+
+def entry_id(raw: bytes) -> StreamId:
+    """A stream entry's id (yrelay issues only ids with ``seq <= 999``)."""
+    return StreamId.parse(text(raw))
