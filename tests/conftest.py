@@ -112,3 +112,28 @@ async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02) -
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(interval)
+
+
+async def edit_then_evict_reader(redis_url: str, make_client, data_dir: Path, doc: str, edits: int) -> tuple[str, str]:
+    """A served scenario the event-log and analytics tests share: a writer
+    types ``edits`` tokens, a reader receives them all, an operator evicts the
+    reader through the ops endpoint, and the server stops (its log flushed).
+    Returns the (writer, reader) session ids."""
+    import httpx
+
+    from yrelay import crdt
+
+    async with running_server(redis_url, gc_interval=0, data_dir=data_dir, ops_token="t") as url:
+        writer, reader = await make_client(url), await make_client(url)
+        wdoc, rdoc = await writer.subscribe(doc), await reader.subscribe(doc)
+        for i in range(edits):
+            crdt.insert_text(wdoc.ydoc, 0, f"<{i}>")
+        await writer.wait_idle()
+        await eventually(lambda: rdoc.text == wdoc.text)
+        async with httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws")) as ops:
+            response = await ops.delete(f"/ops/docs/{doc}/sessions/{reader.session}",
+                                        headers={"Authorization": "Bearer t"})
+            assert response.status_code == 204
+        await writer.close()
+        await reader.close()
+    return writer.session, reader.session

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
-from conftest import eventually, running_server
+from conftest import edit_then_evict_reader, running_server
 
 from yrelay import crdt
 from yrelay.eventlog import EventLog
@@ -83,20 +82,7 @@ def test_a_failing_disk_never_raises_and_the_hole_is_recorded(tmp_path):
 
 
 async def test_a_server_logs_what_happens(redis_url, redis_client, make_client, tmp_path):
-    async with running_server(redis_url, gc_interval=0, data_dir=tmp_path, ops_token="t") as url:
-        writer, reader = await make_client(url), await make_client(url)
-        wdoc, rdoc = await writer.subscribe("logged"), await reader.subscribe("logged")
-        for i in range(6):
-            crdt.insert_text(wdoc.ydoc, 0, f"<{i}>")
-        await writer.wait_idle()
-        await eventually(lambda: rdoc.text == wdoc.text)
-        base = url.replace("ws://", "http://").removesuffix("/ws")
-        async with httpx.AsyncClient(base_url=base) as ops:
-            response = await ops.delete(f"/ops/docs/logged/sessions/{reader.session}",
-                                        headers={"Authorization": "Bearer t"})
-            assert response.status_code == 204
-        await writer.close()
-        await reader.close()
+    writer, reader = await edit_then_evict_reader(redis_url, make_client, tmp_path, "logged", 6)
     await Collector(redis_client, GcPolicy(relative_ms=5, absolute_ms=50),
                     events=(gc_events := EventLog(tmp_path / "events"))).collect(["logged"])
     gc_events.stop()
@@ -107,14 +93,14 @@ async def test_a_server_logs_what_happens(redis_url, redis_client, make_client, 
         assert COMMON <= set(line)
         by_type.setdefault(line["type"], []).append(line)
     appends = by_type["append"]
-    assert len(appends) == 6 and {line["session"] for line in appends} == {writer.session}
+    assert len(appends) == 6 and {line["session"] for line in appends} == {writer}
     assert [line["offset"] for line in appends] == sorted(line["offset"] for line in appends)
-    delivered = sum(line["entries"] for line in by_type["deliver"] if line["session"] == reader.session)
+    delivered = sum(line["entries"] for line in by_type["deliver"] if line["session"] == reader)
     assert delivered >= 6
-    assert any(line["session"] == reader.session and line["offset"] == appends[-1]["offset"] for line in by_type["ack"])
-    assert {line["session"] for line in by_type["connect"]} == {writer.session, reader.session}
-    assert {line["session"] for line in by_type["disconnect"]} == {writer.session, reader.session}
-    assert by_type["evict"][0]["mode"] == "operator" and by_type["evict"][0]["session"] == reader.session
+    assert any(line["session"] == reader and line["offset"] == appends[-1]["offset"] for line in by_type["ack"])
+    assert {line["session"] for line in by_type["connect"]} == {writer, reader}
+    assert {line["session"] for line in by_type["disconnect"]} == {writer, reader}
+    assert by_type["evict"][0]["mode"] == "operator" and by_type["evict"][0]["session"] == reader
     [snapshot] = by_type["snapshot"]
     [trim] = by_type["trim"]
     assert snapshot["offset"] == trim["offset"] == appends[-1]["offset"] and trim["entries"] == 6

@@ -150,5 +150,37 @@ def _note(report: DocReport) -> str:
     return "conflict" if report.conflict else ""
 
 
+@cli.command()
+def analyze(
+    events: Path = typer.Option(..., "--events", exists=True, file_okay=False, help="Directory of event log files (*.jsonl)."),
+    out: Path = typer.Option(..., "--out", help="Directory for the Parquet tables and dashboard.html."),
+    redis_url: Optional[str] = typer.Option(None, "--redis-url", help="Also read current stream entries and trackers from this Redis."),
+    master: str = typer.Option("local[*]", help="Spark master: local[*], local[2], spark://HOST:PORT."),
+    bucket: int = typer.Option(60, min=1, help="Seconds per time bucket (lag and events over time)."),
+    window: int = typer.Option(10, min=2, help="Acks in a session's status window."),
+    top: int = typer.Option(20, min=1, help="Rows of the top-lagging and hottest-document tables."),
+) -> None:
+    """Analyse the event log with Spark: lag, statuses, ack latency, resends, GC; Parquet tables and an HTML dashboard."""
+    # pyspark is imported here, not at the top: `serve` and `gc` should not pay for it.
+    from .spark_analytics.analysis import Options
+    from .spark_analytics.events import event_files
+    from .spark_analytics.job import JobConfig, run
+    from .spark_analytics.report import JobProgress, summary_table
+    from .spark_analytics.session import spark_session
+
+    if not event_files(events):
+        raise typer.BadParameter(f"no *.jsonl event files in {events}", param_hint="--events")
+    console = Console()
+    config = JobConfig(events, out, redis_url, Options(bucket_seconds=bucket, window=window, top=top))
+    spark = spark_session(master, "yrelay-analyze", **{"spark.ui.showConsoleProgress": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        with JobProgress(spark.sparkContext, console) as progress:
+            summary = run(spark, config, on_step=progress.step)
+    finally:
+        spark.stop()
+    console.print(summary_table(summary, str(out)))
+
+
 if __name__ == "__main__":
     cli()
