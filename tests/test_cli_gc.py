@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from yrelay.store import DocumentStore
 
 def run_gc(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "yrelay", "gc", *args], capture_output=True, text=True, timeout=60,
-                          env={"COLUMNS": "200", "PATH": ""})
+                          env={"COLUMNS": "200", "PATH": "", "YRELAY_DATA_DIR": os.environ["YRELAY_DATA_DIR"]})
 
 
 async def _seed(redis_client, docs: list[str]) -> None:
