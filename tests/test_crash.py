@@ -105,3 +105,22 @@ async def test_checker_catches_a_missing_update():
         check_delivery({"full": full, "partial": partial}, updates)
     crdt.apply_update(partial, updates[1])
     assert check_delivery({"full": full, "partial": partial}, updates).content == "abcdef"
+
+
+async def test_a_subscribe_while_redis_is_down_completes_when_it_is_back(tmp_path):
+    from wsraw import RawPeer
+
+    redis = RedisProcess(tmp_path / "redis").start()
+    try:
+        async with running_server(redis.url, gc_interval=0) as url:
+            peer = await RawPeer.connect(url)
+            redis.kill()
+            await peer.send({"op": "subscribe", "doc": "later"})
+            error = await peer.expect("error", timeout=15)
+            assert error["code"] == "unavailable" and error["doc"] == "later"
+            redis.start()
+            while (frame := await peer.recv(timeout=20))["op"] == "error":
+                assert frame["code"] == "unavailable"  # the retries before Redis came back
+            assert frame["op"] == "subscribed" and frame["doc"] == "later"
+    finally:
+        redis.stop()

@@ -161,11 +161,16 @@ class Subscription:
     async def _run(self) -> None:
         backoff = 0.1
         try:
-            await self.ctx.fanout.register(self)
-            await self._start()
+            self._wake.set()
             while self.state is not SubscriptionState.CLOSED:
+                await self._wake.wait()
+                self._wake.clear()
                 try:
-                    await self._step()
+                    if self.state is SubscriptionState.STARTING:  # retried like any step while Redis is away
+                        await self.ctx.fanout.register(self)
+                        await self._start()
+                    else:
+                        await self._step()
                     backoff = 0.1
                 except HistoryTrimmed:
                     await self._require_resync(ResyncReason.TRIMMED)
@@ -175,8 +180,6 @@ class Subscription:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
                     self._wake.set()
-                await self._wake.wait()
-                self._wake.clear()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the socket closed under us, most likely
