@@ -273,3 +273,23 @@ async def test_server_started_with_verify_digests_fixes_wrong_ones(redis_url, re
     assert "drift digests: 2 wrong, all fixed" in caplog.text
     assert not (await digests.recompute("d", fix=False)).wrong
     assert await sessions.digest() == digest_of(["d", "e"])
+
+
+async def test_a_lost_own_update_past_the_last_delivery_is_given_back(redis_url, redis_client, make_client):
+    """A lone writer's newest updates are acked, then lost (restore from
+    backup); it holds no delivery past them, so only the ``through`` of its
+    digest shows the server is behind."""
+    async with running_server(redis_url, **NO_GC) as url:
+        writer = await make_client(url)
+        doc = await writer.subscribe("solo")
+        crdt.insert_text(doc.ydoc, 0, "<before>")
+        await writer.wait_idle()
+        backup = await dump_document(redis_client, "solo")
+        crdt.insert_text(doc.ydoc, 0, "<lost>")
+        await writer.wait_idle()
+        await restore_document(redis_client, "solo", backup)
+        await writer.drop_connection()
+        await eventually(lambda: writer.resyncs == 1 and writer.pending == 0 and writer.connected.is_set())
+        await writer.wait_idle()
+        server_doc, _ = await DocumentStore(redis_client).load_document("solo")
+        assert crdt.text_of(server_doc) == doc.text == "<lost><before>"

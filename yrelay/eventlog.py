@@ -96,6 +96,8 @@ class EventLog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+            if self._thread.is_alive():  # a hung disk: leave the file to that thread
+                return
         self.flush()
         self._close()
 
@@ -103,7 +105,10 @@ class EventLog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval):
-            self.flush()
+            try:
+                self.flush()
+            except Exception as exc:  # never let the writer die silently
+                self._warn(f"event log writer error: {exc!r}")
 
     def flush(self) -> None:
         """Write every queued event (called by the writer thread)."""

@@ -125,13 +125,16 @@ class Hello(_Frame):
 
 
 class WindowDigest(_Frame):
-    """Count and XOR of xxh3_128 over the stream ids held in ``(since, offset]``."""
+    """Count and XOR of xxh3_128 over the stream ids held in ``(since, offset]``
+    plus the client's own entries in ``(offset, through]`` (its updates
+    appended after the last delivery it got)."""
 
     since: str
+    through: str | None = None
     count: int = Field(ge=0, lt=2**53)
     hash: str = Field(pattern=r"^[0-9a-f]{32}$")
 
-    _since = field_validator("since")(_check_offset)
+    _since = field_validator("since", "through")(_check_offset)
 
 
 class Subscribe(_DocFrame):

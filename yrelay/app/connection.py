@@ -233,9 +233,11 @@ def _claimed(frame: Subscribe) -> WindowDigest | None:
     if frame.digest is None or frame.offset is None:
         return None
     since, offset = StreamId.parse(frame.digest.since), StreamId.parse(frame.offset)
-    if since > offset:
-        raise ProtocolError(ErrorCode.INVALID_OFFSET, "digest.since is after offset", doc=frame.doc)
-    return WindowDigest(since, offset, Digest(count=frame.digest.count, hash=int(frame.digest.hash, 16)))
+    through = StreamId.parse(frame.digest.through) if frame.digest.through is not None else offset
+    if since > offset or through < offset:
+        raise ProtocolError(ErrorCode.INVALID_OFFSET, "digest needs since <= offset <= through", doc=frame.doc)
+    digest = Digest(count=frame.digest.count, hash=int(frame.digest.hash, 16))
+    return WindowDigest(since, offset, digest, through)
 
 
 def _decode_b64(text: str, doc: str | None, clock: int | None) -> bytes:

@@ -195,7 +195,8 @@ class Subscription:
                     await self._send(protocol.snapshot(self.doc, str(snapshot.offset), part, index, len(parts)))
             return
         last = await self.ctx.store.last_id(self.doc)
-        if self._requested > last:
+        claimed_end = self._claimed.end if self._claimed else self._requested
+        if max(self._requested, claimed_end) > last:  # the client holds entries the server lost
             await self._require_resync(ResyncReason.AHEAD)
         elif self._requested < await self.ctx.store.trimmed_through(self.doc):
             await self._require_resync(ResyncReason.TRIMMED)
@@ -213,7 +214,7 @@ class Subscription:
         if claimed is None:  # a client that keeps no digest
             await self._go_live(offset)
             return
-        window = await self.ctx.digests.window(self.doc, claimed.since, offset)
+        window = await self.ctx.digests.window(self.doc, claimed.since, offset, claimed.through, self.session)
         if window is None or (window.since == claimed.since and window.digest != claimed.digest):
             log.warning("document %s session %s: drift detected (client %s, server %s)",
                         self.doc, self.session, claimed, window)

@@ -172,7 +172,8 @@ class YrelayClient:
                 doc.synced.clear()
                 await self._send_quietly(_subscribe_frame(doc))
             for name in check.extra:
-                await self._send_quietly({"op": "unsubscribe", "doc": name})
+                if name not in self.docs:  # not one still waiting for its first answer
+                    await self._send_quietly({"op": "unsubscribe", "doc": name})
             if not check.in_sync:
                 self._emit("subscriptions_repaired", {"missing": check.missing, "extra": check.extra})
             return check
@@ -365,7 +366,7 @@ class YrelayClient:
         at or after ours: GC may have trimmed past our base)."""
         server = frame["digest"]
         doc.held.rebase(StreamId.parse(server["since"]))
-        ours = doc.held.digest(StreamId.parse(frame["offset"]))
+        ours = doc.held.digest(StreamId.parse(server.get("through", frame["offset"])))
         return ours == Digest(count=server["count"], hash=int(server["hash"], 16))
 
     def _on_snapshot(self, frame: dict[str, Any]) -> None:
@@ -451,8 +452,11 @@ def _subscribe_frame(doc: ClientDocument) -> dict[str, Any]:
     """Resubscribe from the offset held, with the drift digest over the window."""
     frame: dict[str, Any] = {"op": "subscribe", "doc": doc.name, "offset": doc.offset}
     if doc.offset is not None:
-        digest = doc.held.digest(StreamId.parse(doc.offset))
-        frame["digest"] = {"since": str(doc.held.since), **digest.to_wire()}
+        # Own updates appended after the last delivery are held too: a server
+        # that lost them must see it (through > its last id, or a digest gap).
+        through = max(doc.held.last, StreamId.parse(doc.offset))
+        digest = doc.held.digest(through)
+        frame["digest"] = {"since": str(doc.held.since), "through": str(through), **digest.to_wire()}
     return frame
 
 

@@ -44,6 +44,8 @@ local function digest_state(meta)
   local state = redis.call('HMGET', meta, 'trimmed_through', 'digest_through', 'digest_hash')
   local base = state[1] or '0-0'
   local through = state[2] or base
-  if id_less(through, base) then through = base end
+  -- Nothing hashed above the base: the hash of an empty set, whatever is
+  -- stored (a trim by an older server that did not maintain the digest).
+  if not id_less(base, through) then return base, base, ZERO_HASH end
   return base, through, state[3] or ZERO_HASH
 end

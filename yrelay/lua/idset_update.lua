@@ -29,6 +29,10 @@ local count, hash = tonumber(state[1] or '0'), state[2] or ZERO_HASH
 if changed > 0 then
   if adding then count = count + changed else count = count - changed end
   hash = xor_hex(hash, delta)
-  redis.call('HSET', digest, 'count', count, 'hash', hash)
+  if count == 0 then
+    redis.call('DEL', digest)  -- an empty set leaves no key behind
+  else
+    redis.call('HSET', digest, 'count', count, 'hash', hash)
+  end
 end
 return {changed, count, hash}

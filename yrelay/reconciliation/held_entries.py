@@ -34,6 +34,11 @@ class HeldEntries:
     def __len__(self) -> int:
         return len(self._ids)
 
+    @property
+    def last(self) -> StreamId:
+        """The highest id held (``since`` when none is)."""
+        return self._ids[-1] if self._ids else self.since
+
     def add(self, entry_id: StreamId) -> bool:
         """Count ``entry_id`` once (resent deliveries and duplicate acks
         repeat ids; XORing one twice would cancel it)."""

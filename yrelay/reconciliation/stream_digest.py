@@ -9,8 +9,9 @@ instant without hashing in Lua (Redis has no xxh3): an append changes nothing
 but the stream (the unhashed tail grows), a trim XORs the removed ids out in
 the same script that removes them (``gc_trim.lua``, with hashes computed
 here), and whoever reads the tail hashes it and folds it in with a
-compare-and-set (``digest_advance.lua``). Readers are subscribes and GC
-passes, so the tail stays short.
+compare-and-set (``digest_advance.lua``). Resubscribes and
+``--verify-digests`` do that; a trim XORs out the ids it removes whether
+they were folded in yet or not.
 
 A client's digest covers the ids it holds in a window ``(since, offset]``;
 :meth:`StreamDigests.window` computes the server's digest over the same
@@ -47,14 +48,23 @@ ZERO_HASH = "0" * 32
 
 @dataclass(frozen=True)
 class WindowDigest:
-    """A digest over the entries in ``(since, offset]``."""
+    """A digest over the entries in ``(since, offset]`` and the session's own
+    entries in ``(offset, through]`` (``through`` defaults to ``offset``)."""
 
     since: StreamId
     offset: StreamId
     digest: Digest
+    through: StreamId | None = None
+
+    @property
+    def end(self) -> StreamId:
+        return max(self.through or self.offset, self.offset)
 
     def to_wire(self) -> dict[str, object]:
-        return {"since": str(self.since), **self.digest.to_wire()}
+        wire: dict[str, object] = {"since": str(self.since), **self.digest.to_wire()}
+        if self.end > self.offset:
+            wire["through"] = str(self.end)
+        return wire
 
 
 @dataclass(frozen=True)
@@ -79,16 +89,20 @@ class StreamDigests:
         self.scripts = scripts or Scripts(redis)
         self.cap = cap
 
-    async def window(self, doc: str, since: StreamId, offset: StreamId) -> WindowDigest | None:
-        """The server's digest over ``(max(since, trimmed_through), offset]``.
+    async def window(
+        self, doc: str, since: StreamId, offset: StreamId, through: StreamId | None = None, session: str = ""
+    ) -> WindowDigest | None:
+        """The server's digest over ``(max(since, trimmed_through), offset]``,
+        plus ``session``'s own entries in ``(offset, through]``.
 
         None when more than ``cap`` ids would have to be hashed. Also folds the
         unhashed tail into the stored digest (best effort: a concurrent trim
         wins, and the next reader folds it)."""
         raw = await self.scripts.digest_window(
-            keys=[stream_key(doc), meta_key(doc)], args=[str(since), str(offset), self.cap]
+            keys=[stream_key(doc), meta_key(doc)],
+            args=[str(since), str(offset), self.cap, str(max(through or offset, offset)), session],
         )
-        base_raw, through_raw, stored_raw, last_raw, length, unhashed, below, above, complete = raw
+        base_raw, through_raw, stored_raw, last_raw, length, unhashed, below, above, own, complete = raw
         if not int(complete):
             return None
         base, stored = stream_id(base_raw) or ZERO, text(stored_raw)
@@ -96,8 +110,10 @@ class StreamDigests:
         if unhashed:
             await self._advance(doc, base_raw, through_raw, stored, text(unhashed[-1]), total)
         outside = [text(entry_id) for entry_id in (*below, *above)]
-        digest = Digest(count=int(length) - len(outside), hash=total ^ xor_hashes(outside))
-        return WindowDigest(max(base, since), offset, digest)
+        held_own = [text(entry_id) for entry_id in own]
+        digest = Digest(count=int(length) - len(outside) + len(held_own),
+                        hash=total ^ xor_hashes(outside) ^ xor_hashes(held_own))
+        return WindowDigest(max(base, since), offset, digest, through)
 
     async def _advance(self, doc: str, base: bytes, through: bytes, stored: str, new_through: str, total: int) -> bool:
         applied = await self.scripts.digest_advance(
@@ -133,7 +149,9 @@ class StreamDigests:
             meta_key(doc), ["trimmed_through", "digest_through", "digest_hash"]
         )
         base = stream_id(base_raw) or ZERO
-        through = max(stream_id(through_raw) or base, base)
+        through = stream_id(through_raw) or base
+        if through <= base:
+            return base, base, ZERO_HASH
         return base, through, text(hash_raw) if hash_raw else ZERO_HASH
 
     async def _ids_after(self, doc: str, after: StreamId, page_size: int) -> AsyncIterator[list[str]]:
