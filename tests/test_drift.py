@@ -110,6 +110,15 @@ async def test_window_past_the_cap_is_not_computed(redis_client):
     assert await StreamDigests(redis_client, cap=10).window("d", ZERO, ZERO) is None
 
 
+async def test_an_unhashed_tail_longer_than_the_cap_is_folded_in_pages(redis_client):
+    store = DocumentStore(redis_client)
+    await append_text(store, "d", 30, "a")
+    ids = await stream_ids(redis_client, "d")
+    window = await StreamDigests(redis_client, cap=10).window("d", ZERO, StreamId.parse(ids[-1]))
+    assert window is not None and window.digest == digest_of(ids)
+    assert text(await redis_client.hget(meta_key("d"), "digest_through")) == ids[-1]
+
+
 def test_held_entries_count_each_id_once_and_rebase():
     held = HeldEntries()
     ids = [StreamId(1000 + i, 0) for i in range(10)]
