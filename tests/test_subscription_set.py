@@ -96,9 +96,9 @@ async def test_garbage_reconcile_payload_is_a_clear_error(server_url):
     await peer.send({"op": "reconcile", "payload": "////"})
     error = await peer.expect("error")
     assert error["code"] == "malformed_frame" and "reconcile" in error["message"]
-    await peer.send({"op": "check_subscriptions", "count": 0, "hash": "0" * 32})
+    await peer.send({"op": "check_subscriptions", "count": 0, "hash": "0" * 32, "ref": 7})
     answer = await peer.expect("subscriptions")
-    assert answer["count"] == 0 and answer["hash"] == "0" * 32
+    assert answer["count"] == 0 and answer["hash"] == "0" * 32 and answer["ref"] == 7
     await peer.send({"op": "check_subscriptions", "count": -1, "hash": "x"})
     assert (await peer.expect("error"))["code"] == "malformed_frame"
 

@@ -173,6 +173,8 @@ class CheckSubscriptions(_Frame):
     op: Literal["check_subscriptions"]
     count: int = Field(ge=0, lt=2**53)
     hash: str = Field(pattern=r"^[0-9a-f]{32}$")
+    #: Echoed in the answer, so a late answer is never taken for a newer one.
+    ref: int | None = Field(default=None, ge=0, lt=2**53)
 
 
 class Reconcile(_Frame):
@@ -180,6 +182,7 @@ class Reconcile(_Frame):
 
     op: Literal["reconcile"]
     payload: str
+    ref: int | None = Field(default=None, ge=0, lt=2**53)
 
 
 class Ping(_Frame):
@@ -279,13 +282,19 @@ def sync_reply(doc: str, offset: str, update: bytes, state_vector: bytes, part: 
     }
 
 
-def subscriptions(digest: dict[str, Any]) -> dict[str, Any]:
+def subscriptions(digest: dict[str, Any], ref: int | None = None) -> dict[str, Any]:
     """The digest of the documents that track the session (``{count, hash}``)."""
-    return {"op": "subscriptions", **digest}
+    return _with_ref({"op": "subscriptions", **digest}, ref)
 
 
-def reconcile_reply(payload: bytes) -> dict[str, Any]:
-    return {"op": "reconcile_reply", "payload": b64encode(payload)}
+def reconcile_reply(payload: bytes, ref: int | None = None) -> dict[str, Any]:
+    return _with_ref({"op": "reconcile_reply", "payload": b64encode(payload)}, ref)
+
+
+def _with_ref(frame: dict[str, Any], ref: int | None) -> dict[str, Any]:
+    if ref is not None:
+        frame["ref"] = ref
+    return frame
 
 
 def error(error: ProtocolError) -> dict[str, Any]:

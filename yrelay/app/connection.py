@@ -121,7 +121,7 @@ class Connection:
             self._subscription(frame.doc).request_sync(_decode_b64(frame.state_vector, frame.doc, None))
         elif isinstance(frame, CheckSubscriptions):
             digest = await self.ctx.tracker.session_documents(self.session).digest()
-            await self.send(protocol.subscriptions(digest.to_wire()))
+            await self.send(protocol.subscriptions(digest.to_wire(), frame.ref))
         elif isinstance(frame, Reconcile):
             await self._reconcile(frame)
         elif isinstance(frame, Ping):
@@ -176,7 +176,7 @@ class Connection:
             reply = await respond(self.ctx.tracker.session_documents(self.session), request)
         except MalformedMessage as exc:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"reconcile payload: {str(exc)[:200]}") from None
-        await self.send(protocol.reconcile_reply(reply))
+        await self.send(protocol.reconcile_reply(reply, frame.ref))
 
     async def _update(self, frame: Update) -> None:
         assert self.session is not None

@@ -13,6 +13,7 @@ acked cumulatively per document once applied.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 from collections.abc import Callable
@@ -109,7 +110,8 @@ class YrelayClient:
         self._applying_remote = False
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
-        self._answers: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._refs = itertools.count(1)
         self._check_lock = asyncio.Lock()
 
     # ------------------------------------------------------------- public API
@@ -179,20 +181,25 @@ class YrelayClient:
             return check
 
     async def _request(self, frame: dict[str, Any], answer_op: str) -> dict[str, Any]:
-        """Send ``frame`` and wait for the next frame with ``answer_op``."""
+        """Send ``frame`` with a fresh ``ref`` and wait for the ``answer_op``
+        frame echoing it (a late answer to an abandoned request is ignored)."""
         ws = self._ws
         if ws is None:
             raise ConnectionError("not connected")
+        ref = next(self._refs)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._answers[answer_op] = future
+        self._answers[ref] = future
         try:
-            await ws.send(json.dumps(frame))
-            return await future
+            await ws.send(json.dumps({**frame, "ref": ref}))
+            answer = await future
         finally:
-            self._answers.pop(answer_op, None)
+            self._answers.pop(ref, None)
+        if answer["op"] != answer_op:
+            raise ConnectionError(f"expected {answer_op}, got {answer['op']}")
+        return answer
 
     def _answer(self, frame: dict[str, Any]) -> None:
-        future = self._answers.get(frame["op"])
+        future = self._answers.get(frame.get("ref", -1))
         if future is not None and not future.done():
             future.set_result(frame)
 
