@@ -278,8 +278,10 @@ class Collector:
             through = min(plan.target, plan.stored or plan.snapshot_offset)
             if through > plan.trimmed_through:
                 pending[plan.doc] = (plan, through)
+        first_round = True
         while pending:
-            chunks = await self._trim_chunks(list(pending.values()))
+            chunks = await self._trim_chunks(list(pending.values()), first_round)
+            first_round = False
             async with self.redis.pipeline(transaction=False) as pipe:
                 for (plan, _), ids in zip(pending.values(), chunks):
                     await self.scripts.gc_trim(
@@ -289,25 +291,35 @@ class Collector:
                     )
                 results = await pipe.execute(raise_on_error=False)
             for (plan, _), result in zip(list(pending.values()), results):
-                removed = -1 if isinstance(result, Exception) else int(result[0])
                 if isinstance(result, Exception):
                     plan.report.error = str(result)[:200]
-                elif removed < 0:
+                    removed = 0
+                elif (removed := int(result[0])) < 0:
                     plan.report.conflict = True  # the stream moved under us: next pass
-                else:
+                elif removed:
                     plan.report.trimmed += removed
-                    plan.trimmed_to = text(result[1]) if removed else plan.trimmed_to
+                    plan.trimmed_to = text(result[1])
                 if removed < self.policy.max_fold_entries:
                     del pending[plan.doc]
 
-    async def _trim_chunks(self, pending: list[tuple[_Plan, StreamId]]) -> list[list[str]]:
+    async def _trim_chunks(self, pending: list[tuple[_Plan, StreamId]], first_round: bool) -> list[list[str]]:
         """The ids of the next chunk to trim per document: the trim script
-        checks them and XORs their hashes (computed here) out of the digest."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for plan, through in pending:
-                pipe.xrange(stream_key(plan.doc), min="-", max=str(through), count=self.policy.max_fold_entries)
-            pages = await pipe.execute(raise_on_error=False)
-        return [[] if isinstance(page, Exception) else [text(entry_id) for entry_id, _ in page] for page in pages]
+        checks them and XORs their hashes (computed here) out of the digest.
+
+        In the first round they are usually the entries just folded (the
+        stream starts right after the old snapshot offset), so those are not
+        read again; the rest are read from the stream."""
+        chunks = [_folded_ids(plan, through) if first_round else None for plan, through in pending]
+        to_read = [index for index, ids in enumerate(chunks) if ids is None]
+        if to_read:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for index in to_read:
+                    plan, through = pending[index]
+                    pipe.xrange(stream_key(plan.doc), min="-", max=str(through), count=self.policy.max_fold_entries)
+                pages = await pipe.execute(raise_on_error=False)
+            for index, page in zip(to_read, pages):
+                chunks[index] = [] if isinstance(page, Exception) else [text(entry_id) for entry_id, _ in page]
+        return [ids or [] for ids in chunks]
 
     # ----------------------------------------------------------- 5. record
 
@@ -328,6 +340,14 @@ class Collector:
             if plan.report.trimmed:
                 self.events.emit("trim", plan.doc, offset=plan.trimmed_to, entries=plan.report.trimmed,
                                  stream_length=plan.report.stream_length)
+
+
+def _folded_ids(plan: _Plan, through: StreamId) -> list[str] | None:
+    """The ids of the stream's first entries through ``through``, when the
+    fold read them all (None when they must be read)."""
+    if plan.trimmed_through != plan.snapshot_offset or not plan.entries or plan.entries[-1].id < through:
+        return None
+    return [str(entry.id) for entry in plan.entries if entry.id <= through]  # at most max_fold_entries
 
 
 def _fold_all(plans: list[_Plan]) -> None:
