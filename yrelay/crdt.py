@@ -163,6 +163,12 @@ class Replica:
         elif self._suspects:
             self._retry_suspects()
 
+    @property
+    def suspects(self) -> list[bytes]:
+        """Updates that may still be pending: ``encode_state`` leaves them out,
+        so whoever persists the document must keep them beside it."""
+        return list(self._suspects)
+
     def _retry_suspects(self) -> None:
         while True:
             before = state_vector(self.doc)

@@ -29,6 +29,7 @@ from ..reconciliation.digest import Digest
 from ..reconciliation.held_entries import HeldEntries
 from ..reconciliation import ReconciliationError
 from .backoff import Backoff
+from .persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
 from .sendbuffer import SendBuffer
 from .subscription_check import SubscriptionCheck, compare_subscriptions
 
@@ -86,11 +87,17 @@ class YrelayClient:
         batch_delay: float = 0.0,
         subscription_check_interval: float | None = 300.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        state_file: ClientStateFile | None = None,
+        persist_interval: float = 0.2,
     ):
         """``batch_delay`` > 0 turns on Nagle-like batching: local updates of a
         document made within that many seconds are merged into one send.
         ``subscription_check_interval``: seconds between checks of the whole
-        subscription set against the server's (None: only on request)."""
+        subscription set against the server's (None: only on request).
+        ``state_file``: persist the session, documents and unacked updates
+        there (:mod:`yrelay.client.persistence`) and start from what it holds;
+        local edits are written before they are sent, everything else at most
+        ``persist_interval`` seconds after it changed."""
         #: Servers to try, in turn, on every reconnect.
         self.urls = [url] if isinstance(url, str) else list(url)
         self.session = session
@@ -113,11 +120,19 @@ class YrelayClient:
         self._answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._refs = itertools.count(1)
         self._check_lock = asyncio.Lock()
+        self.state_file = state_file
+        self.persist_interval = persist_interval
+        self._dirty = False
+        self._persister: asyncio.Task[None] | None = None
+        if state_file is not None:
+            self._restore(state_file.load())
 
     # ------------------------------------------------------------- public API
 
     async def connect(self, timeout: float = 10.0) -> "YrelayClient":
         self._runner = asyncio.create_task(self._run(), name="yrelay-client")
+        if self.state_file is not None:
+            self._persister = asyncio.create_task(self._persist_loop(), name="yrelay-client-persist")
         await asyncio.wait_for(self.connected.wait(), timeout)
         return self
 
@@ -125,9 +140,12 @@ class YrelayClient:
         self._closing = True
         if self._ws is not None:
             await self._ws.close()
-        if self._runner:
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
+        for task in (self._runner, self._persister):
+            if task:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self.state_file is not None:
+            self.persist()
 
     async def __aenter__(self) -> "YrelayClient":
         return await self.connect()
@@ -137,7 +155,12 @@ class YrelayClient:
 
     async def subscribe(self, name: str, ydoc: crdt.Doc | None = None, timeout: float = 10.0) -> ClientDocument:
         """Bind ``ydoc`` (a new one by default) to document ``name`` and wait
-        until it holds the server's state."""
+        until it holds the server's state. With a state file, a document it
+        restored is returned as it is (it resubscribed on connect)."""
+        restored = self.docs.get(name) if self.state_file is not None and ydoc is None else None
+        if restored is not None:
+            await asyncio.wait_for(restored.synced.wait(), timeout)
+            return restored
         doc = ClientDocument(name, ydoc if ydoc is not None else crdt.new_doc())
         self.docs[name] = doc
         crdt.observe_updates(doc.ydoc, lambda update: self._local_update(doc, update))
@@ -229,6 +252,8 @@ class YrelayClient:
             self._enqueue(doc.name, update)
             return
         doc._batch.append(update)
+        if self.state_file is not None:
+            self.persist()
         if doc._batch_timer is None:
             loop = asyncio.get_running_loop()
             doc._batch_timer = loop.call_later(self.batch_delay, self._flush_batch, doc)
@@ -241,6 +266,8 @@ class YrelayClient:
 
     def _enqueue(self, doc: str, update: bytes) -> None:
         item = self.buffer.add(doc, update)
+        if self.state_file is not None:
+            self.persist()  # write-ahead: an update the server acks is always in the file
         if self.connected.is_set():
             self.buffer.mark_sent(item)
             asyncio.ensure_future(self._send_quietly(_update_frame(item)))
@@ -331,6 +358,7 @@ class YrelayClient:
             log.warning("unexpected frame %s", str(frame)[:200])
             return
         handler(frame)
+        self._dirty = True
 
     def _on_appended(self, frame: dict[str, Any]) -> None:
         item = self.buffer.pop(frame["clock"])
@@ -429,6 +457,50 @@ class YrelayClient:
 
     def _on_pong(self, frame: dict[str, Any]) -> None:
         pass
+
+    # ------------------------------------------------------------ persistence
+
+    def persist(self) -> None:
+        """Write the whole state now (atomically; see :mod:`.persistence`)."""
+        if self.state_file is None:
+            return
+        self._dirty = False
+        documents = [
+            PersistedDocument(doc.name, crdt.encode_state(doc.ydoc), doc.offset, str(doc.held.since),
+                              [str(entry_id) for entry_id in doc.held.ids()],
+                              doc._replica.suspects if doc._replica else [], doc.needs_sync)
+            for doc in self.docs.values()
+        ]
+        pending = [PersistedUpdate(item.clock, item.doc, item.update) for item in self.buffer.all()]
+        pending += [PersistedUpdate(0, doc.name, update) for doc in self.docs.values() for update in doc._batch]
+        self.state_file.save(PersistedState(self.session, self.buffer.clock, documents, pending))
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.persist_interval)
+            if self._dirty:
+                self.persist()
+
+    def _restore(self, state: PersistedState | None) -> None:
+        """Start from a persisted state: the documents resubscribe on connect
+        (with their offset and digest) and the unacked updates are resent."""
+        if state is None:
+            return
+        self.session = state.session
+        for saved in state.documents:
+            doc = ClientDocument(saved.name, crdt.new_doc(), offset=saved.offset, needs_sync=saved.needs_sync,
+                                 held=HeldEntries(StreamId.parse(saved.since)))
+            crdt.apply_update(doc.ydoc, saved.state)
+            for update in saved.suspects:
+                doc.replica.apply(update)
+            for entry_id in saved.held:
+                doc.held.add(StreamId.parse(entry_id))
+            self.docs[doc.name] = doc
+            crdt.observe_updates(doc.ydoc, lambda update, doc=doc: self._local_update(doc, update))
+        self.buffer.restore(state.clock, [(item.clock, item.doc, item.update) for item in state.pending if item.clock])
+        for item in state.pending:
+            if not item.clock:  # batched edits that never got a clock
+                self.buffer.add(item.doc, item.update)
 
     # ------------------------------------------------------------ helpers
 

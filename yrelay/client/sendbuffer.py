@@ -26,6 +26,8 @@ class SendBuffer:
         self.backoff = backoff
         self._items: OrderedDict[int, PendingUpdate] = OrderedDict()
         self._clock = 0
+        #: Update frames sent, first sends and resends alike (for figures).
+        self.sends = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -36,6 +38,17 @@ class SendBuffer:
         self._items[item.clock] = item
         return item
 
+    @property
+    def clock(self) -> int:
+        """The last clock issued."""
+        return self._clock
+
+    def restore(self, clock: int, items: list[tuple[int, str, bytes]]) -> None:
+        """Take back a persisted buffer: its clock and its unacked updates."""
+        self._clock = max(self._clock, clock)
+        for item_clock, doc, update in items:
+            self._items[item_clock] = PendingUpdate(item_clock, doc, update)
+
     def pop(self, clock: int) -> PendingUpdate | None:
         return self._items.pop(clock, None)
 
@@ -45,6 +58,7 @@ class SendBuffer:
     def mark_sent(self, item: PendingUpdate) -> None:
         item.next_send = time.monotonic() + self.backoff.delay(item.attempts)
         item.attempts += 1
+        self.sends += 1
 
     def due(self) -> list[PendingUpdate]:
         now = time.monotonic()

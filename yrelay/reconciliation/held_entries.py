@@ -39,6 +39,10 @@ class HeldEntries:
         """The highest id held (``since`` when none is)."""
         return self._ids[-1] if self._ids else self.since
 
+    def ids(self) -> list[StreamId]:
+        """The held ids above ``since``, in order (what a client persists)."""
+        return list(self._ids)
+
     def add(self, entry_id: StreamId) -> bool:
         """Count ``entry_id`` once (resent deliveries and duplicate acks
         repeat ids; XORing one twice would cancel it)."""
