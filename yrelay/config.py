@@ -40,6 +40,12 @@ class Settings:
     #: How long a disconnected session id stays resumable, in seconds.
     session_ttl: int = 7 * 24 * 3600
 
+    #: Largest awareness (presence) update accepted, in bytes (decoded).
+    max_awareness_bytes: int = 32 * 1024
+    #: A presence state not renewed for this many seconds is dropped
+    #: (y-protocols' outdatedTimeout; browsers renew every 15 s).
+    presence_timeout: float = 30.0
+
     #: Seconds between GC passes of this process (0 turns the loop off).
     gc_interval: float = 10.0
     #: Evict a session lacking an entry this many seconds older than the most
@@ -92,6 +98,7 @@ class Settings:
             "max_update_bytes": self.max_update_bytes,
             "max_frame_bytes": self.max_frame_bytes,
             "max_docs_per_connection": self.max_docs_per_connection,
+            "max_awareness_bytes": self.max_awareness_bytes,
         }
 
 

@@ -63,6 +63,23 @@ def dedup_key(doc: str) -> str:
     return f"{PREFIX}:{{{doc}}}:dedup"
 
 
+def presence_key(doc: str) -> str:
+    """Hash: awareness clientID -> ``<ms>|<session>|<origin>|<encoded entry>``,
+    the last state each present client sent (ephemeral: the key expires
+    ``presence_timeout`` after the last write; never in the stream)."""
+    return f"{PREFIX}:{{{doc}}}:presence"
+
+
+def presence_channel(doc: str) -> str:
+    """Pub/sub channel relaying a document's awareness updates between processes."""
+    return f"{PREFIX}:presence:{doc}"
+
+
+def doc_of_presence_channel(channel: str) -> str:
+    """Inverse of :func:`presence_channel`."""
+    return channel[len(f"{PREFIX}:presence:"):]
+
+
 def session_key(session: str) -> str:
     """String with a TTL: marks a session id the server issued as resumable."""
     return f"{PREFIX}:session:{session}"
@@ -103,4 +120,4 @@ def documents_key() -> str:
 
 def document_keys(doc: str) -> list[str]:
     """Every key of one document (all on the same cluster slot)."""
-    return [stream_key(doc), tracker_key(doc), meta_key(doc), snapshot_key(doc), dedup_key(doc)]
+    return [stream_key(doc), tracker_key(doc), meta_key(doc), snapshot_key(doc), dedup_key(doc), presence_key(doc)]

@@ -33,6 +33,7 @@ class Op(str, enum.Enum):
     CHECK_SUBSCRIPTIONS = "check_subscriptions"
     RECONCILE = "reconcile"
     PING = "ping"
+    AWARENESS = "awareness"  # both directions: presence (docs/protocol.md#presence)
     # server -> client
     WELCOME = "welcome"
     SUBSCRIBED = "subscribed"
@@ -60,6 +61,8 @@ class ErrorCode(str, enum.Enum):
     INVALID_UPDATE = "invalid_update"
     UPDATE_TOO_LARGE = "update_too_large"
     NOT_SUBSCRIBED = "not_subscribed"
+    AWARENESS_TOO_LARGE = "awareness_too_large"
+    AWARENESS_NOT_OWNER = "awareness_not_owner"
     DOCUMENT_UNAVAILABLE = "document_unavailable"
     UNAVAILABLE = "unavailable"
     INTERNAL_ERROR = "internal_error"
@@ -189,17 +192,25 @@ class Ping(_Frame):
     op: Literal["ping"]
 
 
+class Awareness(_DocFrame):
+    """A y-protocols awareness update (``encodeAwarenessUpdate``), base64."""
+
+    op: Literal["awareness"]
+    update: str
+
+
 ClientFrame = Annotated[
-    Union[Hello, Subscribe, Unsubscribe, Update, Ack, Sync, CheckSubscriptions, Reconcile, Ping],
+    Union[Hello, Subscribe, Unsubscribe, Update, Ack, Sync, CheckSubscriptions, Reconcile, Ping, Awareness],
     Field(discriminator="op"),
 ]
 _client_frame = TypeAdapter(ClientFrame)
-CLIENT_OPS = {"hello", "subscribe", "unsubscribe", "update", "ack", "sync", "check_subscriptions", "reconcile", "ping"}
+CLIENT_OPS = {"hello", "subscribe", "unsubscribe", "update", "ack", "sync", "check_subscriptions", "reconcile", "ping",
+              "awareness"}
 
 
 def parse_client_frame(
     text: str | bytes,
-) -> Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping:
+) -> Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping | Awareness:
     """Decode and validate one client frame, or raise :class:`ProtocolError`."""
     try:
         raw = json.loads(text)
@@ -304,6 +315,11 @@ def error(error: ProtocolError) -> dict[str, Any]:
     if error.clock is not None:
         frame["clock"] = error.clock
     return frame
+
+
+def awareness(doc: str, update: bytes) -> dict[str, Any]:
+    """Other clients' presence: an awareness update to apply as is."""
+    return {"op": "awareness", "doc": doc, "update": b64encode(update)}
 
 
 def pong() -> dict[str, Any]:

@@ -11,22 +11,27 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
 
-from .. import crdt, protocol
+from .. import awareness, crdt, protocol
 from ..offsets import StreamId
-from ..protocol import (Ack, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe, Sync,
-                        Unsubscribe, Update)
+from ..protocol import (Ack, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe,
+                        Sync, Unsubscribe, Update)
 from ..reconciliation import MalformedMessage, respond
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from .context import ServerContext
-from .subscription import Subscription
+from .presence import Member, NotOwner
+from .subscription import Send, Subscription
 
 log = logging.getLogger(__name__)
+
+#: Frames that answer a subscribe; presence greets the connection after them.
+_ANSWERS = frozenset({"subscribed", "resync_required"})
 
 
 class ConnectionState(enum.Enum):
@@ -42,6 +47,7 @@ class Connection:
         self.state = ConnectionState.AWAITING_HELLO
         self.session: str | None = None
         self.subscriptions: dict[str, Subscription] = {}
+        self.presence: dict[str, Member] = {}
         self._send_lock = asyncio.Lock()
         self._inflight = asyncio.Semaphore(ctx.settings.max_inflight_appends)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -67,6 +73,8 @@ class Connection:
             # reconnect resumes from its offset.
             for subscription in list(self.subscriptions.values()):
                 await subscription.close()
+            for member in list(self.presence.values()):
+                await self.ctx.presence.leave(member)
             if self.session is not None:
                 self.ctx.events.emit("disconnect", session=self.session, docs=len(self.subscriptions),
                                      duration_ms=int((time.monotonic() - opened) * 1000))
@@ -126,6 +134,8 @@ class Connection:
             await self._reconcile(frame)
         elif isinstance(frame, Ping):
             await self.send(protocol.pong())
+        elif isinstance(frame, Awareness):
+            await self._awareness(frame)
 
     def _subscription(self, doc: str) -> Subscription:
         subscription = self.subscriptions.get(doc)
@@ -155,7 +165,10 @@ class Connection:
                 doc=frame.doc,
             )
         requested = StreamId.parse(frame.offset) if frame.offset is not None else None
-        subscription = Subscription(self.ctx, frame.doc, self.session, self.send, requested, _claimed(frame))
+        claimed = _claimed(frame)
+        self._join_presence(frame.doc)
+        subscription = Subscription(self.ctx, frame.doc, self.session, self._document_sender(frame.doc), requested,
+                                    claimed)
         self.subscriptions[frame.doc] = subscription
         subscription.start()
 
@@ -164,8 +177,49 @@ class Connection:
         subscription = self.subscriptions.pop(frame.doc, None)
         if subscription is not None:
             await subscription.close()
+        member = self.presence.pop(frame.doc, None)
+        if member is not None:
+            await self.ctx.presence.leave(member)
         await self.ctx.tracker.untrack(frame.doc, self.session)
         await self.send(protocol.unsubscribed(frame.doc))
+
+    def _join_presence(self, doc: str) -> None:
+        member = self.presence.get(doc)
+        if member is None:
+            assert self.session is not None
+            self.presence[doc] = self.ctx.presence.join(doc, self.session, self.send)
+        else:
+            member.listening = False  # subscribing again: greeted again once answered
+
+    def _document_sender(self, doc: str) -> Send:
+        """The subscription's send, which greets the connection's presence
+        on ``doc`` once the subscribe is answered (the states of the others
+        follow `subscribed` or `resync_required`, never precede it)."""
+        async def send(frame: dict[str, Any]) -> None:
+            await self.send(frame)
+            member = self.presence.get(doc)
+            if member is not None and not member.listening and frame["op"] in _ANSWERS:
+                self._spawn(self.ctx.presence.greet(member))
+        return send
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _awareness(self, frame: Awareness) -> None:
+        """Relay a presence update; never stored in the document's stream."""
+        self._subscription(frame.doc)
+        data = _decode_limited(frame.update, self.ctx.settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE,
+                               frame.doc, None)
+        try:
+            entries = awareness.decode_update(data)
+        except awareness.AwarenessError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"awareness update: {exc}", doc=frame.doc) from None
+        try:
+            await self.ctx.presence.update(self.presence[frame.doc], entries)
+        except NotOwner as exc:
+            raise ProtocolError(ErrorCode.AWARENESS_NOT_OWNER, str(exc), doc=frame.doc) from None
 
     async def _reconcile(self, frame: Reconcile) -> None:
         """Answer one range-reconciliation request over the documents that
@@ -181,21 +235,15 @@ class Connection:
     async def _update(self, frame: Update) -> None:
         assert self.session is not None
         self._subscription(frame.doc)
-        limit = self.ctx.settings.max_update_bytes
-        if len(frame.update) > (limit + 2) // 3 * 4:  # base64 length of `limit` bytes
-            raise ProtocolError(ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {limit} bytes", doc=frame.doc, clock=frame.clock)
-        update = _decode_b64(frame.update, frame.doc, frame.clock)
-        if len(update) > limit:
-            raise ProtocolError(ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {limit} bytes", doc=frame.doc, clock=frame.clock)
+        update = _decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
+                                 frame.doc, frame.clock)
         try:
             crdt.validate_update(update)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
         await self._inflight.acquire()
         future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
-        task = asyncio.create_task(self._confirm(frame, future, len(update)))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._confirm(frame, future, len(update)))
 
     async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int) -> None:
         """Ack an update once (and only once) the append script returned."""
@@ -238,6 +286,17 @@ def _claimed(frame: Subscribe) -> WindowDigest | None:
         raise ProtocolError(ErrorCode.INVALID_OFFSET, "digest needs since <= offset <= through", doc=frame.doc)
     digest = Digest(count=frame.digest.count, hash=int(frame.digest.hash, 16))
     return WindowDigest(since, offset, digest, through)
+
+
+def _decode_limited(text: str, limit: int, code: ErrorCode, doc: str, clock: int | None) -> bytes:
+    """Base64 of at most ``limit`` bytes; the length is checked before decoding."""
+    too_large = ProtocolError(code, f"{code.value.removesuffix('_too_large')} exceeds {limit} bytes", doc=doc, clock=clock)
+    if len(text) > (limit + 2) // 3 * 4:  # base64 length of `limit` bytes
+        raise too_large
+    data = _decode_b64(text, doc, clock)
+    if len(data) > limit:
+        raise too_large
+    return data
 
 
 def _decode_b64(text: str, doc: str | None, clock: int | None) -> bytes:

@@ -19,6 +19,7 @@ from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
 from .appender import Appender
 from .fanout import Fanout
+from .presence import Presence
 from .sessions import SessionRegistry
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class ServerContext:
     gc_loop: GcLoop
     digests: StreamDigests
     events: EventLog
+    presence: Presence
     process_id: str = field(default_factory=process_name)
 
     @classmethod
@@ -64,6 +66,8 @@ class ServerContext:
                            lease=settings.gc_lease),
             digests=StreamDigests(redis, store.scripts),
             events=events,
+            presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
+                              timeout=settings.presence_timeout, process_id=process_name()),
         )
         if settings.verify_digests:
             await verify_digests(ctx.digests)
@@ -72,10 +76,12 @@ class ServerContext:
         ctx.appender.start()
         ctx.fanout.start()
         ctx.gc_loop.start()
+        ctx.presence.start()
         return ctx
 
     async def close(self) -> None:
         await self.gc_loop.stop()
+        await self.presence.stop()
         await self.fanout.stop()
         await self.appender.stop()
         await self.ack_writer.stop()

@@ -1,0 +1,354 @@
+"""Presence (Yjs awareness): the wire codec, and the relay over a real
+server and a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import pytest
+from conftest import running_server
+from hypothesis import given
+from hypothesis import strategies as st
+from wsraw import RawPeer
+
+from yrelay.awareness import MAX_UINT, AwarenessEntry, AwarenessError, decode_update, encode_update
+from yrelay.redis_server import RedisProcess
+
+# ------------------------------------------------------------------ codec
+
+USER_A = '{"user":{"name":"a"}}'
+
+
+def test_a_known_y_protocols_update_encodes_to_its_exact_bytes():
+    text = USER_A.encode()
+    expected = bytes([1, 1, 2, len(text)]) + text  # count, clientID, clock, varstring
+    assert encode_update([AwarenessEntry(1, 2, USER_A)]) == expected
+    assert decode_update(expected) == [AwarenessEntry(1, 2, USER_A)]
+
+
+def test_varuints_are_lib0_little_endian_groups_of_seven():
+    assert encode_update([AwarenessEntry(300, 128, "null")]) == bytes([1, 0xAC, 0x02, 0x80, 0x01, 4]) + b"null"
+    assert decode_update(bytes([1, 0xAC, 0x02, 0x80, 0x01, 4]) + b"null")[0].removed
+
+
+states = st.one_of(
+    st.just("null"),
+    st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8), st.booleans()), max_size=4)
+    .map(lambda value: json.dumps(value, ensure_ascii=False)),
+)
+entries = st.builds(AwarenessEntry, st.integers(0, MAX_UINT), st.integers(0, MAX_UINT), states)
+
+
+@given(st.lists(entries, max_size=16))
+def test_decode_inverts_encode(items: list[AwarenessEntry]):
+    assert decode_update(encode_update(items)) == items
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "ends inside a number"),
+    (bytes([1, 1, 2, 10]) + b'{"a":1}', "ends inside a state"),
+    (bytes([1, 1, 2, 4]) + b"null" + b"x", "trailing bytes"),
+    (bytes([17]) + bytes([1, 1, 4]) + b"null", "at most 16 entries"),
+    (bytes([1, 1, 2, 3]) + b"{a}", "not valid JSON"),
+    (bytes([1, 1, 2, 3]) + b"[1]", "JSON object or null"),
+    (bytes([1, 1, 2, 7]) + b'{"a":N}', "not valid JSON"),
+    (bytes([1, 1, 2, 9]) + b'{"a":NaN}', "not valid JSON"),
+    (bytes([1, 1, 2, 2]) + b"\xff\xfe", "not UTF-8"),
+    (bytes([1]) + bytes([0xFF] * 8) + bytes([0x7F]), "2^53"),
+])
+def test_bad_updates_are_refused(data: bytes, reason: str):
+    with pytest.raises(AwarenessError, match=reason.replace("^", r"\^")):
+        decode_update(data)
+
+
+# ------------------------------------------------------------------ relay
+
+DOC = "pad"
+
+
+def update_b64(*items: AwarenessEntry) -> str:
+    return base64.b64encode(encode_update(items)).decode()
+
+
+def state(name: str) -> str:
+    return json.dumps({"user": {"name": name}})
+
+
+def received(frame: dict[str, Any]) -> list[AwarenessEntry]:
+    assert frame["op"] == "awareness", frame
+    return decode_update(base64.b64decode(frame["update"]))
+
+
+async def join(url: str, doc: str = DOC) -> RawPeer:
+    peer = await RawPeer.connect(url)
+    await peer.send({"op": "subscribe", "doc": doc})
+    await peer.expect("subscribed")
+    peer.clocks = {}  # type: ignore[attr-defined]
+    return peer
+
+
+async def changes(peer: RawPeer, timeout: float = 5.0) -> list[AwarenessEntry]:
+    """The next entries that change what ``peer`` knows, as y-protocols
+    applies them: a state the peer already has at that clock is skipped (a
+    newcomer may get one both in its greeting and relayed)."""
+    while True:
+        frame = await peer.recv(timeout)
+        fresh = [entry for entry in received(frame) if entry.clock > peer.clocks.get(entry.client_id, -1)]
+        peer.clocks.update((entry.client_id, entry.clock) for entry in fresh)
+        if fresh:
+            return fresh
+
+
+async def error_of(peer: RawPeer) -> dict[str, Any]:
+    """The next error frame (awareness frames that arrive first are skipped)."""
+    while (frame := await peer.recv())["op"] == "awareness":
+        pass
+    assert frame["op"] == "error", frame
+    return frame
+
+
+async def no_changes(peer: RawPeer, timeout: float = 0.3) -> None:
+    try:
+        fresh = await changes(peer, timeout)
+    except asyncio.TimeoutError:
+        return
+    raise AssertionError(f"unexpected awareness entries {fresh}")
+
+
+async def announce(peer: RawPeer, *items: AwarenessEntry, doc: str = DOC) -> None:
+    await peer.send({"op": "awareness", "doc": doc, "update": update_b64(*items)})
+
+
+async def settled(peer: RawPeer) -> None:
+    """Every frame the server sent before now has arrived (a ping's answer is
+    queued behind them)."""
+    await peer.send({"op": "ping"})
+    while (frame := await peer.recv())["op"] != "pong":
+        assert not [e for e in received(frame) if e.clock > peer.clocks.get(e.client_id, -1)], frame
+
+
+async def test_two_peers_see_each_other_and_the_sender_gets_no_echo(server_url):
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, 1, state("alice")))
+    assert await changes(bob) == [AwarenessEntry(11, 1, state("alice"))]
+    await announce(bob, AwarenessEntry(22, 5, state("bob")))
+    assert await changes(alice) == [AwarenessEntry(22, 5, state("bob"))]
+    await settled(alice)
+    await settled(bob)
+
+
+async def test_a_newcomer_gets_the_current_states_of_the_others(server_url):
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, 1, state("old")))
+    await announce(alice, AwarenessEntry(11, 2, state("alice")))
+    await announce(bob, AwarenessEntry(22, 1, state("bob")))
+    await changes(bob)
+    await changes(bob)
+    await changes(alice)
+    carol = await join(server_url)
+    greeting = await changes(carol)
+    assert sorted(greeting, key=lambda e: e.client_id) == [
+        AwarenessEntry(11, 2, state("alice")), AwarenessEntry(22, 1, state("bob"))]
+    # and carol does not get her own state back when she announces herself
+    await announce(carol, AwarenessEntry(33, 1, state("carol")))
+    await settled(carol)
+
+
+async def test_a_newcomer_without_others_gets_no_awareness_frame(server_url):
+    alone = await join(server_url)
+    await announce(alone, AwarenessEntry(11, 1, state("alone")))
+    await settled(alone)
+    await alone.send({"op": "unsubscribe", "doc": DOC})
+    await alone.expect("unsubscribed")
+    await alone.send({"op": "subscribe", "doc": DOC})
+    await alone.expect("subscribed")
+    await settled(alone)
+
+
+async def test_unsubscribe_relays_a_removal_with_a_higher_clock(server_url, redis_client):
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, 7, state("alice")))
+    await changes(bob)
+    await alice.send({"op": "unsubscribe", "doc": DOC})
+    await alice.expect("unsubscribed")
+    assert await changes(bob) == [AwarenessEntry(11, 8, "null")]
+    assert await redis_client.hlen("yrelay:{pad}:presence") == 0
+    carol = await join(server_url)
+    await settled(carol)  # nobody left to greet her with
+
+
+async def test_closing_the_connection_relays_a_removal(server_url):
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, 3, state("alice")), AwarenessEntry(12, 1, state("alice 2")))
+    await changes(bob)
+    await alice.close()
+    assert sorted(await changes(bob), key=lambda e: e.client_id) == [
+        AwarenessEntry(11, 4, "null"), AwarenessEntry(12, 2, "null")]
+
+
+async def test_a_client_removing_its_own_state_is_relayed_and_forgotten(server_url):
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, 1, state("alice")))
+    await changes(bob)
+    await announce(alice, AwarenessEntry(11, 2, "null"))
+    assert await changes(bob) == [AwarenessEntry(11, 2, "null")]
+    await alice.close()  # nothing more to remove
+    await no_changes(bob, 0.3)
+
+
+async def test_a_peer_on_another_document_sees_nothing(server_url):
+    alice, other = await join(server_url), await join(server_url, "elsewhere")
+    bob = await join(server_url)
+    await announce(alice, AwarenessEntry(11, 1, state("alice")))
+    await changes(bob)
+    await alice.close()
+    await changes(bob)
+    await no_changes(other, 0.3)
+
+
+async def test_two_server_processes_on_one_redis_relay_to_each_other(redis_url):
+    async with running_server(redis_url) as one, running_server(redis_url) as two:
+        alice, bob = await join(one), await join(two)
+        await announce(alice, AwarenessEntry(11, 1, state("alice")))
+        assert await changes(bob) == [AwarenessEntry(11, 1, state("alice"))]
+        await announce(bob, AwarenessEntry(22, 1, state("bob")))
+        assert await changes(alice) == [AwarenessEntry(22, 1, state("bob"))]
+        carol = await join(two)
+        assert {e.client_id for e in await changes(carol)} == {11, 22}
+        await alice.close()
+        assert await changes(bob) == [AwarenessEntry(11, 2, "null")]
+        assert await changes(carol) == [AwarenessEntry(11, 2, "null")]
+        await settled(bob)
+        await bob.close()
+        await carol.close()
+
+
+@pytest.mark.parametrize("update, code", [
+    ("not base64!", "malformed_frame"),
+    (base64.b64encode(b"\x05\x01").decode(), "malformed_frame"),
+    (base64.b64encode(bytes([1, 1, 1, 3]) + b"{a}").decode(), "malformed_frame"),
+    (base64.b64encode(bytes([1, 1, 1, 1]) + b"7").decode(), "malformed_frame"),
+    (base64.b64encode(bytes([17]) + bytes([1, 1, 4]) * 17).decode(), "malformed_frame"),
+    (update_b64(AwarenessEntry(11, 1, json.dumps({"big": "x" * 40_000}))), "awareness_too_large"),
+])
+async def test_bad_awareness_updates_are_rejected_and_not_relayed(server_url, update, code):
+    alice, bob = await join(server_url), await join(server_url)
+    await alice.send({"op": "awareness", "doc": DOC, "update": update})
+    error = await error_of(alice)
+    assert error["code"] == code and error["doc"] == DOC, error
+    await no_changes(bob, 0.3)
+
+
+async def test_the_size_limit_is_a_setting(redis_url):
+    async with running_server(redis_url, max_awareness_bytes=100) as url:
+        alice = await join(url)
+        await announce(alice, AwarenessEntry(11, 1, json.dumps({"x": "y" * 100})))
+        assert (await error_of(alice))["code"] == "awareness_too_large"
+        await announce(alice, AwarenessEntry(11, 1, state("small")))
+        await settled(alice)
+
+
+async def test_awareness_for_a_document_not_subscribed_is_rejected(server_url):
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, 1, state("alice")), doc="elsewhere")
+    error = await error_of(alice)
+    assert error["code"] == "not_subscribed" and error["doc"] == "elsewhere"
+    await no_changes(bob, 0.3)
+
+
+async def test_a_connection_cannot_speak_for_another_connections_client(redis_url):
+    async with running_server(redis_url) as one, running_server(redis_url) as two:
+        alice, mallory, bob = await join(one), await join(one), await join(two)
+        await announce(alice, AwarenessEntry(11, 1, state("alice")))
+        await changes(mallory)
+        await changes(bob)
+        eve = await join(two)  # on the other process
+        await changes(eve)  # the greeting
+        for spoofer in (mallory, eve):
+            await announce(spoofer, AwarenessEntry(11, 2, "null"))
+            error = await error_of(spoofer)
+            assert error["code"] == "awareness_not_owner" and error["doc"] == DOC and "11" in error["message"]
+        # a frame with one refused entry is refused whole
+        await announce(mallory, AwarenessEntry(66, 1, state("m")), AwarenessEntry(11, 9, state("fake")))
+        assert (await error_of(mallory))["code"] == "awareness_not_owner"
+        await no_changes(alice, 0.3)
+        await no_changes(bob, 0.1)
+        # once alice left, her clientID is free again
+        await alice.close()
+        await changes(bob)
+        await announce(mallory, AwarenessEntry(11, 5, state("new owner")))
+        assert await changes(bob) == [AwarenessEntry(11, 5, state("new owner"))]
+
+
+async def test_a_reconnecting_session_takes_its_client_over(server_url):
+    """A browser whose old connection the server has not seen die yet gets
+    its clientID back on its new connection (same session)."""
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, 1, state("alice")))
+    await changes(bob)
+    again = await RawPeer.connect(server_url, session=alice.session)
+    await again.send({"op": "subscribe", "doc": DOC})
+    await again.expect("subscribed")
+    await announce(again, AwarenessEntry(11, 2, state("alice again")))
+    assert await changes(bob) == [AwarenessEntry(11, 2, state("alice again"))]
+    await alice.close()  # the old connection's goodbye must not remove the new state
+    await no_changes(bob, 0.3)
+    await settled(again)
+
+
+async def test_states_not_renewed_within_the_timeout_are_not_sent_to_newcomers(redis_url, redis_client):
+    async with running_server(redis_url, presence_timeout=0.3) as url:
+        alice = await join(url)
+        await announce(alice, AwarenessEntry(11, 1, state("alice")))
+        await settled(alice)
+        await asyncio.sleep(0.5)
+        bob = await join(url)
+        await settled(bob)
+        assert await redis_client.hlen("yrelay:{pad}:presence") == 0
+        await announce(alice, AwarenessEntry(11, 2, state("alice")))  # renewed: seen again
+        assert await changes(bob) == [AwarenessEntry(11, 2, state("alice"))]
+        assert 0 < await redis_client.pttl("yrelay:{pad}:presence") <= 300
+
+
+async def test_presence_never_touches_the_document(server_url, redis_client):
+    alice, bob = await join(server_url), await join(server_url)
+    assert (await alice.update(DOC, 1, _text_update("x")))["op"] == "appended"
+    await bob.expect("deliver")
+    length = await redis_client.xlen("yrelay:{pad}:stream")
+    for clock in range(1, 6):
+        await announce(alice, AwarenessEntry(11, clock, state(f"alice {clock}")))
+        await changes(bob)
+    await alice.close()
+    await changes(bob)
+    assert await redis_client.xlen("yrelay:{pad}:stream") == length == 1
+
+
+def _text_update(text: str) -> bytes:
+    from yrelay import crdt
+
+    doc = crdt.new_doc(1)
+    crdt.insert_text(doc, 0, text)
+    return crdt.encode_state(doc)
+
+
+async def test_redis_going_away_costs_presence_but_not_the_connection(tmp_path):
+    redis = RedisProcess(tmp_path / "redis").start()
+    try:
+        async with running_server(redis.url, gc_interval=0) as url:
+            alice, bob = await join(url), await join(url)
+            redis.kill()
+            await announce(alice, AwarenessEntry(11, 1, state("alice")))
+            assert await changes(bob, timeout=15) == [AwarenessEntry(11, 1, state("alice"))]  # same process
+            await settled(alice)
+            redis.start()
+            answer = await alice.update(DOC, 1, _text_update("after"))
+            while answer["op"] == "error":  # the appender may still see the old connection fail once
+                answer = await alice.update(DOC, 1, _text_update("after"))
+            assert answer["op"] == "appended"
+            await announce(alice, AwarenessEntry(11, 2, state("alice")))
+            assert await changes(bob, timeout=15) == [AwarenessEntry(11, 2, state("alice"))]
+    finally:
+        redis.stop()

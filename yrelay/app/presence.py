@@ -1,0 +1,286 @@
+"""Presence (Yjs awareness): the process-wide relay of who is where.
+
+Awareness is ephemeral and best-effort: it never touches a document's
+stream, and a Redis failure only costs presence, never the document sync
+path. Local connections of a document get each update directly; other
+processes get it over one pub/sub channel per document (this process's one
+pub/sub connection listens to the channels of documents with a local
+member). A small per-document hash keeps each present client's last entry,
+so a newcomer sees everyone at once; entries not renewed within
+``presence_timeout`` are neither sent nor kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.exceptions
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from .. import protocol
+from ..awareness import AwarenessEntry, encode_update, join_encoded
+from ..keys import doc_of_presence_channel, presence_channel, presence_key
+from ..scripts import source
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: Frames queued for one slow socket before the oldest are dropped (every
+#: client renews its state, so a dropped one heals within 15 s).
+MAX_QUEUED = 64
+#: How long a newcomer waits for its channel subscription before reading.
+SUBSCRIBE_WAIT = 1.0
+_REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+
+
+class NotOwner(Exception):
+    """Entries for clientIDs another live connection speaks for."""
+
+    def __init__(self, client_ids: list[int]):
+        super().__init__(f"clientID {', '.join(map(str, client_ids))} belongs to another connection")
+        self.client_ids = client_ids
+
+
+class Member:
+    """One connection's presence on one document: the clientIDs it speaks
+    for (with their last clock, for the removal when it leaves) and an
+    outbox so one slow socket never holds the relay up."""
+
+    def __init__(self, doc: str, session: str, origin: str, send: Send):
+        self.doc = doc
+        self.session = session
+        self.origin = origin
+        self.clocks: dict[int, int] = {}
+        self.listening = False
+        self._send = send
+        self._outbox: deque[dict[str, Any]] = deque(maxlen=MAX_QUEUED)
+        self._drain: asyncio.Task[None] | None = None
+
+    def push(self, frame: dict[str, Any]) -> None:
+        if not self.listening:
+            return  # not answered `subscribed` yet: the greeting will carry it
+        self._outbox.append(frame)
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.create_task(self._drain_outbox())
+
+    async def _drain_outbox(self) -> None:
+        try:
+            while self._outbox:
+                await self._send(self._outbox.popleft())
+        except Exception:  # the socket is gone; the connection cleans up
+            self._outbox.clear()
+
+    def claim(self, entries: list[AwarenessEntry]) -> None:
+        for entry in entries:
+            if entry.removed:
+                self.clocks.pop(entry.client_id, None)
+            else:
+                self.clocks[entry.client_id] = max(entry.clock, self.clocks.get(entry.client_id, 0))
+
+    def removals(self) -> list[AwarenessEntry]:
+        return [AwarenessEntry(client, clock + 1, "null") for client, clock in self.clocks.items()]
+
+    def stop(self) -> None:
+        self.listening = False
+        self._outbox.clear()
+
+
+class Presence:
+    def __init__(self, redis: Redis, listener: Redis, *, timeout: float, process_id: str):
+        self.redis = redis
+        self.listener = listener  # its own client: the pub/sub connection stays subscribed
+        self.timeout_ms = int(timeout * 1000)
+        self.instance = f"{process_id}:{secrets.token_hex(4)}"  # unique even for two apps in one process
+        self.members: dict[str, set[Member]] = {}
+        self._channels: dict[str, asyncio.Event] = {}  # subscribed (event set once Redis confirmed)
+        self._pubsub: PubSub | None = None
+        self._channel_lock = asyncio.Lock()
+        self._ids = itertools.count(1)
+        self._backoff = 0.1
+        self._put = redis.register_script(source("presence_put"))
+        self._forget = redis.register_script(source("presence_forget"))
+        self._read = redis.register_script(source("presence_read"))
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="yrelay-presence")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.listener.aclose()
+
+    # ------------------------------------------------------------ members
+
+    def join(self, doc: str, session: str, send: Send) -> Member:
+        member = Member(doc, session, f"{self.instance}/{next(self._ids)}", send)
+        self.members.setdefault(doc, set()).add(member)
+        return member
+
+    async def greet(self, member: Member) -> None:
+        """Start relaying to ``member`` and send it the states of the others.
+        The channel is subscribed before the hash is read, so a state stored
+        after the read is also published after the subscription."""
+        member.listening = True
+        await asyncio.shield(self._sync_channel(member.doc))  # a closing connection must not cut a SUBSCRIBE in half
+        ready = self._channels.get(member.doc)
+        if ready is not None:
+            try:
+                await asyncio.wait_for(ready.wait(), SUBSCRIBE_WAIT)
+            except asyncio.TimeoutError:
+                pass
+        try:
+            values = await self._read(keys=[presence_key(member.doc)], args=[self.timeout_ms])
+        except _REDIS_ERRORS as exc:
+            log.debug("presence of %s not read: %s", member.doc, exc)
+            return
+        entries = [entry for session, entry in map(_parse_value, values) if session != member.session]
+        if entries:
+            member.push(protocol.awareness(member.doc, join_encoded(entries)))
+
+    async def update(self, member: Member, entries: list[AwarenessEntry]) -> None:
+        """Store and relay one client update, or raise :class:`NotOwner`."""
+        try:
+            refused = await self._put(keys=[presence_key(member.doc)], args=self._put_args(member, entries))
+        except _REDIS_ERRORS as exc:
+            log.debug("presence of %s not stored: %s", member.doc, exc)
+            refused = self._refused_locally(member, entries)
+        if refused:
+            raise NotOwner(sorted({int(client) for client in refused}))
+        member.claim(entries)
+        for other in self.members.get(member.doc, ()):
+            if other is not member and other.session == member.session:
+                other.clocks = {c: k for c, k in other.clocks.items() if c not in member.clocks}  # taken over
+        await self._relay(member, encode_update(entries))
+
+    async def leave(self, member: Member) -> None:
+        """Relay the removal of every clientID ``member`` spoke for, then
+        forget it (and the channel, for the document's last local member)."""
+        member.stop()
+        members = self.members.get(member.doc)
+        if members is not None:
+            members.discard(member)
+            if not members:
+                del self.members[member.doc]
+        removals = member.removals()
+        if removals:
+            gone = await self._forget_owned(member, [entry.client_id for entry in removals])
+            await self._relay(member, encode_update([entry for entry in removals if entry.client_id in gone]))
+        await self._sync_channel(member.doc)
+
+    def _put_args(self, member: Member, entries: list[AwarenessEntry]) -> list[Any]:
+        args: list[Any] = [member.session, member.origin, self.timeout_ms]
+        for entry in entries:
+            args += [entry.client_id, b"" if entry.removed else entry.encode()]
+        return args
+
+    def _refused_locally(self, member: Member, entries: list[AwarenessEntry]) -> list[int]:
+        """Without Redis, at least this process's own members are protected."""
+        owned = {client for other in self.members.get(member.doc, ())
+                 if other.session != member.session for client in other.clocks}
+        return [entry.client_id for entry in entries if entry.client_id in owned]
+
+    async def _forget_owned(self, member: Member, clients: list[int]) -> set[int]:
+        try:
+            gone = await self._forget(keys=[presence_key(member.doc)], args=[member.origin, *clients])
+        except _REDIS_ERRORS as exc:
+            log.debug("presence of %s not forgotten: %s", member.doc, exc)
+            return set(clients)  # the entries expire by themselves
+        return {int(client) for client in gone}
+
+    async def _relay(self, sender: Member, update: bytes) -> None:
+        """To every other local member now, and to other processes."""
+        if update == encode_update([]):
+            return
+        self._deliver(sender.doc, update, skip=sender)
+        try:
+            await self.redis.publish(presence_channel(sender.doc), sender.origin.encode() + b"\n" + update)
+        except _REDIS_ERRORS as exc:
+            log.debug("presence of %s not published: %s", sender.doc, exc)
+
+    def _deliver(self, doc: str, update: bytes, skip: Member | None = None) -> None:
+        frame = protocol.awareness(doc, update)
+        for member in list(self.members.get(doc, ())):
+            if member is not skip:
+                member.push(frame)
+
+    # ------------------------------------------------------------ pub/sub
+
+    async def _sync_channel(self, doc: str) -> None:
+        """Listen to ``doc``'s channel exactly while it has local members.
+        Best-effort: after a failure the reader reconnects and subscribes
+        to every document that has members then."""
+        async with self._channel_lock:
+            pubsub, wanted = self._pubsub, doc in self.members
+            if pubsub is None or wanted == (doc in self._channels):
+                return
+            try:
+                if wanted:
+                    self._channels[doc] = asyncio.Event()
+                    await pubsub.subscribe(presence_channel(doc))
+                else:
+                    del self._channels[doc]
+                    await pubsub.unsubscribe(presence_channel(doc))
+            except _REDIS_ERRORS as exc:
+                log.debug("presence channel of %s: %s", doc, exc)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._listen()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("presence reader lost Redis (%s); retrying in %.1fs", exc, self._backoff)
+                await asyncio.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, 5.0)
+
+    async def _listen(self) -> None:
+        pubsub = self.listener.pubsub()
+        try:
+            await pubsub.connect()
+            async with self._channel_lock:
+                self._pubsub = pubsub
+                self._channels = {doc: asyncio.Event() for doc in self.members}
+                if self._channels:
+                    await pubsub.subscribe(*map(presence_channel, self._channels))
+            self._backoff = 0.1
+            while True:
+                message = await pubsub.get_message(timeout=1.0)
+                if message is not None:
+                    self._on_message(message)
+        finally:
+            self._pubsub = None
+            self._channels = {}
+            await asyncio.gather(pubsub.aclose(), return_exceptions=True)
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        doc = doc_of_presence_channel(_text(message["channel"]))
+        if message["type"] == "subscribe" and doc in self._channels:
+            self._channels[doc].set()
+        elif message["type"] == "message":
+            origin, _, update = message["data"].partition(b"\n")
+            if not origin.decode().startswith(self.instance + "/"):  # local members already have it
+                self._deliver(doc, update)
+
+
+def _parse_value(value: bytes) -> tuple[str, bytes]:
+    """A stored field: ``<ms>|<session>|<origin>|<entry>`` -> (session, entry)."""
+    _, session, _, entry = value.split(b"|", 3)
+    return session.decode(), entry
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+__all__ = ["Member", "NotOwner", "Presence"]
