@@ -1,0 +1,279 @@
+/**
+ * One websocket to a yrelay server, shared by every document bound through
+ * it (docs/protocol.md). It owns what is per session: the handshake and
+ * session resume, the send buffer of unacked updates keyed by the session's
+ * clock, resends with exponential backoff + jitter, reconnects, and the
+ * keep-alive. Everything about one document lives in its YrelayProvider.
+ *
+ * Guarantees (the same as the Python client's): a local change stays in the
+ * send buffer until the server says it is in the stream (`appended`), and is
+ * resent on its backoff schedule and after every reconnect; when an update
+ * has used up its attempts the client reconnects and resyncs every document
+ * with a two-way state-vector exchange.
+ */
+import { ObservableV2 } from 'lib0/observable'
+import { toBase64 } from 'lib0/buffer'
+import { Backoff } from './backoff.js'
+import { hashReady } from './digest.js'
+import { SendBuffer } from './send-buffer.js'
+
+/** Errors after which resending the same update can never succeed. */
+export const FATAL_UPDATE_ERRORS = new Set([
+  'invalid_update', 'update_too_large', 'malformed_frame', 'invalid_doc_id', 'frame_too_large'
+])
+
+const OPEN = 1
+const shared = new Map()
+
+export class YrelayClient extends ObservableV2 {
+  /**
+   * @param {string} url the server's websocket endpoint, e.g. wss://example.com/ws
+   * @param {object} [options]
+   * @param {typeof WebSocket} [options.WebSocketPolyfill] a WebSocket class (Node: the `ws` package)
+   * @param {Backoff|object} [options.backoff] resend and reconnect timing (ms)
+   * @param {string|null} [options.session] a session id to resume
+   * @param {boolean} [options.connect] connect now (default true)
+   * @param {number} [options.pingInterval] ms of silence before a ping
+   * @param {number} [options.idleTimeout] ms without any frame before the socket is taken for dead
+   */
+  constructor (url, {
+    WebSocketPolyfill = globalThis.WebSocket, backoff = new Backoff(), session = null, connect = true,
+    pingInterval = 15000, idleTimeout = 45000, tickInterval = 100
+  } = {}) {
+    super()
+    if (!WebSocketPolyfill) throw new Error('no WebSocket: pass options.WebSocketPolyfill (in Node: the ws package)')
+    this.url = url
+    this.WebSocketPolyfill = WebSocketPolyfill
+    this.backoff = backoff instanceof Backoff ? backoff : new Backoff(backoff)
+    this.session = session
+    /** 'disconnected' | 'connecting' | 'connected' */
+    this.status = 'disconnected'
+    /** Limits the server announced in `welcome`. */
+    this.limits = null
+    this.providers = new Map()
+    this.buffer = new SendBuffer(this.backoff)
+    this.pingInterval = pingInterval
+    this.idleTimeout = idleTimeout
+    this.tickInterval = tickInterval
+    this._ws = null
+    this._attempt = 0
+    this._shouldConnect = false
+    this._reconnectTimer = null
+    this._ticker = null
+    this._lastReceived = 0
+    this._lastSent = 0
+    this._onOnline = () => this._reconnectNow()
+    this._onOffline = () => this._dropSocket()
+    if (typeof window !== 'undefined' && window.addEventListener) {
+      window.addEventListener('online', this._onOnline)
+      window.addEventListener('offline', this._onOffline)
+    }
+    if (connect) this.connect()
+  }
+
+  /** One client per URL, so every document of a page shares one socket. */
+  static shared (url, options = {}) {
+    let client = shared.get(url)
+    if (client === undefined || client._destroyed) {
+      client = new YrelayClient(url, options)
+      shared.set(url, client)
+    }
+    return client
+  }
+
+  /** Start (or resume) connecting; reconnects by itself until `disconnect()`. */
+  connect () {
+    if (this._shouldConnect) return
+    this._shouldConnect = true
+    hashReady().then(() => { if (this._shouldConnect && this._ws === null) this._open() },
+      (error) => this.emit('error', [{ code: 'hash_unavailable', message: String(error) }]))
+  }
+
+  /** Close the socket and stay offline; edits keep collecting in the send buffer. */
+  disconnect () {
+    this._shouldConnect = false
+    clearTimeout(this._reconnectTimer)
+    this._dropSocket()
+  }
+
+  destroy () {
+    this.disconnect()
+    this._destroyed = true
+    if (typeof window !== 'undefined' && window.removeEventListener) {
+      window.removeEventListener('online', this._onOnline)
+      window.removeEventListener('offline', this._onOffline)
+    }
+    if (shared.get(this.url) === this) shared.delete(this.url)
+    super.destroy()
+  }
+
+  /** Updates not yet acked by the server, all documents. */
+  get pending () { return this.buffer.size }
+
+  // ------------------------------------------------------------ documents
+
+  attach (provider) {
+    if (this.providers.has(provider.name)) throw new Error(`document ${provider.name} is already bound on this client`)
+    this.providers.set(provider.name, provider)
+    if (this.status === 'connected') provider._connected()
+  }
+
+  detach (provider) {
+    if (this.providers.get(provider.name) !== provider) return
+    this.providers.delete(provider.name)
+    this.buffer.forget(provider.name)
+    this.send({ op: 'unsubscribe', doc: provider.name })
+  }
+
+  /** Queue an update for the stream; sent now when connected, else after the next handshake. */
+  enqueue (doc, update) {
+    const item = this.buffer.add(doc, update)
+    if (this.status === 'connected') this._sendUpdate(item)
+    return item
+  }
+
+  /** Send a frame if the session is open; false when it is not (the caller's state is resent on reconnect). */
+  send (frame) {
+    const ws = this._ws
+    if (ws === null || ws.readyState !== OPEN || this.status !== 'connected') return false
+    return this._write(frame)
+  }
+
+  // ------------------------------------------------------------ the socket
+
+  _open () {
+    clearTimeout(this._reconnectTimer)
+    this._setStatus('connecting')
+    let ws
+    try {
+      ws = new this.WebSocketPolyfill(this.url)
+    } catch (error) {
+      this._scheduleReconnect()
+      return
+    }
+    this._ws = ws
+    ws.onopen = () => {
+      this._lastReceived = Date.now()
+      this._write({ op: 'hello', session: this.session, protocol: 1 })
+    }
+    ws.onmessage = (event) => {
+      if (this._ws !== ws) return
+      this._lastReceived = Date.now()
+      this._receive(event.data)
+    }
+    ws.onerror = () => {} // a close event follows; the reconnect is scheduled there
+    ws.onclose = () => { if (this._ws === ws) this._closed() }
+  }
+
+  _write (frame) {
+    try {
+      this._ws.send(JSON.stringify(frame))
+      this._lastSent = Date.now()
+      return true
+    } catch (error) {
+      return false
+    }
+  }
+
+  _closed () {
+    this._ws = null
+    clearInterval(this._ticker)
+    this._ticker = null
+    const wasConnected = this.status === 'connected'
+    this._setStatus('disconnected')
+    if (wasConnected) for (const provider of this.providers.values()) provider._disconnected()
+    if (this._shouldConnect) this._scheduleReconnect()
+  }
+
+  _scheduleReconnect () {
+    clearTimeout(this._reconnectTimer)
+    const delay = this.backoff.delay(this._attempt++)
+    this._reconnectTimer = setTimeout(() => { if (this._shouldConnect && this._ws === null) this._open() }, delay)
+  }
+
+  /** The network is back: do not wait out the backoff. */
+  _reconnectNow () {
+    if (!this._shouldConnect || this._ws !== null) return
+    this._attempt = 0
+    this._open()
+  }
+
+  _dropSocket () {
+    const ws = this._ws
+    if (ws === null) return
+    try { ws.close(4000) } catch (error) {}
+    this._closed()
+  }
+
+  _setStatus (status) {
+    if (this.status === status) return
+    this.status = status
+    this.emit('status', [{ status }])
+  }
+
+  // ------------------------------------------------------------ frames in
+
+  _receive (data) {
+    let frame
+    try {
+      frame = JSON.parse(data)
+    } catch (error) {
+      this.emit('error', [{ code: 'malformed_frame', message: 'the server sent a frame that is not JSON' }])
+      return
+    }
+    if (frame.op === 'welcome') this._welcome(frame)
+    else if (frame.op === 'appended') this._appended(frame)
+    else if (frame.op === 'error') this._error(frame)
+    else if (frame.op === 'pong') {} // eslint-disable-line no-empty
+    else if (typeof frame.doc === 'string') this.providers.get(frame.doc)?._receive(frame)
+  }
+
+  _welcome (frame) {
+    this.session = frame.session
+    this.limits = frame.limits || null
+    this._attempt = 0
+    this._setStatus('connected')
+    for (const provider of this.providers.values()) provider._connected()
+    this.buffer.resetAttempts()
+    for (const item of this.buffer.all()) this._sendUpdate(item)
+    clearInterval(this._ticker)
+    this._ticker = setInterval(() => this._tick(), this.tickInterval)
+    this.emit('session', [{ session: this.session, resumed: frame.resumed }])
+  }
+
+  _appended (frame) {
+    const item = this.buffer.pop(frame.clock)
+    this.providers.get(frame.doc)?._appended(frame, item)
+  }
+
+  _error (frame) {
+    if (Number.isInteger(frame.clock) && FATAL_UPDATE_ERRORS.has(frame.code)) {
+      this.buffer.pop(frame.clock) // resending cannot help; the local edit stays in the document
+    }
+    this.emit('error', [frame])
+    if (typeof frame.doc === 'string') this.providers.get(frame.doc)?._receive(frame)
+  }
+
+  // ------------------------------------------------------------ timers
+
+  _sendUpdate (item) {
+    this.buffer.markSent(item)
+    this.send({ op: 'update', doc: item.doc, clock: item.clock, update: toBase64(item.update) })
+  }
+
+  /** Resends on their backoff schedule, the keep-alive, and the give-up path. */
+  _tick () {
+    const now = Date.now()
+    if (now - this._lastReceived > this.idleTimeout) {
+      this._dropSocket() // half-open: nothing heard, not even a pong
+      return
+    }
+    if (this.buffer.exhausted()) {
+      for (const provider of this.providers.values()) provider.needsSync = true
+      this._dropSocket()
+      return
+    }
+    for (const item of this.buffer.due(now)) this._sendUpdate(item)
+    if (now - this._lastSent > this.pingInterval) this.send({ op: 'ping' })
+  }
+}

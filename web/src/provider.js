@@ -1,0 +1,287 @@
+/**
+ * Binds one Y.Doc to one document of a yrelay server (docs/protocol.md),
+ * over a YrelayClient's socket (shared by every document of the page).
+ *
+ * What it keeps per document: the offset (last stream id held, acked
+ * cumulatively), the drift digest of the ids held (sent with every
+ * resubscribe so a server that lost entries is caught), chunked snapshot and
+ * sync replies, Nagle-like batching of local changes with Y.mergeUpdates,
+ * and presence through a y-protocols Awareness.
+ *
+ * Events: 'status' ({status}), 'synced' (bool), 'pending' (count of local
+ * updates not yet in the stream), 'offset' (the acked offset), 'drift',
+ * 'error' (an error frame about this document).
+ */
+import * as Y from 'yjs'
+import * as awarenessProtocol from 'y-protocols/awareness'
+import { ObservableV2 } from 'lib0/observable'
+import { fromBase64, toBase64 } from 'lib0/buffer'
+import { YrelayClient } from './client.js'
+import { hashHex } from './digest.js'
+import { HeldEntries } from './held-entries.js'
+import { ZERO, idKey, maxId } from './offsets.js'
+
+/** Yjs' encoding of an update that changes nothing. */
+const EMPTY_UPDATE_LENGTH = 2
+
+export class YrelayProvider extends ObservableV2 {
+  /**
+   * @param {string|YrelayClient} server a websocket URL (one shared client per URL) or a client
+   * @param {string} name the document id (1-200 of A-Z a-z 0-9 . _ - : / @)
+   * @param {Y.Doc} doc
+   * @param {object} [options]
+   * @param {awarenessProtocol.Awareness|null} [options.awareness] presence; a new one by default, null for none
+   * @param {number} [options.batchDelay] ms to collect local changes while earlier ones are unacked
+   * @param {object} [options.clientOptions] options of the shared YrelayClient (WebSocketPolyfill, backoff, ...)
+   */
+  constructor (server, name, doc, { awareness = new awarenessProtocol.Awareness(doc), batchDelay = 50, clientOptions = {} } = {}) {
+    super()
+    this.client = typeof server === 'string' ? YrelayClient.shared(server, clientOptions) : server
+    this.name = name
+    this.doc = doc
+    this.awareness = awareness
+    this.batchDelay = batchDelay
+    /** The last stream id this document holds (and acked); null before the first answer. */
+    this.offset = null
+    this.held = new HeldEntries()
+    this.synced = false
+    /** Resync with a two-way state-vector exchange at the next `subscribed` (local state the server may lack). */
+    this.needsSync = Y.encodeStateVector(doc).length > 1
+    /** Resubscribes where the drift digests differed. */
+    this.drifts = 0
+    this.resyncs = 0
+    this._subscribed = false
+    this._fresh = true // no offset was sent with the pending subscribe
+    this._parts = []
+    this._batch = []
+    this._flushTimer = null
+    this._onDocUpdate = (update, origin) => { if (origin !== this) this._local(update) }
+    this._onAwarenessUpdate = (changes, origin) => this._localAwareness(changes, origin)
+    doc.on('update', this._onDocUpdate)
+    awareness?.on('update', this._onAwarenessUpdate)
+    this._onStatus = (event) => this.emit('status', [event])
+    this.client.on('status', this._onStatus)
+    this.client.attach(this)
+  }
+
+  /** Local changes not yet in the server's stream. */
+  get pending () { return this.client.buffer.countFor(this.name) + this._batch.length }
+
+  get status () { return this.client.status }
+
+  /** Stop syncing this document: unsubscribe (the server forgets the session's place) and release the doc. */
+  destroy () {
+    if (this.awareness) {
+      awarenessProtocol.removeAwarenessStates(this.awareness, [this.doc.clientID], 'destroy')
+      this.awareness.off('update', this._onAwarenessUpdate)
+    }
+    clearTimeout(this._flushTimer)
+    this.doc.off('update', this._onDocUpdate)
+    this.client.off('status', this._onStatus)
+    this.client.detach(this)
+    super.destroy()
+  }
+
+  // ------------------------------------------------------------ local edits
+
+  _local (update) {
+    this._batch.push(update)
+    if (this._flushTimer === null) {
+      // Nagle: the first change goes out at once; while earlier ones await their ack, collect.
+      const delay = this.client.buffer.countFor(this.name) > 0 ? this.batchDelay : 0
+      this._flushTimer = setTimeout(() => this._flush(), delay)
+    }
+    this._emitPending()
+  }
+
+  _flush () {
+    clearTimeout(this._flushTimer)
+    this._flushTimer = null
+    const updates = this._batch
+    if (updates.length === 0) return
+    this._batch = []
+    this.client.enqueue(this.name, updates.length === 1 ? updates[0] : Y.mergeUpdates(updates))
+  }
+
+  _emitPending () { this.emit('pending', [this.pending]) }
+
+  // ------------------------------------------------------------ session events (from the client)
+
+  _connected () {
+    this._subscribed = false
+    this._fresh = this.offset === null
+    this.client.send(this._subscribeFrame())
+  }
+
+  _disconnected () {
+    this._subscribed = false
+    this._setSynced(false)
+    if (this.awareness) {
+      // Remote cursors would freeze while offline: drop them; they come back on resubscribe.
+      const others = [...this.awareness.getStates().keys()].filter((id) => id !== this.doc.clientID)
+      awarenessProtocol.removeAwarenessStates(this.awareness, others, this)
+    }
+  }
+
+  /** Resubscribe from the offset held, with the drift digest over the window held. */
+  _subscribeFrame () {
+    const frame = { op: 'subscribe', doc: this.name, offset: this.offset }
+    if (this.offset !== null) {
+      // Own updates appended after the last delivery are held too: a server
+      // that lost them must see it (through past its last id, or a digest gap).
+      const through = maxId(this.offset, this.held.last)
+      const { count, hash } = this.held.digest(through)
+      frame.digest = { since: this.held.since, through, count, hash: hashHex(hash) }
+    }
+    return frame
+  }
+
+  // ------------------------------------------------------------ frames about this document
+
+  _receive (frame) {
+    switch (frame.op) {
+      case 'subscribed': return this._onSubscribed(frame)
+      case 'snapshot': return this._onSnapshot(frame)
+      case 'deliver': return this._onDeliver(frame)
+      case 'resync_required': return this._onResyncRequired(frame)
+      case 'sync_reply': return this._onSyncReply(frame)
+      case 'awareness': return this._onAwareness(frame)
+      case 'error': return this.emit('error', [frame])
+    }
+  }
+
+  _appended (frame, item) {
+    this.held.add(frame.id) // also for a late or duplicate answer
+    if (item !== undefined) {
+      this.emit('appended', [{ clock: frame.clock, id: frame.id, update: item.update }])
+      if (this.client.buffer.countFor(this.name) === 0 && this._batch.length) this._flush()
+    }
+    this._emitPending()
+  }
+
+  _onSubscribed (frame) {
+    this._subscribed = true
+    this.offset = maxId(this.offset, frame.offset)
+    if (this.awareness?.getLocalState() != null) this._sendAwareness([this.doc.clientID])
+    if (frame.digest && !this._digestAgrees(frame)) {
+      this.needsSync = false // the sync below covers it
+      this.drifts++
+      this.emit('drift', [{ server: frame.digest }])
+      this._requestSync()
+    } else if (this.needsSync) {
+      this.needsSync = false
+      this._requestSync()
+    } else if (!(this._fresh && frame.offset !== ZERO)) {
+      this._setSynced(true) // else the snapshot that follows completes the state
+    }
+  }
+
+  /** Compare with the server's digest over its window (which starts at or after ours: GC may have trimmed past our base). */
+  _digestAgrees (frame) {
+    const server = frame.digest
+    this.held.rebase(server.since)
+    const ours = this.held.digest(server.through ?? frame.offset)
+    return ours.count === server.count && hashHex(ours.hash) === server.hash
+  }
+
+  _onSnapshot (frame) {
+    const update = this._collect(frame)
+    if (update === null) return
+    this._applyRemote(update)
+    this.offset = maxId(this.offset, frame.offset)
+    this._ack()
+    this._setSynced(true)
+  }
+
+  _onDeliver (frame) {
+    for (const entry of frame.entries) {
+      this._applyRemote(fromBase64(entry.update))
+      this.offset = maxId(this.offset, entry.id)
+      this.held.add(entry.id)
+    }
+    this._ack()
+  }
+
+  _onResyncRequired (frame) {
+    if (frame.reason === 'drift') this.drifts++
+    this.emit('resync', [{ reason: frame.reason }])
+    this._requestSync()
+  }
+
+  _requestSync () {
+    this.resyncs++
+    this._parts = []
+    this._setSynced(false)
+    this.client.send({ op: 'sync', doc: this.name, state_vector: toBase64(Y.encodeStateVector(this.doc)) })
+  }
+
+  _onSyncReply (frame) {
+    const update = this._collect(frame)
+    if (update === null) return
+    this._applyRemote(update)
+    this.offset = frame.offset // may move back: the server's history is the reference
+    this.held.reset(frame.offset)
+    const missingOnServer = Y.encodeStateAsUpdate(this.doc, fromBase64(frame.state_vector))
+    if (missingOnServer.length > EMPTY_UPDATE_LENGTH) {
+      this._flush() // keep clock order: batched changes first
+      this.client.enqueue(this.name, missingOnServer)
+      this._emitPending()
+    }
+    this._ack()
+    this._setSynced(true)
+  }
+
+  /** Reassemble a chunked snapshot / sync reply; null until complete. */
+  _collect (frame) {
+    if (frame.part === 0) this._parts = []
+    this._parts.push(fromBase64(frame.update))
+    if (frame.part + 1 < frame.parts) return null
+    const parts = this._parts
+    this._parts = []
+    return parts.length === 1 ? parts[0] : concat(parts)
+  }
+
+  _applyRemote (update) {
+    Y.applyUpdate(this.doc, update, this)
+  }
+
+  _ack () {
+    if (this.offset === null) return
+    this.client.send({ op: 'ack', doc: this.name, offset: this.offset })
+    this.emit('offset', [this.offset])
+  }
+
+  _setSynced (synced) {
+    if (this.synced === synced) return
+    this.synced = synced
+    this.emit('synced', [synced])
+  }
+
+  // ------------------------------------------------------------ presence
+
+  _localAwareness ({ added, updated, removed }, origin) {
+    if (origin === this) return
+    const own = this.doc.clientID
+    if (added.includes(own) || updated.includes(own) || removed.includes(own)) this._sendAwareness([own])
+  }
+
+  _sendAwareness (clients) {
+    if (!this._subscribed || clients.length === 0 || !this.awareness) return
+    const update = awarenessProtocol.encodeAwarenessUpdate(this.awareness, clients)
+    this.client.send({ op: 'awareness', doc: this.name, update: toBase64(update) })
+  }
+
+  _onAwareness (frame) {
+    if (this.awareness) awarenessProtocol.applyAwarenessUpdate(this.awareness, fromBase64(frame.update), this)
+  }
+}
+
+function concat (parts) {
+  const out = new Uint8Array(parts.reduce((size, part) => size + part.length, 0))
+  let at = 0
+  for (const part of parts) {
+    out.set(part, at)
+    at += part.length
+  }
+  return out
+}

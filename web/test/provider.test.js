@@ -1,0 +1,142 @@
+/** The provider against a live yrelay server (started by tests/test_web_provider.py). */
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import * as Y from 'yjs'
+import { YrelayProvider } from '../src/index.js'
+import { eventually, newClient, once, uniqueDoc } from './helpers.js'
+
+const clients = []
+function client (options) {
+  const created = newClient(options)
+  clients.push(created)
+  return created
+}
+after(() => { for (const created of clients) created.destroy() })
+
+function bind (server, name, options) {
+  const doc = new Y.Doc()
+  const provider = new YrelayProvider(server, name, doc, options)
+  return { doc, provider, text: doc.getText('text') }
+}
+
+test('two clients on one document converge, and every change is acked', async () => {
+  const name = uniqueDoc()
+  const a = bind(client(), name)
+  const b = bind(client(), name)
+  await Promise.all([once(a.provider, 'synced'), once(b.provider, 'synced')])
+  a.text.insert(0, 'hello ')
+  b.text.insert(0, 'world ')
+  for (let i = 0; i < 50; i++) (i % 2 ? a : b).text.insert(0, `${i},`)
+  await eventually(() => a.text.toString() === b.text.toString() && a.provider.pending === 0 && b.provider.pending === 0,
+    'convergence')
+  assert.match(a.text.toString(), /hello/)
+  assert.match(a.text.toString(), /world/)
+  assert.notEqual(a.provider.offset, null)
+})
+
+test('several documents share one socket, each with its own state', async () => {
+  const shared = client()
+  const names = [uniqueDoc(), uniqueDoc(), uniqueDoc()]
+  const writers = names.map((name) => bind(shared, name))
+  const readers = names.map((name) => bind(client(), name))
+  await eventually(() => [...writers, ...readers].every(({ provider }) => provider.synced), 'all synced')
+  const socket = shared._ws
+  writers.forEach(({ text }, i) => text.insert(0, `doc ${i}`))
+  await eventually(() => readers.every(({ text }, i) => text.toString() === `doc ${i}`), 'each document delivered')
+  assert.equal(shared._ws, socket, 'one socket carried all three documents')
+  assert.equal(shared.providers.size, 3)
+})
+
+test('edits made while offline are delivered on reconnect, and the other side keeps its own', async () => {
+  const name = uniqueDoc()
+  const offlineClient = client()
+  const a = bind(offlineClient, name)
+  const b = bind(client(), name)
+  await Promise.all([once(a.provider, 'synced'), once(b.provider, 'synced')])
+  offlineClient.disconnect()
+  for (let i = 0; i < 20; i++) a.text.insert(a.text.length, `a${i} `)
+  for (let i = 0; i < 20; i++) b.text.insert(0, `b${i} `)
+  assert.ok(a.provider.pending > 0, 'offline edits wait in the send buffer')
+  await new Promise((resolve) => setTimeout(resolve, 200))
+  assert.doesNotMatch(b.text.toString(), /a0 /)
+  offlineClient.connect()
+  await eventually(() => a.text.toString() === b.text.toString() && a.provider.pending === 0, 'convergence after reconnect')
+  for (let i = 0; i < 20; i++) {
+    assert.match(a.text.toString(), new RegExp(`a${i} `))
+    assert.match(a.text.toString(), new RegExp(`b${i} `))
+  }
+})
+
+test('a resumed session with nothing lost resubscribes with matching digests: no resync', async () => {
+  const name = uniqueDoc()
+  const reader = client()
+  const a = bind(client(), name)
+  const b = bind(reader, name)
+  await Promise.all([once(a.provider, 'synced'), once(b.provider, 'synced')])
+  for (let i = 0; i < 10; i++) a.text.insert(0, `${i}`)
+  b.text.insert(0, 'own ')
+  await eventually(() => a.text.toString() === b.text.toString() && b.provider.pending === 0, 'delivery')
+  const session = reader.session
+  reader._dropSocket() // the network drops; the client reconnects by itself
+  await eventually(() => reader.status === 'connected' && b.provider.synced, 'resubscribed')
+  assert.equal(reader.session, session, 'the session resumed')
+  assert.equal(b.provider.resyncs, 0)
+  assert.equal(b.provider.drifts, 0)
+  a.text.insert(0, 'after ')
+  await eventually(() => b.text.toString().startsWith('after '), 'delivery after the resume')
+})
+
+test('a burst of changes in one turn is merged into few updates (Nagle-like batching)', async () => {
+  const name = uniqueDoc()
+  const a = bind(client(), name)
+  await once(a.provider, 'synced')
+  let appended = 0
+  a.provider.on('appended', () => appended++)
+  const pendingSeen = []
+  a.provider.on('pending', (count) => pendingSeen.push(count))
+  for (let i = 0; i < 200; i++) a.text.insert(0, 'x')
+  await eventually(() => a.provider.pending === 0, 'all acked')
+  assert.ok(appended >= 1 && appended <= 5, `200 changes went out as ${appended} updates`)
+  assert.ok(Math.max(...pendingSeen) > 0 && pendingSeen.at(-1) === 0, 'pending events count up and back to zero')
+})
+
+test('a document bound with local content pushes it to the server (two-way sync)', async () => {
+  const name = uniqueDoc()
+  const writer = bind(client(), name)
+  await once(writer.provider, 'synced')
+  writer.text.insert(0, 'server side. ')
+  await eventually(() => writer.provider.pending === 0, 'ack')
+  const doc = new Y.Doc()
+  doc.getText('text').insert(0, 'made before binding. ')
+  const late = new YrelayProvider(client(), name, doc)
+  await eventually(() => late.synced && late.pending === 0, 'sync')
+  await eventually(() => writer.text.toString() === doc.getText('text').toString(), 'convergence')
+  assert.match(writer.text.toString(), /made before binding/)
+  assert.match(writer.text.toString(), /server side/)
+})
+
+test('an invalid update is rejected with a clear error and never retried', async () => {
+  const name = uniqueDoc()
+  const shared = client()
+  const a = bind(shared, name)
+  await once(a.provider, 'synced')
+  const errors = []
+  a.provider.on('error', (frame) => { if (frame.clock !== undefined) errors.push(frame) })
+  shared.enqueue(name, new Uint8Array([255, 255, 255, 1, 2, 3]))
+  await eventually(() => errors.length > 0 && shared.pending === 0, 'the rejection')
+  assert.equal(errors[0].code, 'invalid_update')
+  a.text.insert(0, 'still works')
+  const b = bind(client(), name)
+  await eventually(() => b.text.toString() === 'still works', 'the document is not poisoned')
+})
+
+test('destroy unsubscribes: the server stops tracking the session for that document', async () => {
+  const name = uniqueDoc()
+  const shared = client()
+  const a = bind(shared, name)
+  await once(a.provider, 'synced')
+  a.provider.destroy()
+  assert.equal(shared.providers.size, 0)
+  const again = bind(shared, name)
+  await once(again.provider, 'synced')
+})
