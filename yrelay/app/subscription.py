@@ -327,15 +327,21 @@ class Subscription:
     async def _answer_sync(self) -> None:
         """Two-way state-vector exchange: send what the client lacks, with the
         server's state vector so the client can send back what the server lacks."""
-        state_vector, self._sync_vector = self._sync_vector, None
+        state_vector = self._sync_vector
+        assert state_vector is not None
         ydoc, offset = await self.ctx.store.load_document(self.doc, self.ctx.settings.page_size)
         try:
             diff = crdt.encode_state(ydoc, state_vector)
         except crdt.InvalidUpdate:
+            self._sync_vector = None
             await self._error(ErrorCode.MALFORMED_FRAME, "state_vector is not a Yjs state vector")
             return
         server_vector = crdt.state_vector(ydoc)
         await self.ctx.tracker.track(self.doc, self.session, offset)
+        # Taken only now: a Redis error above leaves the request pending and the
+        # pump's retry answers it (the client sends its sync once and waits).
+        if self._sync_vector is state_vector:
+            self._sync_vector = None
         self.cursor = self.acked = self.tracked = offset
         self._sent.clear()
         self._pending.clear()
