@@ -5,7 +5,10 @@ from __future__ import annotations
 import redis.exceptions
 from conftest import eventually, running_server
 
-from yrelay import crdt
+from wsraw import RawPeer
+
+from yrelay import crdt, protocol
+from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore
 
 
@@ -39,3 +42,46 @@ async def test_a_sync_that_meets_a_redis_error_is_answered_when_redis_is_back(re
         assert failures == ["doc"]
         crdt.insert_text(wdoc.ydoc, 0, "<after>")
         await eventually(lambda: rdoc.text == "<after><before>")
+
+
+def dependent_updates() -> list[bytes]:
+    """Two updates of one Yjs client; the second builds on the first."""
+    doc = crdt.new_doc(7)
+    updates: list[bytes] = []
+    crdt.observe_updates(doc, updates.append)
+    crdt.insert_text(doc, 0, "<first>")
+    crdt.insert_text(doc, 7, "<second>")
+    return updates
+
+
+async def test_a_loaded_document_stops_its_offset_before_an_entry_it_cannot_hold_yet(redis_client):
+    store = DocumentStore(redis_client)
+    first, second = dependent_updates()
+    [early] = [StreamId.parse((await store.append("d", "other", 1, b"\x00\x00"))[0])]
+    await store.append("d", "writer", 2, second)  # resent first: lands before its dependency
+    ydoc, offset = await store.load_document("d")
+    assert crdt.text_of(ydoc) == "" and offset == early
+    last, _ = await store.append("d", "writer", 1, first)
+    ydoc, offset = await store.load_document("d")
+    assert crdt.text_of(ydoc) == "<first><second>" and str(offset) == last
+
+
+async def test_a_resync_between_an_update_and_its_late_dependency_misses_nothing(redis_url, redis_client):
+    """Found by a chaos run (redis-kill): a client resynced while the stream
+    held an update whose dependency was appended only later (it had been
+    resent); the sync reply left the pending update out but claimed its
+    offset, so the client never got it and diverged for good."""
+    store = DocumentStore(redis_client)
+    first, second = dependent_updates()
+    async with running_server(redis_url, gc_interval=0) as url:
+        await store.append("doc", "other", 1, b"\x00\x00")
+        entry, _ = await store.append("doc", "writer", 2, second)
+        peer = await RawPeer.connect(url)
+        await peer.send({"op": "subscribe", "doc": "doc", "offset": "9999999999999-0"})  # ahead: no deliveries
+        assert (await peer.expect("resync_required"))["reason"] == "ahead"
+        await peer.send({"op": "sync", "doc": "doc", "state_vector": protocol.b64encode(b"\x00")})
+        reply = await peer.expect("sync_reply")
+        assert StreamId.parse(reply["offset"]) < StreamId.parse(entry)
+        delivered = await peer.expect("deliver")  # the pending update is sent again
+        assert [item["id"] for item in delivered["entries"]] == [entry]
+        await peer.close()

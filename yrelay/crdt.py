@@ -121,10 +121,23 @@ def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
     whole = update_format.decode(encode_state(reloaded))
     if base and not _held(whole, base):
         return Fold(snapshot, 0)
+    return Fold(snapshot, _held_prefix(whole, updates))
+
+
+def held_prefix(doc: Doc, updates: Sequence[bytes]) -> int:
+    """How many of ``updates``, from the first on, ``doc`` fully holds.
+
+    An update whose dependencies ``doc`` lacks stays pending in y-py, and every
+    encoding of ``doc`` leaves it out: whoever hands ``doc`` on as "everything
+    up to update N" must stop before the first one not held."""
+    return _held_prefix(update_format.decode(encode_state(doc)), updates)
+
+
+def _held_prefix(whole: update_format.Coverage, updates: Sequence[bytes]) -> int:
     for index, update in enumerate(updates):
         if not _held(whole, update):
-            return Fold(snapshot, index)
-    return Fold(snapshot, len(updates))
+            return index
+    return len(updates)
 
 
 def _held(whole: update_format.Coverage, update: bytes) -> bool:

@@ -129,22 +129,29 @@ class DocumentStore:
     async def load_document(self, doc: str, page_size: int = 500) -> tuple[crdt.Doc, StreamId]:
         """Snapshot + every stream entry after it, as a document and its offset.
 
+        The offset is that of the last entry the document holds *with every
+        entry before it*: an entry whose dependencies are not in the stream yet
+        (a resent update appended after a later one) stays pending in y-py and
+        out of every encoding of the document, so a reader told "you have all
+        up to here" must be told so only up to the entry before it, and be
+        sent the rest again.
+
         Retries from a fresh snapshot if a compaction trims entries while the
         stream is being read.
         """
         while True:
             snapshot = await self.load_snapshot(doc)
-            updates = [snapshot.update] if snapshot.update else []
-            offset = snapshot.offset
+            entries: list[Entry] = []
             try:
                 async for page in self.iter_entries(doc, snapshot.offset, page_size=page_size):
-                    updates.extend(entry.update for entry in page)
-                    offset = page[-1].id
+                    entries.extend(page)
             except HistoryTrimmed:
                 continue
+            updates = [entry.update for entry in entries]
             ydoc = crdt.new_doc()
-            crdt.apply_updates(ydoc, updates)
-            return ydoc, offset
+            crdt.apply_updates(ydoc, ([snapshot.update] if snapshot.update else []) + updates)
+            held = crdt.held_prefix(ydoc, updates)
+            return ydoc, entries[held - 1].id if held else snapshot.offset
 
 
 def append_keys(doc: str) -> list[str]:
