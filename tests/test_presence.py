@@ -157,6 +157,17 @@ async def test_a_newcomer_gets_the_current_states_of_the_others(server_url):
     await settled(carol)
 
 
+async def test_a_subscribe_answered_with_resync_required_is_greeted_too(server_url):
+    alice = await join(server_url)
+    await announce(alice, AwarenessEntry(11, 1, state("alice")))
+    await settled(alice)
+    bob = await RawPeer.connect(server_url)
+    bob.clocks = {}  # type: ignore[attr-defined]
+    await bob.send({"op": "subscribe", "doc": DOC, "offset": "9999999999999-0"})  # ahead of the stream
+    assert (await bob.expect("resync_required"))["reason"] == "ahead"
+    assert await changes(bob) == [AwarenessEntry(11, 1, state("alice"))]
+
+
 async def test_a_newcomer_without_others_gets_no_awareness_frame(server_url):
     alone = await join(server_url)
     await announce(alone, AwarenessEntry(11, 1, state("alone")))
@@ -335,20 +346,30 @@ def _text_update(text: str) -> bytes:
 
 
 async def test_redis_going_away_costs_presence_but_not_the_connection(tmp_path):
+    """Without Redis, a process still relays between its own connections and
+    the document path carries on once Redis is back; so does the pub/sub
+    reader, which reconnects by itself."""
     redis = RedisProcess(tmp_path / "redis").start()
     try:
-        async with running_server(redis.url, gc_interval=0) as url:
-            alice, bob = await join(url), await join(url)
+        async with running_server(redis.url, gc_interval=0) as one, running_server(redis.url, gc_interval=0) as two:
+            alice, bob, remote = await join(one), await join(one), await join(two)
             redis.kill()
             await announce(alice, AwarenessEntry(11, 1, state("alice")))
-            assert await changes(bob, timeout=15) == [AwarenessEntry(11, 1, state("alice"))]  # same process
+            assert await changes(bob, timeout=15) == [AwarenessEntry(11, 1, state("alice"))]
             await settled(alice)
             redis.start()
             answer = await alice.update(DOC, 1, _text_update("after"))
             while answer["op"] == "error":  # the appender may still see the old connection fail once
                 answer = await alice.update(DOC, 1, _text_update("after"))
             assert answer["op"] == "appended"
-            await announce(alice, AwarenessEntry(11, 2, state("alice")))
-            assert await changes(bob, timeout=15) == [AwarenessEntry(11, 2, state("alice"))]
+            await remote.expect("deliver", timeout=15)
+            for clock in range(2, 200):  # until the readers are subscribed again
+                await announce(alice, AwarenessEntry(11, clock, state("alice")))
+                try:
+                    seen = await changes(remote, timeout=0.2)
+                    break
+                except asyncio.TimeoutError:
+                    pass
+            assert seen == [AwarenessEntry(11, clock, state("alice"))]
     finally:
         redis.stop()

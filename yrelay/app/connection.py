@@ -290,7 +290,8 @@ def _claimed(frame: Subscribe) -> WindowDigest | None:
 
 def _decode_limited(text: str, limit: int, code: ErrorCode, doc: str, clock: int | None) -> bytes:
     """Base64 of at most ``limit`` bytes; the length is checked before decoding."""
-    too_large = ProtocolError(code, f"{code.value.removesuffix('_too_large')} exceeds {limit} bytes", doc=doc, clock=clock)
+    what = code.value.removesuffix("_too_large")
+    too_large = ProtocolError(code, f"{what} exceeds {limit} bytes", doc=doc, clock=clock)
     if len(text) > (limit + 2) // 3 * 4:  # base64 length of `limit` bytes
         raise too_large
     data = _decode_b64(text, doc, clock)
