@@ -3,15 +3,27 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install serve test browser lint clean
+WEB_BUILT := yrelay/app/static/demo.js
 
-install: $(VENV)/.installed
+.PHONY: install serve test browser web lint clean
+
+install: $(VENV)/.installed web
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
+
+# The browser client (web/): npm ci from the lockfile, then esbuild into
+# yrelay/app/static, which `yrelay serve` serves at / and /static.
+web: $(WEB_BUILT)
+
+web/node_modules/.package-lock.json: web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+
+$(WEB_BUILT): web/node_modules/.package-lock.json web/build.mjs $(wildcard web/src/*.js web/demo/*)
+	cd web && node build.mjs
 
 serve: install
 	$(VENV)/bin/yrelay serve $(ARGS)
@@ -25,4 +37,4 @@ browser:
 		(apt-get update -q && apt-get install -y -q chromium))
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis data
+	rm -rf $(VENV) .pytest_cache .hypothesis data web/node_modules yrelay/app/static

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import sync_playwright
 
 from yrelay.spark_analytics.analysis import Options
@@ -14,9 +15,6 @@ from yrelay.spark_analytics.dashboard import DASHBOARD
 from yrelay.spark_analytics.generator import Scenario, generate
 from yrelay.spark_analytics.job import JobConfig, run
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +35,7 @@ def test_the_dashboard_renders_in_headless_chromium(dashboard, tmp_path):
     errors: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS,
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
             viewport={"width": 1280, "height": 900}, offline=True,
         )
         try:

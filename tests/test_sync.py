@@ -112,6 +112,24 @@ async def test_own_updates_are_not_echoed_and_do_not_hold_the_offset_back(server
         await asyncio.sleep(0.05)
 
 
+async def test_a_fresh_subscribe_gets_the_sessions_own_earlier_entries(server_url):
+    """A subscribe without an offset holds nothing, not even what this session
+    wrote before (a document unbound and bound again, a page that lost its
+    state): it gets its own entries already in the stream, and only those."""
+    peer = await RawPeer.connect(server_url)
+    await peer.send({"op": "subscribe", "doc": "rebound"})
+    await peer.expect("subscribed")
+    first = await peer.update("rebound", 1, make_update("mine", 1))
+    await peer.send({"op": "unsubscribe", "doc": "rebound"})
+    await peer.expect("unsubscribed")
+    await peer.send({"op": "subscribe", "doc": "rebound"})
+    await peer.expect("subscribed")
+    delivered = await peer.expect("deliver")
+    assert [entry["id"] for entry in delivered["entries"]] == [first["id"]]
+    await peer.update("rebound", 2, make_update("later", 2))
+    await peer.nothing(timeout=0.5)  # what it writes from now on is not echoed
+
+
 async def test_several_documents_on_one_socket(server_url, make_client):
     alice, bob = await make_client(server_url), await make_client(server_url)
     docs_a = [await alice.subscribe(f"doc-{i}") for i in range(5)]

@@ -96,7 +96,10 @@ export class YrelayClient extends ObservableV2 {
     this._dropSocket()
   }
 
+  /** Close for good: providers are released (not unsubscribed, so the session stays resumable). */
   destroy () {
+    for (const provider of [...this.providers.values()]) provider._release()
+    this.providers.clear()
     this.disconnect()
     this._destroyed = true
     if (typeof window !== 'undefined' && window.removeEventListener) {

@@ -34,8 +34,11 @@ export class YrelayProvider extends ObservableV2 {
    * @param {number} [options.batchDelay] ms to collect local changes while earlier ones are unacked
    * @param {object} [options.clientOptions] options of the shared YrelayClient (WebSocketPolyfill, backoff, ...)
    */
-  constructor (server, name, doc, { awareness = new awarenessProtocol.Awareness(doc), batchDelay = 50, clientOptions = {} } = {}) {
+  constructor (server, name, doc, { awareness, batchDelay = 50, clientOptions = {} } = {}) {
     super()
+    /** An awareness made here is destroyed here (its renewal timer would keep a page or process alive). */
+    this._ownsAwareness = awareness === undefined
+    if (awareness === undefined) awareness = new awarenessProtocol.Awareness(doc)
     this.client = typeof server === 'string' ? YrelayClient.shared(server, clientOptions) : server
     this.name = name
     this.doc = doc
@@ -69,16 +72,22 @@ export class YrelayProvider extends ObservableV2 {
 
   get status () { return this.client.status }
 
-  /** Stop syncing this document: unsubscribe (the server forgets the session's place) and release the doc. */
+  /** Stop syncing this document: unsubscribe (the server stops keeping history for this session) and release the doc. */
   destroy () {
-    if (this.awareness) {
-      awarenessProtocol.removeAwarenessStates(this.awareness, [this.doc.clientID], 'destroy')
-      this.awareness.off('update', this._onAwarenessUpdate)
-    }
+    if (this.awareness) awarenessProtocol.removeAwarenessStates(this.awareness, [this.doc.clientID], 'destroy')
+    this.client.detach(this)
+    this._release()
+  }
+
+  /** Drop listeners and timers, without telling the server (the client is going away; its session stays resumable). */
+  _release () {
     clearTimeout(this._flushTimer)
     this.doc.off('update', this._onDocUpdate)
     this.client.off('status', this._onStatus)
-    this.client.detach(this)
+    if (this.awareness) {
+      this.awareness.off('update', this._onAwarenessUpdate)
+      if (this._ownsAwareness) this.awareness.destroy()
+    }
     super.destroy()
   }
 

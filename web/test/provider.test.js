@@ -130,13 +130,34 @@ test('an invalid update is rejected with a clear error and never retried', async
   await eventually(() => b.text.toString() === 'still works', 'the document is not poisoned')
 })
 
-test('destroy unsubscribes: the server stops tracking the session for that document', async () => {
+test('destroy unbinds the document; the same client can bind it again and gets its content', async () => {
   const name = uniqueDoc()
   const shared = client()
   const a = bind(shared, name)
   await once(a.provider, 'synced')
+  a.text.insert(0, 'kept')
+  await eventually(() => a.provider.pending === 0, 'ack')
   a.provider.destroy()
   assert.equal(shared.providers.size, 0)
   const again = bind(shared, name)
-  await once(again.provider, 'synced')
+  await eventually(() => again.text.toString() === 'kept', 'the content, from the server')
+})
+
+test('presence: each side sees the other, and a leaving client is removed from the others', async () => {
+  const name = uniqueDoc()
+  const a = bind(client(), name)
+  const b = bind(client(), name)
+  a.provider.awareness.setLocalStateField('user', { name: 'alice' })
+  b.provider.awareness.setLocalStateField('user', { name: 'bob' })
+  await Promise.all([once(a.provider, 'synced'), once(b.provider, 'synced')])
+  const names = (provider) => [...provider.awareness.getStates().values()].map((state) => state.user?.name).filter(Boolean).sort()
+  await eventually(() => names(a.provider).join() === 'alice,bob' && names(b.provider).join() === 'alice,bob',
+    'both users on both sides')
+  b.provider.awareness.setLocalStateField('cursor', { anchor: 3 })
+  await eventually(() => a.provider.awareness.getStates().get(b.doc.clientID)?.cursor?.anchor === 3, 'the cursor')
+  const late = bind(client(), name)
+  await eventually(() => names(late.provider).join() === 'alice,bob', 'a newcomer gets the current states')
+  b.provider.destroy()
+  await eventually(() => !a.provider.awareness.getStates().has(b.doc.clientID), 'bob removed after leaving')
+  assert.equal(a.text.toString(), '', 'presence never touches the document')
 })

@@ -1,5 +1,6 @@
-"""The FastAPI application: the websocket endpoint, health checks and the
-operator endpoints (:mod:`yrelay.app.ops`)."""
+"""The FastAPI application: the websocket endpoint, health checks, the
+operator endpoints (:mod:`yrelay.app.ops`) and the browser client
+(:mod:`yrelay.app.web`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..config import Settings
 from .connection import Connection
 from .context import ServerContext
 from .ops import router as ops_router
+from .web import mount_web_client
 
 
 def create_app(settings: Settings, redis_url: str) -> FastAPI:
@@ -29,6 +31,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
 
     app = FastAPI(title="yrelay", version=__version__, lifespan=lifespan)
     app.include_router(ops_router)
+    mount_web_client(app)
 
     @app.websocket("/ws")
     async def websocket_endpoint(websocket: WebSocket) -> None:

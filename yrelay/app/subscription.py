@@ -80,6 +80,10 @@ class Subscription:
         self.acked = StreamId(0, 0)
         #: What the tracker was last told this session holds.
         self.tracked = StreamId(0, 0)
+        #: A subscriber that holds nothing gets the session's own entries up
+        #: to here too (written before this subscribe, e.g. by an earlier
+        #: binding of the document); past it, never its own.
+        self._own_visible_through = StreamId(0, 0)
         self._sent: deque[StreamId] = deque()  # sent, not yet acked, in order
         self._unacked_since: float | None = None
         self._pending: deque[Batch] = deque()
@@ -187,6 +191,7 @@ class Subscription:
 
     async def _start(self) -> None:
         if self._requested is None:
+            self._own_visible_through = await self.ctx.store.last_id(self.doc)
             snapshot = await self.ctx.store.load_snapshot(self.doc)
             await self._go_live(snapshot.offset, WindowDigest(snapshot.offset, snapshot.offset, Digest()))
             if snapshot.update:
@@ -275,7 +280,8 @@ class Subscription:
     async def _send_entries(self, entries: list[Entry]) -> None:
         if not entries:
             return
-        visible = [entry for entry in entries if entry.session != self.session]
+        visible = [entry for entry in entries
+                   if entry.session != self.session or entry.id <= self._own_visible_through]
         if visible:
             await self._send(protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible]))
             self.ctx.events.emit("deliver", self.doc, self.session, first=str(visible[0].id), last=str(visible[-1].id),

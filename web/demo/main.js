@@ -1,0 +1,62 @@
+/**
+ * The demo page served at `/`: a CodeMirror editor bound to the Y.Text
+ * "text" of the document named in the URL (?doc=...), with remote cursors
+ * from presence, and a status bar showing what the provider knows.
+ */
+import * as Y from 'yjs'
+import { EditorView, basicSetup } from 'codemirror'
+import { yCollab } from 'y-codemirror.next'
+import { YrelayProvider } from '../src/index.js'
+
+const COLORS = ['#30bced', '#6eeb83', '#ffbc42', '#ee6352', '#9ac2c9', '#8acb88', '#1be7ff', '#e84855']
+
+const params = new URLSearchParams(window.location.search)
+const docName = params.get('doc') || 'demo'
+const serverUrl = params.get('server') || `${window.location.protocol === 'https:' ? 'wss' : 'ws'}://${window.location.host}/ws`
+const userName = params.get('user') || `guest-${Math.floor(Math.random() * 1000)}`
+const color = COLORS[Math.floor(Math.random() * COLORS.length)]
+
+const doc = new Y.Doc()
+const text = doc.getText('text')
+const provider = new YrelayProvider(serverUrl, docName, doc)
+provider.awareness.setLocalStateField('user', { name: userName, color, colorLight: color + '33' })
+
+new EditorView({ // eslint-disable-line no-new
+  parent: document.querySelector('#editor'),
+  extensions: [basicSetup, EditorView.lineWrapping, yCollab(text, provider.awareness)]
+})
+
+const show = (id, value) => { document.getElementById(id).textContent = value }
+const statusLabel = document.getElementById('status')
+const showStatus = (status) => { statusLabel.textContent = status; statusLabel.dataset.status = status }
+showStatus(provider.status)
+provider.on('status', ({ status }) => showStatus(status))
+provider.on('synced', (synced) => show('synced', synced ? 'yes' : 'no'))
+provider.on('pending', (count) => show('pending', String(count)))
+provider.on('offset', (offset) => show('offset', offset))
+provider.on('error', (frame) => console.warn('yrelay:', frame.code, frame.message))
+
+const peers = document.getElementById('peers')
+provider.awareness.on('change', () => {
+  peers.replaceChildren(...[...provider.awareness.getStates().values()]
+    .filter((state) => state.user)
+    .map((state) => Object.assign(document.createElement('span'), {
+      textContent: state.user.name, style: `background: ${state.user.color}`
+    })))
+})
+provider.awareness.emit('change', [{ added: [], updated: [], removed: [] }, 'local'])
+
+const docInput = document.getElementById('doc-name')
+docInput.value = docName
+docInput.addEventListener('change', () => {
+  params.set('doc', docInput.value)
+  window.location.search = params.toString()
+})
+const userInput = document.getElementById('user-name')
+userInput.value = userName
+userInput.addEventListener('change', () => {
+  provider.awareness.setLocalStateField('user', { name: userInput.value, color, colorLight: color + '33' })
+})
+
+// For tests and the curious: the page's live objects.
+window.yrelay = { doc, text, provider, awareness: provider.awareness }
