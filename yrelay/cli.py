@@ -182,5 +182,46 @@ def analyze(
     console.print(summary_table(summary, str(out)))
 
 
+@cli.command()
+def chaos(
+    seed: int = typer.Option(1, help="Seed of the fault schedule and of the edits."),
+    duration: float = typer.Option(60.0, min=10, help="Seconds of editing (faults happen inside it)."),
+    clients: int = typer.Option(6, min=1, help="Client processes, each behind its own fault proxy."),
+    docs: int = typer.Option(3, min=1, help="Documents every client edits."),
+    servers: int = typer.Option(3, min=1, help="yrelay server processes on the one Redis."),
+    faults: str = typer.Option("all", help="Comma-separated fault kinds or groups (all, network, server-kill, ...)."),
+    fsync: str = typer.Option("always", help="appendfsync of redis-server: always or everysec."),
+    replica: bool = typer.Option(True, "--replica/--no-replica", help="Keep a replica (needed by the failover fault)."),
+    mean_gap: float = typer.Option(4.0, min=0.5, help="Mean seconds between two faults."),
+    out: Path = typer.Option(Path("data/chaos"), help="Directory for the run's processes, logs and report."),
+) -> None:
+    """Fault injection: prove that no acknowledged update is lost (docs/reliability.md).
+
+    Exits 1 when an acked update is missing anywhere or the replicas did not converge.
+    """
+    from datetime import datetime, timezone
+
+    from .chaos.nemesis import Fault, parse_faults
+    from .chaos.run import ChaosConfig, run_chaos
+
+    try:
+        kinds = tuple(parse_faults(faults))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--faults") from None
+    if not replica and faults.strip() == "all":
+        kinds = tuple(kind for kind in kinds if kind is not Fault.FAILOVER)
+    if Fault.FAILOVER in kinds and not replica:
+        raise typer.BadParameter("the failover fault needs a replica; leave out --no-replica", param_hint="--faults")
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = ChaosConfig(seed=seed, duration=duration, clients=clients, docs=docs, servers=servers,
+                         faults=kinds, fsync=fsync, replica=replica, mean_gap=mean_gap)
+    root = out / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    report = asyncio.run(run_chaos(config, root))
+    typer.echo(report.to_markdown())
+    typer.echo(f"report: {root / 'report.json'}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     cli()

@@ -16,6 +16,7 @@ class PendingUpdate:
     update: bytes
     attempts: int = 0
     next_send: float = 0.0  # monotonic time of the next (re)send
+    sent: bool = False  # ever sent (by this process, or before a restart)
 
 
 class SendBuffer:
@@ -26,8 +27,9 @@ class SendBuffer:
         self.backoff = backoff
         self._items: OrderedDict[int, PendingUpdate] = OrderedDict()
         self._clock = 0
-        #: Update frames sent, first sends and resends alike (for figures).
+        #: Update frames sent, and how many of them were resends (for figures).
         self.sends = 0
+        self.resends = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -47,7 +49,7 @@ class SendBuffer:
         """Take back a persisted buffer: its clock and its unacked updates."""
         self._clock = max(self._clock, clock)
         for item_clock, doc, update in items:
-            self._items[item_clock] = PendingUpdate(item_clock, doc, update)
+            self._items[item_clock] = PendingUpdate(item_clock, doc, update, sent=True)
 
     def pop(self, clock: int) -> PendingUpdate | None:
         return self._items.pop(clock, None)
@@ -59,6 +61,8 @@ class SendBuffer:
         item.next_send = time.monotonic() + self.backoff.delay(item.attempts)
         item.attempts += 1
         self.sends += 1
+        self.resends += item.sent
+        item.sent = True
 
     def due(self) -> list[PendingUpdate]:
         now = time.monotonic()

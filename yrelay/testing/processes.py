@@ -11,14 +11,18 @@ from pathlib import Path
 
 import httpx
 
-from ..redis_server import free_port
+from ..redis_server import _die_with_parent, free_port
 
 
 class ServerProcess:
     """``yrelay serve`` in a child process, against a given Redis."""
 
-    def __init__(self, redis_url: str, log_dir: Path, port: int | None = None, env: dict[str, str] | None = None):
+    def __init__(self, redis_url: str, log_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
+                 module: str = "yrelay"):
+        """``module``: what ``python -m`` runs; tests name a deliberately
+        broken build (:mod:`yrelay.testing.broken_server`) here."""
         self.redis_url = redis_url
+        self.module = module
         self.port = port or free_port()
         self.log_path = Path(log_dir) / f"server-{self.port}.log"
         self.env = env or {}
@@ -31,9 +35,11 @@ class ServerProcess:
     def start(self, timeout: float = 20.0) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        command = [sys.executable, "-m", "yrelay", "serve", "--port", str(self.port),
+        command = [sys.executable, "-m", self.module, "serve", "--port", str(self.port),
                    "--redis-url", self.redis_url, "--log-level", "warning"]
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                                        preexec_fn=preexec)
         self._wait_ready(timeout)
         return self
 
@@ -56,10 +62,30 @@ class ServerProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its sockets and answers nothing."""
+        if self.running:
+            self.process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+
+    def resume(self) -> None:
+        if self.running:
+            self.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.process is not None:
+            terminate(self.process, 10)
+
+
+def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

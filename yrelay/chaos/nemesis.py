@@ -1,0 +1,229 @@
+"""The nemesis: a seeded schedule of faults, and the code that injects them.
+
+The schedule is a pure function of the seed, the duration and the fault kinds
+(:func:`schedule`), so a run is reproduced by its command line; what the
+faults hit at run time (which updates were in flight) is not deterministic.
+
+Every fault is bounded in time: a paused server is continued, a killed one
+restarted, network conditions are cleared. Faults on the cluster (servers,
+Redis) take a lock, so a failover never races a server restart; network
+faults and client crashes run beside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from ..gc import Collector, GcPolicy, collect_documents
+from .clients import ClientProcess
+from .cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+
+class Fault(str, enum.Enum):
+    SERVER_KILL = "server-kill"  # SIGKILL a server process, restart it
+    SERVER_PAUSE = "server-pause"  # SIGSTOP, then SIGCONT
+    REDIS_KILL = "redis-kill"  # SIGKILL redis-server, restart it from its AOF
+    FAILOVER = "failover"  # promote a replica that misses the last writes
+    CLIENT_CRASH = "client-crash"  # SIGKILL a client process, restart it from its state file
+    GC = "gc"  # a GC pass at aggressive thresholds (evictions)
+    NET_LATENCY = "net-latency"
+    NET_BANDWIDTH = "net-bandwidth"
+    NET_DROP = "net-drop"
+    NET_RESET = "net-reset"
+    NET_HALF_OPEN = "net-half-open"
+
+
+NETWORK = [Fault.NET_LATENCY, Fault.NET_BANDWIDTH, Fault.NET_DROP, Fault.NET_RESET, Fault.NET_HALF_OPEN]
+#: Names accepted besides the fault names themselves.
+GROUPS: dict[str, list[Fault]] = {"all": list(Fault), "network": NETWORK}
+#: The fault kinds of a row of the per-fault table.
+CATEGORY = {fault: ("network" if fault in NETWORK else fault.value) for fault in Fault}
+CLUSTER_FAULTS = {Fault.SERVER_KILL, Fault.SERVER_PAUSE, Fault.REDIS_KILL, Fault.FAILOVER}
+
+
+def parse_faults(names: str) -> list[Fault]:
+    """``"all"``, ``"network,gc"``, ``"failover"`` ... into fault kinds (in order, once each)."""
+    faults: list[Fault] = []
+    for name in filter(None, (part.strip() for part in names.split(","))):
+        for fault in GROUPS.get(name) or [Fault(name)]:
+            if fault not in faults:
+                faults.append(fault)
+    return faults
+
+
+@dataclass(frozen=True)
+class Action:
+    at: float  # seconds after the start of the editing phase
+    fault: Fault
+    target: int  # server or client index (taken modulo their number)
+    seconds: float  # how long it lasts (pause, outage, condition, failover window)
+    value: float = 0.0  # latency in seconds / bandwidth in bytes per second
+
+
+def schedule(seed: int, duration: float, faults: list[Fault], mean_gap: float = 4.0) -> list[Action]:
+    """Faults spread over ``[2, duration - 6]`` s, every kind at least once,
+    the rest drawn at random; the same arguments give the same schedule."""
+    rng = random.Random(seed)
+    if not faults:
+        return []
+    window = max(duration - 8.0, 1.0)
+    count = max(len(faults), int(window / mean_gap))
+    kinds = list(faults) + [rng.choice(faults) for _ in range(count - len(faults))]
+    rng.shuffle(kinds)
+    slot = window / count
+    actions = []
+    for index, fault in enumerate(kinds):
+        at = 2.0 + slot * index + rng.uniform(0, slot * 0.5)
+        seconds, value = _shape(fault, rng)
+        actions.append(Action(round(at, 3), fault, rng.randrange(1 << 16), round(seconds, 3), round(value, 3)))
+    return actions
+
+
+def _shape(fault: Fault, rng: random.Random) -> tuple[float, float]:
+    if fault is Fault.NET_LATENCY:
+        return rng.uniform(1.0, 4.0), rng.uniform(0.05, 0.4)
+    if fault is Fault.NET_BANDWIDTH:
+        return rng.uniform(1.0, 4.0), rng.choice([2_000, 10_000, 50_000])
+    if fault is Fault.NET_HALF_OPEN:
+        return rng.uniform(1.0, 5.0), 0.0
+    if fault is Fault.SERVER_PAUSE:
+        return rng.uniform(0.5, 4.0), 0.0
+    if fault is Fault.FAILOVER:
+        return rng.uniform(0.3, 1.5), 0.0  # the primary acks alone this long
+    if fault in (Fault.REDIS_KILL, Fault.SERVER_KILL, Fault.CLIENT_CRASH):
+        return rng.uniform(0.2, 2.0), 0.0  # down this long
+    return 0.0, 0.0
+
+
+@dataclass
+class Injected:
+    """What one fault did, for the report."""
+
+    action: Action
+    started: float  # seconds after the start
+    ended: float = 0.0
+    detail: str = ""
+
+
+#: Called after Redis may have lost writes: ``(label)`` -> acked updates it lacks.
+LossProbe = Callable[[str], Awaitable[int]]
+
+
+@dataclass
+class Nemesis:
+    cluster: Cluster
+    clients: list[ClientProcess]
+    probe_loss: LossProbe
+    gc_policy: GcPolicy = field(default_factory=lambda: GcPolicy(relative_ms=500, absolute_ms=2_000))
+    injected: list[Injected] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._cluster_lock = asyncio.Lock()
+        self._t0 = time.monotonic()
+        self._running: set[asyncio.Task[None]] = set()
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    async def run(self, actions: list[Action], t0: float) -> None:
+        """Inject ``actions`` (times relative to ``t0``, a monotonic time) and
+        return once every fault has ended."""
+        self._t0 = t0
+        for action in actions:
+            delay = action.at - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(self._inject(action))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        await asyncio.gather(*list(self._running))
+
+    @property
+    def last_fault_end(self) -> float:
+        return max((record.ended for record in self.injected), default=0.0)
+
+    async def _inject(self, action: Action) -> None:
+        record = Injected(action, self.now())
+        self.injected.append(record)
+        try:
+            if action.fault in CLUSTER_FAULTS:
+                async with self._cluster_lock:
+                    record.started = self.now()
+                    record.detail = await self._cluster_fault(action)
+            else:
+                record.detail = await self._other_fault(action)
+        except Exception as exc:  # a fault that could not be injected is reported, not fatal
+            log.exception("fault %s failed", action)
+            record.detail = f"failed: {exc!r}"
+        record.ended = self.now()
+        log.info("fault %s at %.1fs: %s (%.1fs)", action.fault.value, record.started, record.detail,
+                 record.ended - record.started)
+
+    async def _cluster_fault(self, action: Action) -> str:
+        cluster = self.cluster
+        index = action.target % len(cluster.servers)
+        if action.fault is Fault.SERVER_KILL:
+            await asyncio.to_thread(cluster.kill_server, index)
+            await asyncio.sleep(action.seconds)
+            await asyncio.to_thread(cluster.start_server, index)
+            return f"server {index}"
+        if action.fault is Fault.SERVER_PAUSE:
+            cluster.pause_server(index)
+            await asyncio.sleep(action.seconds)
+            cluster.resume_server(index)
+            return f"server {index}"
+        if action.fault is Fault.REDIS_KILL:
+            await asyncio.to_thread(cluster.kill_redis)
+            await asyncio.sleep(action.seconds)
+            await asyncio.to_thread(cluster.start_redis)
+            lost = await self.probe_loss(f"redis-kill at {action.at}s")
+            return f"acked updates missing from the restarted Redis: {lost}"
+        if action.fault is Fault.FAILOVER:
+            if not await asyncio.to_thread(cluster.wait_replica_linked):
+                return "skipped: no linked replica"
+            cluster.promote_replica()
+            await asyncio.sleep(action.seconds)
+            await asyncio.to_thread(cluster.finish_failover)
+            lost = await self.probe_loss(f"failover at {action.at}s")
+            await asyncio.to_thread(cluster.restart_servers)
+            return f"acked updates missing from the promoted replica: {lost}"
+        raise ValueError(action.fault)
+
+    async def _other_fault(self, action: Action) -> str:
+        if action.fault is Fault.GC:
+            redis = Redis.from_url(self.cluster.redis_url, socket_timeout=10)
+            try:
+                summary = await collect_documents(Collector(redis, self.gc_policy), None)
+            finally:
+                await redis.aclose()
+            return f"evicted {summary.evicted}, folded {summary.folded}, trimmed {summary.trimmed}"
+        client = self.clients[action.target % len(self.clients)]
+        if action.fault is Fault.CLIENT_CRASH:
+            await asyncio.to_thread(client.kill)
+            await asyncio.sleep(action.seconds)
+            client.start()
+            return client.name
+        proxy = client.proxy
+        if action.fault is Fault.NET_LATENCY:
+            proxy.degrade(latency=action.value)
+        elif action.fault is Fault.NET_BANDWIDTH:
+            proxy.degrade(bandwidth=int(action.value))
+        elif action.fault is Fault.NET_DROP:
+            proxy.drop()
+        elif action.fault is Fault.NET_RESET:
+            proxy.reset()
+        elif action.fault is Fault.NET_HALF_OPEN:
+            proxy.half_open(action.seconds)
+        await asyncio.sleep(action.seconds)
+        proxy.clear()
+        return client.name

@@ -1,0 +1,249 @@
+"""One chaos run, start to finish (what ``yrelay chaos`` and tests/test_chaos.py call).
+
+1. Start the cluster (K servers, redis-server with AOF, a replica) and N
+   client processes, each behind its own fault proxy; wait until all are
+   subscribed to the M documents.
+2. Let them edit for ``duration`` seconds while the nemesis injects its
+   seeded schedule.
+3. Faults have stopped: wait until every client is connected, has nothing
+   unacked and holds the same content as the server (or until nothing has
+   changed for ``quiet`` seconds, or ``settle_timeout``).
+4. A last aggressive GC pass, then the clients write their final documents
+   and exit, and :func:`yrelay.chaos.checker.check_run` compares everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from .. import crdt
+from ..gc import Collector, collect_documents
+from ..testing.checker import DeliveryViolation
+from .checker import (DeliveryFigures, UpdateKey, acked_updates, check_run, missing_keys, server_documents,
+                      server_event_counts)
+from .clients import ClientProcess
+from .cluster import Cluster, ClusterConfig
+from .nemesis import Fault, Nemesis, schedule
+from .proxy import FaultProxy
+from .report import RunReport
+from .workload import WorkloadConfig, write_atomically
+
+log = logging.getLogger(__name__)
+
+#: Server settings of a chaos run: quick resends, GC every second with a
+#: two-second eviction threshold (sessions behind a fault get evicted).
+CHAOS_SERVER_ENV = {
+    "YRELAY_RESEND_AFTER": "1",
+    "YRELAY_RESEND_CHECK_INTERVAL": "0.5",
+    "YRELAY_GC_INTERVAL": "1",
+    "YRELAY_GC_RELATIVE_DELTA": "2",
+    "YRELAY_GC_ABSOLUTE_DELTA": "6",
+    "YRELAY_GC_LEASE": "5",
+}
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seed: int = 1
+    duration: float = 60.0
+    clients: int = 6
+    docs: int = 3
+    servers: int = 3
+    faults: tuple[Fault, ...] = tuple(Fault)
+    fsync: str = "always"
+    replica: bool = True
+    #: Mean seconds between two faults.
+    mean_gap: float = 4.0
+    #: Mean seconds between two edits of one client.
+    edit_interval: float = 0.15
+    settle_timeout: float = 240.0
+    #: Stop waiting for convergence when nothing changed for this long.
+    quiet: float = 30.0
+    #: ``python -m`` module of the servers: a deliberately broken build in tests.
+    server_module: str = "yrelay"
+    server_env: dict[str, str] = field(default_factory=lambda: dict(CHAOS_SERVER_ENV))
+
+    def command(self) -> str:
+        """The ``yrelay chaos`` command line that reproduces this run."""
+        parts = ["yrelay", "chaos", "--seed", str(self.seed), "--duration", f"{self.duration:g}",
+                 "--clients", str(self.clients), "--docs", str(self.docs), "--servers", str(self.servers),
+                 "--faults", ",".join(fault.value for fault in self.faults) if set(self.faults) != set(Fault) else "all",
+                 "--fsync", self.fsync, "--mean-gap", f"{self.mean_gap:g}"]
+        if not self.replica:
+            parts.append("--no-replica")
+        return shlex.join(parts)
+
+
+class ChaosRun:
+    def __init__(self, config: ChaosConfig, root: Path):
+        self.config = config
+        self.root = root
+        if Fault.FAILOVER in config.faults and not config.replica:
+            raise ValueError("the failover fault needs a replica")
+        self.cluster = Cluster(root, ClusterConfig(servers=config.servers, fsync=config.fsync, replica=config.replica,
+                                                   server_env=config.server_env, server_module=config.server_module))
+        self.docs = [f"doc-{index}" for index in range(config.docs)]
+        self.clients: list[ClientProcess] = []
+        self.proxies: list[FaultProxy] = []
+        self.lost_from_redis: set[UpdateKey] = set()
+        self.nemesis = Nemesis(self.cluster, self.clients, self.probe_loss)
+
+    async def run(self) -> RunReport:
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(self.cluster.start)
+            await self._start_clients()
+            t0 = time.monotonic()
+            write_atomically(self.root / "window.json", {"until": time.time() + self.config.duration})
+            actions = schedule(self.config.seed, self.config.duration, list(self.config.faults), self.config.mean_gap)
+            await self.nemesis.run(actions, t0)
+            await asyncio.sleep(max(0.0, t0 + self.config.duration - time.monotonic()))
+            converged_at = await self._settle(t0)
+            before_gc = await server_documents(self.cluster.redis_url, self.docs)
+            await self._final_gc()
+            return await self._check(started, converged_at, before_gc)
+        finally:
+            for client in self.clients:
+                client.finish(timeout=5)
+            for proxy in self.proxies:
+                await proxy.stop()
+            await asyncio.to_thread(self.cluster.stop)
+
+    async def _start_clients(self) -> None:
+        for index in range(self.config.clients):
+            name = f"client-{index}"
+            proxy = await FaultProxy(self.cluster.server_ports, name).start()
+            config = WorkloadConfig(name, proxy.ws_url, self.docs, str(self.root / "clients" / name),
+                                    self.config.seed, str(self.root / "window.json"), self.config.edit_interval)
+            client = ClientProcess(config, proxy)
+            client.start()
+            self.proxies.append(proxy)
+            self.clients.append(client)
+        deadline = time.monotonic() + 120
+        while not all((client.status() or {}).get("ready") for client in self.clients):
+            if time.monotonic() > deadline:
+                raise TimeoutError("clients did not subscribe within 120 s")
+            await asyncio.sleep(0.1)
+
+    async def probe_loss(self, label: str) -> int:
+        """Acked updates (recorded so far) that the current Redis lacks."""
+        records = [record for client in self.clients for record in client.acked()]
+        by_doc = acked_updates(records)
+        documents = await server_documents(self.cluster.redis_url, by_doc)
+        missing: set[UpdateKey] = set()
+        for doc, updates in by_doc.items():
+            missing |= missing_keys(documents[doc], updates)
+        self.lost_from_redis |= missing
+        log.info("%s: %d acked updates missing from Redis", label, len(missing))
+        return len(missing)
+
+    async def _settle(self, t0: float) -> float | None:
+        """Seconds after ``t0`` when everyone held the same content, or None."""
+        for client in self.clients:  # a client crashed at the very end comes back too
+            if not client.running:
+                client.start()
+        deadline = time.monotonic() + self.config.settle_timeout
+        last_change, last_seen = time.monotonic(), None
+        while time.monotonic() < deadline:
+            seen, converged = await self._observe()
+            if converged:
+                return time.monotonic() - t0
+            if seen != last_seen:
+                last_seen, last_change = seen, time.monotonic()
+            elif time.monotonic() - last_change > self.config.quiet:
+                log.warning("no progress for %.0f s: giving up waiting for convergence", self.config.quiet)
+                return None
+            await asyncio.sleep(0.25)
+        return None
+
+    async def _observe(self) -> tuple[object, bool]:
+        statuses = [client.status() or {} for client in self.clients]
+        try:
+            server = await server_documents(self.cluster.redis_url, self.docs)
+        except Exception as exc:  # Redis coming back: not settled yet
+            return repr(exc), False
+        server_sha = {doc: hashlib.sha256(crdt.text_of(ydoc).encode()).hexdigest() for doc, ydoc in server.items()}
+        seen = (server_sha, [(s.get("pending"), s.get("connected"), s.get("docs")) for s in statuses])
+        converged = all(
+            status.get("connected") and status.get("pending") == 0 and not status.get("editing")
+            and all((status.get("docs") or {}).get(doc, {}).get("sha") == sha for doc, sha in server_sha.items())
+            for status in statuses
+        )
+        return seen, converged
+
+    async def _final_gc(self) -> None:
+        redis = Redis.from_url(self.cluster.redis_url, socket_timeout=30)
+        try:
+            await collect_documents(Collector(redis, self.nemesis.gc_policy), self.docs)
+        finally:
+            await redis.aclose()
+
+    async def _check(self, started: float, converged_at: float | None, before_gc: dict[str, crdt.Doc]) -> RunReport:
+        for client in self.clients:
+            await asyncio.to_thread(client.finish)
+        replicas: dict[str, dict[str, crdt.Doc]] = {}
+        counters: dict[str, int] = {"crashes": 0}
+        for client in self.clients:
+            final = client.final()
+            replicas[client.name] = {doc: _load(state) for doc, state in final["docs"].items()}
+            for key, value in final["counters"].items():
+                counters[key] = counters.get(key, 0) + value
+            counters["crashes"] += client.crashes
+        replicas["server"] = before_gc
+        replicas["server after a last GC"] = await server_documents(self.cluster.redis_url, self.docs)
+        records = [record for client in self.clients for record in client.acked()]
+        violation = None
+        try:
+            figures = check_run(records, replicas, self.lost_from_redis)
+        except DeliveryViolation as error:
+            figures = getattr(error, "figures", DeliveryFigures())
+            violation = str(error)
+        last_fault = self.nemesis.last_fault_end
+        report = RunReport(
+            command=self.config.command(),
+            config={**asdict(self.config), "faults": [fault.value for fault in self.config.faults]},
+            injected=self.nemesis.injected,
+            delivery=figures,
+            clients=counters,
+            server=dict(server_event_counts(self.root)),
+            converged=converged_at is not None,
+            converge_after_last_fault=None if converged_at is None else converged_at - last_fault,
+            converge_after_edits=None if converged_at is None else converged_at - self.config.duration,
+            seconds=time.monotonic() - started,
+            violation=violation,
+        )
+        (self.root / "report.json").write_text(report.to_json())
+        (self.root / "report.md").write_text(report.to_markdown() + "\n")
+        return report
+
+
+def _load(state_b64: str) -> crdt.Doc:
+    doc = crdt.new_doc()
+    crdt.apply_update(doc, base64.b64decode(state_b64))
+    return doc
+
+
+async def run_chaos(config: ChaosConfig, root: Path) -> RunReport:
+    """Run once under ``root`` (logs, data, report.json / report.md stay there)."""
+    root.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(root / "harness.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("yrelay")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        return await ChaosRun(config, root).run()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
