@@ -1,0 +1,187 @@
+"""The browser client end to end, in real headless Chromium: the demo page
+served by `yrelay serve` at `/`, two pages (separate browser contexts, so
+separate storage and sockets) editing one document through the CodeMirror
+binding, while the network drops, the server process is killed and restarted,
+and a Python client (y-py) edits the same document."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, require_web_build
+from conftest import FAST_BACKOFF, running_server
+from playwright.async_api import Browser, Page, async_playwright
+
+from yrelay import crdt
+from yrelay.client import YrelayClient
+from yrelay.testing.processes import ServerProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Browser]:
+    require_web_build()
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        await browser.close()
+
+
+def http_of(ws_url: str) -> str:
+    return ws_url.replace("ws://", "http://").removesuffix("/ws")
+
+
+async def open_editor(browser: Browser, base: str, doc: str, user: str) -> Page:
+    """The demo page for ``doc`` in a fresh context, once it holds the server's state."""
+    context = await browser.new_context(viewport={"width": 1100, "height": 600})
+    page = await context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.errors = errors  # type: ignore[attr-defined]
+    await page.goto(f"{base}/?doc={doc}&user={user}")
+    await page.wait_for_function("window.yrelay && window.yrelay.provider.synced", timeout=15_000)
+    return page
+
+
+async def type_into(page: Page, text: str) -> None:
+    await page.click(".cm-content")
+    await page.keyboard.press("End")
+    await page.keyboard.type(text)
+
+
+async def text_of(page: Page) -> str:
+    return await page.evaluate("window.yrelay.text.toString()")
+
+
+async def settled(page: Page, timeout: float = 30_000) -> None:
+    """Every local change acked, and the socket up."""
+    await page.wait_for_function(
+        "window.yrelay.provider.pending === 0 && window.yrelay.provider.status === 'connected'"
+        " && window.yrelay.provider.synced", timeout=timeout)
+
+
+async def converged(pages: list[Page], tokens: list[str], timeout: float = 30.0) -> str:
+    """Wait until every page shows the same text holding every token; return it."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        texts = [await text_of(page) for page in pages]
+        if len(set(texts)) == 1 and all(token in texts[0] for token in tokens):
+            return texts[0]
+        if asyncio.get_running_loop().time() > deadline:
+            missing = {i: [t for t in tokens if t not in text] for i, text in enumerate(texts)}
+            raise AssertionError(f"pages did not converge: missing {missing}; texts {texts}")
+        await asyncio.sleep(0.1)
+
+
+def new_doc() -> str:
+    return f"browser-{uuid.uuid4().hex[:8]}"
+
+
+async def test_two_pages_converge_see_each_other_and_show_their_state(redis_url, chromium):
+    doc = new_doc()
+    async with running_server(redis_url) as url:
+        alice = await open_editor(chromium, http_of(url), doc, "alice")
+        bob = await open_editor(chromium, http_of(url), doc, "bob")
+        await asyncio.gather(type_into(alice, "alice was here. "), type_into(bob, "bob too. "))
+        text = await converged([alice, bob], ["alice was here.", "bob too."])
+        assert len(text) == len("alice was here. bob too. ")
+        for page in (alice, bob):
+            await settled(page)
+        # Presence: alice's name and caret appear in bob's page, bob's in alice's.
+        await bob.wait_for_function(
+            "[...window.yrelay.awareness.getStates().values()].some(s => s.user && s.user.name === 'alice')")
+        await alice.click(".cm-content")
+        await alice.keyboard.press("Home")
+        await bob.wait_for_selector(".cm-ySelectionCaret", timeout=10_000)
+        assert "alice" in await bob.inner_text("#peers")
+        assert await bob.inner_text("#status") == "connected"
+        assert await bob.inner_text("#pending") == "0"
+        assert "-" in await bob.inner_text("#offset")  # a stream id, acked
+        ARTIFACTS.mkdir(exist_ok=True)
+        await bob.screenshot(path=str(ARTIFACTS / "demo-editor.png"))
+        # Leaving clears the cursor from the other page.
+        await alice.context.close()
+        await bob.wait_for_function(
+            "![...window.yrelay.awareness.getStates().values()].some(s => s.user && s.user.name === 'alice')",
+            timeout=10_000)
+        assert bob.errors == []  # type: ignore[attr-defined]
+
+
+async def test_a_page_offline_keeps_editing_and_nothing_is_lost(redis_url, chromium):
+    doc = new_doc()
+    async with running_server(redis_url) as url:
+        online = await open_editor(chromium, http_of(url), doc, "online")
+        offline = await open_editor(chromium, http_of(url), doc, "offline")
+        await type_into(online, "start. ")
+        await converged([online, offline], ["start."])
+        await offline.context.set_offline(True)
+        await offline.wait_for_function("window.yrelay.provider.status !== 'connected'", timeout=10_000)
+        tokens = []
+        for i in range(5):
+            tokens += [f"on{i}.", f"off{i}."]
+            await type_into(online, f" on{i}.")
+            await type_into(offline, f" off{i}.")
+        assert await offline.evaluate("window.yrelay.provider.pending") > 0
+        await asyncio.sleep(0.5)
+        assert "off0." not in await text_of(online)  # really cut off
+        await offline.context.set_offline(False)
+        await converged([online, offline], tokens)
+        for page in (online, offline):
+            await settled(page)
+
+
+async def test_pages_recover_when_the_server_process_is_killed_and_restarted(redis_url, chromium, tmp_path):
+    doc = new_doc()
+    server = ServerProcess(redis_url, tmp_path).start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        left = await open_editor(chromium, base, doc, "left")
+        right = await open_editor(chromium, base, doc, "right")
+        tokens = []
+        for i in range(3):
+            tokens += [f"L{i}.", f"R{i}."]
+            await type_into(left, f" L{i}.")
+            await type_into(right, f" R{i}.")
+        await converged([left, right], tokens)
+        server.kill()  # SIGKILL mid-session: whatever was acked is in Redis
+        for i in range(3, 6):
+            tokens += [f"L{i}.", f"R{i}."]
+            await type_into(left, f" L{i}.")
+            await type_into(right, f" R{i}.")
+        await left.wait_for_function("window.yrelay.provider.status !== 'connected'", timeout=10_000)
+        server.start()
+        await converged([left, right], tokens, timeout=60)
+        for page in (left, right):
+            await settled(page, timeout=60_000)
+    finally:
+        server.stop()
+
+
+async def test_browser_and_python_client_edit_at_once_and_converge(redis_url, chromium):
+    doc = new_doc()
+    async with running_server(redis_url) as url:
+        page = await open_editor(chromium, http_of(url), doc, "browser")
+        python = await YrelayClient(url, backoff=FAST_BACKOFF).connect()
+        try:
+            pydoc = await python.subscribe(doc)
+
+            async def python_edits() -> None:
+                for i in range(20):
+                    crdt.insert_text(pydoc.ydoc, 0, f"py{i}.")
+                    await asyncio.sleep(0.02)
+
+            await asyncio.gather(python_edits(), type_into(page, "".join(f"js{i}." for i in range(20))))
+            await python.wait_idle()
+            await settled(page)
+            tokens = [f"py{i}." for i in range(20)] + [f"js{i}." for i in range(20)]
+            deadline = asyncio.get_running_loop().time() + 30
+            while (browser_text := await text_of(page)) != pydoc.text or not all(t in pydoc.text for t in tokens):
+                assert asyncio.get_running_loop().time() < deadline, (browser_text, pydoc.text)
+                await asyncio.sleep(0.1)
+            assert browser_text == crdt.text_of(pydoc.ydoc)
+        finally:
+            await python.close()
