@@ -185,3 +185,40 @@ async def test_browser_and_python_client_edit_at_once_and_converge(redis_url, ch
             assert browser_text == crdt.text_of(pydoc.ydoc)
         finally:
             await python.close()
+
+
+async def test_a_reload_while_the_server_is_down_loses_no_unsent_edit(redis_url, chromium, tmp_path):
+    """The page is served by one server, synced through another (?server=):
+    the sync server dies, the user types, the tab reloads. IndexedDB gives the
+    page back its text, its session and its unacked updates, which reach the
+    server once it is back."""
+    doc = new_doc()
+    sync = ServerProcess(redis_url, tmp_path).start()
+    async with running_server(redis_url) as page_server:
+        page = await open_editor(chromium, http_of(page_server), f"{doc}&server=ws://127.0.0.1:{sync.port}/ws", "a")
+        try:
+            await type_into(page, "before.")
+            await settled(page)
+            session = await page.evaluate("window.yrelay.provider.client.session")
+            sync.kill()
+            await page.wait_for_function("window.yrelay.provider.status !== 'connected'", timeout=10_000)
+            await type_into(page, " unsent1. unsent2.")
+            await page.wait_for_function("window.yrelay.provider.pending > 0")
+            await page.wait_for_timeout(600)  # let the queued writes reach IndexedDB (no timing is asserted)
+            await page.reload()
+            await page.wait_for_function("window.yrelay && window.yrelay.text.toString().includes('unsent2.')",
+                                         timeout=10_000)
+            assert await page.evaluate("window.yrelay.provider.pending") > 0  # restored, still unacked
+            assert await page.evaluate("window.yrelay.provider.status") != "connected"
+            sync.start()
+            await settled(page, timeout=60_000)
+            assert await page.evaluate("window.yrelay.provider.client.session") == session  # resumed
+            async with YrelayClient(sync.ws_url, backoff=FAST_BACKOFF) as python:
+                pydoc = await python.subscribe(doc)
+                deadline = asyncio.get_running_loop().time() + 20
+                while "unsent2." not in pydoc.text:
+                    assert asyncio.get_running_loop().time() < deadline, pydoc.text
+                    await asyncio.sleep(0.1)
+                assert pydoc.text == await text_of(page) == "before. unsent1. unsent2."
+        finally:
+            sync.stop()

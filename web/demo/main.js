@@ -2,6 +2,8 @@
  * The demo page served at `/`: a CodeMirror editor bound to the Y.Text
  * "text" of the document named in the URL (?doc=...), with remote cursors
  * from presence, and a status bar showing what the provider knows.
+ * URL parameters: doc, user, server (a ws:// URL; default: this host's /ws),
+ * persist=0 (do not keep the document in IndexedDB).
  */
 import * as Y from 'yjs'
 import { EditorView, basicSetup } from 'codemirror'
@@ -18,7 +20,8 @@ const color = COLORS[Math.floor(Math.random() * COLORS.length)]
 
 const doc = new Y.Doc()
 const text = doc.getText('text')
-const provider = new YrelayProvider(serverUrl, docName, doc)
+// Persisted in IndexedDB: a reload keeps the document and every edit not yet acked (?persist=0: off).
+const provider = new YrelayProvider(serverUrl, docName, doc, { persist: params.get('persist') !== '0' })
 provider.awareness.setLocalStateField('user', { name: userName, color, colorLight: color + '33' })
 
 new EditorView({ // eslint-disable-line no-new

@@ -15,6 +15,7 @@ import { ObservableV2 } from 'lib0/observable'
 import { toBase64 } from 'lib0/buffer'
 import { Backoff } from './backoff.js'
 import { hashReady } from './digest.js'
+import { BrowserStore } from './persistence.js'
 import { SendBuffer } from './send-buffer.js'
 
 /** Errors after which resending the same update can never succeed. */
@@ -35,10 +36,12 @@ export class YrelayClient extends ObservableV2 {
    * @param {boolean} [options.connect] connect now (default true)
    * @param {number} [options.pingInterval] ms of silence before a ping
    * @param {number} [options.idleTimeout] ms without any frame before the socket is taken for dead
+   * @param {boolean|string} [options.persist] keep the session and unacked updates in IndexedDB
+   *   (a database name, or true for "yrelay"), so a reload loses nothing
    */
   constructor (url, {
     WebSocketPolyfill = globalThis.WebSocket, backoff = new Backoff(), session = null, connect = true,
-    pingInterval = 15000, idleTimeout = 45000, tickInterval = 100
+    pingInterval = 15000, idleTimeout = 45000, tickInterval = 100, persist = false
   } = {}) {
     super()
     if (!WebSocketPolyfill) throw new Error('no WebSocket: pass options.WebSocketPolyfill (in Node: the ws package)')
@@ -62,6 +65,10 @@ export class YrelayClient extends ObservableV2 {
     this._ticker = null
     this._lastReceived = 0
     this._lastSent = 0
+    /** The IndexedDB store when persisting (set once `ready` resolves). */
+    this.store = null
+    /** Resolves once the persisted session and updates are restored (at once without persistence). */
+    this.ready = persist ? this._restore(persist === true ? 'yrelay' : persist) : Promise.resolve()
     this._onOnline = () => this._reconnectNow()
     this._onOffline = () => this._dropSocket()
     if (typeof window !== 'undefined' && window.addEventListener) {
@@ -85,7 +92,7 @@ export class YrelayClient extends ObservableV2 {
   connect () {
     if (this._shouldConnect) return
     this._shouldConnect = true
-    hashReady().then(() => { if (this._shouldConnect && this._ws === null) this._open() },
+    Promise.all([hashReady(), this.ready]).then(() => { if (this._shouldConnect && this._ws === null) this._open() },
       (error) => this.emit('error', [{ code: 'hash_unavailable', message: String(error) }]))
   }
 
@@ -110,7 +117,7 @@ export class YrelayClient extends ObservableV2 {
     super.destroy()
   }
 
-  /** Updates not yet acked by the server, all documents. */
+  /** Updates not yet acked by the server, all documents (bound or not). */
   get pending () { return this.buffer.size }
 
   // ------------------------------------------------------------ documents
@@ -118,20 +125,27 @@ export class YrelayClient extends ObservableV2 {
   attach (provider) {
     if (this.providers.has(provider.name)) throw new Error(`document ${provider.name} is already bound on this client`)
     this.providers.set(provider.name, provider)
-    if (this.status === 'connected') provider._connected()
+    if (this.status === 'connected') {
+      provider._connected()
+      for (const item of this.buffer.all()) if (item.doc === provider.name) this._sendUpdate(item)
+    }
   }
 
   detach (provider) {
     if (this.providers.get(provider.name) !== provider) return
     this.providers.delete(provider.name)
-    this.buffer.forget(provider.name)
     this.send({ op: 'unsubscribe', doc: provider.name })
   }
 
-  /** Queue an update for the stream; sent now when connected, else after the next handshake. */
+  /**
+   * Queue an update for the stream; sent now when connected (and the document
+   * bound), else after the next handshake. Unacked updates of a document that
+   * is unbound stay queued and go out when it is bound again.
+   */
   enqueue (doc, update) {
     const item = this.buffer.add(doc, update)
-    if (this.status === 'connected') this._sendUpdate(item)
+    this.store?.putPending(this.url, this.session, item).catch((error) => this._storeFailed(error))
+    if (this.status === 'connected' && this.providers.has(doc)) this._sendUpdate(item)
     return item
   }
 
@@ -237,24 +251,56 @@ export class YrelayClient extends ObservableV2 {
     this._attempt = 0
     this._setStatus('connected')
     for (const provider of this.providers.values()) provider._connected()
+    this.store?.saveSession(this.url, this.session, this.buffer.clock).catch((error) => this._storeFailed(error))
     this.buffer.resetAttempts()
-    for (const item of this.buffer.all()) this._sendUpdate(item)
+    for (const item of this._bound(this.buffer.all())) this._sendUpdate(item)
     clearInterval(this._ticker)
     this._ticker = setInterval(() => this._tick(), this.tickInterval)
     this.emit('session', [{ session: this.session, resumed: frame.resumed }])
   }
 
   _appended (frame) {
-    const item = this.buffer.pop(frame.clock)
+    const item = this._settle(frame.clock)
     this.providers.get(frame.doc)?._appended(frame, item)
   }
 
   _error (frame) {
     if (Number.isInteger(frame.clock) && FATAL_UPDATE_ERRORS.has(frame.code)) {
-      this.buffer.pop(frame.clock) // resending cannot help; the local edit stays in the document
+      this._settle(frame.clock) // resending cannot help; the local edit stays in the document
     }
     this.emit('error', [frame])
     if (typeof frame.doc === 'string') this.providers.get(frame.doc)?._receive(frame)
+  }
+
+  /** An update is done with (acked, or rejected for good): out of the buffer and the store. */
+  _settle (clock) {
+    const item = this.buffer.pop(clock)
+    if (item !== undefined) this.store?.deletePending(this.url, clock).catch((error) => this._storeFailed(error))
+    return item
+  }
+
+  /** Updates of documents bound now (the others wait until theirs is bound). */
+  _bound (items) {
+    return items.filter((item) => this.providers.has(item.doc))
+  }
+
+  // ------------------------------------------------------------ persistence
+
+  async _restore (name) {
+    try {
+      const store = await BrowserStore.open(name)
+      const saved = await store.loadSession(this.url)
+      if (this.session === null) this.session = saved.session
+      this.buffer.clock = Math.max(this.buffer.clock, saved.clock)
+      for (const item of saved.pending) this.buffer.restore(item)
+      this.store = store
+    } catch (error) {
+      this._storeFailed(error) // carry on in memory: syncing matters more than surviving a reload
+    }
+  }
+
+  _storeFailed (error) {
+    this.emit('error', [{ code: 'persistence_failed', message: String(error?.message ?? error) }])
   }
 
   // ------------------------------------------------------------ timers
@@ -271,12 +317,12 @@ export class YrelayClient extends ObservableV2 {
       this._dropSocket() // half-open: nothing heard, not even a pong
       return
     }
-    if (this.buffer.exhausted()) {
+    if (this.buffer.exhausted((doc) => this.providers.has(doc))) {
       for (const provider of this.providers.values()) provider.needsSync = true
       this._dropSocket()
       return
     }
-    for (const item of this.buffer.due(now)) this._sendUpdate(item)
+    for (const item of this._bound(this.buffer.due(now))) this._sendUpdate(item)
     if (now - this._lastSent > this.pingInterval) this.send({ op: 'ping' })
   }
 }

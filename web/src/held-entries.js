@@ -62,6 +62,11 @@ export class HeldEntries {
     this._sinceKey = idKey(since)
   }
 
+  /** The held ids in order (for persistence: `new HeldEntries(since)` and `add` restore them). */
+  ids () {
+    return this._keys.map((key) => this._entries.get(key).id)
+  }
+
   /** `{count, hash}` (hash a BigInt) of the held ids in (since, through]. */
   digest (through) {
     const cut = upperBound(this._keys, idKey(through))

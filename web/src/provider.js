@@ -32,14 +32,17 @@ export class YrelayProvider extends ObservableV2 {
    * @param {object} [options]
    * @param {awarenessProtocol.Awareness|null} [options.awareness] presence; a new one by default, null for none
    * @param {number} [options.batchDelay] ms to collect local changes while earlier ones are unacked
+   * @param {boolean|string} [options.persist] keep the document, its place and its unacked
+   *   updates in IndexedDB (a database name, or true for "yrelay"); sets up the shared client
+   * @param {number} [options.persistDelay] ms to gather changes before the document is saved
    * @param {object} [options.clientOptions] options of the shared YrelayClient (WebSocketPolyfill, backoff, ...)
    */
-  constructor (server, name, doc, { awareness, batchDelay = 50, clientOptions = {} } = {}) {
+  constructor (server, name, doc, { awareness, batchDelay = 50, persist = false, persistDelay = 250, clientOptions = {} } = {}) {
     super()
     /** An awareness made here is destroyed here (its renewal timer would keep a page or process alive). */
     this._ownsAwareness = awareness === undefined
     if (awareness === undefined) awareness = new awarenessProtocol.Awareness(doc)
-    this.client = typeof server === 'string' ? YrelayClient.shared(server, clientOptions) : server
+    this.client = typeof server === 'string' ? YrelayClient.shared(server, { persist, ...clientOptions }) : server
     this.name = name
     this.doc = doc
     this.awareness = awareness
@@ -58,13 +61,24 @@ export class YrelayProvider extends ObservableV2 {
     this._parts = []
     this._batch = []
     this._flushTimer = null
+    this.persistDelay = persistDelay
+    this._persistTimer = null
+    this._started = false
     this._onDocUpdate = (update, origin) => { if (origin !== this) this._local(update) }
     this._onAwarenessUpdate = (changes, origin) => this._localAwareness(changes, origin)
     doc.on('update', this._onDocUpdate)
     awareness?.on('update', this._onAwarenessUpdate)
     this._onStatus = (event) => this.emit('status', [event])
     this.client.on('status', this._onStatus)
-    this.client.attach(this)
+    this._onPageHide = () => { this._flush(); this._persistNow() }
+    if (typeof window !== 'undefined' && window.addEventListener) window.addEventListener('pagehide', this._onPageHide)
+    /** Resolves once the persisted state (if any) is loaded and the document is bound to the client. */
+    this.whenReady = this.client.ready.then(() => this._restore()).then(() => {
+      if (this._destroyed) return
+      this._started = true
+      this.client.attach(this)
+      this._flush()
+    })
   }
 
   /** Local changes not yet in the server's stream. */
@@ -75,13 +89,19 @@ export class YrelayProvider extends ObservableV2 {
   /** Stop syncing this document: unsubscribe (the server stops keeping history for this session) and release the doc. */
   destroy () {
     if (this.awareness) awarenessProtocol.removeAwarenessStates(this.awareness, [this.doc.clientID], 'destroy')
+    this._flush() // sent before the unsubscribe
     this.client.detach(this)
     this._release()
   }
 
   /** Drop listeners and timers, without telling the server (the client is going away; its session stays resumable). */
   _release () {
+    this._flush()
+    this._persistNow()
+    this._destroyed = true
     clearTimeout(this._flushTimer)
+    clearTimeout(this._persistTimer)
+    if (typeof window !== 'undefined' && window.removeEventListener) window.removeEventListener('pagehide', this._onPageHide)
     this.doc.off('update', this._onDocUpdate)
     this.client.off('status', this._onStatus)
     if (this.awareness) {
@@ -95,6 +115,7 @@ export class YrelayProvider extends ObservableV2 {
 
   _local (update) {
     this._batch.push(update)
+    this._persistSoon()
     if (this._flushTimer === null) {
       // Nagle: the first change goes out at once; while earlier ones await their ack, collect.
       const delay = this.client.buffer.countFor(this.name) > 0 ? this.batchDelay : 0
@@ -107,12 +128,52 @@ export class YrelayProvider extends ObservableV2 {
     clearTimeout(this._flushTimer)
     this._flushTimer = null
     const updates = this._batch
-    if (updates.length === 0) return
+    if (updates.length === 0 || !this._started) return // bound (and restored) first: clocks come after the restored ones
     this._batch = []
     this.client.enqueue(this.name, updates.length === 1 ? updates[0] : Y.mergeUpdates(updates))
   }
 
   _emitPending () { this.emit('pending', [this.pending]) }
+
+  // ------------------------------------------------------------ persistence
+
+  /** Load the saved state, place and held ids; a restored document resyncs (two-way) on subscribe. */
+  async _restore () {
+    const store = this.client.store
+    if (store === null) return
+    try {
+      const record = await store.loadDocument(this.client.url, this.name)
+      if (record !== undefined) {
+        Y.applyUpdate(this.doc, record.state, this)
+        this.offset = record.offset
+        this.held = new HeldEntries(record.since)
+        for (const id of record.held) this.held.add(id)
+        this.needsSync = true // edits made just before the last save may never have been queued
+      }
+    } catch (error) {
+      this.emit('error', [{ code: 'persistence_failed', message: String(error?.message ?? error) }])
+    }
+    for (const item of this.client.buffer.all()) {
+      if (item.doc === this.name) Y.applyUpdate(this.doc, item.update, this) // unacked edits, maybe newer than the saved state
+    }
+  }
+
+  _persistSoon () {
+    if (this.client.store === null || this._persistTimer !== null) return
+    this._persistTimer = setTimeout(() => this._persistNow(), this.persistDelay)
+  }
+
+  /** The state, offset and held ids in one record, so they always agree. */
+  _persistNow () {
+    clearTimeout(this._persistTimer)
+    this._persistTimer = null
+    const store = this.client.store
+    if (store === null || !this._started) return
+    const record = { state: Y.encodeStateAsUpdate(this.doc), offset: this.offset, since: this.held.since, held: this.held.ids() }
+    store.saveDocument(this.client.url, this.name, record).catch((error) => {
+      this.emit('error', [{ code: 'persistence_failed', message: String(error?.message ?? error) }])
+    })
+  }
 
   // ------------------------------------------------------------ session events (from the client)
 
@@ -161,6 +222,7 @@ export class YrelayProvider extends ObservableV2 {
 
   _appended (frame, item) {
     this.held.add(frame.id) // also for a late or duplicate answer
+    this._persistSoon()
     if (item !== undefined) {
       this.emit('appended', [{ clock: frame.clock, id: frame.id, update: item.update }])
       if (this.client.buffer.countFor(this.name) === 0 && this._batch.length) this._flush()
@@ -171,7 +233,7 @@ export class YrelayProvider extends ObservableV2 {
   _onSubscribed (frame) {
     this._subscribed = true
     this.offset = maxId(this.offset, frame.offset)
-    if (this.awareness?.getLocalState() != null) this._sendAwareness([this.doc.clientID])
+    this._announcePresence()
     if (frame.digest && !this._digestAgrees(frame)) {
       this.needsSync = false // the sync below covers it
       this.drifts++
@@ -255,6 +317,7 @@ export class YrelayProvider extends ObservableV2 {
   }
 
   _ack () {
+    this._persistSoon()
     if (this.offset === null) return
     this.client.send({ op: 'ack', doc: this.name, offset: this.offset })
     this.emit('offset', [this.offset])
@@ -272,6 +335,19 @@ export class YrelayProvider extends ObservableV2 {
     if (origin === this) return
     const own = this.doc.clientID
     if (added.includes(own) || updated.includes(own) || removed.includes(own)) this._sendAwareness([own])
+  }
+
+  /**
+   * Send our state with a clock past the server's removal of it: when a
+   * socket closes the server relays clock + 1 with state null, and peers
+   * ignore a state whose clock is not above what they hold.
+   */
+  _announcePresence () {
+    const state = this.awareness?.getLocalState()
+    if (state == null) return
+    const meta = this.awareness.meta.get(this.doc.clientID)
+    if (meta !== undefined) meta.clock += 1
+    this.awareness.setLocalState(state) // +1 again, and sent by _localAwareness
   }
 
   _sendAwareness (clients) {

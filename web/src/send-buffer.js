@@ -43,11 +43,6 @@ export class SendBuffer {
     return count
   }
 
-  /** Drop every update of a document (it was unbound). */
-  forget (doc) {
-    for (const [clock, item] of this._items) if (item.doc === doc) this._items.delete(clock)
-  }
-
   markSent (item, now = Date.now()) {
     item.nextSend = now + this.backoff.delay(item.attempts)
     item.attempts += 1
@@ -57,9 +52,9 @@ export class SendBuffer {
     return this.all().filter((item) => item.nextSend <= now)
   }
 
-  /** Has any update used up its attempts (the server is not answering)? */
-  exhausted () {
-    return this.all().some((item) => item.attempts >= this.backoff.maxAttempts)
+  /** Has any update (of a document `counts`) used up its attempts: the server is not answering? */
+  exhausted (counts = () => true) {
+    return this.all().some((item) => counts(item.doc) && item.attempts >= this.backoff.maxAttempts)
   }
 
   resetAttempts () {

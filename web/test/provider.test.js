@@ -155,6 +155,10 @@ test('presence: each side sees the other, and a leaving client is removed from t
     'both users on both sides')
   b.provider.awareness.setLocalStateField('cursor', { anchor: 3 })
   await eventually(() => a.provider.awareness.getStates().get(b.doc.clientID)?.cursor?.anchor === 3, 'the cursor')
+  const bobsSocket = b.provider.client
+  bobsSocket._dropSocket() // bob's connection dies: the server relays his removal, then he comes back
+  await eventually(() => bobsSocket.status === 'connected' && b.provider.synced, 'bob reconnected')
+  await eventually(() => names(a.provider).join() === 'alice,bob', 'bob visible again after his reconnect')
   const late = bind(client(), name)
   await eventually(() => names(late.provider).join() === 'alice,bob', 'a newcomer gets the current states')
   b.provider.destroy()
