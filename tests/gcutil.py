@@ -9,6 +9,9 @@ from yrelay.keys import dedup_key, document_keys, meta_key, stream_key, tracker_
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore, mark_changed
 
+#: Server settings under which GC folds and trims within about a second.
+FAST_GC = {"gc_interval": 0.2, "gc_relative_delta": 1.0, "gc_absolute_delta": 5.0}
+
 
 def text_updates(count: int, client_id: int = 1, word: str = "w") -> tuple[list[bytes], str]:
     """``count`` Yjs updates, each appending ``word<i> `` to one text; and the final text."""

@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 import pytest
 from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, require_web_build
 from conftest import FAST_BACKOFF, running_server
+from gcutil import FAST_GC
 from playwright.async_api import Browser, Page, async_playwright
 
 from yrelay import crdt
 from yrelay.client import YrelayClient
+from yrelay.store import DocumentStore
 from yrelay.testing.processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -222,3 +224,27 @@ async def test_a_reload_while_the_server_is_down_loses_no_unsent_edit(redis_url,
                 assert pydoc.text == await text_of(page) == "before. unsent1. unsent2."
         finally:
             sync.stop()
+
+
+async def test_a_page_opened_after_compaction_loads_snapshot_and_stream(redis_url, redis_client, chromium):
+    """GC folded the history into a snapshot: a new page gets snapshot + the
+    rest of the stream, and says `synced` only once it holds all of it."""
+    doc = new_doc()
+    async with running_server(redis_url, **FAST_GC) as url:
+        async with YrelayClient(url, backoff=FAST_BACKOFF) as python:
+            pydoc = await python.subscribe(doc)
+            for i in range(40):
+                crdt.insert_text(pydoc.ydoc, len(pydoc.text), f"w{i} ")
+            await python.wait_idle()
+            store = DocumentStore(redis_client)
+            deadline = asyncio.get_running_loop().time() + 20
+            while not (await store.load_snapshot(doc)).update:
+                assert asyncio.get_running_loop().time() < deadline, "GC never folded the document"
+                await asyncio.sleep(0.05)
+            page = await open_editor(chromium, http_of(url), doc, "late")
+            assert await text_of(page) == pydoc.text  # complete the moment it says synced
+            await type_into(page, " page.")
+            deadline = asyncio.get_running_loop().time() + 20
+            while not pydoc.text.endswith(" page."):
+                assert asyncio.get_running_loop().time() < deadline, pydoc.text
+                await asyncio.sleep(0.05)

@@ -7,6 +7,7 @@ import asyncio
 import random
 
 from conftest import FAST_BACKOFF, eventually, running_server
+from gcutil import FAST_GC
 from wsraw import RawPeer
 
 from yrelay import crdt
@@ -16,7 +17,6 @@ from yrelay.store import DocumentStore
 from yrelay.testing.checker import check_delivery
 from yrelay.testing.processes import ServerProcess
 
-FAST_GC = {"gc_interval": 0.2, "gc_relative_delta": 1.0, "gc_absolute_delta": 5.0}
 
 
 class Stall:
