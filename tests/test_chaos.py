@@ -8,9 +8,13 @@ the long run's.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from yrelay.chaos.nemesis import Fault
+from yrelay.chaos.nemesis import NETWORK, Fault, parse_faults, schedule
+from yrelay.chaos.proxy import FaultProxy
+from yrelay.redis_server import free_port
 from yrelay.chaos.run import ChaosConfig, run_chaos
 from yrelay.testing.checker import DeliveryViolation
 
@@ -40,3 +44,52 @@ async def test_the_checker_catches_a_server_that_acks_before_appending(tmp_path)
     with pytest.raises(DeliveryViolation, match="acked updates missing"):
         report.verify()
     assert report.delivery.lost > 0
+
+
+def test_the_schedule_is_a_function_of_its_seed_and_has_every_kind():
+    faults = parse_faults("all")
+    one, again = schedule(5, 60, faults, 3.5), schedule(5, 60, faults, 3.5)
+    assert one == again and one != schedule(6, 60, faults, 3.5)
+    assert {action.fault for action in one} == set(Fault)
+    assert all(2 <= action.at <= 54 for action in one)
+    assert parse_faults("network,gc,net-drop") == [*NETWORK, Fault.GC]
+
+
+async def echo_server() -> tuple[asyncio.base_events.Server, int]:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_the_proxy_forwards_in_order_with_latency_and_resets_or_goes_silent():
+    server, port = await echo_server()
+    proxy = await FaultProxy(lambda: [free_port(), port]).start()  # the first upstream refuses: the next is tried
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        proxy.degrade(latency=0.05)
+        for index in range(20):
+            writer.write(f"{index},".encode())
+        expected = "".join(f"{index}," for index in range(20)).encode()
+        assert await asyncio.wait_for(reader.readexactly(len(expected)), 5) == expected
+        proxy.clear()
+
+        proxy.half_open(0.3)  # the client's side stays open and silent, then is reset
+        writer.write(b"lost")
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(reader.read(10), 5)
+        assert proxy.stats.half_opens == 1
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"x")
+        assert await asyncio.wait_for(reader.readexactly(1), 5) == b"x"
+        proxy.reset()
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(reader.read(10), 5)
+    finally:
+        await proxy.stop()
+        server.close()

@@ -29,6 +29,24 @@ def test_state_file_round_trip_leaves_no_temporary_file(tmp_path):
     assert [path.name for path in file.path.parent.iterdir()] == ["state.json"]
 
 
+def test_the_journal_holds_what_the_last_snapshot_does_not(tmp_path):
+    file = ClientStateFile(tmp_path / "state.json")
+    first, second = PersistedUpdate(1, "doc", b"\x01"), PersistedUpdate(2, "doc", b"\x02")
+    file.append(first)
+    assert file.load() == PersistedState(None, 0, [], [], journal=[first])
+    file.save(PersistedState("s" * 24, 1, [], [first]))
+    file.append(second)
+    with open(file.journal_path, "ab") as journal:
+        journal.write(b'{"seq": 3, "clo')  # torn by a crash mid-write: never sent
+    again = ClientStateFile(file.path)
+    state = again.load()
+    assert state is not None and state.pending == [first] and state.journal == [second]
+    journal = again.journal_path.read_bytes()
+    again.save(state)
+    again.journal_path.write_bytes(journal)  # a crash before the journal was emptied ...
+    assert ClientStateFile(file.path).load().journal == []  # ... replays nothing twice
+
+
 async def crash(client: YrelayClient) -> None:
     """Stop a client's tasks without the final write ``close()`` makes."""
     client.state_file = None

@@ -70,7 +70,7 @@ class RunReport:
             "lost acked updates": delivery.lost,
             "lost by Redis / recovered from clients": f"{delivery.lost_from_redis} / {delivery.recovered}",
             "duplicates appended to streams": delivery.stream_duplicates,
-            "dedup answers (duplicate: true)": delivery.dedup_answers,
+            "resends answered from the dedup (duplicate: true)": server.get("append:duplicate", 0),
             "update resends (client)": clients.get("update_resends", 0),
             "delivery resends (server)": server.get("resend", 0),
             "resyncs (client)": clients.get("resyncs", 0),

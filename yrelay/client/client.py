@@ -88,7 +88,7 @@ class YrelayClient:
         subscription_check_interval: float | None = 300.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         state_file: ClientStateFile | None = None,
-        persist_interval: float = 0.2,
+        persist_interval: float = 1.0,
     ):
         """``batch_delay`` > 0 turns on Nagle-like batching: local updates of a
         document made within that many seconds are merged into one send.
@@ -96,8 +96,8 @@ class YrelayClient:
         subscription set against the server's (None: only on request).
         ``state_file``: persist the session, documents and unacked updates
         there (:mod:`yrelay.client.persistence`) and start from what it holds;
-        local edits are written before they are sent, everything else at most
-        ``persist_interval`` seconds after it changed."""
+        local edits are journaled before they are sent, everything else is
+        written at most ``persist_interval`` seconds after it changed."""
         #: Servers to try, in turn, on every reconnect.
         self.urls = [url] if isinstance(url, str) else list(url)
         self.session = session
@@ -146,6 +146,7 @@ class YrelayClient:
                 await asyncio.gather(task, return_exceptions=True)
         if self.state_file is not None:
             self.persist()
+            self.state_file.close()
 
     async def __aenter__(self) -> "YrelayClient":
         return await self.connect()
@@ -252,8 +253,7 @@ class YrelayClient:
             self._enqueue(doc.name, update)
             return
         doc._batch.append(update)
-        if self.state_file is not None:
-            self.persist()
+        self._journal(0, doc.name, update)
         if doc._batch_timer is None:
             loop = asyncio.get_running_loop()
             doc._batch_timer = loop.call_later(self.batch_delay, self._flush_batch, doc)
@@ -266,8 +266,7 @@ class YrelayClient:
 
     def _enqueue(self, doc: str, update: bytes) -> None:
         item = self.buffer.add(doc, update)
-        if self.state_file is not None:
-            self.persist()  # write-ahead: an update the server acks is always in the file
+        self._journal(item.clock, doc, update)  # write-ahead: an update the server acks is always on disk
         if self.connected.is_set():
             self.buffer.mark_sent(item)
             asyncio.ensure_future(self._send_quietly(_update_frame(item)))
@@ -311,6 +310,7 @@ class YrelayClient:
         if welcome.get("op") != "welcome":
             raise ConnectionError(f"expected welcome, got {welcome}")
         self.session = welcome["session"]
+        self.persist()  # a crash from here on resumes this session
         for doc in self.docs.values():
             doc.synced.clear()
             await ws.send(json.dumps(_subscribe_frame(doc)))
@@ -475,6 +475,11 @@ class YrelayClient:
         pending += [PersistedUpdate(0, doc.name, update) for doc in self.docs.values() for update in doc._batch]
         self.state_file.save(PersistedState(self.session, self.buffer.clock, documents, pending))
 
+    def _journal(self, clock: int, doc: str, update: bytes) -> None:
+        if self.state_file is not None:
+            self.state_file.append(PersistedUpdate(clock, doc, update))
+            self._dirty = True
+
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(self.persist_interval)
@@ -496,9 +501,16 @@ class YrelayClient:
             for entry_id in saved.held:
                 doc.held.add(StreamId.parse(entry_id))
             self.docs[doc.name] = doc
+        for item in state.journal:  # local edits after the snapshot: in no saved state yet
+            if item.doc not in self.docs:
+                self.docs[item.doc] = ClientDocument(item.doc, crdt.new_doc())
+            self.docs[item.doc].replica.apply(item.update)
+        for doc in self.docs.values():
             crdt.observe_updates(doc.ydoc, lambda update, doc=doc: self._local_update(doc, update))
-        self.buffer.restore(state.clock, [(item.clock, item.doc, item.update) for item in state.pending if item.clock])
-        for item in state.pending:
+        pending = state.pending + state.journal
+        clock = max([state.clock, *(item.clock for item in pending)])
+        self.buffer.restore(clock, [(item.clock, item.doc, item.update) for item in pending if item.clock])
+        for item in pending:
             if not item.clock:  # batched edits that never got a clock
                 self.buffer.add(item.doc, item.update)
 

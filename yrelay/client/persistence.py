@@ -14,12 +14,17 @@ not acknowledged. That needs:
   them, see :class:`yrelay.crdt.Replica`);
 - the send buffer (updates not yet acked).
 
-The client writes it *before* it sends a local update (write-ahead: an edit the
-server acknowledges is always in the file, so the restarted client holds it
-and never needs it delivered back, which the server would not do for the
-session's own entries), and a short while after any other change. Writes are
-whole-file: temp file, fsync, rename, fsync of the directory, so a crash
-leaves either the previous state or the new one, never a torn file.
+Two files, so that the cost of an edit does not grow with the document:
+
+- a **snapshot** (``state.json``) of all of the above, replaced whole (temp
+  file, fsync, rename, fsync of the directory: a crash leaves the previous
+  one or the new one, never a torn file) a short while after anything changed;
+- a **journal** (``state.json.journal``): every local update, appended and
+  fsynced *before* it is sent. So an edit the server acknowledges is always on
+  disk, and the restarted client holds it (the server never delivers a
+  session's own entries back). Each line carries a sequence number; a snapshot
+  records the last one it covers and empties the journal, so a crash between
+  the two replays nothing twice. A torn last line was never sent and is skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 #: Format of the file; a file of another version is ignored (the client starts fresh).
 VERSION = 1
@@ -64,30 +69,59 @@ class PersistedState:
     #: Unacked updates with their clocks, then local edits not yet given a
     #: clock (batched) with clock 0.
     pending: list[PersistedUpdate]
+    #: Local updates journaled after the snapshot (on load only): to apply to
+    #: their documents and send, like ``pending``.
+    journal: list[PersistedUpdate] = field(default_factory=list)
 
 
 class ClientStateFile:
-    """One client's state file; ``save`` replaces it atomically."""
+    """One client's snapshot and journal; ``save`` replaces the snapshot
+    atomically, ``append`` journals one local update durably."""
 
     def __init__(self, path: str | Path, *, fsync: bool = True):
         self.path = Path(path)
+        self.journal_path = self.path.with_name(self.path.name + ".journal")
         self.fsync = fsync
         self.saves = 0
+        self._seq = 0
+        self._journal: BinaryIO | None = None
 
     def load(self) -> PersistedState | None:
-        """The last saved state, or None when there is none (or not of this version)."""
+        """The last snapshot with the journal after it, or None when there is
+        neither (a snapshot of another version counts as none)."""
+        covered = 0
+        state = None
         try:
             raw = json.loads(self.path.read_text())
+            if raw.get("version") == VERSION:
+                state, covered = _decode(raw), int(raw["journal_seq"])
         except FileNotFoundError:
+            pass
+        journal = [(seq, update) for seq, update in self._read_journal() if seq > covered]
+        self._seq = max([covered, *(seq for seq, _ in journal)])
+        if state is None and not journal:
             return None
-        if raw.get("version") != VERSION:
-            return None
-        return _decode(raw)
+        state = state or PersistedState(None, 0, [], [])
+        state.journal = [update for _, update in journal]
+        return state
+
+    def append(self, update: PersistedUpdate) -> None:
+        """Journal one local update; it is on disk when this returns."""
+        if self._journal is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._journal = open(self.journal_path, "ab")
+        self._seq += 1
+        record = {"seq": self._seq, "clock": update.clock, "doc": update.doc, "update": _b64(update.update)}
+        self._journal.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        self._journal.flush()
+        if self.fsync:
+            os.fsync(self._journal.fileno())
 
     def save(self, state: PersistedState) -> None:
+        """Replace the snapshot; it covers every update journaled so far."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        data = json.dumps(_encode(state), separators=(",", ":")).encode()
+        data = json.dumps({**_encode(state), "journal_seq": self._seq}, separators=(",", ":")).encode()
         with open(temporary, "wb") as handle:
             handle.write(data)
             if self.fsync:
@@ -100,7 +134,30 @@ class ClientStateFile:
                 os.fsync(directory)
             finally:
                 os.close(directory)
+        if self._journal is not None:
+            self._journal.truncate(0)  # append mode: the next write starts at the new end
+        elif self.journal_path.exists():
+            self.journal_path.write_bytes(b"")
         self.saves += 1
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
+    def _read_journal(self) -> list[tuple[int, PersistedUpdate]]:
+        try:
+            lines = self.journal_path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        records = []
+        for line in lines:
+            try:
+                raw = json.loads(line)
+                records.append((int(raw["seq"]), PersistedUpdate(int(raw["clock"]), raw["doc"], _unb64(raw["update"]))))
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line: never sent
+        return records
 
 
 def _b64(data: bytes) -> str:
