@@ -193,6 +193,7 @@ def chaos(
     fsync: str = typer.Option("always", help="appendfsync of redis-server: always or everysec."),
     replica: bool = typer.Option(True, "--replica/--no-replica", help="Keep a replica (needed by the failover fault)."),
     mean_gap: float = typer.Option(4.0, min=0.5, help="Mean seconds between two faults."),
+    edit_interval: float = typer.Option(0.15, min=0.01, help="Mean seconds between two edits of one client."),
     out: Path = typer.Option(Path("data/chaos"), help="Directory for the run's processes, logs and report."),
 ) -> None:
     """Fault injection: prove that no acknowledged update is lost (docs/reliability.md).
@@ -214,7 +215,7 @@ def chaos(
         raise typer.BadParameter("the failover fault needs a replica; leave out --no-replica", param_hint="--faults")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ChaosConfig(seed=seed, duration=duration, clients=clients, docs=docs, servers=servers,
-                         faults=kinds, fsync=fsync, replica=replica, mean_gap=mean_gap)
+                         faults=kinds, fsync=fsync, replica=replica, mean_gap=mean_gap, edit_interval=edit_interval)
     root = out / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     report = asyncio.run(run_chaos(config, root))
     typer.echo(report.to_markdown())

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from .. import crdt
 from ..store import DocumentStore
-from ..testing.checker import DeliveryViolation, check_delivery, decode_updates, missing_updates
+from ..testing.checker import DeliveryViolation, check_delivery, decode_updates, missing_from_state
 from .clients import AckRecord
 
 #: An acked update: its document and the SHA-256 of its bytes.
@@ -61,9 +61,10 @@ def acked_updates(records: Iterable[AckRecord]) -> dict[str, dict[UpdateKey, byt
     return by_doc
 
 
-def missing_keys(doc: crdt.Doc, updates: Mapping[UpdateKey, bytes]) -> set[UpdateKey]:
+def missing_keys(state: bytes, updates: Mapping[UpdateKey, bytes]) -> set[UpdateKey]:
+    """The acked ``updates`` a document (its encoded ``state``) does not hold."""
     keys = list(updates)
-    return {keys[index] for index in missing_updates(doc, decode_updates(updates.values()))}
+    return {keys[index] for index in missing_from_state(state, decode_updates(updates.values()))}
 
 
 async def server_documents(redis_url: str, docs: Iterable[str]) -> dict[str, crdt.Doc]:
@@ -95,7 +96,7 @@ def check_run(
         figures.acked_updates += len(updates)
         holders = {name: docs[doc] for name, docs in replicas.items() if doc in docs}
         for name, ydoc in holders.items():
-            lost |= missing_keys(ydoc, updates)
+            lost |= missing_keys(crdt.encode_state(ydoc), updates)
         try:
             report = check_delivery(holders, updates.values())
             figures.content_length[doc] = len(report.content)

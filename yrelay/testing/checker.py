@@ -73,5 +73,11 @@ def missing_updates(doc: crdt.Doc, decoded: list[update_format.Coverage | None])
     """Indexes of the updates (from :func:`decode_updates`) that ``doc`` does not
     fully hold: the same test as :func:`yrelay.crdt.contains`, with the
     document encoded and decoded once instead of once per update."""
-    whole = update_format.decode(crdt.encode_state(doc))
+    return missing_from_state(crdt.encode_state(doc), decoded)
+
+
+def missing_from_state(state: bytes, decoded: list[update_format.Coverage | None]) -> list[int]:
+    """:func:`missing_updates` against an encoded document: no y-py object is
+    touched, so it may run in a worker thread (y-py documents may not)."""
+    whole = update_format.decode(state)
     return [index for index, part in enumerate(decoded) if part is None or not update_format.covers(whole, part)]
