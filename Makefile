@@ -25,8 +25,10 @@ web/node_modules/.package-lock.json: web/package-lock.json
 $(WEB_BUILT): web/node_modules/.package-lock.json web/build.mjs $(wildcard web/src/*.js web/demo/*)
 	cd web && node build.mjs
 
+# Development server: authentication is off (the server says so loudly).
+# Production: set YRELAY_AUTH_SECRET and run `yrelay serve` (docs/security.md).
 serve: install
-	$(VENV)/bin/yrelay serve $(ARGS)
+	$(VENV)/bin/yrelay serve --insecure-no-auth $(ARGS)
 
 test: install browser
 	$(PY) -m pytest $(ARGS)

@@ -28,6 +28,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("data")
     previous = os.environ.get("YRELAY_DATA_DIR")
     os.environ["YRELAY_DATA_DIR"] = str(path)
+    # Servers in tests (in process and child processes) run without
+    # authentication unless a test turns it on (tests/test_auth.py).
+    os.environ.setdefault("YRELAY_INSECURE_NO_AUTH", "1")
     yield path
     if previous is None:
         os.environ.pop("YRELAY_DATA_DIR", None)

@@ -7,11 +7,16 @@ presence)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 
 from browser import WEB_DIR, require_web_build
 from conftest import running_server
+
+from yrelay.auth import issue_token
+
+SECRET = "web-test-secret-0123456789abcdef012345"
 
 
 async def test_node_provider_suite_passes_against_a_live_server(redis_url):
@@ -20,15 +25,24 @@ async def test_node_provider_suite_passes_against_a_live_server(redis_url):
     assert node, "Node.js is needed for the provider tests"
     tests = sorted(str(path.relative_to(WEB_DIR)) for path in (WEB_DIR / "test").glob("*.test.js"))
     assert len(tests) >= 2, tests
-    async with running_server(redis_url) as url:
+    tokens = {"write": issue_token(SECRET, "writer", ["auth-*"], "write"),
+              "read": issue_token(SECRET, "reader", ["auth-*"], "read")}
+    async with running_server(redis_url) as url, \
+            running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET) as auth_url:
         process = await asyncio.create_subprocess_exec(
             node, "--test", "--test-reporter=tap", *tests, cwd=WEB_DIR,
-            env={**os.environ, "YRELAY_WS_URL": url},
+            env={**os.environ, "YRELAY_WS_URL": url, "YRELAY_AUTH_WS_URL": auth_url,
+                 "YRELAY_AUTH_TOKENS": json.dumps(tokens)},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )
-        output, _ = await asyncio.wait_for(process.communicate(), 110)
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), 110)
+        finally:
+            if process.returncode is None:  # timed out: never leave node behind
+                process.kill()
+                await process.wait()
     report = output.decode()
     assert process.returncode == 0, report[-6000:]
     passed = [line for line in report.splitlines() if line.startswith("# pass ")]
-    assert passed and int(passed[-1].split()[-1]) >= 10, report[-3000:]
+    assert passed and int(passed[-1].split()[-1]) >= 18, report[-3000:]
     assert "# fail 0" in report and "# skipped 0" in report, report[-3000:]

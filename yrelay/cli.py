@@ -16,6 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .app import create_app
+from .auth import AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
 from .app.context import open_event_log
 from .config import Settings
 from .eventlog import EventLog, NullEventLog
@@ -43,11 +44,26 @@ def serve(
     verify_digests: bool = typer.Option(
         False, "--verify-digests", help="Recompute every drift digest from the streams at start-up; fix wrong ones."
     ),
+    insecure_no_auth: bool = typer.Option(
+        False, "--insecure-no-auth", help="DEVELOPMENT ONLY: no authentication, anyone reads and writes everything."
+    ),
+    auth_hook: Optional[str] = typer.Option(
+        None, help="package.module:factory returning an Authenticator (your own user system); see docs/security.md."
+    ),
 ) -> None:
-    """Serve the websocket endpoint at /ws (and /healthz, /readyz)."""
+    """Serve the websocket endpoint at /ws, the demo at /, /healthz, /readyz and /ops.
+
+    Clients authenticate with tokens signed by YRELAY_AUTH_SECRET (see
+    `yrelay token issue`), or through --auth-hook."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
-                                 verify_digests=verify_digests or None)
+                                 verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
+                                 auth_hook=auth_hook)
+    try:
+        authenticator = authenticator_for(settings)
+    except AuthConfigurationError as exc:
+        typer.echo(f"yrelay: {exc}", err=True)
+        raise typer.Exit(2) from None
     embedded: RedisProcess | None = None
     url = settings.redis_url
     if url is None:
@@ -58,7 +74,7 @@ def serve(
         )
     try:
         uvicorn.run(
-            create_app(settings, url),
+            create_app(settings, url, authenticator),
             host=settings.host,
             port=settings.port,
             log_level=log_level,
@@ -226,3 +242,40 @@ def chaos(
 
 if __name__ == "__main__":
     cli()
+
+
+token_cli = typer.Typer(help="Client tokens for the built-in JWT authentication (YRELAY_AUTH_SECRET).",
+                        no_args_is_help=True)
+cli.add_typer(token_cli, name="token")
+
+
+@token_cli.command("issue")
+def token_issue(
+    subject: str = typer.Option(..., "--sub", help="Who the token is for (a user id)."),
+    docs: list[str] = typer.Option(..., "--doc", help="A document id, or a prefix ending in * (repeatable)."),
+    permission: Permission = typer.Option(Permission.WRITE, "--perm", help="read or write."),
+    ttl: float = typer.Option(3600.0, help="Seconds until it expires."),
+    secret: str = typer.Option(..., envvar="YRELAY_AUTH_SECRET", help="The server's signing secret."),
+) -> None:
+    """Print a signed token (for development, scripts and tests; apps mint
+    their own with any JWT library and the same claims)."""
+    typer.echo(issue_token(secret, subject, docs, permission, ttl))
+
+
+@token_cli.command("revoke")
+def token_revoke(
+    token_id: str = typer.Argument(..., help="The token's jti."),
+    expires_at: Optional[float] = typer.Option(None, help="When the token expires (Unix seconds); kept until then."),
+    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL"),
+    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR"),
+) -> None:
+    """Revoke a token everywhere: its connections are cut off within seconds."""
+    async def revoke() -> None:
+        redis = Redis.from_url(_redis_url(redis_url, data_dir))
+        try:
+            await Revocations(redis).revoke(token_id, expires_at)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(revoke())
+    typer.echo(f"revoked {token_id}")

@@ -77,6 +77,25 @@ class Settings:
     #: Bearer token of the /ops endpoints; without one they answer 403.
     ops_token: str | None = field(default=None, repr=False)
 
+    #: Secret that signs client tokens (JWT, docs/security.md). Required
+    #: unless an ``auth_hook`` is set or auth is switched off.
+    auth_secret: str | None = field(default=None, repr=False)
+    #: Signature algorithms accepted (comma-separated in the environment).
+    auth_algorithms: tuple[str, ...] = ("HS256",)
+    #: When set, tokens must carry this ``aud`` / ``iss``.
+    auth_audience: str | None = None
+    auth_issuer: str | None = None
+    #: ``package.module:factory`` returning an Authenticator (an app's own user system).
+    auth_hook: str | None = None
+    #: Development only: no authentication, everyone reads and writes
+    #: everything. The server says so loudly at start and in every welcome.
+    insecure_no_auth: bool = False
+    #: Browser origins allowed to connect besides the server's own
+    #: (comma-separated; ``*`` allows any). Clients without Origin are not browsers.
+    allowed_origins: tuple[str, ...] = ()
+    #: Seconds between refreshes of the revoked-token list (and expiry checks).
+    revocation_refresh: float = 2.0
+
     def __post_init__(self) -> None:
         if self.gc_absolute_delta <= self.gc_relative_delta:
             raise ValueError("gc_absolute_delta must be larger than gc_relative_delta")
@@ -108,6 +127,8 @@ def _convert(name: str, raw: str) -> object:
         return Path(raw)
     if isinstance(default, bool):
         return raw.lower() in {"1", "true", "yes"}
+    if isinstance(default, tuple):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
     if isinstance(default, int):
         return int(raw)
     if isinstance(default, float):

@@ -80,6 +80,11 @@ def doc_of_presence_channel(channel: str) -> str:
     return channel[len(f"{PREFIX}:presence:"):]
 
 
+def revoked_tokens_key() -> str:
+    """Sorted set: revoked token id (JWT ``jti``) -> when the token expires anyway."""
+    return f"{PREFIX}:revoked-tokens"
+
+
 def session_key(session: str) -> str:
     """String with a TTL: marks a session id the server issued as resumable."""
     return f"{PREFIX}:session:{session}"

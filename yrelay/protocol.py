@@ -56,6 +56,8 @@ class ErrorCode(str, enum.Enum):
     UNKNOWN_OP = "unknown_op"
     FRAME_TOO_LARGE = "frame_too_large"
     HANDSHAKE_REQUIRED = "handshake_required"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
     INVALID_DOC_ID = "invalid_doc_id"
     INVALID_OFFSET = "invalid_offset"
     INVALID_UPDATE = "invalid_update"
@@ -125,6 +127,10 @@ class Hello(_Frame):
     op: Literal["hello"]
     session: str | None = None
     protocol: int = PROTOCOL_VERSION
+    #: The client's credential (a JWT by default); or sent as the websocket
+    #: subprotocol ``yrelay.auth.<token>``. Never in the URL: URLs end up in logs.
+    token: str | None = Field(default=None, max_length=16_384)
+
 
 
 class WindowDigest(_Frame):
@@ -248,8 +254,11 @@ def encode(frame: dict[str, Any]) -> str:
     return json.dumps(frame, separators=(",", ":"))
 
 
-def welcome(session: str, resumed: bool, limits: dict[str, int]) -> dict[str, Any]:
-    return {"op": "welcome", "session": session, "resumed": resumed, "protocol": PROTOCOL_VERSION, "limits": limits}
+def welcome(session: str, resumed: bool, limits: dict[str, int], auth: dict[str, Any]) -> dict[str, Any]:
+    """``auth``: ``{mode, subject, permission}``; ``mode`` is ``disabled`` on a
+    development server that checks nothing."""
+    return {"op": "welcome", "session": session, "resumed": resumed, "protocol": PROTOCOL_VERSION, "limits": limits,
+            "auth": auth}
 
 
 def subscribed(doc: str, offset: str, digest: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -3,7 +3,7 @@
  * "text" of the document named in the URL (?doc=...), with remote cursors
  * from presence, and a status bar showing what the provider knows.
  * URL parameters: doc, user, server (a ws:// URL; default: this host's /ws),
- * persist=0 (do not keep the document in IndexedDB).
+ * persist=0 (do not keep the document in IndexedDB); and #token=<jwt> in the fragment.
  */
 import * as Y from 'yjs'
 import { EditorView, basicSetup } from 'codemirror'
@@ -20,8 +20,13 @@ const color = COLORS[Math.floor(Math.random() * COLORS.length)]
 
 const doc = new Y.Doc()
 const text = doc.getText('text')
+// A token (servers with authentication on) comes in the URL fragment, #token=...:
+// fragments never reach a server, so it stays out of access logs.
+const token = new URLSearchParams(window.location.hash.slice(1)).get('token')
 // Persisted in IndexedDB: a reload keeps the document and every edit not yet acked (?persist=0: off).
-const provider = new YrelayProvider(serverUrl, docName, doc, { persist: params.get('persist') !== '0' })
+const provider = new YrelayProvider(serverUrl, docName, doc, {
+  persist: params.get('persist') !== '0', clientOptions: { token }
+})
 provider.awareness.setLocalStateField('user', { name: userName, color, colorLight: color + '33' })
 
 new EditorView({ // eslint-disable-line no-new

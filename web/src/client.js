@@ -20,7 +20,7 @@ import { SendBuffer } from './send-buffer.js'
 
 /** Errors after which resending the same update can never succeed. */
 export const FATAL_UPDATE_ERRORS = new Set([
-  'invalid_update', 'update_too_large', 'malformed_frame', 'invalid_doc_id', 'frame_too_large'
+  'invalid_update', 'update_too_large', 'malformed_frame', 'invalid_doc_id', 'frame_too_large', 'forbidden'
 ])
 
 const OPEN = 1
@@ -38,10 +38,12 @@ export class YrelayClient extends ObservableV2 {
    * @param {number} [options.idleTimeout] ms without any frame before the socket is taken for dead
    * @param {boolean|string} [options.persist] keep the session and unacked updates in IndexedDB
    *   (a database name, or true for "yrelay"), so a reload loses nothing
+   * @param {string|function(): (string|Promise<string>)} [options.token] the credential sent in
+   *   `hello` (docs/security.md); a function is asked again before every connect, so it can refresh it
    */
   constructor (url, {
     WebSocketPolyfill = globalThis.WebSocket, backoff = new Backoff(), session = null, connect = true,
-    pingInterval = 15000, idleTimeout = 45000, tickInterval = 100, persist = false
+    pingInterval = 15000, idleTimeout = 45000, tickInterval = 100, persist = false, token = null
   } = {}) {
     super()
     if (!WebSocketPolyfill) throw new Error('no WebSocket: pass options.WebSocketPolyfill (in Node: the ws package)')
@@ -49,6 +51,7 @@ export class YrelayClient extends ObservableV2 {
     this.WebSocketPolyfill = WebSocketPolyfill
     this.backoff = backoff instanceof Backoff ? backoff : new Backoff(backoff)
     this.session = session
+    this.token = token
     /** 'disconnected' | 'connecting' | 'connected' */
     this.status = 'disconnected'
     /** Limits the server announced in `welcome`. */
@@ -169,9 +172,15 @@ export class YrelayClient extends ObservableV2 {
       return
     }
     this._ws = ws
-    ws.onopen = () => {
+    ws.onopen = async () => {
       this._lastReceived = Date.now()
-      this._write({ op: 'hello', session: this.session, protocol: 1 })
+      let token = null
+      try {
+        token = typeof this.token === 'function' ? await this.token() : this.token
+      } catch (error) {
+        this.emit('error', [{ code: 'token_unavailable', message: String(error?.message ?? error) }])
+      }
+      if (this._ws === ws) this._write({ op: 'hello', session: this.session, protocol: 1, token })
     }
     ws.onmessage = (event) => {
       if (this._ws !== ws) return

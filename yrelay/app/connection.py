@@ -8,6 +8,7 @@ or stop other documents on the same socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -18,6 +19,8 @@ import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
 
 from .. import awareness, crdt, protocol
+from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
+from ..auth.authenticator import JwtAuthenticator
 from ..offsets import StreamId
 from ..protocol import (Ack, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe,
                         Sync, Unsubscribe, Update)
@@ -34,6 +37,15 @@ log = logging.getLogger(__name__)
 _ANSWERS = frozenset({"subscribed", "resync_required"})
 
 
+#: The websocket subprotocol of this protocol; a client that offers it gets it back.
+SUBPROTOCOL = "yrelay.v1"
+#: A subprotocol ``yrelay.auth.<token>`` carries the token (browsers cannot set headers).
+TOKEN_SUBPROTOCOL_PREFIX = "yrelay.auth."
+#: Close code of a connection refused or ended for its credentials (missing,
+#: invalid, expired or revoked token): get a new token before reconnecting.
+CLOSE_UNAUTHORIZED = 4401
+
+
 class ConnectionState(enum.Enum):
     AWAITING_HELLO = "awaiting_hello"
     OPEN = "open"
@@ -46,6 +58,9 @@ class Connection:
         self.ctx = ctx
         self.state = ConnectionState.AWAITING_HELLO
         self.session: str | None = None
+        #: Who authenticated in ``hello``, and what they may read and write.
+        self.principal: Principal | None = None
+        self._subprotocol_token: str | None = None
         self.subscriptions: dict[str, Subscription] = {}
         self.presence: dict[str, Member] = {}
         self._send_lock = asyncio.Lock()
@@ -53,9 +68,17 @@ class Connection:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        await self.websocket.accept()
+        headers = self.websocket.headers
+        if not origin_allowed(headers.get("origin"), headers.get("host"), self.ctx.settings.allowed_origins):
+            log.warning("refused a browser connection from origin %s", headers.get("origin", "")[:100])
+            await self.websocket.close(code=4403)  # before accept: the handshake gets HTTP 403
+            return
+        offered = _offered_subprotocols(self.websocket)
+        await self.websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        self._subprotocol_token = _token_in(offered)
         opened = time.monotonic()
         resend_timer = asyncio.create_task(self._resend_timer())
+        token_watch = asyncio.create_task(self._watch_token())
         try:
             while True:
                 message = await self.websocket.receive()
@@ -67,6 +90,7 @@ class Connection:
         finally:
             self.state = ConnectionState.CLOSED
             resend_timer.cancel()
+            token_watch.cancel()
             for task in list(self._tasks):
                 task.cancel()
             # Unsubscribe locally only: the session stays tracked, so a quick
@@ -148,13 +172,46 @@ class Connection:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, "'hello' was already sent on this connection")
         if frame.protocol != protocol.PROTOCOL_VERSION:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}")
-        self.session, resumed = await self.ctx.sessions.open(frame.session)
+        try:
+            principal = await self.ctx.authenticator.authenticate(frame.token or self._subprotocol_token,
+                                                                  self.websocket.headers)
+        except AuthError as exc:
+            await self._cut_off(str(exc))
+            return
+        if self.ctx.revocations.is_revoked(principal.token_id):
+            await self._cut_off("the token was revoked")
+            return
+        self.principal = principal
+        self.session, resumed = await self.ctx.sessions.open(frame.session, owner=principal.subject)
         self.state = ConnectionState.OPEN
         self.ctx.events.emit("connect", session=self.session, resumed=resumed)
-        await self.send(protocol.welcome(self.session, resumed, self.ctx.settings.client_limits()))
+        auth = {"mode": _auth_mode(self.ctx.authenticator), "subject": principal.subject,
+                "permission": principal.permission.value}
+        await self.send(protocol.welcome(self.session, resumed, self.ctx.settings.client_limits(), auth))
+
+    async def _cut_off(self, reason: str) -> None:
+        """Refuse or end the session: say why, then close with 4401 (docs/security.md)."""
+        self.state = ConnectionState.CLOSED
+        await self._safe_send(protocol.error(ProtocolError(ErrorCode.UNAUTHORIZED, reason)))
+        with contextlib.suppress(Exception):
+            await self.websocket.close(code=CLOSE_UNAUTHORIZED, reason=reason[:120])
+
+    async def _watch_token(self) -> None:
+        """Cut the connection off when its token expires or is revoked."""
+        while True:
+            await asyncio.sleep(self.ctx.settings.revocation_refresh)
+            principal = self.principal
+            if principal is None or self.state is not ConnectionState.OPEN:
+                continue
+            if principal.expires_at is not None and time.time() > principal.expires_at:
+                await self._cut_off("the token has expired")
+            elif self.ctx.revocations.is_revoked(principal.token_id):
+                await self._cut_off("the token was revoked")
 
     async def _subscribe(self, frame: Subscribe) -> None:
-        assert self.session is not None
+        assert self.session is not None and self.principal is not None
+        if not self.principal.can_read(frame.doc):
+            raise ProtocolError(ErrorCode.FORBIDDEN, "this token does not allow this document", doc=frame.doc)
         old = self.subscriptions.pop(frame.doc, None)
         if old is not None:
             await old.close()
@@ -233,7 +290,10 @@ class Connection:
         await self.send(protocol.reconcile_reply(reply, frame.ref))
 
     async def _update(self, frame: Update) -> None:
-        assert self.session is not None
+        assert self.session is not None and self.principal is not None
+        if not self.principal.can_write(frame.doc):
+            raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
+                                doc=frame.doc, clock=frame.clock)
         self._subscription(frame.doc)
         update = _decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
                                  frame.doc, frame.clock)
@@ -305,3 +365,21 @@ def _decode_b64(text: str, doc: str | None, clock: int | None) -> bytes:
         return protocol.b64decode(text)
     except ValueError:
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "payload is not valid base64", doc=doc, clock=clock) from None
+
+
+def _offered_subprotocols(websocket: WebSocket) -> list[str]:
+    raw = websocket.headers.get("sec-websocket-protocol", "")
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def _token_in(offered: list[str]) -> str | None:
+    for protocol_name in offered:
+        if protocol_name.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return protocol_name[len(TOKEN_SUBPROTOCOL_PREFIX):] or None
+    return None
+
+
+def _auth_mode(authenticator: Authenticator) -> str:
+    if isinstance(authenticator, NoAuthenticator):
+        return "disabled"
+    return "jwt" if isinstance(authenticator, JwtAuthenticator) else "custom"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from ..auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
 from ..config import Settings
 from ..eventlog import EventLog, NullEventLog, process_name
 from ..gc import Collector, GcLoop, GcPolicy
@@ -40,10 +41,15 @@ class ServerContext:
     digests: StreamDigests
     events: EventLog
     presence: Presence
+    authenticator: Authenticator
+    revocations: Revocations
     process_id: str = field(default_factory=process_name)
 
     @classmethod
-    async def open(cls, settings: Settings, redis_url: str) -> "ServerContext":
+    async def open(cls, settings: Settings, redis_url: str,
+                   authenticator: Authenticator | None = None) -> "ServerContext":
+        authenticator = authenticator or authenticator_for(settings)  # refuse to start unconfigured
+        announce_auth(settings, authenticator)
         redis = Redis.from_url(redis_url, socket_timeout=10, health_check_interval=30)
         reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
         store = DocumentStore(redis)
@@ -68,6 +74,8 @@ class ServerContext:
             events=events,
             presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
                               timeout=settings.presence_timeout, process_id=process_name()),
+            authenticator=authenticator,
+            revocations=Revocations(redis, settings.revocation_refresh),
         )
         if settings.verify_digests:
             await verify_digests(ctx.digests)
@@ -77,9 +85,11 @@ class ServerContext:
         ctx.fanout.start()
         ctx.gc_loop.start()
         ctx.presence.start()
+        ctx.revocations.start()
         return ctx
 
     async def close(self) -> None:
+        await self.revocations.stop()
         await self.gc_loop.stop()
         await self.presence.stop()
         await self.fanout.stop()
@@ -87,6 +97,16 @@ class ServerContext:
         await self.ack_writer.stop()
         await self.redis.aclose()
         self.events.stop()
+
+
+def announce_auth(settings: Settings, authenticator: Authenticator) -> None:
+    """A server without authentication must never pass unnoticed."""
+    if isinstance(authenticator, NoAuthenticator):
+        for line in ("*" * 72,
+                     "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who reaches this server",
+                     "can read and write every document. For development only.",
+                     "*" * 72):
+            log.warning(line)
 
 
 def open_event_log(settings: Settings) -> EventLog:

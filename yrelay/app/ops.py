@@ -119,3 +119,18 @@ async def evict_session(doc: str, session: str, request: Request) -> Response:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"session {session!r} is not tracked on {doc!r}")
     ctx.events.emit("evict", doc, session, mode="operator")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+class RevokeRequest(BaseModel):
+    jti: str = Field(..., min_length=1, max_length=200, description="The token id (JWT 'jti') to revoke.")
+    expires_at: float | None = Field(None, description="When the token expires anyway (Unix seconds); "
+                                                        "the revocation is kept until then.")
+
+
+@router.post("/tokens/revoke", status_code=status.HTTP_204_NO_CONTENT)
+async def revoke_token(body: RevokeRequest, request: Request) -> Response:
+    """Revoke a client token on every server process: its connections are
+    closed with code 4401 within ``revocation_refresh`` seconds, and it is
+    refused from then on."""
+    await _ctx(request).revocations.revoke(body.jti, body.expires_at)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

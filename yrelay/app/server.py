@@ -11,6 +11,7 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse
 
 from .. import __version__
+from ..auth import Authenticator
 from ..config import Settings
 from .connection import Connection
 from .context import ServerContext
@@ -18,12 +19,15 @@ from .ops import router as ops_router
 from .web import mount_web_client
 
 
-def create_app(settings: Settings, redis_url: str) -> FastAPI:
-    """An app bound to one Redis; the process-wide parts start with it."""
+def create_app(settings: Settings, redis_url: str, authenticator: Authenticator | None = None) -> FastAPI:
+    """An app bound to one Redis; the process-wide parts start with it.
+
+    ``authenticator`` is the hook for apps with their own user system
+    (yrelay.auth.Authenticator); by default the settings choose one (JWT)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.ctx = await ServerContext.open(settings, redis_url)
+        app.state.ctx = await ServerContext.open(settings, redis_url, authenticator)
         try:
             yield
         finally:

@@ -5,6 +5,10 @@ the tracker tracks it, origin filtering skips its own entries, and
 de-duplication keys resent updates by (session, clock). The id is a 144-bit
 random token; the server remembers it in Redis for ``session_ttl`` seconds
 after its last connection, so any process can resume it.
+
+A session belongs to the subject that opened it: another subject presenting
+the id gets a new session instead, so a leaked session id alone does not let
+anyone read a stranger's place in a document or resend as them.
 """
 
 from __future__ import annotations
@@ -21,14 +25,15 @@ class SessionRegistry:
         self.redis = redis
         self.ttl = ttl
 
-    async def open(self, requested: str | None) -> tuple[str, bool]:
-        """Resume ``requested`` if the server issued it and it has not expired;
-        otherwise issue a new id. Returns ``(session id, resumed)``."""
+    async def open(self, requested: str | None, owner: str) -> tuple[str, bool]:
+        """Resume ``requested`` if the server issued it to ``owner`` and it has
+        not expired; otherwise issue a new id. Returns ``(session id, resumed)``."""
         if requested and SESSION_ID_PATTERN.fullmatch(requested):
-            if await self.redis.expire(session_key(requested), self.ttl):
+            key = session_key(requested)
+            if await self.redis.get(key) == owner.encode() and await self.redis.expire(key, self.ttl):
                 return requested, True
         session = secrets.token_urlsafe(18)
-        await self.redis.set(session_key(session), b"1", ex=self.ttl)
+        await self.redis.set(session_key(session), owner.encode(), ex=self.ttl)
         return session, False
 
     async def touch(self, session: str) -> None:

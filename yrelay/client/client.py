@@ -36,7 +36,8 @@ from .subscription_check import SubscriptionCheck, compare_subscriptions
 log = logging.getLogger(__name__)
 
 #: Errors after which resending the same update can never succeed.
-FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large"}
+FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large",
+                       "forbidden"}
 
 
 @dataclass
@@ -89,6 +90,7 @@ class YrelayClient:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         state_file: ClientStateFile | None = None,
         persist_interval: float = 1.0,
+        token: str | Callable[[], str] | None = None,
     ):
         """``batch_delay`` > 0 turns on Nagle-like batching: local updates of a
         document made within that many seconds are merged into one send.
@@ -97,10 +99,13 @@ class YrelayClient:
         ``state_file``: persist the session, documents and unacked updates
         there (:mod:`yrelay.client.persistence`) and start from what it holds;
         local edits are journaled before they are sent, everything else is
-        written at most ``persist_interval`` seconds after it changed."""
+        written at most ``persist_interval`` seconds after it changed.
+        ``token``: the credential sent in ``hello`` (docs/security.md); a
+        callable is asked again on every reconnect, so it can refresh it."""
         #: Servers to try, in turn, on every reconnect.
         self.urls = [url] if isinstance(url, str) else list(url)
         self.session = session
+        self.token = token
         self.backoff = backoff
         self.batch_delay = batch_delay
         self.subscription_check_interval = subscription_check_interval
@@ -305,8 +310,11 @@ class YrelayClient:
             attempt += 1
 
     async def _handshake(self, ws: Any) -> None:
-        await ws.send(json.dumps({"op": "hello", "session": self.session}))
+        token = self.token() if callable(self.token) else self.token
+        await ws.send(json.dumps({"op": "hello", "session": self.session, "token": token}))
         welcome = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        if welcome.get("op") == "error":  # e.g. unauthorized: kept for the app, then retried with backoff
+            self._on_error(welcome)
         if welcome.get("op") != "welcome":
             raise ConnectionError(f"expected welcome, got {welcome}")
         self.session = welcome["session"]

@@ -14,8 +14,16 @@ import httpx
 from ..redis_server import _die_with_parent, free_port
 
 
+#: Defaults of harness servers, under whatever the environment says.
+HARNESS_ENV = {"YRELAY_INSECURE_NO_AUTH": "1"}
+
+
 class ServerProcess:
-    """``yrelay serve`` in a child process, against a given Redis."""
+    """``yrelay serve`` in a child process, against a given Redis.
+
+    These are harness servers (tests, the fault suite, benchmarks): they run
+    without authentication unless the environment or ``env`` sets
+    ``YRELAY_INSECURE_NO_AUTH=0`` and an auth secret."""
 
     def __init__(self, redis_url: str, log_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
                  module: str = "yrelay"):
@@ -38,7 +46,7 @@ class ServerProcess:
         command = [sys.executable, "-m", self.module, "serve", "--port", str(self.port),
                    "--redis-url", self.redis_url, "--log-level", "warning"]
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**HARNESS_ENV, **os.environ, **self.env},
                                         preexec_fn=preexec)
         self._wait_ready(timeout)
         return self

@@ -1,0 +1,17 @@
+"""Authentication and authorization of websocket clients: who is connecting
+(:mod:`.authenticator`, pluggable), what they may read and write
+(:mod:`.principal`), revoked tokens (:mod:`.revocation`), browser origins
+(:mod:`.origins`) and issuing tokens (:mod:`.tokens`). See docs/security.md."""
+
+from .authenticator import (AuthConfigurationError, AuthError, Authenticator, JwtAuthenticator, NoAuthenticator,
+                            authenticator_for)
+from .origins import origin_allowed
+from .principal import ANYONE, DocumentGrant, InvalidGrant, Permission, Principal
+from .revocation import Revocations
+from .tokens import issue_token
+
+__all__ = [
+    "ANYONE", "AuthConfigurationError", "AuthError", "Authenticator", "DocumentGrant", "InvalidGrant",
+    "JwtAuthenticator", "NoAuthenticator", "Permission", "Principal", "Revocations", "authenticator_for",
+    "issue_token", "origin_allowed",
+]

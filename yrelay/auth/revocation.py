@@ -1,0 +1,70 @@
+"""Revoked tokens, shared by every server process through Redis.
+
+A sorted set maps each revoked token id (the JWT ``jti``) to the time the
+token would have expired anyway, so entries purge themselves once they no
+longer matter. Every process keeps a copy, refreshed every few seconds, and
+its connections check their token against it: a revoked session is cut off
+within about one refresh interval, without a Redis call per frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import redis.exceptions
+from redis.asyncio import Redis
+
+from ..keys import revoked_tokens_key
+
+log = logging.getLogger(__name__)
+
+#: How long a revocation is kept when the token's expiry is not known.
+DEFAULT_KEEP = 30 * 24 * 3600.0
+
+
+class Revocations:
+    def __init__(self, redis: Redis, refresh_interval: float = 2.0):
+        self.redis = redis
+        self.refresh_interval = refresh_interval
+        self._revoked: frozenset[str] = frozenset()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    async def revoke(self, token_id: str, expires_at: float | None = None) -> None:
+        """Revoke ``token_id`` everywhere (until ``expires_at``, when it would have expired)."""
+        now = time.time()
+        until = expires_at if expires_at is not None else now + DEFAULT_KEEP
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(revoked_tokens_key(), {token_id: until})
+            pipe.zremrangebyscore(revoked_tokens_key(), "-inf", now)
+            await pipe.execute()
+        self._revoked = self._revoked | {token_id}
+
+    def is_revoked(self, token_id: str | None) -> bool:
+        return token_id is not None and token_id in self._revoked
+
+    async def refresh(self) -> None:
+        members = await self.redis.zrangebyscore(revoked_tokens_key(), time.time(), "+inf")
+        self._revoked = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="yrelay-revocations")
+
+    async def stop(self) -> None:
+        """Let the loop finish its refresh and return (no cancel: a cancel that
+        lands inside a Redis call can be swallowed by the client library)."""
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.refresh()
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("could not refresh revoked tokens (keeping the last list): %s", exc)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.refresh_interval)
