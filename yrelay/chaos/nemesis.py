@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from ..gc import Collector, GcPolicy, collect_documents
 from .clients import ClientProcess
@@ -169,6 +170,22 @@ class Nemesis:
         log.info("fault %s at %.1fs: %s (%.1fs)", action.fault.value, record.started, record.detail,
                  record.ended - record.started)
 
+    async def _gc_pass(self, attempts: int = 20) -> str:
+        """One pass over every document; retried while Redis is away (another
+        fault may have it down), as ``yrelay gc`` would be by an operator."""
+        for attempt in range(attempts):
+            redis = Redis.from_url(self.cluster.redis_url, socket_timeout=10)
+            try:
+                summary = await collect_documents(Collector(redis, self.gc_policy), None)
+                return f"evicted {summary.evicted}, folded {summary.folded}, trimmed {summary.trimmed}"
+            except (RedisError, OSError):
+                if attempt + 1 == attempts:
+                    raise
+                await asyncio.sleep(0.5)
+            finally:
+                await redis.aclose()
+        raise AssertionError("unreachable")
+
     async def _cluster_fault(self, action: Action) -> str:
         cluster = self.cluster
         index = action.target % len(cluster.servers)
@@ -201,12 +218,7 @@ class Nemesis:
 
     async def _other_fault(self, action: Action) -> str:
         if action.fault is Fault.GC:
-            redis = Redis.from_url(self.cluster.redis_url, socket_timeout=10)
-            try:
-                summary = await collect_documents(Collector(redis, self.gc_policy), None)
-            finally:
-                await redis.aclose()
-            return f"evicted {summary.evicted}, folded {summary.folded}, trimmed {summary.trimmed}"
+            return await self._gc_pass()
         client = self.clients[action.target % len(self.clients)]
         if action.fault is Fault.CLIENT_CRASH:
             await asyncio.to_thread(client.kill)
