@@ -134,6 +134,34 @@ def test_held_entries_count_each_id_once_and_rebase():
     assert held.digest(ZERO) == Digest()
 
 
+def test_held_entries_stay_under_their_cap_by_moving_the_base_up():
+    held = HeldEntries(max_ids=4)
+    ids = [StreamId(2000 + i, 0) for i in range(10)]
+    for entry_id in ids:
+        held.add(entry_id)
+    assert len(held) == 4 and held.since == ids[5]
+    assert held.digest(ids[-1]) == digest_of(map(str, ids[6:]))  # the window is the recent tail
+
+
+async def test_a_capped_client_window_still_resumes_without_a_resync(redis_url, make_client):
+    """A client whose held ids outgrew the cap compares over a later window:
+    the server leaves out what lies below it, and the digests agree."""
+    async with running_server(redis_url, gc_interval=0) as url:
+        writer, reader = await make_client(url), await make_client(url)
+        wdoc, rdoc = await writer.subscribe("capped"), await reader.subscribe("capped")
+        rdoc.held.max_ids = 5
+        for i in range(20):
+            crdt.insert_text(wdoc.ydoc, 0, f"{i},")
+            await writer.wait_idle()
+        await eventually(lambda: rdoc.text == wdoc.text)
+        assert len(rdoc.held) == 5 and rdoc.held.since > StreamId(0, 0)
+        await reader.drop_connection()
+        await eventually(lambda: reader.connected.is_set() and rdoc.synced.is_set())
+        crdt.insert_text(wdoc.ydoc, 0, "after,")
+        await eventually(lambda: rdoc.text == wdoc.text)
+        assert (reader.resyncs, reader.drifts) == (0, 0)
+
+
 # ------------------------------------------------------------- the protocol
 
 

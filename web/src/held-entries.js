@@ -8,13 +8,21 @@
  * digest over (since, through] must equal the server's over the same window;
  * when the server's window starts later (GC trimmed past `since`), `rebase`
  * drops what the server no longer counts.
+ *
+ * Memory is bounded by `maxIds`: past it the oldest ids are dropped and the
+ * window starts later. That is sound: the window only has to cover the recent
+ * tail a failover can lose.
  */
 import { itemHash } from './digest.js'
 import { ZERO, idKey } from './offsets.js'
 
+/** Ids kept per document before the window's base moves up. */
+export const DEFAULT_MAX_IDS = 50000
+
 export class HeldEntries {
-  constructor (since = ZERO) {
+  constructor (since = ZERO, maxIds = DEFAULT_MAX_IDS) {
     this.since = since
+    this.maxIds = maxIds
     this._sinceKey = idKey(since)
     this._keys = [] // sorted ascending
     this._entries = new Map() // key -> { id, hash }
@@ -38,6 +46,7 @@ export class HeldEntries {
     const keys = this._keys
     if (keys.length === 0 || key > keys[keys.length - 1]) keys.push(key)
     else keys.splice(upperBound(keys, key), 0, key)
+    if (keys.length > this.maxIds) this.rebase(this._entries.get(keys[keys.length - this.maxIds - 1]).id)
     return true
   }
 

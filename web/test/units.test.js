@@ -30,6 +30,16 @@ test('held entries: each id counted once, windows, rebase and reset', async () =
   assert.equal(held.size, 2)
 })
 
+test('held entries stay under their cap by moving the base up to the recent tail', async () => {
+  await hashReady()
+  const held = new HeldEntries('0-0', 4)
+  const ids = Array.from({ length: 10 }, (_, i) => `${2000 + i}-0`)
+  for (const id of ids) held.add(id)
+  assert.equal(held.size, 4)
+  assert.equal(held.since, ids[5])
+  assert.deepEqual(held.digest(ids[9]), { count: 4, hash: ids.slice(6).map(itemHash).reduce((a, b) => a ^ b) })
+})
+
 test('stream ids compare as (ms, seq) and reject what the server never issues', () => {
   assert.ok(idKey('10-0') > idKey('9-999'))
   assert.equal(maxId(null, '1-0'), '1-0')

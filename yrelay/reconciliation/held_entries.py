@@ -10,8 +10,11 @@ server no longer counts.
 
 Ids are kept individually, sorted, so the digest over any window above the
 base is a running total minus the few ids past the window's end (its own
-updates appended after the last delivery). Memory is one id per entry the
-server still holds in its stream, which GC bounds.
+updates appended after the last delivery). Memory is bounded by ``max_ids``:
+past it the oldest ids are dropped and the window starts later (the base
+moves up). That is sound, since the window only has to cover the recent tail
+a failover can lose; the server then reads the ids between its trim point
+and the new base to leave them out, which GC keeps short.
 """
 
 from __future__ import annotations
@@ -21,12 +24,16 @@ import bisect
 from ..offsets import ZERO, StreamId
 from .digest import Digest, item_hash
 
+#: Ids a client keeps per document before its window's base moves up.
+DEFAULT_MAX_IDS = 50_000
+
 
 class HeldEntries:
     """De-duplicated stream ids above ``since``, with their running digest."""
 
-    def __init__(self, since: StreamId = ZERO):
+    def __init__(self, since: StreamId = ZERO, max_ids: int = DEFAULT_MAX_IDS):
         self.since = since
+        self.max_ids = max_ids
         self._ids: list[StreamId] = []
         self._hashes: dict[StreamId, int] = {}
         self._total = 0
@@ -55,6 +62,8 @@ class HeldEntries:
             bisect.insort(self._ids, entry_id)
         else:
             self._ids.append(entry_id)
+        if len(self._ids) > self.max_ids:
+            self.rebase(self._ids[len(self._ids) - self.max_ids - 1])
         return True
 
     def rebase(self, since: StreamId) -> None:
