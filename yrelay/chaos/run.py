@@ -197,8 +197,13 @@ class ChaosRun:
             await asyncio.to_thread(client.finish)
         replicas: dict[str, dict[str, crdt.Doc]] = {}
         counters: dict[str, int] = {"crashes": 0}
+        silent = []
         for client in self.clients:
-            final = client.final()
+            try:
+                final = client.final()
+            except (FileNotFoundError, ValueError):
+                silent.append(client.name)  # it hung or died at the end: a failed run, not a crashed harness
+                continue
             replicas[client.name] = {doc: _load(state) for doc, state in final["docs"].items()}
             for key, value in final["counters"].items():
                 counters[key] = counters.get(key, 0) + value
@@ -212,6 +217,8 @@ class ChaosRun:
         except DeliveryViolation as error:
             figures = getattr(error, "figures", DeliveryFigures())
             violation = str(error)
+        if silent:
+            violation = "; ".join(filter(None, [f"no final state from {', '.join(silent)}", violation]))
         last_fault = self.nemesis.last_fault_end
         report = RunReport(
             command=self.config.command(),

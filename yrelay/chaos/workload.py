@@ -164,7 +164,7 @@ class Workload:
             "errors": len(self.client.errors),
             **{f"error:{code}": count for code, count in Counter(e.get("code") for e in self.client.errors).items()},
         }
-        return {key: self.base_counters.get(key, 0) + value for key, value in now.items()}
+        return {key: self.base_counters.get(key, 0) + now.get(key, 0) for key in {*self.base_counters, *now}}
 
     def _write_status(self, ready: bool) -> None:
         docs = {
