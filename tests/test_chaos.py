@@ -12,6 +12,8 @@ import asyncio
 
 import pytest
 
+from yrelay import crdt
+from yrelay.chaos.checker import not_stored, update_key
 from yrelay.chaos.nemesis import NETWORK, Fault, parse_faults, schedule
 from yrelay.chaos.proxy import FaultProxy
 from yrelay.redis_server import free_port
@@ -29,6 +31,9 @@ async def test_a_minute_of_every_fault_loses_no_acked_update(tmp_path):
     assert report.delivery.recovered == report.delivery.lost_from_redis
     assert set(report.faults_by_kind()) == {fault.value for fault in Fault}
     assert not [record.detail for record in report.injected if record.detail.startswith(("failed", "skipped"))]
+    # appendfsync always: a Redis restarted from its AOF has every acked update.
+    assert {record.detail for record in report.injected if record.action.fault is Fault.REDIS_KILL} == {
+        "acked updates missing from the restarted Redis: 0"}
 
 
 @pytest.mark.timeout(300)
@@ -44,6 +49,18 @@ async def test_the_checker_catches_a_server_that_acks_before_appending(tmp_path)
     with pytest.raises(DeliveryViolation, match="acked updates missing"):
         report.verify()
     assert report.delivery.lost > 0
+
+
+def test_stored_means_in_redis_even_while_waiting_for_a_dependency():
+    doc = crdt.new_doc(9)
+    updates: list[bytes] = []
+    crdt.observe_updates(doc, updates.append)
+    for token in ("<a>", "<b>", "<c>"):
+        crdt.insert_text(doc, 0, token)
+    acked = {update_key("d", update): update for update in updates}
+    keys = list(acked)
+    assert not_stored([updates[2]], acked) == {keys[0], keys[1]}  # the third alone is pending, yet stored
+    assert not_stored(updates, acked) == set()
 
 
 def test_the_schedule_is_a_function_of_its_seed_and_has_every_kind():

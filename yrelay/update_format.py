@@ -225,6 +225,18 @@ def _within(inner: Ranges, outer: Ranges) -> bool:
     return True
 
 
+def union(coverages: Iterable[Coverage]) -> Coverage:
+    """What a set of updates holds together, integrated or not (what a store
+    holds, as opposed to :func:`covers` against one document's state)."""
+    structs: Ranges = {}
+    deletes: Ranges = {}
+    for coverage in coverages:
+        for target, ranges in ((structs, coverage.structs), (deletes, coverage.deletes)):
+            for client, client_ranges in ranges.items():
+                target.setdefault(client, []).extend(client_ranges)
+    return Coverage({c: _merge(r) for c, r in structs.items()}, {c: _merge(r) for c, r in deletes.items()})
+
+
 def covers(whole: Coverage, part: Coverage) -> bool:
     """True when everything ``part`` inserts and deletes is in ``whole``.
 

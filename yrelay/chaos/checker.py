@@ -21,8 +21,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from .. import crdt
-from ..store import DocumentStore
+from .. import crdt, update_format
+from ..store import DocumentStore, HistoryTrimmed
 from ..testing.checker import DeliveryViolation, check_delivery, decode_updates, missing_from_state
 from .clients import AckRecord
 
@@ -65,6 +65,38 @@ def missing_keys(state: bytes, updates: Mapping[UpdateKey, bytes]) -> set[Update
     """The acked ``updates`` a document (its encoded ``state``) does not hold."""
     keys = list(updates)
     return {keys[index] for index in missing_from_state(state, decode_updates(updates.values()))}
+
+
+async def stored_updates(redis_url: str, docs: Iterable[str]) -> dict[str, list[bytes]]:
+    """Each document's snapshot and stream entries as stored, not applied."""
+    redis = Redis.from_url(redis_url, socket_timeout=30)
+    try:
+        store, stored = DocumentStore(redis), {}
+        for doc in docs:
+            while True:
+                snapshot = await store.load_snapshot(doc)
+                updates = [snapshot.update] if snapshot.update else []
+                try:
+                    async for page in store.iter_entries(doc, snapshot.offset):
+                        updates += [entry.update for entry in page]
+                except HistoryTrimmed:
+                    continue  # a GC pass trimmed while we read: from its new snapshot
+                stored[doc] = updates
+                break
+        return stored
+    finally:
+        await redis.aclose()
+
+
+def not_stored(stored: list[bytes], updates: Mapping[UpdateKey, bytes]) -> set[UpdateKey]:
+    """The acked ``updates`` whose inserts and deletes are in none of the
+    ``stored`` ones. Unlike a check against the document, an update that is
+    stored but waits for a dependency (a resend not appended yet) counts as
+    stored: this measures what Redis lost, not what it can apply yet."""
+    whole = update_format.union(part for part in decode_updates(stored) if part is not None)
+    keys = list(updates)
+    return {keys[index] for index, part in enumerate(decode_updates(updates.values()))
+            if part is None or not update_format.covers(whole, part)}
 
 
 async def server_documents(redis_url: str, docs: Iterable[str]) -> dict[str, crdt.Doc]:

@@ -28,8 +28,8 @@ from redis.asyncio import Redis
 from .. import crdt
 from ..gc import Collector, collect_documents
 from ..testing.checker import DeliveryViolation
-from .checker import (DeliveryFigures, UpdateKey, acked_updates, check_run, missing_keys, server_documents,
-                      server_event_counts)
+from .checker import (DeliveryFigures, UpdateKey, acked_updates, check_run, not_stored, server_documents,
+                      server_event_counts, stored_updates)
 from .clients import ClientProcess
 from .cluster import Cluster, ClusterConfig
 from .nemesis import Fault, Nemesis, schedule
@@ -137,14 +137,13 @@ class ChaosRun:
             await asyncio.sleep(0.1)
 
     async def probe_loss(self, label: str) -> int:
-        """Acked updates (recorded so far) that the current Redis lacks.
-        The reading and decoding run in a thread: the proxies keep going."""
+        """Acked updates (recorded so far) that the current Redis does not
+        store. The reading and decoding run in a thread: the proxies keep going."""
         by_doc = await asyncio.to_thread(lambda: acked_updates(r for c in self.clients for r in c.acked()))
-        documents = await server_documents(self.cluster.redis_url, by_doc)
-        states = {doc: crdt.encode_state(ydoc) for doc, ydoc in documents.items()}
+        stored = await stored_updates(self.cluster.redis_url, by_doc)
 
         def missing() -> set[UpdateKey]:
-            return set().union(*(missing_keys(states[doc], updates) for doc, updates in by_doc.items()))
+            return set().union(*(not_stored(stored[doc], updates) for doc, updates in by_doc.items()))
 
         now = await asyncio.to_thread(missing)
         self.lost_from_redis |= now
