@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from . import logs
 from .app import create_app
 from .app.context import open_event_log
 from .config import Settings
@@ -40,14 +41,21 @@ def serve(
     ),
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_format: str = typer.Option("text", envvar="YRELAY_LOG_FORMAT", help="text or json (one object a line)."),
     verify_digests: bool = typer.Option(
         False, "--verify-digests", help="Recompute every drift digest from the streams at start-up; fix wrong ones."
     ),
 ) -> None:
     """Serve the websocket endpoint at /ws (and /healthz, /readyz)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logs.configure(log_level, log_format)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-format") from None
     settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
                                  verify_digests=verify_digests or None)
+    for secret in (settings.ops_token, settings.metrics_token):
+        logs.add_secret(secret)
+    logs.add_url_secrets(settings.redis_url)
     embedded: RedisProcess | None = None
     url = settings.redis_url
     if url is None:
@@ -56,12 +64,15 @@ def serve(
         logging.getLogger("yrelay").info(
             "embedded redis-server on %s (appendonly yes, appendfsync always, data in %s)", url, embedded.data_dir
         )
+    else:
+        logging.getLogger("yrelay").info("using Redis at %s", url)  # its password is redacted
     try:
         uvicorn.run(
             create_app(settings, url),
             host=settings.host,
             port=settings.port,
             log_level=log_level,
+            log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
             ws_max_size=settings.max_frame_bytes * 4,  # larger frames are answered with an error frame
             ws_ping_interval=20,
             ws_ping_timeout=20,

@@ -17,7 +17,7 @@ from typing import Any
 import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
 
-from .. import awareness, crdt, protocol
+from .. import awareness, crdt, logs, protocol
 from ..offsets import StreamId
 from ..protocol import (Ack, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe,
                         Sync, Unsubscribe, Update)
@@ -51,6 +51,7 @@ class Connection:
         self._send_lock = asyncio.Lock()
         self._inflight = asyncio.Semaphore(ctx.settings.max_inflight_appends)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._received = 0.0  # when the frame being handled arrived (append latency)
 
     async def run(self) -> None:
         await self.websocket.accept()
@@ -83,8 +84,11 @@ class Connection:
         text = protocol.encode(frame)
         async with self._send_lock:
             await self.websocket.send_text(text)
+        if frame["op"] == "error":
+            self.ctx.metrics.rejected(frame["code"])
 
     async def _handle_message(self, message: dict[str, Any]) -> None:
+        self._received = time.perf_counter()
         text = message.get("text")
         if text is None:
             await self._reject(ProtocolError(ErrorCode.MALFORMED_FRAME, "frames are JSON text, not binary"))
@@ -96,7 +100,11 @@ class Connection:
             return
         try:
             frame = protocol.parse_client_frame(text)
-            await self._dispatch(frame)
+            doc = logs.doc.set(getattr(frame, "doc", None))  # log lines (and tasks started here) name it
+            try:
+                await self._dispatch(frame)
+            finally:
+                logs.doc.reset(doc)
         except ProtocolError as error:
             await self._reject(error)
         except (redis.exceptions.RedisError, OSError) as exc:
@@ -109,6 +117,8 @@ class Connection:
             await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
 
     async def _reject(self, error: ProtocolError) -> None:
+        log.debug("rejected a frame: %s %s", error.code.value, error.message,
+                  extra={"doc": error.doc} if error.doc is not None else None)
         await self.send(protocol.error(error))
 
     async def _dispatch(self, frame: object) -> None:
@@ -149,6 +159,7 @@ class Connection:
         if frame.protocol != protocol.PROTOCOL_VERSION:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}")
         self.session, resumed = await self.ctx.sessions.open(frame.session)
+        logs.session.set(self.session)  # this task's context: every later line and task carries it
         self.state = ConnectionState.OPEN
         self.ctx.events.emit("connect", session=self.session, resumed=resumed)
         await self.send(protocol.welcome(self.session, resumed, self.ctx.settings.client_limits()))
@@ -241,11 +252,13 @@ class Connection:
             crdt.validate_update(update)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
+        received = self._received
         await self._inflight.acquire()
         future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
-        self._spawn(self._confirm(frame, future, len(update)))
+        self._spawn(self._confirm(frame, future, len(update), received))
 
-    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int) -> None:
+    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int,
+                       received: float) -> None:
         """Ack an update once (and only once) the append script returned."""
         try:
             entry_id, duplicate = await future
@@ -260,6 +273,7 @@ class Connection:
         finally:
             self._inflight.release()
         await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate))
+        self.ctx.metrics.appended(time.perf_counter() - received)
         self.ctx.events.emit("append", frame.doc, self.session, offset=entry_id, clock=frame.clock,
                              bytes=size, duplicate=duplicate)
 
