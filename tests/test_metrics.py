@@ -294,3 +294,14 @@ def every_sha() -> list[str]:
     """The SHA1 of every script the server runs (the append and GC scripts, presence's)."""
     names = [*NAMES, "presence_put", "presence_forget", "presence_read"]
     return [hashlib.sha1(source(name).encode()).hexdigest() for name in names]
+
+
+async def test_metrics_switched_off_answer_404_and_delivery_is_unchanged(redis_url):
+    updates, _ = text_updates(1)
+    async with served(redis_url, metrics=False) as (url, http):
+        writer, reader = await RawPeer.connect(url), await RawPeer.connect(url)
+        await subscribe(writer, DOC)
+        await subscribe(reader, DOC)
+        assert (await writer.update(DOC, 0, updates[0]))["op"] == "appended"
+        assert len(await receive_entries(reader, 1)) == 1
+        assert (await http.get("/metrics", headers=AUTH)).status_code == 404

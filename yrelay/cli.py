@@ -46,7 +46,7 @@ def serve(
         False, "--verify-digests", help="Recompute every drift digest from the streams at start-up; fix wrong ones."
     ),
 ) -> None:
-    """Serve the websocket endpoint at /ws (and /healthz, /readyz)."""
+    """Serve the websocket endpoint at /ws (and /healthz, /readyz, /metrics)."""
     try:
         logs.configure(log_level, log_format)
     except ValueError as exc:
