@@ -76,6 +76,11 @@ class Settings:
 
     #: Bearer token of the /ops endpoints; without one they answer 403.
     ops_token: str | None = field(default=None, repr=False)
+    #: Bearer token for /metrics only (the ops token works too); without
+    #: either, /metrics answers loopback clients only.
+    metrics_token: str | None = field(default=None, repr=False)
+    #: Count Prometheus metrics (off only to measure what they cost).
+    metrics: bool = True
 
     #: Secret that signs client tokens (JWT, docs/security.md). Required
     #: unless an ``auth_hook`` is set or auth is switched off.

@@ -18,7 +18,7 @@ from typing import Any
 import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
 
-from .. import awareness, crdt, protocol
+from .. import awareness, crdt, logs, protocol
 from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
 from ..auth.authenticator import JwtAuthenticator
 from ..offsets import StreamId
@@ -66,6 +66,7 @@ class Connection:
         self._send_lock = asyncio.Lock()
         self._inflight = asyncio.Semaphore(ctx.settings.max_inflight_appends)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._received = 0.0  # when the frame being handled arrived (append latency)
 
     async def run(self) -> None:
         headers = self.websocket.headers
@@ -107,8 +108,11 @@ class Connection:
         text = protocol.encode(frame)
         async with self._send_lock:
             await self.websocket.send_text(text)
+        if frame["op"] == "error":
+            self.ctx.metrics.rejected(frame["code"])
 
     async def _handle_message(self, message: dict[str, Any]) -> None:
+        self._received = time.perf_counter()
         text = message.get("text")
         if text is None:
             await self._reject(ProtocolError(ErrorCode.MALFORMED_FRAME, "frames are JSON text, not binary"))
@@ -120,7 +124,11 @@ class Connection:
             return
         try:
             frame = protocol.parse_client_frame(text)
-            await self._dispatch(frame)
+            doc = logs.doc.set(getattr(frame, "doc", None))  # log lines (and tasks started here) name it
+            try:
+                await self._dispatch(frame)
+            finally:
+                logs.doc.reset(doc)
         except ProtocolError as error:
             await self._reject(error)
         except (redis.exceptions.RedisError, OSError) as exc:
@@ -133,6 +141,8 @@ class Connection:
             await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
 
     async def _reject(self, error: ProtocolError) -> None:
+        log.debug("rejected a frame: %s %s", error.code.value, error.message,
+                  extra={"doc": error.doc} if error.doc is not None else None)
         await self.send(protocol.error(error))
 
     async def _dispatch(self, frame: object) -> None:
@@ -183,6 +193,7 @@ class Connection:
             return
         self.principal = principal
         self.session, resumed = await self.ctx.sessions.open(frame.session, owner=principal.subject)
+        logs.session.set(self.session)  # this task's context: every later line and task carries it
         self.state = ConnectionState.OPEN
         self.ctx.events.emit("connect", session=self.session, resumed=resumed)
         auth = {"mode": _auth_mode(self.ctx.authenticator), "subject": principal.subject,
@@ -301,11 +312,13 @@ class Connection:
             crdt.validate_update(update)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
+        received = self._received
         await self._inflight.acquire()
         future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
-        self._spawn(self._confirm(frame, future, len(update)))
+        self._spawn(self._confirm(frame, future, len(update), received))
 
-    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int) -> None:
+    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int,
+                       received: float) -> None:
         """Ack an update once (and only once) the append script returned."""
         try:
             entry_id, duplicate = await future
@@ -320,6 +333,7 @@ class Connection:
         finally:
             self._inflight.release()
         await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate))
+        self.ctx.metrics.appended(time.perf_counter() - received)
         self.ctx.events.emit("append", frame.doc, self.session, offset=entry_id, clock=frame.clock,
                              bytes=size, duplicate=duplicate)
 

@@ -6,15 +6,19 @@ import logging
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript as Script
 
 from ..auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
 from ..config import Settings
 from ..eventlog import EventLog, NullEventLog, process_name
+from ..events import Events
 from ..gc import Collector, GcLoop, GcPolicy
 from ..reconciliation.stream_digest import StreamDigests
 from ..keys import session_documents_key, session_of_documents_key
+from ..metrics import Metrics, NullMetrics
 from ..redis_server import check_durability
 from ..replies import text
+from ..scripts import NAMES as SCRIPT_NAMES
 from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
@@ -39,10 +43,11 @@ class ServerContext:
     collector: Collector
     gc_loop: GcLoop
     digests: StreamDigests
-    events: EventLog
+    events: Events
     presence: Presence
     authenticator: Authenticator
     revocations: Revocations
+    metrics: Metrics
     process_id: str = field(default_factory=process_name)
 
     @classmethod
@@ -54,7 +59,9 @@ class ServerContext:
         reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
         store = DocumentStore(redis)
         await store.load_scripts()
-        events = open_event_log(settings)
+        metrics = Metrics() if settings.metrics else NullMetrics()
+        # The same emit calls feed the event log and the metrics.
+        events = Events(open_event_log(settings), *([metrics] if settings.metrics else []))
         collector = Collector(redis, GcPolicy.from_settings(settings), events=events)
         for warning in await check_durability(redis):
             log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
@@ -69,14 +76,16 @@ class ServerContext:
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,
             gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,
-                           lease=settings.gc_lease),
+                           lease=settings.gc_lease, on_pass=metrics.gc_pass),
             digests=StreamDigests(redis, store.scripts),
             events=events,
             presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
                               timeout=settings.presence_timeout, process_id=process_name()),
             authenticator=authenticator,
             revocations=Revocations(redis, settings.revocation_refresh),
+            metrics=metrics,
         )
+        metrics.watch(ctx)
         if settings.verify_digests:
             await verify_digests(ctx.digests)
         ctx.ack_writer.on_evicted = ctx.fanout.session_evicted
@@ -87,6 +96,10 @@ class ServerContext:
         ctx.presence.start()
         ctx.revocations.start()
         return ctx
+
+    def scripts(self) -> list[Script]:
+        """Every Lua script the server calls."""
+        return [getattr(self.store.scripts, name) for name in SCRIPT_NAMES] + list(self.presence.scripts)
 
     async def close(self) -> None:
         await self.revocations.stop()
@@ -126,7 +139,7 @@ async def verify_digests(digests: StreamDigests) -> None:
         stored, actual = await session_documents(digests.redis, session, digests.scripts).recompute(fix=True)
         if stored != actual:
             log.warning("subscription-set digest of session %s was wrong (stored %s, actual %s); fixed",
-                        session, stored, actual)
+                        session, stored, actual, extra={"session": session})
             wrong += 1
     if wrong:
         log.warning("drift digests: %d wrong, all fixed", wrong)

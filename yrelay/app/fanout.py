@@ -203,7 +203,8 @@ class Fanout:
                 feed = self.feeds.get(doc)
                 if feed is None:
                     continue
-                log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS)
+                log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS,
+                          extra={"doc": doc})
                 feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
                 for subscriber in list(feed.subscribers):
                     subscriber.document_failed(str(exc))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
-from .. import crdt, protocol
+from .. import crdt, logs, protocol
 from ..offsets import StreamId
 from ..protocol import ErrorCode, ProtocolError, ResyncReason
 from ..reconciliation.digest import Digest
@@ -113,6 +113,11 @@ class Subscription:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    @property
+    def unacked(self) -> int:
+        """Entries sent and not acked yet."""
+        return len(self._sent)
+
     # ------------------------------------------------------ called by others
 
     def offer(self, batch: Batch) -> None:
@@ -163,6 +168,8 @@ class Subscription:
     # ------------------------------------------------------------ the pump
 
     async def _run(self) -> None:
+        logs.doc.set(self.doc)  # this task's own context
+        logs.session.set(self.session)
         backoff = 0.1
         try:
             self._wake.set()
@@ -322,6 +329,7 @@ class Subscription:
             self.ctx.ack_writer.submit(self.doc, self.session, offset)
 
     async def _require_resync(self, reason: ResyncReason) -> None:
+        log.info("resync required: %s", reason.value)
         self.ctx.events.emit("resync", self.doc, self.session, reason=reason.value,
                              offset=None if self._requested is None else str(self._requested))
         self._move(SubscriptionState.RESYNC_REQUIRED)

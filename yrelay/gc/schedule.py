@@ -143,8 +143,10 @@ async def run_due_pass(
 class GcLoop:
     """The periodic GC of one server process."""
 
-    def __init__(self, collector: Collector, *, interval: float, batch_size: int, lease: float):
+    def __init__(self, collector: Collector, *, interval: float, batch_size: int, lease: float,
+                 on_pass: Callable[[PassSummary], None] | None = None):
         self.collector = collector
+        self.on_pass = on_pass  # told of every completed pass (metrics)
         self.due = DueSet(collector.redis)
         self.interval = interval
         self.batch_size = batch_size
@@ -169,6 +171,8 @@ class GcLoop:
         )
         self.passes += 1
         self.last = summary
+        if self.on_pass is not None:
+            self.on_pass(summary)
         if summary.documents:
             log.info(
                 "gc pass: %d documents, %d evicted, %d folded, %d trimmed, %d blocked, %d conflicts in %.3fs",
