@@ -19,6 +19,7 @@ import redis
 import websockets
 
 from yrelay import logs
+from yrelay.auth import issue_token
 from yrelay.redis_server import RedisProcess, free_port
 from yrelay.testing.processes import wait_ready
 
@@ -27,7 +28,8 @@ from wsraw import RawPeer
 
 OPS_TOKEN = "ops-token-never-logged-41"
 REDIS_PASSWORD = "redis-password-never-logged-42"
-JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJlLW5vdC1yZWFs"
+AUTH_SECRET = "auth-secret-never-logged-43-0123456789"
+JWT = issue_token(AUTH_SECRET, "alice", ["logged"])
 AHEAD = "99999999999999-0"
 
 
@@ -117,7 +119,8 @@ def test_serve_logs_json_without_secrets(tmp_path):
         redis.Redis.from_url(private.url).config_set("requirepass", REDIS_PASSWORD)
         url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{private.port}/0"
         port = free_port()
-        env = {"YRELAY_OPS_TOKEN": OPS_TOKEN, "YRELAY_DATA_DIR": str(tmp_path / "data"), "YRELAY_GC_INTERVAL": "0"}
+        env = {"YRELAY_OPS_TOKEN": OPS_TOKEN, "YRELAY_DATA_DIR": str(tmp_path / "data"), "YRELAY_GC_INTERVAL": "0",
+               "YRELAY_AUTH_SECRET": AUTH_SECRET}
         process = subprocess.Popen(
             [sys.executable, "-m", "yrelay", "serve", "--port", str(port), "--redis-url", url, "--log-level", "info",
              "--log-format", "json"],
@@ -133,7 +136,7 @@ def test_serve_logs_json_without_secrets(tmp_path):
         finally:
             process.send_signal(signal.SIGINT)
             output, _ = process.communicate(timeout=20)
-    for secret in (OPS_TOKEN, REDIS_PASSWORD, JWT, "eyJ"):
+    for secret in (OPS_TOKEN, REDIS_PASSWORD, JWT, AUTH_SECRET, "eyJ"):
         assert secret not in output
     lines = [json.loads(line) for line in output.splitlines()]
     assert any(line["message"] == "using Redis at redis://:[redacted]@127.0.0.1:%d/0" % private.port
@@ -145,7 +148,7 @@ def test_serve_logs_json_without_secrets(tmp_path):
 
 async def _traffic(port: int) -> str:
     async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={JWT}") as ws:
-        await ws.send(json.dumps({"op": "hello", "session": None}))
+        await ws.send(json.dumps({"op": "hello", "session": None, "token": JWT}))
         session = json.loads(await ws.recv())["session"]
         await ws.send(json.dumps({"op": "subscribe", "doc": "logged", "offset": AHEAD}))
         assert json.loads(await ws.recv())["op"] == "resync_required"
