@@ -76,7 +76,10 @@ class _Reader:
         return self.raw(self.uint())
 
     def string(self) -> str:
-        return self.buffer().decode("utf-8", errors="surrogatepass")
+        try:
+            return self.buffer().decode("utf-8", errors="surrogatepass")
+        except UnicodeDecodeError:
+            raise MalformedUpdate("string is not UTF-8") from None
 
     def skip_any(self, depth: int = 0) -> None:
         """Skip one lib0 ``any`` value (JSON-like, with binary and bigint)."""

@@ -25,8 +25,10 @@ from ..reconciliation import MalformedMessage, respond
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from .context import ServerContext
+from .limits import DeliveryBudget, Refusal, TokenBucket
 from .presence import Member, NotOwner
 from .subscription import Send, Subscription
+from .validator import ValidatorUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,37 @@ class Connection:
         self._send_lock = asyncio.Lock()
         self._inflight = asyncio.Semaphore(ctx.settings.max_inflight_appends)
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Unacked deliveries of all this connection's documents.
+        self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
+        #: The session's update rate (shared with its other connections here).
+        self._rate: TokenBucket | None = None
 
     async def run(self) -> None:
+        """Serve the websocket, unless a connection limit refuses it."""
+        address = self.websocket.client.host if self.websocket.client else ""
+        refusal = self.ctx.limits.open_connection(address)
+        if refusal is not None:
+            await self._refuse(refusal)
+            return
+        try:
+            await self._serve()
+        finally:
+            self.ctx.limits.close_connection(address)
+            if self._rate is not None and self.session is not None:
+                self.ctx.limits.sessions.release(self.session)
+
+    async def _refuse(self, refusal: Refusal) -> None:
+        """Accept only to say why not and when to come back, then close:
+        browsers cannot read the status of a refused upgrade, only frames
+        and close codes."""
+        try:
+            await self.websocket.accept()
+            await self.websocket.send_text(protocol.encode(protocol.error(refusal.error)))
+            await self.websocket.close(refusal.close_code)
+        except Exception:  # gone already
+            pass
+
+    async def _serve(self) -> None:
         await self.websocket.accept()
         opened = time.monotonic()
         resend_timer = asyncio.create_task(self._resend_timer())
@@ -149,6 +180,7 @@ class Connection:
         if frame.protocol != protocol.PROTOCOL_VERSION:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}")
         self.session, resumed = await self.ctx.sessions.open(frame.session)
+        self._rate = self.ctx.limits.sessions.acquire(self.session)
         self.state = ConnectionState.OPEN
         self.ctx.events.emit("connect", session=self.session, resumed=resumed)
         await self.send(protocol.welcome(self.session, resumed, self.ctx.settings.client_limits()))
@@ -168,7 +200,7 @@ class Connection:
         claimed = _claimed(frame)
         self._join_presence(frame.doc)
         subscription = Subscription(self.ctx, frame.doc, self.session, self._document_sender(frame.doc), requested,
-                                    claimed)
+                                    claimed, budget=self.budget)
         self.subscriptions[frame.doc] = subscription
         subscription.start()
 
@@ -235,12 +267,19 @@ class Connection:
     async def _update(self, frame: Update) -> None:
         assert self.session is not None
         self._subscription(frame.doc)
+        assert self._rate is not None
+        if not self._rate.take():  # not stored; the client resends after retry_after_ms
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {self.ctx.settings.updates_per_second:g} updates/s",
+                                doc=frame.doc, clock=frame.clock, retry_after_ms=self._rate.retry_after_ms())
         update = _decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
                                  frame.doc, frame.clock)
         try:
-            crdt.validate_update(update)
+            await self.ctx.validator.validate(update)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
+        except ValidatorUnavailable:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "the update could not be checked; resend it",
+                                doc=frame.doc, clock=frame.clock) from None
         await self._inflight.acquire()
         future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
         self._spawn(self._confirm(frame, future, len(update)))

@@ -19,8 +19,10 @@ from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
 from .appender import Appender
 from .fanout import Fanout
+from .limits import Limits
 from .presence import Presence
 from .sessions import SessionRegistry
+from .validator import Validator
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ class ServerContext:
     digests: StreamDigests
     events: EventLog
     presence: Presence
+    limits: Limits
+    validator: Validator
     process_id: str = field(default_factory=process_name)
 
     @classmethod
@@ -68,6 +72,8 @@ class ServerContext:
             events=events,
             presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
                               timeout=settings.presence_timeout, process_id=process_name()),
+            limits=Limits(settings),
+            validator=Validator(settings.validator_workers, settings.validate_timeout, settings.validate_inline_bytes),
         )
         if settings.verify_digests:
             await verify_digests(ctx.digests)
@@ -77,6 +83,7 @@ class ServerContext:
         ctx.fanout.start()
         ctx.gc_loop.start()
         ctx.presence.start()
+        await ctx.validator.start()
         return ctx
 
     async def close(self) -> None:
@@ -85,6 +92,7 @@ class ServerContext:
         await self.fanout.stop()
         await self.appender.stop()
         await self.ack_writer.stop()
+        await self.validator.stop()
         await self.redis.aclose()
         self.events.stop()
 

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import redis.exceptions
@@ -43,6 +44,11 @@ class Batch:
     @property
     def last(self) -> StreamId:
         return self.entries[-1].id
+
+    @cached_property
+    def nbytes(self) -> int:
+        """The updates' size: what holding this batch keeps alive."""
+        return sum(len(entry.update) for entry in self.entries)
 
 
 class Subscriber(Protocol):
