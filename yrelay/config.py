@@ -59,10 +59,9 @@ class Settings:
     admission_rate: float = 200.0
     #: ... and at once after a quiet spell.
     admission_burst: int = 400
-    #: Updates up to this size (decoded bytes) whose layout is simple are
-    #: checked by y-py on the event loop; the rest in a validator process.
-    validate_inline_bytes: int = 4096
-    #: Validator worker processes (0: every update is validated in-loop).
+    #: Validator processes that run y-py on every update before it is
+    #: stored (0: y-py runs in the server process, which a hostile update
+    #: can abort; see docs/security.md).
     validator_workers: int = 2
     #: Seconds a validator process may spend on one batch before it is
     #: killed and restarted (its updates are then checked one by one).

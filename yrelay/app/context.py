@@ -73,7 +73,7 @@ class ServerContext:
             presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
                               timeout=settings.presence_timeout, process_id=process_name()),
             limits=Limits(settings),
-            validator=Validator(settings.validator_workers, settings.validate_timeout, settings.validate_inline_bytes),
+            validator=Validator(settings.validator_workers, settings.validate_timeout),
         )
         if settings.verify_digests:
             await verify_digests(ctx.digests)

@@ -1,17 +1,21 @@
-"""Checking updates before they are stored, without letting one stall the
-event loop: small updates in-loop, the rest in validator processes.
+"""Checking updates before they are stored, in validator processes.
 
-An update up to ``validate_inline_bytes`` is checked right here
-(:func:`crdt.validate_update`: yrelay's layout decoder, then y-py into a
-scratch document); both are linear in the update's size, and at that size
-cost microseconds (BENCHMARKS.md#validation). A larger one is queued for a
-small pool of worker processes (:mod:`yrelay.validation`). Everything queued
-while a worker is busy goes to it as one batch, so the pipe round trip is
-paid once per batch, not per update (group commit, like the appender).
+y-py 0.6.2 can take the whole process down on a hostile update: a 21-byte
+update that passes yrelay's own layout decoder makes yrs panic with a
+message pyo3 cannot convert, and the runtime aborts (SIGABRT; see
+tests/test_validator.py). Size is no protection, so every update is
+applied by y-py in a worker process (:mod:`yrelay.validation`), never here.
 
-A worker that does not answer within ``validate_timeout`` is killed and
-restarted; its batch is then checked again one update at a time, and an
-update that alone runs past the deadline (or kills the worker) is rejected.
+- In-loop, only yrelay's pure-Python layout check, for updates up to
+  ``PREFILTER_BYTES``: garbage is refused without a round trip.
+- Everything queued while a worker is busy goes to it as one batch, so the
+  pipe round trip is paid once per batch, not per update (group commit,
+  like the appender). Figures: BENCHMARKS.md#validation.
+- A worker that does not answer within ``validate_timeout``, or dies, is
+  restarted; its batch is checked again one update at a time, and an update
+  that alone runs past the deadline or kills the worker is rejected.
+
+With ``validator_workers = 0`` everything runs in-loop (the old behaviour).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: Bytes of updates sent to a worker in one batch (at least one update).
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+#: Updates up to this size get the layout check in-loop first (a few us).
+PREFILTER_BYTES = 4096
 
 _Item = tuple[bytes, "asyncio.Future[Exception | None]"]
 
@@ -44,13 +50,14 @@ class ValidatorUnavailable(Exception):
 class _Worker:
     """One ``python -m yrelay.validation`` process."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str) -> None:
+        self.module = module
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "yrelay.validation",
+            sys.executable, "-m", self.module,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )
 
@@ -90,10 +97,10 @@ class _Worker:
 class Validator:
     """``await validate(update)`` raises :class:`crdt.InvalidUpdate` or returns."""
 
-    def __init__(self, workers: int, timeout: float, inline_bytes: int):
+    def __init__(self, workers: int, timeout: float, module: str = "yrelay.validation"):
+        """``module``: what each worker runs (tests name a misbehaving one)."""
         self.timeout = timeout
-        self.inline_bytes = inline_bytes
-        self._workers = [_Worker() for _ in range(workers)]
+        self._workers = [_Worker(module) for _ in range(workers)]
         self._queue: deque[_Item] = deque()
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,9 +126,11 @@ class Validator:
             future.cancel()
 
     async def validate(self, update: bytes) -> None:
-        if len(update) <= self.inline_bytes or not self._workers:
+        if not self._workers:
             crdt.validate_update(update)
             return
+        if len(update) <= PREFILTER_BYTES:
+            crdt.check_layout(update)
         future: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         self._queue.append((update, future))
         self._ready.set()
