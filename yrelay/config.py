@@ -32,12 +32,13 @@ class Settings:
     max_unacked_per_connection: int = 20_000
     #: Bytes of fan-out batches one subscription may hold while it waits
     #: for its socket; past it they are dropped and read back from the stream.
-    max_pending_bytes: int = 8 * 1024 * 1024
+    max_pending_bytes: int = 4 * 1024 * 1024
     #: Entries per catch-up read (XRANGE COUNT) and per deliver frame.
     page_size: int = 500
-    #: A catch-up read asks for fewer entries when they are large, so one
-    #: page (and one deliver frame) stays near this many bytes.
-    max_page_bytes: int = 4 * 1024 * 1024
+    #: Stream reads (catch-up pages, the fan-out's XREAD) ask for fewer
+    #: entries when they are large, so one read of a document (and one
+    #: deliver frame) stays near this many bytes.
+    max_page_bytes: int = 1024 * 1024
     #: Largest snapshot / sync reply chunk, in bytes (before base64).
     chunk_bytes: int = 256 * 1024
     #: Resend unacked entries older than this (seconds) ...

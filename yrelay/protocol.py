@@ -228,7 +228,7 @@ def parse_client_frame(
     doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
     clock = raw.get("clock") if isinstance(raw.get("clock"), int) else None
     op = raw.get("op")
-    if op not in CLIENT_OPS:
+    if not isinstance(op, str) or op not in CLIENT_OPS:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}", doc=doc, clock=clock)
     try:
         return _client_frame.validate_python(raw)

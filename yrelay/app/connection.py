@@ -16,6 +16,7 @@ from typing import Any
 
 import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnected
 
 from .. import awareness, crdt, protocol
 from ..offsets import StreamId
@@ -93,7 +94,7 @@ class Connection:
                 if message["type"] == "websocket.disconnect":
                     break
                 await self._handle_message(message)
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, WebSocketDisconnected):  # the peer left, or the server closed it
             pass
         finally:
             self.state = ConnectionState.CLOSED
@@ -133,7 +134,7 @@ class Connection:
         except (redis.exceptions.RedisError, OSError) as exc:
             log.warning("Redis error while handling a frame: %s", exc)
             await self._reject(ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; retry later"))
-        except (WebSocketDisconnect, asyncio.CancelledError):
+        except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError):
             raise
         except Exception:
             log.exception("unexpected error handling a frame")

@@ -63,7 +63,8 @@ class ServerContext:
             tracker=Tracker(redis, store.scripts),
             ack_writer=AckWriter(redis),  # on_evicted is wired below
             appender=Appender(store),
-            fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size),
+            fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size,
+                          max_bytes=settings.max_page_bytes),
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,
             gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,

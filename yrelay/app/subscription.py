@@ -34,6 +34,7 @@ from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from ..store import Entry, HistoryTrimmed
 from .fanout import Batch
+from . import sizing
 from .limits import DeliveryBudget
 
 if TYPE_CHECKING:
@@ -131,8 +132,7 @@ class Subscription:
         self._budget = budget or DeliveryBudget(0)
         self._counted = 0
         #: Entries per catch-up read: grows while entries are small.
-        self._page_count = max(1, min(ctx.settings.page_size,
-                                      ctx.settings.max_page_bytes // max(ctx.settings.max_update_bytes, 1)))
+        self._page_count = sizing.first_count(ctx.settings.page_size, ctx.settings.max_page_bytes)
         self._unacked_since: float | None = None
         self._pending = PendingBatches(ctx.settings.max_pending_bytes)
         self._sync_vector: bytes | None = None
@@ -236,7 +236,8 @@ class Subscription:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the socket closed under us, most likely
-            log.warning("subscription %s stopped: %r", self.doc, exc)
+            if self.state is not SubscriptionState.CLOSED:  # else: closed while a step was finishing
+                log.warning("subscription %s stopped: %r", self.doc, exc)
 
     async def _start(self) -> None:
         if self._requested is None:
@@ -324,10 +325,8 @@ class Subscription:
 
     async def _send_page(self, until: StreamId) -> bool:
         page = await self.ctx.store.read_page(self.doc, self.cursor, self._page_count)
-        if page:  # size the next read so a page stays near max_page_bytes
-            largest = max(len(entry.update) for entry in page)
-            fits = self.ctx.settings.max_page_bytes // max(largest, 1)
-            self._page_count = max(1, min(self.ctx.settings.page_size, fits, self._page_count * 4))
+        self._page_count = sizing.next_count(self._page_count, page, self.ctx.settings.page_size,
+                                             self.ctx.settings.max_page_bytes)
         page = [entry for entry in page if entry.id <= until]
         if not page:
             return False

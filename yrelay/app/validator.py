@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import struct
 import sys
 from collections import deque
@@ -59,6 +60,7 @@ class _Worker:
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", self.module,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "RUST_BACKTRACE": "0"},  # a panic is one line in the log, not a page
         )
 
     async def check(self, updates: list[bytes], timeout: float) -> list[str]:
