@@ -274,6 +274,7 @@ def _write_victim(url: str, text: str) -> str:
 
 
 @pytest.mark.timeout(3600)
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # the websocket client's masks use random
 def test_fuzz_frames_against_a_live_server(fuzz_server: ServerProcess, redis_url: str):
     client = redis.Redis.from_url(redis_url)
     writers = {_write_victim(fuzz_server.ws_url, "secret")}

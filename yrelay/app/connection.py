@@ -58,6 +58,9 @@ class Connection:
         self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
         #: The session's update rate (shared with its other connections here).
         self._rate: TokenBucket | None = None
+        #: Resolved once the last update received was submitted or rejected:
+        #: updates are validated concurrently but appended in arrival order.
+        self._turn: asyncio.Future[None] | None = None
 
     async def run(self) -> None:
         """Serve the websocket, unless a connection limit refuses it."""
@@ -275,15 +278,40 @@ class Connection:
         update = _decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
                                  frame.doc, frame.clock)
         try:
-            await self.ctx.validator.validate(update)
+            verdict = self.ctx.validator.submit(update)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
-        except ValidatorUnavailable:
-            raise ProtocolError(ErrorCode.UNAVAILABLE, "the update could not be checked; resend it",
-                                doc=frame.doc, clock=frame.clock) from None
         await self._inflight.acquire()
-        future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
-        self._spawn(self._confirm(frame, future, len(update)))
+        previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
+        self._spawn(self._append_when_valid(frame, update, verdict, previous, self._turn))
+
+    async def _append_when_valid(self, frame: Update, update: bytes, verdict: asyncio.Future[Exception | None],
+                                 previous: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
+        """Wait for the validator (while the next frames are read), then for
+        the update received before this one, then append."""
+        assert self.session is not None
+        try:
+            error = await verdict
+            if previous is not None:
+                await previous
+            if error is None:
+                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
+        except BaseException:
+            self._inflight.release()
+            raise
+        finally:
+            if not turn.done():
+                turn.set_result(None)
+        if error is None:
+            await self._confirm(frame, future, len(update))
+            return
+        self._inflight.release()
+        if isinstance(error, ValidatorUnavailable):
+            error = ProtocolError(ErrorCode.UNAVAILABLE, "the update could not be checked; resend it",
+                                  doc=frame.doc, clock=frame.clock)
+        else:
+            error = ProtocolError(ErrorCode.INVALID_UPDATE, str(error), doc=frame.doc, clock=frame.clock)
+        await self._safe_send(protocol.error(error))
 
     async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int) -> None:
         """Ack an update once (and only once) the append script returned."""

@@ -127,16 +127,23 @@ class Validator:
         for _, future in self._queue:
             future.cancel()
 
-    async def validate(self, update: bytes) -> None:
+    def submit(self, update: bytes) -> "asyncio.Future[Exception | None]":
+        """Queue ``update``; the future resolves to None (valid) or the error
+        to report (:class:`crdt.InvalidUpdate`, :class:`ValidatorUnavailable`).
+        Raises :class:`crdt.InvalidUpdate` at once when the in-loop check does."""
+        future: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         if not self._workers:
             crdt.validate_update(update)
-            return
+            future.set_result(None)
+            return future
         if len(update) <= PREFILTER_BYTES:
             crdt.check_layout(update)
-        future: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         self._queue.append((update, future))
         self._ready.set()
-        error = await future
+        return future
+
+    async def validate(self, update: bytes) -> None:
+        error = await self.submit(update)
         if error is not None:
             raise error
 
