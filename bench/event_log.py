@@ -57,13 +57,18 @@ async def type_edits(client: YrelayClient, doc, updates: int, tag: str) -> None:
     await client.wait_idle(timeout=120)
 
 
-def main() -> None:
+def load_arguments() -> argparse.Namespace:
+    """The load options this benchmark shares with bench/validator_path.py."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--updates", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = load_arguments()
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp) / "redis") as redis:
         results: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}
         print("| round | event log | acked updates/s | all delivered after (s) | log lines |")

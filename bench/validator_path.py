@@ -8,13 +8,12 @@ readers receiving them), the session rate limit raised out of the way.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import tempfile
 from pathlib import Path
 
-from event_log import one_round
+from event_log import load_arguments, one_round
 
 from yrelay.redis_server import RedisProcess
 from yrelay.testing.processes import ServerProcess
@@ -23,12 +22,7 @@ MODES = {"in-loop (0 workers)": "0", "2 validator processes": "2"}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--writers", type=int, default=4)
-    parser.add_argument("--readers", type=int, default=4)
-    parser.add_argument("--updates", type=int, default=1500)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    args = load_arguments()
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp) / "redis") as redis:
         results: dict[str, list[float]] = {mode: [] for mode in MODES}
         print("| round | validation | acked updates/s | all delivered after (s) |")
