@@ -195,7 +195,7 @@ class Limits:
                 ErrorCode.TOO_MANY_CONNECTIONS,
                 f"at most {self.addresses.limit} connections per address; close some or retry later",
                 retry_after_ms=ADDRESS_RETRY_MS), CLOSE_POLICY_VIOLATION)
-        wait = self.admission.admit() if self.admission.bucket.rate > 0 else None
+        wait = self.admission.admit()
         if wait is not None:
             self.addresses.close(address)
             return Refusal(ProtocolError(ErrorCode.OVERLOADED, "too many new connections; retry later",
