@@ -57,7 +57,8 @@ async def type_edits(client: YrelayClient, doc, updates: int, tag: str) -> None:
     await client.wait_idle(timeout=120)
 
 
-def parse_args() -> argparse.Namespace:
+def load_arguments() -> argparse.Namespace:
+    """The load options this benchmark shares with bench/metrics.py and bench/validator_path.py."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--readers", type=int, default=4)
@@ -95,7 +96,7 @@ def compare(variable: str, what: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    compare("YRELAY_EVENT_LOG", "event log", parse_args())
+    compare("YRELAY_EVENT_LOG", "event log", load_arguments())
 
 
 if __name__ == "__main__":

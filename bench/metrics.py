@@ -12,7 +12,7 @@ import tempfile
 import timeit
 from pathlib import Path
 
-from event_log import compare, parse_args
+from event_log import compare, load_arguments
 
 from yrelay.eventlog import EventLog
 from yrelay.events import Events
@@ -44,7 +44,7 @@ def emit_cost() -> None:
 
 
 def main() -> None:
-    compare("YRELAY_METRICS", "metrics", parse_args())
+    compare("YRELAY_METRICS", "metrics", load_arguments())
     emit_cost()
 
 

@@ -89,9 +89,7 @@ def serve(
             port=settings.port,
             log_level=log_level,
             log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
-            ws_max_size=settings.max_frame_bytes * 4,  # larger frames are answered with an error frame
-            ws_ping_interval=20,
-            ws_ping_timeout=20,
+            **settings.uvicorn_options(),  # type: ignore[arg-type]
         )
     finally:
         if embedded is not None:

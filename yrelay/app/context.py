@@ -24,8 +24,10 @@ from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
 from .appender import Appender
 from .fanout import Fanout
+from .limits import Limits
 from .presence import Presence
 from .sessions import SessionRegistry
+from .validator import Validator
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ class ServerContext:
     authenticator: Authenticator
     revocations: Revocations
     metrics: Metrics
+    limits: Limits
+    validator: Validator
     process_id: str = field(default_factory=process_name)
 
     @classmethod
@@ -72,7 +76,8 @@ class ServerContext:
             tracker=Tracker(redis, store.scripts),
             ack_writer=AckWriter(redis),  # on_evicted is wired below
             appender=Appender(store),
-            fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size),
+            fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size,
+                          max_bytes=settings.max_page_bytes),
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,
             gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,
@@ -84,6 +89,8 @@ class ServerContext:
             authenticator=authenticator,
             revocations=Revocations(redis, settings.revocation_refresh),
             metrics=metrics,
+            limits=Limits(settings),
+            validator=Validator(settings.validator_workers, settings.validate_timeout),
         )
         metrics.watch(ctx)
         if settings.verify_digests:
@@ -95,6 +102,7 @@ class ServerContext:
         ctx.gc_loop.start()
         ctx.presence.start()
         ctx.revocations.start()
+        await ctx.validator.start()
         return ctx
 
     def scripts(self) -> list[Script]:
@@ -108,6 +116,7 @@ class ServerContext:
         await self.fanout.stop()
         await self.appender.stop()
         await self.ack_writer.stop()
+        await self.validator.stop()
         await self.redis.aclose()
         self.events.stop()
 
