@@ -57,21 +57,21 @@ def serve(
 
     Clients authenticate with tokens signed by YRELAY_AUTH_SECRET (see
     `yrelay token issue`), or through --auth-hook."""
+    settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
+                                 verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
+                                 auth_hook=auth_hook)
+    try:
+        authenticator = authenticator_for(settings)  # refuse before anything starts
+    except AuthConfigurationError as exc:
+        typer.echo(f"yrelay: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         logs.configure(log_level, log_format)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--log-format") from None
-    settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
-                                 verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
-                                 auth_hook=auth_hook)
     for secret in (settings.ops_token, settings.metrics_token, settings.auth_secret):
         logs.add_secret(secret)
     logs.add_url_secrets(settings.redis_url)
-    try:
-        authenticator = authenticator_for(settings)
-    except AuthConfigurationError as exc:
-        typer.echo(f"yrelay: {exc}", err=True)
-        raise typer.Exit(2) from None
     embedded: RedisProcess | None = None
     url = settings.redis_url
     if url is None:
