@@ -146,12 +146,12 @@ async def test_pages_recover_when_the_server_process_is_killed_and_restarted(red
     try:
         left = await open_editor(chromium, base, doc, "left")
         right = await open_editor(chromium, base, doc, "right")
-        tokens = []
-        for i in range(3):
-            tokens += [f"L{i}.", f"R{i}."]
-            await type_into(left, f" L{i}.")
-            await type_into(right, f" R{i}.")
-        await converged([left, right], tokens)
+        tokens: list[str] = []
+        for i in range(3):  # each page waits for the other's words: typing at one spot at once may interleave
+            for page, word in ((left, f"L{i}."), (right, f"R{i}.")):
+                tokens.append(word)
+                await type_into(page, f" {word}")
+                await converged([left, right], tokens)
         server.kill()  # SIGKILL mid-session: whatever was acked is in Redis
         for i in range(3, 6):
             tokens += [f"L{i}.", f"R{i}."]
