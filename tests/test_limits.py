@@ -132,6 +132,25 @@ async def test_admission_rate_refuses_with_retry_after_and_clients_honour_it(red
         await first.close()
 
 
+async def test_a_reconnect_storm_is_admitted_at_the_bounded_rate(redis_url):
+    """40 clients at once against 20 admissions/s (burst 5): the refused are
+    each given a later slot and come back then, instead of every 50 ms."""
+    async with running_server(redis_url, admission_rate=20, admission_burst=5) as url:
+        events: list[str] = []
+        clients = [YrelayClient(url, backoff=FAST_BACKOFF, subscription_check_interval=None,
+                                on_event=lambda event, data: events.append(event)) for _ in range(40)]
+        await asyncio.gather(*(client.connect(timeout=60) for client in clients))
+        refusals = events.count("disconnected")
+        assert refusals >= 20, refusals  # the burst let a few in, the rest were told to wait
+        assert refusals < 80, refusals  # ... and most came back once, in their slot
+        docs = await asyncio.gather(*(client.subscribe("storm") for client in clients))
+        crdt.insert_text(docs[0].ydoc, 0, "after the storm")
+        await clients[0].wait_idle()
+        await eventually(lambda: all(doc.text == "after the storm" for doc in docs), timeout=30)
+        for client in clients:
+            await client.close()
+
+
 async def test_update_rate_per_session(redis_url, redis_client):
     async with running_server(redis_url, updates_per_second=5, update_burst=5) as url:
         peer, other = await RawPeer.connect(url), await RawPeer.connect(url)
