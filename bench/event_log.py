@@ -57,22 +57,28 @@ async def type_edits(client: YrelayClient, doc, updates: int, tag: str) -> None:
     await client.wait_idle(timeout=120)
 
 
-def main() -> None:
+def load_arguments() -> argparse.Namespace:
+    """The load options this benchmark shares with bench/metrics.py and bench/validator_path.py."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--updates", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def compare(variable: str, what: str, args: argparse.Namespace) -> None:
+    """Rounds of the same load with ``variable`` on and off, alternating;
+    prints a row per round and the ratio of the medians."""
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp) / "redis") as redis:
         results: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}
-        print("| round | event log | acked updates/s | all delivered after (s) | log lines |")
+        print(f"| round | {what} | acked updates/s | all delivered after (s) | event log lines |")
         print("| ---: | --- | ---: | ---: | ---: |")
         for round_no in range(args.rounds):
             for mode in ("on", "off"):
                 data = Path(tmp) / f"data-{mode}-{round_no}"
-                env = {"YRELAY_EVENT_LOG": "1" if mode == "on" else "0", "YRELAY_DATA_DIR": str(data),
-                       "YRELAY_GC_INTERVAL": "0"}
+                env = {"YRELAY_EVENT_LOG": "1", "YRELAY_DATA_DIR": str(data), "YRELAY_GC_INTERVAL": "0",
+                       variable: "1" if mode == "on" else "0"}
                 server = ServerProcess(redis.url, Path(tmp), env=env).start()
                 try:
                     rate, delivered = asyncio.run(
@@ -84,7 +90,13 @@ def main() -> None:
                 print(f"| {round_no} | {mode} | {rate:,.0f} | {delivered:.2f} | {lines:,} |")
         on = statistics.median(rate for rate, _ in results["on"])
         off = statistics.median(rate for rate, _ in results["off"])
-        print(f"\nmedian acked updates/s: on {on:,.0f}, off {off:,.0f}, ratio on/off {on / off:.2f}")
+        paired = statistics.median(a / b for (a, _), (b, _) in zip(results["on"], results["off"]))
+        print(f"\nmedian acked updates/s: on {on:,.0f}, off {off:,.0f}, ratio on/off {on / off:.2f}; "
+              f"median of the rounds' on/off ratios {paired:.2f}")
+
+
+def main() -> None:
+    compare("YRELAY_EVENT_LOG", "event log", load_arguments())
 
 
 if __name__ == "__main__":

@@ -1,18 +1,22 @@
 """Cost of validating one update before it is appended: y-py's decode into a
 scratch document vs yrelay's own layout decoder (update_format), which
-validation now runs too. Prints microseconds per update.
+validation now runs too; then the same checks in validator processes
+(yrelay.app.validator), awaited one at a time and from many connections at
+once (batched per round trip). Prints microseconds per update.
 
-    .venv/bin/python bench/validation.py [--updates 20000]
+    .venv/bin/python bench/validation.py [--updates 20000] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 
 import y_py
 
 from yrelay import crdt, update_format
+from yrelay.app.validator import Validator
 
 
 def sample_updates(count: int) -> list[bytes]:
@@ -32,18 +36,64 @@ def per_update_us(check, updates: list[bytes]) -> float:
     return (time.perf_counter() - started) / len(updates) * 1e6
 
 
+def large_updates(count: int, size: int) -> list[bytes]:
+    """Pastes: one insert of ``size`` characters each."""
+    doc = crdt.new_doc(2)
+    updates: list[bytes] = []
+    crdt.observe_updates(doc, updates.append)
+    for index in range(count):
+        crdt.insert_text(doc, 0, (f"{index:08d}" * (size // 8 + 1))[:size])
+    return updates
+
+
+async def pool_us(updates: list[bytes], workers: int, concurrency: int) -> tuple[float, float]:
+    """Microseconds per update through validator processes, ``concurrency``
+    connections submitting at once (each awaits its own update): wall
+    clock, and CPU of the server process (what the event loop pays)."""
+    validator = Validator(workers, timeout=5.0)
+    await validator.start()
+    try:
+        queue = iter(updates)
+
+        async def connection() -> None:
+            for update in queue:
+                await validator.validate(update)
+
+        started, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(connection() for _ in range(concurrency)))
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        return wall / len(updates) * 1e6, cpu / len(updates) * 1e6
+    finally:
+        await validator.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--updates", type=int, default=20_000)
-    updates = sample_updates(parser.parse_args().updates)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    updates = sample_updates(args.updates)
+    big = large_updates(max(args.updates // 20, 50), 64 * 1024)
     ypy = per_update_us(lambda u: y_py.apply_update(y_py.YDoc(), u), updates)
     ours = per_update_us(update_format.decode, updates)
     full = per_update_us(crdt.validate_update, updates)
-    print("| check | us per update |")
-    print("| --- | ---: |")
-    print(f"| y-py decode into a scratch doc | {ypy:.1f} |")
-    print(f"| update_format.decode | {ours:.1f} |")
-    print(f"| crdt.validate_update (both) | {full:.1f} |")
+    print(f"typing updates ({sum(map(len, updates)) / len(updates):.0f} bytes on average), {len(updates)}:")
+    print("| check | us per update (wall) | us of server CPU per update |")
+    print("| --- | ---: | ---: |")
+    print(f"| y-py decode into a scratch doc | {ypy:.1f} | {ypy:.1f} |")
+    print(f"| update_format.decode | {ours:.1f} | {ours:.1f} |")
+    print(f"| crdt.validate_update (both), in-loop | {full:.1f} | {full:.1f} |")
+    for concurrency in (1, 16, 256):
+        us, cpu = asyncio.run(pool_us(updates, args.workers, concurrency))
+        print(f"| {args.workers} validator processes, {concurrency} connections at once | {us:.1f} | {cpu:.1f} |")
+    print(f"\n64 KiB pastes, {len(big)}:")
+    print("| check | us per update (wall) | us of server CPU per update |")
+    print("| --- | ---: | ---: |")
+    inloop = per_update_us(crdt.validate_update, big)
+    print(f"| crdt.validate_update, in-loop | {inloop:.1f} | {inloop:.1f} |")
+    for concurrency in (1, 16):
+        us, cpu = asyncio.run(pool_us(big, args.workers, concurrency))
+        print(f"| {args.workers} validator processes, {concurrency} connections at once | {us:.1f} | {cpu:.1f} |")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ async def running_server(redis_url: str, port: int | None = None, **overrides: o
     settings = Settings.from_env(**{"resend_after": 0.5, "resend_check_interval": 0.1, **overrides})
     port = port or free_port()
     config = uvicorn.Config(create_app(settings, redis_url), host="127.0.0.1", port=port, log_level="warning",
-                            ws_max_size=settings.max_frame_bytes * 4)
+                            **settings.uvicorn_options())  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:

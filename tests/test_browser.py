@@ -18,6 +18,7 @@ from playwright.async_api import Browser, Page, async_playwright
 
 from yrelay import crdt
 from yrelay.client import YrelayClient
+from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
 from yrelay.testing.processes import ServerProcess
 
@@ -88,7 +89,9 @@ async def test_two_pages_converge_see_each_other_and_show_their_state(redis_url,
     async with running_server(redis_url) as url:
         alice = await open_editor(chromium, http_of(url), doc, "alice")
         bob = await open_editor(chromium, http_of(url), doc, "bob")
-        await asyncio.gather(type_into(alice, "alice was here. "), type_into(bob, "bob too. "))
+        await type_into(alice, "alice was here. ")  # one after the other: keystrokes typed at the
+        await converged([alice, bob], ["alice was here."])  # same spot at once may interleave
+        await type_into(bob, "bob too. ")
         text = await converged([alice, bob], ["alice was here.", "bob too."])
         assert len(text) == len("alice was here. bob too. ")
         for page in (alice, bob):
@@ -143,12 +146,12 @@ async def test_pages_recover_when_the_server_process_is_killed_and_restarted(red
     try:
         left = await open_editor(chromium, base, doc, "left")
         right = await open_editor(chromium, base, doc, "right")
-        tokens = []
-        for i in range(3):
-            tokens += [f"L{i}.", f"R{i}."]
-            await type_into(left, f" L{i}.")
-            await type_into(right, f" R{i}.")
-        await converged([left, right], tokens)
+        tokens: list[str] = []
+        for i in range(3):  # each page waits for the other's words: typing at one spot at once may interleave
+            for page, word in ((left, f"L{i}."), (right, f"R{i}.")):
+                tokens.append(word)
+                await type_into(page, f" {word}")
+                await converged([left, right], tokens)
         server.kill()  # SIGKILL mid-session: whatever was acked is in Redis
         for i in range(3, 6):
             tokens += [f"L{i}.", f"R{i}."]
@@ -195,8 +198,9 @@ async def test_a_reload_while_the_server_is_down_loses_no_unsent_edit(redis_url,
     page back its text, its session and its unacked updates, which reach the
     server once it is back."""
     doc = new_doc()
-    sync = ServerProcess(redis_url, tmp_path).start()
-    async with running_server(redis_url) as page_server:
+    page_port = free_port()  # the page's origin must be on the sync server's allowlist
+    sync = ServerProcess(redis_url, tmp_path, env={"YRELAY_ALLOWED_ORIGINS": f"http://127.0.0.1:{page_port}"}).start()
+    async with running_server(redis_url, port=page_port) as page_server:
         page = await open_editor(chromium, http_of(page_server), f"{doc}&server=ws://127.0.0.1:{sync.port}/ws", "a")
         try:
             await type_into(page, "before.")

@@ -6,11 +6,11 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 import redis
 
 from yrelay.redis_server import durability_warnings, free_port
+from yrelay.testing.processes import wait_ready
 
 
 def test_serve_starts_and_stops_an_embedded_durable_redis(tmp_path):
@@ -20,15 +20,7 @@ def test_serve_starts_and_stops_an_embedded_durable_redis(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,  # relative, as the README runs it
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None, "server did not become ready"
-            time.sleep(0.1)
+        wait_ready(port, process)
         assert (tmp_path / "data" / "redis" / "appendonly.aof").exists()
         redis_pids = subprocess.run(["pgrep", "-P", str(process.pid), "redis-server"], capture_output=True, text=True).stdout.split()
         assert len(redis_pids) == 1, "no embedded redis-server child"

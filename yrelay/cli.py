@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from . import logs
 from .app import create_app
 from .auth import AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
 from .app.context import open_event_log
@@ -41,6 +42,7 @@ def serve(
     ),
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_format: str = typer.Option("text", envvar="YRELAY_LOG_FORMAT", help="text or json (one object a line)."),
     verify_digests: bool = typer.Option(
         False, "--verify-digests", help="Recompute every drift digest from the streams at start-up; fix wrong ones."
     ),
@@ -51,19 +53,25 @@ def serve(
         None, help="package.module:factory returning an Authenticator (your own user system); see docs/security.md."
     ),
 ) -> None:
-    """Serve the websocket endpoint at /ws, the demo at /, /healthz, /readyz and /ops.
+    """Serve the websocket endpoint at /ws, the demo at /, /healthz, /readyz, /metrics and /ops.
 
     Clients authenticate with tokens signed by YRELAY_AUTH_SECRET (see
     `yrelay token issue`), or through --auth-hook."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
                                  verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
                                  auth_hook=auth_hook)
     try:
-        authenticator = authenticator_for(settings)
+        authenticator = authenticator_for(settings)  # refuse before anything starts
     except AuthConfigurationError as exc:
         typer.echo(f"yrelay: {exc}", err=True)
         raise typer.Exit(2) from None
+    try:
+        logs.configure(log_level, log_format)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-format") from None
+    for secret in (settings.ops_token, settings.metrics_token, settings.auth_secret):
+        logs.add_secret(secret)
+    logs.add_url_secrets(settings.redis_url)
     embedded: RedisProcess | None = None
     url = settings.redis_url
     if url is None:
@@ -72,15 +80,16 @@ def serve(
         logging.getLogger("yrelay").info(
             "embedded redis-server on %s (appendonly yes, appendfsync always, data in %s)", url, embedded.data_dir
         )
+    else:
+        logging.getLogger("yrelay").info("using Redis at %s", url)  # its password is redacted
     try:
         uvicorn.run(
             create_app(settings, url, authenticator),
             host=settings.host,
             port=settings.port,
             log_level=log_level,
-            ws_max_size=settings.max_frame_bytes * 4,  # larger frames are answered with an error frame
-            ws_ping_interval=20,
-            ws_ping_timeout=20,
+            log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
+            **settings.uvicorn_options(),  # type: ignore[arg-type]
         )
     finally:
         if embedded is not None:

@@ -27,8 +27,18 @@ class Settings:
     max_inflight_appends: int = 256
     #: Entries sent to a subscription and not yet acked before sending pauses.
     max_unacked_entries: int = 5_000
+    #: Entries sent and not yet acked on one connection, all its documents
+    #: together, before its subscriptions pause for acks (0: no cap).
+    max_unacked_per_connection: int = 20_000
+    #: Bytes of fan-out batches one subscription may hold while it waits
+    #: for its socket; past it they are dropped and read back from the stream.
+    max_pending_bytes: int = 4 * 1024 * 1024
     #: Entries per catch-up read (XRANGE COUNT) and per deliver frame.
     page_size: int = 500
+    #: Stream reads (catch-up pages, the fan-out's XREAD) ask for fewer
+    #: entries when they are large, so one read of a document (and one
+    #: deliver frame) stays near this many bytes.
+    max_page_bytes: int = 1024 * 1024
     #: Largest snapshot / sync reply chunk, in bytes (before base64).
     chunk_bytes: int = 256 * 1024
     #: Resend unacked entries older than this (seconds) ...
@@ -39,6 +49,24 @@ class Settings:
     block_ms: int = 1_000
     #: How long a disconnected session id stays resumable, in seconds.
     session_ttl: int = 7 * 24 * 3600
+
+    #: Open websockets per client address (TCP peer IP) per process (0: no cap).
+    max_connections_per_address: int = 256
+    #: Updates per second of one session, refilled continuously ...
+    updates_per_second: float = 200.0
+    #: ... with this many saved up for bursts (a reconnect resending its buffer).
+    update_burst: int = 1_000
+    #: New websockets admitted per second by one process (0: no cap) ...
+    admission_rate: float = 200.0
+    #: ... and at once after a quiet spell.
+    admission_burst: int = 400
+    #: Validator processes that run y-py on every update before it is
+    #: stored (0: y-py runs in the server process, which a hostile update
+    #: can abort; see docs/security.md).
+    validator_workers: int = 2
+    #: Seconds a validator process may spend on one batch before it is
+    #: killed and restarted (its updates are then checked one by one).
+    validate_timeout: float = 2.0
 
     #: Largest awareness (presence) update accepted, in bytes (decoded).
     max_awareness_bytes: int = 32 * 1024
@@ -76,6 +104,11 @@ class Settings:
 
     #: Bearer token of the /ops endpoints; without one they answer 403.
     ops_token: str | None = field(default=None, repr=False)
+    #: Bearer token for /metrics only (the ops token works too); without
+    #: either, /metrics answers loopback clients only.
+    metrics_token: str | None = field(default=None, repr=False)
+    #: Count Prometheus metrics (off only to measure what they cost).
+    metrics: bool = True
 
     #: Secret that signs client tokens (JWT, docs/security.md). Required
     #: unless an ``auth_hook`` is set or auth is switched off.
@@ -111,14 +144,26 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
 
-    def client_limits(self) -> dict[str, int]:
+    def client_limits(self) -> dict[str, float]:
         """Limits announced to clients in ``welcome``."""
         return {
             "max_update_bytes": self.max_update_bytes,
             "max_frame_bytes": self.max_frame_bytes,
             "max_docs_per_connection": self.max_docs_per_connection,
             "max_awareness_bytes": self.max_awareness_bytes,
+            "updates_per_second": self.updates_per_second,
+            "update_burst": self.update_burst,
+            "max_connections_per_address": self.max_connections_per_address,
         }
+
+    def uvicorn_options(self) -> dict[str, object]:
+        """What ``yrelay serve`` and the tests' in-process servers give uvicorn.
+
+        ``ws_max_size`` bounds a message *after* permessage-deflate inflation
+        (websockets stops inflating past it and closes with 1009), so a
+        compression bomb costs at most this much memory. Frames between
+        ``max_frame_bytes`` and it are answered with ``frame_too_large``."""
+        return {"ws_max_size": self.max_frame_bytes * 4, "ws_ping_interval": 20, "ws_ping_timeout": 20}
 
 
 def _convert(name: str, raw: str) -> object:

@@ -68,6 +68,10 @@ class ErrorCode(str, enum.Enum):
     DOCUMENT_UNAVAILABLE = "document_unavailable"
     UNAVAILABLE = "unavailable"
     INTERNAL_ERROR = "internal_error"
+    # limits (docs/operations.md#limits); each carries retry_after_ms
+    RATE_LIMITED = "rate_limited"
+    OVERLOADED = "overloaded"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
 
 
 class ResyncReason(str, enum.Enum):
@@ -82,12 +86,15 @@ class ResyncReason(str, enum.Enum):
 class ProtocolError(Exception):
     """A frame the server must reject; turned into an ``error`` frame."""
 
-    def __init__(self, code: ErrorCode, message: str, *, doc: str | None = None, clock: int | None = None):
+    def __init__(self, code: ErrorCode, message: str, *, doc: str | None = None, clock: int | None = None,
+                 retry_after_ms: int | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.doc = doc
         self.clock = clock
+        #: Limits: when the client may try again.
+        self.retry_after_ms = retry_after_ms
 
 
 def b64encode(data: bytes) -> str:
@@ -227,7 +234,7 @@ def parse_client_frame(
     doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
     clock = raw.get("clock") if isinstance(raw.get("clock"), int) else None
     op = raw.get("op")
-    if op not in CLIENT_OPS:
+    if not isinstance(op, str) or op not in CLIENT_OPS:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}", doc=doc, clock=clock)
     try:
         return _client_frame.validate_python(raw)
@@ -323,6 +330,8 @@ def error(error: ProtocolError) -> dict[str, Any]:
         frame["doc"] = error.doc
     if error.clock is not None:
         frame["clock"] = error.clock
+    if error.retry_after_ms is not None:
+        frame["retry_after_ms"] = error.retry_after_ms
     return frame
 
 

@@ -76,7 +76,10 @@ class _Reader:
         return self.raw(self.uint())
 
     def string(self) -> str:
-        return self.buffer().decode("utf-8", errors="surrogatepass")
+        try:
+            return self.buffer().decode("utf-8", errors="surrogatepass")
+        except UnicodeDecodeError:
+            raise MalformedUpdate("string is not UTF-8") from None
 
     def skip_any(self, depth: int = 0) -> None:
         """Skip one lib0 ``any`` value (JSON-like, with binary and bigint)."""
@@ -106,7 +109,9 @@ class _Reader:
 
 def _utf16_length(text: str) -> int:
     """Yjs counts string clocks in UTF-16 code units, as JavaScript does."""
-    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-16-le", errors="surrogatepass")) // 2
 
 
 def _content_length(reader: _Reader, ref: int) -> int:

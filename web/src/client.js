@@ -65,6 +65,8 @@ export class YrelayClient extends ObservableV2 {
     this._attempt = 0
     this._shouldConnect = false
     this._reconnectTimer = null
+    /** ms the server asked us to wait before reconnecting (`overloaded`, `too_many_connections`). */
+    this._retryAfter = 0
     this._ticker = null
     this._lastReceived = 0
     this._lastSent = 0
@@ -213,7 +215,8 @@ export class YrelayClient extends ObservableV2 {
 
   _scheduleReconnect () {
     clearTimeout(this._reconnectTimer)
-    const delay = this.backoff.delay(this._attempt++)
+    const delay = Math.max(this.backoff.delay(this._attempt++), this._retryAfter)
+    this._retryAfter = 0
     this._reconnectTimer = setTimeout(() => { if (this._shouldConnect && this._ws === null) this._open() }, delay)
   }
 
@@ -276,6 +279,10 @@ export class YrelayClient extends ObservableV2 {
   _error (frame) {
     if (Number.isInteger(frame.clock) && FATAL_UPDATE_ERRORS.has(frame.code)) {
       this._settle(frame.clock) // resending cannot help; the local edit stays in the document
+    } else if (Number.isInteger(frame.clock) && frame.code === 'rate_limited') {
+      this.buffer.defer(frame.clock, frame.retry_after_ms ?? 1000)
+    } else if (Number.isInteger(frame.retry_after_ms) && this.status !== 'connected') {
+      this._retryAfter = frame.retry_after_ms // refused: the close follows; reconnect no sooner
     }
     this.emit('error', [frame])
     if (typeof frame.doc === 'string') this.providers.get(frame.doc)?._receive(frame)

@@ -48,6 +48,14 @@ export class SendBuffer {
     item.attempts += 1
   }
 
+  /** The server refused the update for now (`rate_limited`): send it again after `delay` ms; that send was not an attempt. */
+  defer (clock, delay, now = Date.now()) {
+    const item = this._items.get(clock)
+    if (item === undefined) return
+    item.nextSend = Math.max(item.nextSend, now + delay)
+    item.attempts = Math.max(item.attempts - 1, 0)
+  }
+
   due (now = Date.now()) {
     return this.all().filter((item) => item.nextSend <= now)
   }

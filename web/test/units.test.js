@@ -1,7 +1,7 @@
 /** Pure parts of the provider: digests as the server computes them, held ids, backoff, the send buffer. */
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Backoff, HeldEntries, hashHex, hashReady, itemHash } from '../src/index.js'
+import { Backoff, HeldEntries, YrelayClient, hashHex, hashReady, itemHash } from '../src/index.js'
 import { SendBuffer } from '../src/send-buffer.js'
 import { idKey, maxId } from '../src/offsets.js'
 
@@ -74,4 +74,42 @@ test('send buffer: clocks keep increasing, resends follow the schedule, exhausti
   assert.equal(buffer.countFor('e'), 1)
   buffer.restore({ clock: 7, doc: 'e', update: new Uint8Array([3]) })
   assert.equal(buffer.add('e', new Uint8Array([4])).clock, 8, 'a restored clock is never reused')
+})
+
+test('send buffer: a rate_limited update waits retry_after_ms, and that send was not an attempt', () => {
+  const buffer = new SendBuffer(new Backoff({ base: 10, jitter: 0, maxAttempts: 2 }))
+  const item = buffer.add('d', new Uint8Array([1]))
+  buffer.markSent(item, 1000)
+  buffer.defer(item.clock, 5000, 1000)
+  assert.equal(item.attempts, 0)
+  assert.deepEqual(buffer.due(5999), [])
+  assert.deepEqual(buffer.due(6000).map((i) => i.clock), [item.clock])
+})
+
+test('client: a refused connection (overloaded) reconnects no sooner than retry_after_ms', async () => {
+  const opened = []
+  class Refusing { // accepts, says "overloaded, retry in 300 ms", closes with 1013
+    constructor () {
+      this.readyState = 0
+      opened.push(Date.now())
+      setTimeout(() => {
+        this.readyState = 1
+        this.onopen?.()
+        this.onmessage?.({ data: JSON.stringify({ op: 'error', code: 'overloaded', message: 'busy', retry_after_ms: 300 }) })
+        this.readyState = 3
+        this.onclose?.({ code: 1013 })
+      }, 1)
+    }
+
+    send () {}
+    close () {}
+  }
+  const client = new YrelayClient('ws://refusing.invalid/ws', {
+    WebSocketPolyfill: Refusing, backoff: new Backoff({ base: 1, maxDelay: 5, jitter: 0 })
+  })
+  const deadline = Date.now() + 5000
+  while (opened.length < 3 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 10))
+  client.destroy()
+  assert.ok(opened.length >= 3, 'it kept reconnecting')
+  assert.ok(opened[1] - opened[0] >= 290 && opened[2] - opened[1] >= 290, `gaps ${opened[1] - opened[0]}, ${opened[2] - opened[1]}`)
 })

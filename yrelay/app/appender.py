@@ -75,7 +75,7 @@ class Appender:
     @staticmethod
     def _resolve(doc: str, items: list, result: object) -> None:
         if isinstance(result, Exception):
-            log.error("append to %s failed: %s", doc, result)
+            log.error("append to %s failed: %s", doc, result, extra={"doc": doc})
             for *_, future in items:
                 if not future.done():
                     future.set_exception(result)

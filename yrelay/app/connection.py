@@ -17,8 +17,9 @@ from typing import Any
 
 import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnected
 
-from .. import awareness, crdt, protocol
+from .. import awareness, crdt, logs, protocol
 from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
 from ..auth.authenticator import JwtAuthenticator
 from ..offsets import StreamId
@@ -28,8 +29,10 @@ from ..reconciliation import MalformedMessage, respond
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from .context import ServerContext
+from .limits import DeliveryBudget, Refusal, TokenBucket
 from .presence import Member, NotOwner
 from .subscription import Send, Subscription
+from .validator import ValidatorUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +69,41 @@ class Connection:
         self._send_lock = asyncio.Lock()
         self._inflight = asyncio.Semaphore(ctx.settings.max_inflight_appends)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._received = 0.0  # when the frame being handled arrived (append latency)
+        #: Unacked deliveries of all this connection's documents.
+        self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
+        #: The session's update rate (shared with its other connections here).
+        self._rate: TokenBucket | None = None
+        #: Resolved once the last update received was submitted or rejected:
+        #: updates are validated concurrently but appended in arrival order.
+        self._turn: asyncio.Future[None] | None = None
 
     async def run(self) -> None:
+        """Serve the websocket, unless a connection limit refuses it."""
+        address = self.websocket.client.host if self.websocket.client else ""
+        refusal = self.ctx.limits.open_connection(address)
+        if refusal is not None:
+            await self._refuse(refusal)
+            return
+        try:
+            await self._serve()
+        finally:
+            self.ctx.limits.close_connection(address)
+            if self._rate is not None and self.session is not None:
+                self.ctx.limits.sessions.release(self.session)
+
+    async def _refuse(self, refusal: Refusal) -> None:
+        """Accept only to say why not and when to come back, then close:
+        browsers cannot read the status of a refused upgrade, only frames
+        and close codes."""
+        try:
+            await self.websocket.accept()
+            await self.websocket.send_text(protocol.encode(protocol.error(refusal.error)))
+            await self.websocket.close(refusal.close_code)
+        except Exception:  # gone already
+            pass
+
+    async def _serve(self) -> None:
         headers = self.websocket.headers
         if not origin_allowed(headers.get("origin"), headers.get("host"), self.ctx.settings.allowed_origins):
             log.warning("refused a browser connection from origin %s", headers.get("origin", "")[:100])
@@ -85,7 +121,7 @@ class Connection:
                 if message["type"] == "websocket.disconnect":
                     break
                 await self._handle_message(message)
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, WebSocketDisconnected):  # the peer left, or the server closed it
             pass
         finally:
             self.state = ConnectionState.CLOSED
@@ -107,8 +143,11 @@ class Connection:
         text = protocol.encode(frame)
         async with self._send_lock:
             await self.websocket.send_text(text)
+        if frame["op"] == "error":
+            self.ctx.metrics.rejected(frame["code"])
 
     async def _handle_message(self, message: dict[str, Any]) -> None:
+        self._received = time.perf_counter()
         text = message.get("text")
         if text is None:
             await self._reject(ProtocolError(ErrorCode.MALFORMED_FRAME, "frames are JSON text, not binary"))
@@ -120,19 +159,25 @@ class Connection:
             return
         try:
             frame = protocol.parse_client_frame(text)
-            await self._dispatch(frame)
+            doc = logs.doc.set(getattr(frame, "doc", None))  # log lines (and tasks started here) name it
+            try:
+                await self._dispatch(frame)
+            finally:
+                logs.doc.reset(doc)
         except ProtocolError as error:
             await self._reject(error)
         except (redis.exceptions.RedisError, OSError) as exc:
             log.warning("Redis error while handling a frame: %s", exc)
             await self._reject(ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; retry later"))
-        except (WebSocketDisconnect, asyncio.CancelledError):
+        except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError):
             raise
         except Exception:
             log.exception("unexpected error handling a frame")
             await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
 
     async def _reject(self, error: ProtocolError) -> None:
+        log.debug("rejected a frame: %s %s", error.code.value, error.message,
+                  extra={"doc": error.doc} if error.doc is not None else None)
         await self.send(protocol.error(error))
 
     async def _dispatch(self, frame: object) -> None:
@@ -183,6 +228,8 @@ class Connection:
             return
         self.principal = principal
         self.session, resumed = await self.ctx.sessions.open(frame.session, owner=principal.subject)
+        logs.session.set(self.session)  # this task's context: every later line and task carries it
+        self._rate = self.ctx.limits.sessions.acquire(self.session)
         self.state = ConnectionState.OPEN
         self.ctx.events.emit("connect", session=self.session, resumed=resumed)
         auth = {"mode": _auth_mode(self.ctx.authenticator), "subject": principal.subject,
@@ -225,7 +272,7 @@ class Connection:
         claimed = _claimed(frame)
         self._join_presence(frame.doc)
         subscription = Subscription(self.ctx, frame.doc, self.session, self._document_sender(frame.doc), requested,
-                                    claimed)
+                                    claimed, budget=self.budget)
         self.subscriptions[frame.doc] = subscription
         subscription.start()
 
@@ -295,17 +342,52 @@ class Connection:
             raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
                                 doc=frame.doc, clock=frame.clock)
         self._subscription(frame.doc)
+        assert self._rate is not None
+        if not self._rate.take():  # not stored; the client resends after retry_after_ms
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {self.ctx.settings.updates_per_second:g} updates/s",
+                                doc=frame.doc, clock=frame.clock, retry_after_ms=self._rate.retry_after_ms())
         update = _decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
                                  frame.doc, frame.clock)
         try:
-            crdt.validate_update(update)
+            verdict = self.ctx.validator.submit(update)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
+        received = self._received
         await self._inflight.acquire()
-        future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
-        self._spawn(self._confirm(frame, future, len(update)))
+        previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
+        self._spawn(self._append_when_valid(frame, update, verdict, previous, self._turn, received))
 
-    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int) -> None:
+    async def _append_when_valid(self, frame: Update, update: bytes, verdict: asyncio.Future[Exception | None],
+                                 previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
+                                 received: float) -> None:
+        """Wait for the validator (while the next frames are read), then for
+        the update received before this one, then append."""
+        assert self.session is not None
+        try:
+            error = await verdict
+            if previous is not None:
+                await previous
+            if error is None:
+                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
+        except BaseException:
+            self._inflight.release()
+            raise
+        finally:
+            if not turn.done():
+                turn.set_result(None)
+        if error is None:
+            await self._confirm(frame, future, len(update), received)
+            return
+        self._inflight.release()
+        if isinstance(error, ValidatorUnavailable):
+            error = ProtocolError(ErrorCode.UNAVAILABLE, "the update could not be checked; resend it",
+                                  doc=frame.doc, clock=frame.clock)
+        else:
+            error = ProtocolError(ErrorCode.INVALID_UPDATE, str(error), doc=frame.doc, clock=frame.clock)
+        await self._safe_send(protocol.error(error))
+
+    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int,
+                       received: float) -> None:
         """Ack an update once (and only once) the append script returned."""
         try:
             entry_id, duplicate = await future
@@ -320,6 +402,7 @@ class Connection:
         finally:
             self._inflight.release()
         await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate))
+        self.ctx.metrics.appended(time.perf_counter() - received)
         self.ctx.events.emit("append", frame.doc, self.session, offset=entry_id, clock=frame.clock,
                              bytes=size, duplicate=duplicate)
 

@@ -6,22 +6,28 @@ import logging
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript as Script
 
 from ..auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
 from ..config import Settings
 from ..eventlog import EventLog, NullEventLog, process_name
+from ..events import Events
 from ..gc import Collector, GcLoop, GcPolicy
 from ..reconciliation.stream_digest import StreamDigests
 from ..keys import session_documents_key, session_of_documents_key
+from ..metrics import Metrics, NullMetrics
 from ..redis_server import check_durability
 from ..replies import text
+from ..scripts import NAMES as SCRIPT_NAMES
 from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
 from .appender import Appender
 from .fanout import Fanout
+from .limits import Limits
 from .presence import Presence
 from .sessions import SessionRegistry
+from .validator import Validator
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +45,13 @@ class ServerContext:
     collector: Collector
     gc_loop: GcLoop
     digests: StreamDigests
-    events: EventLog
+    events: Events
     presence: Presence
     authenticator: Authenticator
     revocations: Revocations
+    metrics: Metrics
+    limits: Limits
+    validator: Validator
     process_id: str = field(default_factory=process_name)
 
     @classmethod
@@ -54,7 +63,9 @@ class ServerContext:
         reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
         store = DocumentStore(redis)
         await store.load_scripts()
-        events = open_event_log(settings)
+        metrics = Metrics() if settings.metrics else NullMetrics()
+        # The same emit calls feed the event log and the metrics.
+        events = Events(open_event_log(settings), *([metrics] if settings.metrics else []))
         collector = Collector(redis, GcPolicy.from_settings(settings), events=events)
         for warning in await check_durability(redis):
             log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
@@ -65,18 +76,23 @@ class ServerContext:
             tracker=Tracker(redis, store.scripts),
             ack_writer=AckWriter(redis),  # on_evicted is wired below
             appender=Appender(store),
-            fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size),
+            fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size,
+                          max_bytes=settings.max_page_bytes),
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,
             gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,
-                           lease=settings.gc_lease),
+                           lease=settings.gc_lease, on_pass=metrics.gc_pass),
             digests=StreamDigests(redis, store.scripts),
             events=events,
             presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
                               timeout=settings.presence_timeout, process_id=process_name()),
             authenticator=authenticator,
             revocations=Revocations(redis, settings.revocation_refresh),
+            metrics=metrics,
+            limits=Limits(settings),
+            validator=Validator(settings.validator_workers, settings.validate_timeout),
         )
+        metrics.watch(ctx)
         if settings.verify_digests:
             await verify_digests(ctx.digests)
         ctx.ack_writer.on_evicted = ctx.fanout.session_evicted
@@ -86,7 +102,12 @@ class ServerContext:
         ctx.gc_loop.start()
         ctx.presence.start()
         ctx.revocations.start()
+        await ctx.validator.start()
         return ctx
+
+    def scripts(self) -> list[Script]:
+        """Every Lua script the server calls."""
+        return [getattr(self.store.scripts, name) for name in SCRIPT_NAMES] + list(self.presence.scripts)
 
     async def close(self) -> None:
         await self.revocations.stop()
@@ -95,6 +116,7 @@ class ServerContext:
         await self.fanout.stop()
         await self.appender.stop()
         await self.ack_writer.stop()
+        await self.validator.stop()
         await self.redis.aclose()
         self.events.stop()
 
@@ -126,7 +148,7 @@ async def verify_digests(digests: StreamDigests) -> None:
         stored, actual = await session_documents(digests.redis, session, digests.scripts).recompute(fix=True)
         if stored != actual:
             log.warning("subscription-set digest of session %s was wrong (stored %s, actual %s); fixed",
-                        session, stored, actual)
+                        session, stored, actual, extra={"session": session})
             wrong += 1
     if wrong:
         log.warning("drift digests: %d wrong, all fixed", wrong)

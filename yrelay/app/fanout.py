@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import redis.exceptions
@@ -27,6 +28,7 @@ from redis.asyncio import Redis
 from ..keys import stream_key
 from ..offsets import StreamId
 from ..store import DocumentStore, Entry, to_entry
+from . import sizing
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,11 @@ class Batch:
     @property
     def last(self) -> StreamId:
         return self.entries[-1].id
+
+    @cached_property
+    def nbytes(self) -> int:
+        """The updates' size: what holding this batch keeps alive."""
+        return sum(len(entry.update) for entry in self.entries)
 
 
 class Subscriber(Protocol):
@@ -66,11 +73,16 @@ class Feed:
 
 
 class Fanout:
-    def __init__(self, url_redis: Redis, store: DocumentStore, *, block_ms: int, count: int):
+    def __init__(self, url_redis: Redis, store: DocumentStore, *, block_ms: int, count: int,
+                 max_bytes: int = 1024 * 1024):
         self.reader = url_redis  # a single-connection client, owned by this loop
         self.store = store
         self.block_ms = block_ms
-        self.count = count
+        #: Entries per stream per read, at most ``max_count``: fewer when they
+        #: are large, so one read of a document stays near ``max_bytes``.
+        self.max_count = count
+        self.max_bytes = max_bytes
+        self.count = sizing.first_count(count, max_bytes)
         self.feeds: dict[str, Feed] = {}
         self._changed = asyncio.Event()
         self._reader_id: int | None = None
@@ -187,6 +199,7 @@ class Fanout:
             if feed is None or not raw_entries:
                 continue
             entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
+            self.count = sizing.next_count(self.count, entries, self.max_count, self.max_bytes)
             entries = [entry for entry in entries if entry.id > feed.cursor]
             if not entries:
                 continue
@@ -203,7 +216,8 @@ class Fanout:
                 feed = self.feeds.get(doc)
                 if feed is None:
                     continue
-                log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS)
+                log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS,
+                          extra={"doc": doc})
                 feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
                 for subscriber in list(feed.subscribers):
                     subscriber.document_failed(str(exc))

@@ -73,6 +73,8 @@ async def run_gc(body: GcRequest, request: Request) -> GcResponse:
     ctx = _ctx(request)
     docs = None if body.doc is None else [_doc_id(body.doc)]
     summary = await collect_documents(ctx.collector, docs, dry_run=body.dry_run, batch_size=ctx.settings.gc_batch_size)
+    if not body.dry_run:
+        ctx.metrics.gc_pass(summary, trigger="ops")
     totals = {name: value for name, value in asdict(summary).items() if name != "reports"}
     reports = [asdict(report) for report in summary.reports if _eventful(report) or body.doc is not None]
     return GcResponse(dry_run=body.dry_run, reports=reports, **totals)

@@ -108,6 +108,10 @@ class Presence:
         self._put = redis.register_script(source("presence_put"))
         self._forget = redis.register_script(source("presence_forget"))
         self._read = redis.register_script(source("presence_read"))
+        self.scripts = (self._put, self._forget, self._read)
+        #: Totals for the metrics: client updates stored, frames queued to local members.
+        self.updates = 0
+        self.relayed = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -157,6 +161,7 @@ class Presence:
         if refused:
             raise NotOwner(sorted({int(client) for client in refused}))
         member.claim(entries)
+        self.updates += 1
         for other in self.members.get(member.doc, ()):
             if other is not member and other.session == member.session:
                 other.clocks = {c: k for c, k in other.clocks.items() if c not in member.clocks}  # taken over
@@ -210,8 +215,9 @@ class Presence:
     def _deliver(self, doc: str, update: bytes, skip: Member | None = None) -> None:
         frame = protocol.awareness(doc, update)
         for member in list(self.members.get(doc, ())):
-            if member is not skip:
+            if member is not skip and member.listening:
                 member.push(frame)
+                self.relayed += 1
 
     # ------------------------------------------------------------ pub/sub
 

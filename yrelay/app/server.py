@@ -16,6 +16,7 @@ from ..config import Settings
 from .connection import Connection
 from .context import ServerContext
 from .ops import router as ops_router
+from .scrape import router as scrape_router
 from .web import mount_web_client
 
 
@@ -35,6 +36,7 @@ def create_app(settings: Settings, redis_url: str, authenticator: Authenticator 
 
     app = FastAPI(title="yrelay", version=__version__, lifespan=lifespan)
     app.include_router(ops_router)
+    app.include_router(scrape_router)
     mount_web_client(app)
 
     @app.websocket("/ws")
@@ -48,13 +50,14 @@ def create_app(settings: Settings, redis_url: str, authenticator: Authenticator 
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        """Redis answers and the scripts are loaded: ready for traffic."""
+        """Redis answers and every script is loaded: ready for traffic."""
         ctx: ServerContext = app.state.ctx
         try:
             await ctx.redis.ping()
-            [loaded] = await ctx.redis.script_exists(ctx.store.scripts.append.sha)
-            if not loaded:  # Redis restarted without its script cache
-                await ctx.store.load_scripts()
+            scripts = ctx.scripts()
+            if not all(await ctx.redis.script_exists(*(script.sha for script in scripts))):
+                for script in scripts:  # Redis restarted without its script cache
+                    script.sha = await ctx.redis.script_load(script.script)
         except Exception as exc:
             return JSONResponse({"status": "unavailable", "reason": str(exc)[:200]}, status_code=503)
         return JSONResponse({"status": "ready", "process": ctx.process_id})

@@ -6,9 +6,13 @@ so a catch-up, a live batch, a resend and a sync answer can never interleave.
 Entries come from two places: batches the process-wide fan-out offers (shared
 by all subscribers, encoded once), and pages read from the stream when the
 subscription is behind the fan-out (new subscriber, resend, slow consumer).
-Memory per subscription is bounded: pending batches are capped (on overflow
-they are dropped and read back from the stream), and at most
-``max_unacked_entries`` are in flight before sending pauses for acks.
+Memory per subscription is bounded: pending batches are capped in number and
+bytes (on overflow they are dropped and read back from the stream), a
+catch-up page asks for fewer entries when they are large (``max_page_bytes``),
+and at most ``max_unacked_entries`` (and, with the connection's other
+documents, ``max_unacked_per_connection``) are in flight before sending
+pauses for acks. A consumer that does not read holds the pump in its socket
+send: nothing queues up behind it but what the caps allow.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
-from .. import crdt, protocol
+from .. import crdt, logs, protocol
 from ..offsets import StreamId
 from ..protocol import ErrorCode, ProtocolError, ResyncReason
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from ..store import Entry, HistoryTrimmed
 from .fanout import Batch
+from . import sizing
+from .limits import DeliveryBudget
 
 if TYPE_CHECKING:
     from .context import ServerContext
@@ -39,6 +45,42 @@ log = logging.getLogger(__name__)
 MAX_PENDING_BATCHES = 64
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class PendingBatches:
+    """Fan-out batches waiting for the socket, capped in number and bytes."""
+
+    def __init__(self, max_bytes: int, max_batches: int = MAX_PENDING_BATCHES):
+        self.max_bytes = max_bytes
+        self.max_batches = max_batches
+        self._batches: deque[Batch] = deque()
+        self.bytes = 0
+
+    def offer(self, batch: Batch) -> bool:
+        """Queue ``batch``; on overflow drop everything instead (False): the
+        subscription then reads what it missed back from the stream."""
+        if len(self._batches) >= self.max_batches or self.bytes + batch.nbytes > self.max_bytes:
+            self.clear()
+            return False
+        self._batches.append(batch)
+        self.bytes += batch.nbytes
+        return True
+
+    def popleft(self) -> Batch:
+        batch = self._batches.popleft()
+        self.bytes -= batch.nbytes
+        return batch
+
+    def appendleft(self, batch: Batch) -> None:
+        self._batches.appendleft(batch)
+        self.bytes += batch.nbytes
+
+    def clear(self) -> None:
+        self._batches.clear()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._batches)
 
 
 class SubscriptionState(enum.Enum):
@@ -65,6 +107,7 @@ class Subscription:
         send: Send,
         requested: StreamId | None,
         claimed: WindowDigest | None = None,
+        budget: DeliveryBudget | None = None,
     ):
         self.ctx = ctx
         self.doc = doc
@@ -85,8 +128,13 @@ class Subscription:
         #: binding of the document); past it, never its own.
         self._own_visible_through = StreamId(0, 0)
         self._sent: deque[StreamId] = deque()  # sent, not yet acked, in order
+        #: Shared by the connection's subscriptions; ``_counted`` is our part.
+        self._budget = budget or DeliveryBudget(0)
+        self._counted = 0
+        #: Entries per catch-up read: grows while entries are small.
+        self._page_count = sizing.first_count(ctx.settings.page_size, ctx.settings.max_page_bytes)
         self._unacked_since: float | None = None
-        self._pending: deque[Batch] = deque()
+        self._pending = PendingBatches(ctx.settings.max_pending_bytes)
         self._sync_vector: bytes | None = None
         self._failure: str | None = None
         self._evicted = False
@@ -109,9 +157,17 @@ class Subscription:
         if self.state is not SubscriptionState.CLOSED:
             self._move(SubscriptionState.CLOSED)
         self.ctx.fanout.unregister(self)
+        self._sent.clear()
+        self._count_sent()
+        self._budget.forget(id(self))
         if self._task and self._task is not asyncio.current_task():
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+    @property
+    def unacked(self) -> int:
+        """Entries sent and not acked yet."""
+        return len(self._sent)
 
     # ------------------------------------------------------ called by others
 
@@ -119,10 +175,7 @@ class Subscription:
         """A batch from the fan-out (synchronous: called for every subscriber)."""
         if self.state not in (SubscriptionState.LIVE, SubscriptionState.STARTING):
             return  # read back from the stream once live again
-        if len(self._pending) >= MAX_PENDING_BATCHES:
-            self._pending.clear()  # slow consumer: catch up from the stream instead
-        else:
-            self._pending.append(batch)
+        self._pending.offer(batch)  # a slow consumer catches up from the stream instead
         self._wake.set()
 
     def document_failed(self, reason: str) -> None:
@@ -143,6 +196,7 @@ class Subscription:
             self.acked = offset
         while self._sent and self._sent[0] <= self.acked:
             self._sent.popleft()
+        self._count_sent()
         if self._sent:
             self._unacked_since = time.monotonic()  # progress: restart the resend clock
             self._hold_through(self.acked)
@@ -163,6 +217,8 @@ class Subscription:
     # ------------------------------------------------------------ the pump
 
     async def _run(self) -> None:
+        logs.doc.set(self.doc)  # this task's own context
+        logs.session.set(self.session)
         backoff = 0.1
         try:
             self._wake.set()
@@ -187,7 +243,8 @@ class Subscription:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the socket closed under us, most likely
-            log.warning("subscription %s stopped: %r", self.doc, exc)
+            if self.state is not SubscriptionState.CLOSED:  # else: closed while a step was finishing
+                log.warning("subscription %s stopped: %r", self.doc, exc)
 
     async def _start(self) -> None:
         if self._requested is None:
@@ -232,6 +289,7 @@ class Subscription:
         await self.ctx.tracker.track(self.doc, self.session, offset)
         self.cursor = self.acked = self.tracked = offset
         self._sent.clear()
+        self._count_sent()
         self._move(SubscriptionState.LIVE)
         await self._send(protocol.subscribed(self.doc, str(offset), window.to_wire() if window else None))
         self._wake.set()
@@ -255,6 +313,9 @@ class Subscription:
             self._rewind()
         if len(self._sent) >= self.ctx.settings.max_unacked_entries:
             return False  # paced: the next ack wakes us
+        if self._budget.spent:  # the connection's other documents hold it: an ack there wakes us
+            self._budget.wait(id(self), self._wake.set)
+            return False
         if self._pending:
             batch = self._pending.popleft()
             if batch.last <= self.cursor:
@@ -270,12 +331,21 @@ class Subscription:
         return False
 
     async def _send_page(self, until: StreamId) -> bool:
-        page = await self.ctx.store.read_page(self.doc, self.cursor, self.ctx.settings.page_size)
+        page = await self.ctx.store.read_page(self.doc, self.cursor, self._page_count)
+        self._page_count = sizing.next_count(self._page_count, page, self.ctx.settings.page_size,
+                                             self.ctx.settings.max_page_bytes)
         page = [entry for entry in page if entry.id <= until]
         if not page:
             return False
         await self._send_entries(page)
         return True
+
+    def _count_sent(self) -> None:
+        """Tell the connection's budget how many of ours are unacked now."""
+        delta = len(self._sent) - self._counted
+        if delta:
+            self._counted = len(self._sent)
+            self._budget.adjust(delta)
 
     async def _send_entries(self, entries: list[Entry]) -> None:
         if not entries:
@@ -283,11 +353,13 @@ class Subscription:
         visible = [entry for entry in entries
                    if entry.session != self.session or entry.id <= self._own_visible_through]
         if visible:
-            await self._send(protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible]))
+            for frame in _frames(visible, self.ctx.settings.max_page_bytes):
+                await self._send(protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in frame]))
             self.ctx.events.emit("deliver", self.doc, self.session, first=str(visible[0].id), last=str(visible[-1].id),
                                  entries=len(visible), bytes=sum(len(entry.update) for entry in visible),
                                  head=str(max(self._head(), entries[-1].id)))
             self._sent.extend(entry.id for entry in visible)
+            self._count_sent()
             if self._unacked_since is None:
                 self._unacked_since = time.monotonic()
         self.cursor = entries[-1].id
@@ -312,6 +384,7 @@ class Subscription:
         self.ctx.events.emit("resend", self.doc, self.session, offset=str(self.acked), entries=len(self._sent))
         self.cursor = self.acked
         self._sent.clear()
+        self._count_sent()
         self._pending.clear()
         self._unacked_since = None
         self.resends += 1
@@ -322,11 +395,13 @@ class Subscription:
             self.ctx.ack_writer.submit(self.doc, self.session, offset)
 
     async def _require_resync(self, reason: ResyncReason) -> None:
+        log.info("resync required: %s", reason.value)
         self.ctx.events.emit("resync", self.doc, self.session, reason=reason.value,
                              offset=None if self._requested is None else str(self._requested))
         self._move(SubscriptionState.RESYNC_REQUIRED)
         self._pending.clear()
         self._sent.clear()
+        self._count_sent()
         self._unacked_since = None
         await self._send(protocol.resync_required(self.doc, reason))
 
@@ -350,6 +425,7 @@ class Subscription:
             self._sync_vector = None
         self.cursor = self.acked = self.tracked = offset
         self._sent.clear()
+        self._count_sent()
         self._pending.clear()
         self._unacked_since = None
         if self.state is SubscriptionState.RESYNC_REQUIRED:
@@ -361,3 +437,16 @@ class Subscription:
 
     async def _error(self, code: ErrorCode, message: str) -> None:
         await self._send(protocol.error(ProtocolError(code, message, doc=self.doc)))
+
+
+def _frames(entries: list[Entry], max_bytes: int) -> list[list[Entry]]:
+    """Split entries into deliver frames of about ``max_bytes`` of base64 each."""
+    frames: list[list[Entry]] = [[]]
+    size = 0
+    for entry in entries:
+        if frames[-1] and size + len(entry.b64) > max_bytes:
+            frames.append([])
+            size = 0
+        frames[-1].append(entry)
+        size += len(entry.b64)
+    return frames

@@ -40,6 +40,14 @@ FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", 
                        "forbidden"}
 
 
+class RetryLater(ConnectionError):
+    """The server refused the connection (``overloaded``, ``too_many_connections``)."""
+
+    def __init__(self, frame: dict[str, Any]):
+        super().__init__(f"{frame.get('code')}: {frame.get('message')}")
+        self.delay = float(frame.get("retry_after_ms") or 0) / 1000
+
+
 @dataclass
 class AckedUpdate:
     """An update the server confirmed is in the stream (for checkers)."""
@@ -281,6 +289,7 @@ class YrelayClient:
     async def _run(self) -> None:
         attempt = 0
         while not self._closing:
+            retry_after = 0.0
             url = self.urls[attempt % len(self.urls)]
             try:
                 async with websockets.connect(url, max_size=None, open_timeout=10) as ws:
@@ -300,19 +309,25 @@ class YrelayClient:
                 raise
             except (OSError, ConnectionClosed, asyncio.TimeoutError, websockets.InvalidHandshake) as exc:
                 log.debug("connection lost: %r", exc)
+                retry_after = getattr(exc, "delay", 0.0)  # RetryLater: the server said when
             finally:
                 self._ws = None
                 self.connected.clear()
             if self._closing:
                 return
             self._emit("disconnected", {})
-            await asyncio.sleep(self.backoff.delay(attempt))
+            await asyncio.sleep(max(self.backoff.delay(attempt), retry_after))
             attempt += 1
 
     async def _handshake(self, ws: Any) -> None:
         token = self.token() if callable(self.token) else self.token
-        await ws.send(json.dumps({"op": "hello", "session": self.session, "token": token}))
+        try:
+            await ws.send(json.dumps({"op": "hello", "session": self.session, "token": token}))
+        except ConnectionClosed:
+            pass  # refused: its error frame (read below) came before the close
         welcome = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        if welcome.get("op") == "error" and "retry_after_ms" in welcome:
+            raise RetryLater(welcome)
         if welcome.get("op") == "error":  # e.g. unauthorized: kept for the app, then retried with backoff
             self._on_error(welcome)
         if welcome.get("op") != "welcome":
@@ -458,6 +473,8 @@ class YrelayClient:
         self._emit("error", frame)
         if "clock" in frame and frame.get("code") in FATAL_UPDATE_ERRORS:
             self.buffer.pop(frame["clock"])  # resending cannot help; keep the local edit
+        elif "clock" in frame and frame.get("code") == "rate_limited":
+            self.buffer.defer(frame["clock"], frame.get("retry_after_ms", 1000) / 1000)
         log.info("server error: %s", frame)
 
     def _on_unsubscribed(self, frame: dict[str, Any]) -> None:

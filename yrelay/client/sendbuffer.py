@@ -64,6 +64,14 @@ class SendBuffer:
         self.resends += item.sent
         item.sent = True
 
+    def defer(self, clock: int, delay: float) -> None:
+        """The server refused the update for now (``rate_limited``): send it
+        again after ``delay`` seconds; that send was not an attempt."""
+        item = self._items.get(clock)
+        if item is not None:
+            item.next_send = max(item.next_send, time.monotonic() + delay)
+            item.attempts = max(item.attempts - 1, 0)
+
     def due(self) -> list[PendingUpdate]:
         now = time.monotonic()
         return [item for item in self._items.values() if item.next_send <= now]

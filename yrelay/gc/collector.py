@@ -43,7 +43,8 @@ from ..offsets import ZERO, StreamId
 from ..replies import stream_id, text
 from ..scripts import Scripts
 from ..reconciliation.digest import hash_hex, item_hash
-from ..eventlog import EventLog, NullEventLog
+from ..eventlog import NullEventLog
+from ..events import EventSink
 from ..store import Entry, to_entry
 from ..tracker.tracker import session_documents
 from .policy import GcPolicy
@@ -118,7 +119,7 @@ class Collector:
     """Runs collections; one per process (or per CLI run), any number at once."""
 
     def __init__(self, redis: Redis, policy: GcPolicy, checkpoint: Checkpoint | None = None,
-                 events: EventLog | None = None):
+                 events: EventSink | None = None):
         self.redis = redis
         self.policy = policy
         self.scripts = Scripts(redis)

@@ -143,8 +143,10 @@ async def run_due_pass(
 class GcLoop:
     """The periodic GC of one server process."""
 
-    def __init__(self, collector: Collector, *, interval: float, batch_size: int, lease: float):
+    def __init__(self, collector: Collector, *, interval: float, batch_size: int, lease: float,
+                 on_pass: Callable[[PassSummary], None] | None = None):
         self.collector = collector
+        self.on_pass = on_pass  # told of every completed pass (metrics)
         self.due = DueSet(collector.redis)
         self.interval = interval
         self.batch_size = batch_size
@@ -152,12 +154,16 @@ class GcLoop:
         self.passes = 0
         self.last: PassSummary | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         if self.interval > 0:
             self._task = asyncio.create_task(self._run(), name="yrelay-gc")
 
     async def stop(self) -> None:
+        """Cancel the loop; the flag ends it even when the cancel lands inside
+        a Redis call that swallows it (seen with redis-py under load)."""
+        self._stopping = True
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -169,6 +175,8 @@ class GcLoop:
         )
         self.passes += 1
         self.last = summary
+        if self.on_pass is not None:
+            self.on_pass(summary)
         if summary.documents:
             log.info(
                 "gc pass: %d documents, %d evicted, %d folded, %d trimmed, %d blocked, %d conflicts in %.3fs",
@@ -178,9 +186,11 @@ class GcLoop:
         return summary
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             # Jitter keeps the passes of many processes from lining up.
             await asyncio.sleep(self.interval * random.uniform(0.8, 1.2))
+            if self._stopping:
+                return
             try:
                 await self.run_once()
             except (redis.exceptions.RedisError, OSError) as exc:

@@ -186,6 +186,6 @@ class StreamDigests:
                 check = await self.recompute(doc, fix=fix)
                 if check.wrong:
                     log.warning("drift digest of %s was wrong (stored %s, actual %s)%s",
-                                doc, check.stored, check.actual, "; fixed" if check.fixed else "")
+                                doc, check.stored, check.actual, "; fixed" if check.fixed else "", extra={"doc": doc})
                     wrong.append(check)
         return wrong

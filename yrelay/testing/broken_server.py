@@ -21,7 +21,8 @@ from ..app.connection import Connection
 from ..cli import cli
 
 
-async def _ack_before_append(self: Connection, frame, future: asyncio.Future[tuple[str, bool]], size: int) -> None:
+async def _ack_before_append(self: Connection, frame, future: asyncio.Future[tuple[str, bool]], size: int,
+                             received: float) -> None:
     try:
         made_up = f"{int(time.time() * 1000)}-0"
         await self._safe_send(protocol.appended(frame.doc, frame.clock, made_up, False))

@@ -18,6 +18,21 @@ from ..redis_server import _die_with_parent, free_port
 HARNESS_ENV = {"YRELAY_INSECURE_NO_AUTH": "1"}
 
 
+def wait_ready(port: int, process: subprocess.Popen, timeout: float = 20.0, log_path: Path | None = None) -> None:
+    """Poll a server's ``/readyz`` until it answers 200; fail if ``process`` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("server exited" + (f": {log_path.read_text()[-2000:]}" if log_path else ""))
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"server on port {port} not ready")
+
+
 class ServerProcess:
     """``yrelay serve`` in a child process, against a given Redis.
 
@@ -52,17 +67,8 @@ class ServerProcess:
         return self
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"server on port {self.port} not ready")
+        assert self.process is not None
+        wait_ready(self.port, self.process, timeout, self.log_path)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no flush; what was acked must already be in Redis."""

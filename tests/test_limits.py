@@ -1,0 +1,281 @@
+"""Each limit: over it, the documented error and nothing stored; the
+connection (or the others) unaffected; under it, fine."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import pytest
+import websockets
+from conftest import FAST_BACKOFF, eventually, running_server
+from test_validation import good_update
+from wsraw import RawPeer
+
+from yrelay import crdt
+from yrelay.app.limits import Admission, AddressCounts, DeliveryBudget, SessionRates, TokenBucket
+from yrelay.client import YrelayClient
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def update_from(client_id: int, text: str) -> bytes:
+    doc = crdt.new_doc(client_id)
+    crdt.insert_text(doc, 0, text)
+    return crdt.encode_state(doc)
+
+
+async def refused(url: str) -> tuple[dict, int]:
+    """Connect, send hello, and return the error frame and the close code."""
+    ws = await websockets.connect(url)
+    try:
+        await ws.send(json.dumps({"op": "hello"}))
+    except websockets.ConnectionClosed:
+        pass  # the refusal may have been sent and closed already
+    frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+    with pytest.raises(websockets.ConnectionClosed):
+        await asyncio.wait_for(ws.recv(), 5)
+    return frame, ws.close_code
+
+
+# ------------------------------------------------------------------ the arithmetic
+
+
+def test_token_bucket_allows_the_burst_then_the_rate():
+    now = [0.0]
+    bucket = TokenBucket(rate=10, burst=3, clock=lambda: now[0])
+    assert [bucket.take() for _ in range(4)] == [True, True, True, False]
+    assert bucket.retry_after_ms() == 100
+    now[0] += 0.1
+    assert bucket.take() and not bucket.take()
+    assert TokenBucket(rate=0, burst=0).take()  # 0: unlimited
+
+
+def test_admission_spreads_the_refused_over_future_slots():
+    now = [0.0]
+    admission = Admission(rate=10, burst=2, clock=lambda: now[0])
+    assert admission.admit() is None and admission.admit() is None
+    waits = [admission.admit() for _ in range(20)]
+    assert all(wait is not None and wait > 0 for wait in waits)
+    # the k-th refused client is sent about k/rate seconds out, not all to the same moment
+    assert waits[-1] >= 1900 and waits[0] <= 300
+    assert max(waits) <= Admission.MAX_WAIT * 1000 + 100
+
+
+def test_address_counts_and_session_buckets_are_released():
+    counts = AddressCounts(limit=2)
+    assert counts.open("a") and counts.open("a") and not counts.open("a") and counts.open("b")
+    counts.close("a")
+    assert counts.open("a")
+    for address in ("a", "a", "b"):
+        counts.close(address)
+    assert counts.counts == {}
+    rates = SessionRates(rate=1, burst=1)
+    first, second = rates.acquire("s"), rates.acquire("s")
+    assert first is second  # one bucket per session, whatever its connections
+    rates.release("s")
+    rates.release("s")
+    assert len(rates) == 0
+
+
+def test_delivery_budget_wakes_waiters_when_acks_free_room():
+    budget = DeliveryBudget(limit=5)
+    woken = []
+    budget.adjust(5)
+    assert budget.spent
+    budget.wait(1, lambda: woken.append(1))
+    budget.adjust(-1)
+    assert woken == [1] and not budget.spent
+
+
+# ------------------------------------------------------------------ served
+
+
+async def test_connections_per_address(redis_url):
+    async with running_server(redis_url, max_connections_per_address=3) as url:
+        peers = [await RawPeer.connect(url) for _ in range(3)]
+        frame, code = await refused(url)
+        assert frame["op"] == "error" and frame["code"] == "too_many_connections", frame
+        assert frame["retry_after_ms"] > 0 and code == 1008
+        for peer in peers:  # the others are unaffected
+            await peer.send({"op": "ping"})
+            await peer.expect("pong")
+        await peers[0].close()
+        await asyncio.sleep(0.1)
+        peers[0] = await RawPeer.connect(url)  # a slot is free again
+        assert peers[0].session
+        for peer in peers:
+            await peer.close()
+
+
+async def test_admission_rate_refuses_with_retry_after_and_clients_honour_it(redis_url):
+    async with running_server(redis_url, admission_rate=1, admission_burst=1) as url:
+        first = await RawPeer.connect(url)
+        frame, code = await refused(url)
+        assert frame["code"] == "overloaded" and code == 1013, frame
+        assert 0 < frame["retry_after_ms"] <= 31_000
+        # A client with a 50 ms reconnect backoff waits what the server says
+        # instead: one or two refusals, not one every 50 ms.
+        events: list[str] = []
+        client = YrelayClient(url, backoff=FAST_BACKOFF, on_event=lambda event, data: events.append(event))
+        await client.connect(timeout=30)
+        assert events.count("disconnected") <= 3, events
+        doc = await client.subscribe("admitted")
+        crdt.insert_text(doc.ydoc, 0, "in")
+        await client.wait_idle()
+        await first.send({"op": "ping"})
+        await first.expect("pong")
+        await client.close()
+        await first.close()
+
+
+async def test_a_reconnect_storm_is_admitted_at_the_bounded_rate(redis_url):
+    """40 clients at once against 20 admissions/s (burst 5): the refused are
+    each given a later slot and come back then, instead of every 50 ms."""
+    async with running_server(redis_url, admission_rate=20, admission_burst=5) as url:
+        events: list[str] = []
+        clients = [YrelayClient(url, backoff=FAST_BACKOFF, subscription_check_interval=None,
+                                on_event=lambda event, data: events.append(event)) for _ in range(40)]
+        await asyncio.gather(*(client.connect(timeout=60) for client in clients))
+        refusals = events.count("disconnected")
+        assert refusals >= 20, refusals  # the burst let a few in, the rest were told to wait
+        assert refusals < 80, refusals  # ... and most came back once, in their slot
+        docs = await asyncio.gather(*(client.subscribe("storm") for client in clients))
+        crdt.insert_text(docs[0].ydoc, 0, "after the storm")
+        await clients[0].wait_idle()
+        await eventually(lambda: all(doc.text == "after the storm" for doc in docs), timeout=30)
+        for client in clients:
+            await client.close()
+
+
+async def test_update_rate_per_session(redis_url, redis_client):
+    async with running_server(redis_url, updates_per_second=5, update_burst=5) as url:
+        peer, other = await RawPeer.connect(url), await RawPeer.connect(url)
+        for p in (peer, other):
+            await p.send({"op": "subscribe", "doc": "r"})
+            await p.expect("subscribed")
+        for clock in range(1, 11):
+            await peer.send({"op": "update", "doc": "r", "clock": clock, "update": b64(update_from(clock, "x"))})
+        answers = {}
+        while len(answers) < 10:
+            frame = await peer.recv()
+            if frame["op"] in ("appended", "error"):
+                answers[frame["clock"]] = frame
+        limited = [frame for frame in answers.values() if frame["op"] == "error"]
+        assert len(limited) >= 4, answers  # the burst was 5 (one more may have refilled meanwhile)
+        assert all(frame["code"] == "rate_limited" and frame["retry_after_ms"] > 0 and frame["doc"] == "r"
+                   for frame in limited)
+        assert await redis_client.xlen("yrelay:{r}:stream") == 10 - len(limited)  # the refused were not stored
+        # another session is not held back
+        assert (await other.update("r", 1, update_from(99, "other")))["op"] == "appended"
+        # the same connection works once the bucket refilled
+        await asyncio.sleep(max(frame["retry_after_ms"] for frame in limited) / 1000 + 0.3)
+        clock = limited[0]["clock"]
+        answer = await peer.update("r", clock, update_from(clock, "x"))
+        assert answer["op"] == "appended", answer
+        await peer.close()
+        await other.close()
+
+
+async def test_rate_limited_clients_resend_after_retry_after_and_lose_nothing(redis_url, make_client):
+    async with running_server(redis_url, updates_per_second=20, update_burst=5) as url:
+        writer, reader = await make_client(url), await make_client(url)
+        wdoc, rdoc = await writer.subscribe("paced"), await reader.subscribe("paced")
+        for index in range(40):
+            crdt.insert_text(wdoc.ydoc, 0, f"<{index}>")
+        await writer.wait_idle(timeout=60)
+        assert any(error.get("code") == "rate_limited" for error in writer.errors)
+        await eventually(lambda: rdoc.text == wdoc.text, timeout=30)
+        assert len(writer.acked) == 40
+
+
+async def test_unacked_deliveries_are_capped_per_connection(redis_url):
+    async with running_server(redis_url, max_unacked_per_connection=10, max_unacked_entries=1000,
+                              resend_after=60) as url:  # no resends: what arrives is what the budget allows
+        reader, writer = await RawPeer.connect(url), await RawPeer.connect(url)
+        for doc in ("u1", "u2"):
+            for p in (reader, writer):
+                await p.send({"op": "subscribe", "doc": doc})
+                await p.expect("subscribed")
+        for clock in range(1, 41):
+            doc = "u1" if clock % 2 else "u2"
+            assert (await writer.update(doc, clock, update_from(clock, "y")))["op"] == "appended"
+
+        async def drain() -> dict[str, list[str]]:
+            got: dict[str, list[str]] = {"u1": [], "u2": []}
+            while True:
+                try:
+                    frame = await reader.recv(timeout=0.8)
+                except asyncio.TimeoutError:
+                    return got
+                if frame["op"] == "deliver":
+                    got[frame["doc"]] += [entry["id"] for entry in frame["entries"]]
+
+        first = await drain()
+        assert sum(len(ids) for ids in first.values()) == 10, first  # both documents share the budget
+        received = {doc: list(ids) for doc, ids in first.items()}
+        while sum(len(set(ids)) for ids in received.values()) < 40:  # acks free the budget, for either document
+            for doc, ids in received.items():
+                if ids:
+                    await reader.send({"op": "ack", "doc": doc, "offset": max(ids, key=_id_key)})
+            more = await drain()
+            assert more["u1"] or more["u2"], received
+            for doc, ids in more.items():
+                received[doc] += ids
+        assert len(set(received["u1"])) == len(set(received["u2"])) == 20
+        await reader.close()
+        await writer.close()
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+async def test_documents_per_connection(redis_url):
+    async with running_server(redis_url, max_docs_per_connection=2) as url:
+        peer = await RawPeer.connect(url)
+        for doc in ("d1", "d2"):
+            await peer.send({"op": "subscribe", "doc": doc})
+            await peer.expect("subscribed")
+        await peer.send({"op": "subscribe", "doc": "d3"})
+        error = await peer.expect("error")
+        assert error["code"] == "malformed_frame" and error["doc"] == "d3" and "2 documents" in error["message"]
+        assert (await peer.update("d1", 1, good_update()))["op"] == "appended"
+        await peer.close()
+
+
+async def test_welcome_announces_the_limits_clients_act_on(server_url):
+    async with websockets.connect(server_url) as ws:
+        await ws.send(json.dumps({"op": "hello"}))
+        limits = json.loads(await ws.recv())["limits"]
+    assert {"max_update_bytes", "max_frame_bytes", "max_docs_per_connection", "updates_per_second",
+            "update_burst", "max_connections_per_address"} <= set(limits)
+
+
+async def test_a_compression_bomb_is_cut_off_and_the_server_keeps_serving(redis_url):
+    async with running_server(redis_url) as url:
+        # 3 MB inflated (under ws_max_size, over max_frame_bytes): a plain error frame
+        async with websockets.connect(url, compression="deflate", max_size=None) as ws:
+            await ws.send(json.dumps({"op": "hello"}))
+            await ws.recv()
+            await ws.send("x" * 3_000_000)
+            assert json.loads(await ws.recv())["code"] == "frame_too_large"
+        # 200 MB of one letter deflates to ~200 KB: the server stops inflating
+        # at ws_max_size and closes with 1009 (message too big)
+        ws = await websockets.connect(url, compression="deflate", max_size=None)
+        assert ws.protocol.extensions, "permessage-deflate was not negotiated"
+        await ws.send(json.dumps({"op": "hello"}))
+        await ws.recv()
+        with pytest.raises(websockets.ConnectionClosed):
+            await ws.send("y" * 200_000_000)
+            while True:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert ws.close_code == 1009
+        peer = await RawPeer.connect(url)
+        await peer.send({"op": "ping"})
+        await peer.expect("pong")
+        await peer.close()

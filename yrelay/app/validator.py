@@ -1,0 +1,201 @@
+"""Checking updates before they are stored, in validator processes.
+
+y-py 0.6.2 can take the whole process down on a hostile update: a 21-byte
+update that passes yrelay's own layout decoder makes yrs panic with a
+message pyo3 cannot convert, and the runtime aborts (SIGABRT; see
+tests/test_validator.py). Size is no protection, so every update is
+applied by y-py in a worker process (:mod:`yrelay.validation`), never here.
+
+- In-loop, only yrelay's pure-Python layout check, for updates up to
+  ``PREFILTER_BYTES``: garbage is refused without a round trip.
+- Everything queued while a worker is busy goes to it as one batch, so the
+  pipe round trip is paid once per batch, not per update (group commit,
+  like the appender). Figures: BENCHMARKS.md#validation.
+- A worker that does not answer within ``validate_timeout``, or dies, is
+  restarted; its batch is checked again one update at a time, and an update
+  that alone runs past the deadline or kills the worker is rejected.
+
+With ``validator_workers = 0`` everything runs in-loop (the old behaviour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import sys
+from collections import deque
+
+from .. import crdt
+from ..validation import encode_request
+
+log = logging.getLogger(__name__)
+
+#: Bytes of updates sent to a worker in one batch (at least one update).
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+#: Updates up to this size get the layout check in-loop first (a few us).
+PREFILTER_BYTES = 4096
+
+_Item = tuple[bytes, "asyncio.Future[Exception | None]"]
+
+
+class WorkerFailed(Exception):
+    """The worker did not answer in time, or died."""
+
+
+class ValidatorUnavailable(Exception):
+    """The update could not be checked (not its fault): try again later."""
+
+
+class _Worker:
+    """One ``python -m yrelay.validation`` process."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.process: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+
+    async def start(self) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", self.module,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            # y-py prints every panic it catches: a hostile client must not fill
+            # the log with them. Crashes and timeouts are logged by _one_by_one.
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+
+    async def check(self, updates: list[bytes], timeout: float) -> list[str]:
+        if self.process is None or self.process.returncode is not None:
+            await self.restart()
+        try:
+            return await asyncio.wait_for(self._round_trip(updates), timeout)
+        except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            await self.restart()
+            raise WorkerFailed(type(exc).__name__) from None
+
+    async def _round_trip(self, updates: list[bytes]) -> list[str]:
+        process = self.process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        process.stdin.write(encode_request(updates))
+        await process.stdin.drain()
+        reasons = []
+        for _ in updates:
+            (length,) = struct.unpack(">H", await process.stdout.readexactly(2))
+            reasons.append((await process.stdout.readexactly(length)).decode(errors="replace") if length else "")
+        return reasons
+
+    async def restart(self) -> None:
+        await self.stop()
+        self.restarts += 1
+        await self.start()
+
+    async def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.returncode is not None:
+            return
+        process.kill()
+        await process.wait()
+
+
+class Validator:
+    """``await validate(update)`` raises :class:`crdt.InvalidUpdate` or returns."""
+
+    def __init__(self, workers: int, timeout: float, module: str = "yrelay.validation"):
+        """``module``: what each worker runs (tests name a misbehaving one)."""
+        self.timeout = timeout
+        self._workers = [_Worker(module) for _ in range(workers)]
+        self._queue: deque[_Item] = deque()
+        self._ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Updates rejected because they hung or crashed a worker.
+        self.timeouts = 0
+
+    @property
+    def restarts(self) -> int:
+        return sum(worker.restarts for worker in self._workers)
+
+    async def start(self) -> None:
+        for worker in self._workers:
+            await worker.start()
+            self._tasks.append(asyncio.create_task(self._serve(worker), name="yrelay-validator"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for worker in self._workers:
+            await worker.stop()
+        for _, future in self._queue:
+            future.cancel()
+
+    def submit(self, update: bytes) -> "asyncio.Future[Exception | None]":
+        """Queue ``update``; the future resolves to None (valid) or the error
+        to report (:class:`crdt.InvalidUpdate`, :class:`ValidatorUnavailable`).
+        Raises :class:`crdt.InvalidUpdate` at once when the in-loop check does."""
+        future: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        if not self._workers:
+            crdt.validate_update(update)
+            future.set_result(None)
+            return future
+        if len(update) <= PREFILTER_BYTES:
+            crdt.check_layout(update)
+        self._queue.append((update, future))
+        self._ready.set()
+        return future
+
+    async def validate(self, update: bytes) -> None:
+        error = await self.submit(update)
+        if error is not None:
+            raise error
+
+    def _take_batch(self) -> list[_Item]:
+        batch: list[_Item] = []
+        size = 0
+        while self._queue and (not batch or size + len(self._queue[0][0]) <= MAX_BATCH_BYTES):
+            item = self._queue.popleft()
+            if item[1].done():  # the connection went away meanwhile
+                continue
+            batch.append(item)
+            size += len(item[0])
+        if not self._queue:
+            self._ready.clear()
+        return batch
+
+    async def _serve(self, worker: _Worker) -> None:
+        while True:
+            await self._ready.wait()
+            batch = self._take_batch()
+            if not batch:
+                continue
+            try:
+                try:
+                    reasons = await worker.check([update for update, _ in batch], self.timeout)
+                    errors: list[Exception | None] = [crdt.InvalidUpdate(r) if r else None for r in reasons]
+                except WorkerFailed:
+                    errors = await self._one_by_one(worker, batch)
+            except asyncio.CancelledError:
+                for _, future in batch:
+                    future.cancel()
+                raise
+            except Exception as exc:  # never leave a connection waiting
+                log.exception("validator failed")
+                errors = [ValidatorUnavailable(type(exc).__name__) for _ in batch]
+            for (_, future), error in zip(batch, errors):
+                if not future.done():
+                    future.set_result(error)
+
+    async def _one_by_one(self, worker: _Worker, batch: list[_Item]) -> list[Exception | None]:
+        """A batch hung or crashed its worker: find the update(s) that did."""
+        errors: list[Exception | None] = []
+        for update, _ in batch:
+            try:
+                [reason] = await worker.check([update], self.timeout)
+                errors.append(crdt.InvalidUpdate(reason) if reason else None)
+            except WorkerFailed as exc:
+                self.timeouts += 1
+                log.warning("an update of %d bytes hung or crashed the validator (%s); rejected", len(update), exc)
+                errors.append(crdt.InvalidUpdate(f"the update could not be decoded within {self.timeout:g}s"))
+        return errors
+
+
+__all__ = ["Validator", "ValidatorUnavailable"]

@@ -1,0 +1,132 @@
+"""Log lines that say which document and session they are about, and never
+carry a secret.
+
+- **Context.** The connection task sets :data:`session` once the handshake
+  is done and :data:`doc` for each frame about a document; a subscription's
+  pump task sets both. Tasks copy the context they are created in, so every
+  ``log.warning(...)`` on those paths gets ``doc`` and ``session`` without
+  passing them. A line logged elsewhere can pass ``extra={"doc": ...}``.
+- **Format.** ``text`` (``... message doc=<doc> session=<session>``, the
+  pairs that are set) or ``json`` (one object a line: ``ts``, ``level``,
+  ``logger``, ``message``, ``doc``, ``session``, ``exc``).
+- **Redaction.** Every formatted line (message, arguments and tracebacks)
+  goes through :func:`redact`: the secrets given to :func:`add_secret`
+  (the ops and metrics tokens, the Redis password), then anything shaped like
+  one (``Bearer <token>``, a JWT ``eyJ...``, the password of a URL,
+  ``token=`` / ``password=`` query parameters).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import sys
+import time
+from typing import IO
+from urllib.parse import urlsplit
+
+doc: contextvars.ContextVar[str | None] = contextvars.ContextVar("yrelay_doc", default=None)
+session: contextvars.ContextVar[str | None] = contextvars.ContextVar("yrelay_session", default=None)
+
+REDACTED = "[redacted]"
+#: Shorter strings are not treated as secrets (they would blank out ordinary words).
+MIN_SECRET_LENGTH = 6
+_secrets: set[str] = set()
+_PATTERNS = [
+    (re.compile(r"(?i)(\bbearer\s+)[^\s\"',;]+"), rf"\1{REDACTED}"),
+    (re.compile(r"\beyJ[\w-]{4,}(?:\.[\w-]*){0,2}"), REDACTED),  # a JWT (its header is base64url "{")
+    (re.compile(r"(\b[a-zA-Z][\w+.-]*://[^/\s:@]*:)[^/\s@]+(@)"), rf"\1{REDACTED}\2"),  # scheme://user:PASSWORD@
+    (re.compile(r"(?i)([?&;](?:token|access_token|auth|password|passwd|secret|key)=)[^&\s\"']+"), rf"\1{REDACTED}"),
+]
+
+
+def add_secret(value: str | None) -> None:
+    """Never log ``value`` (a token, a password) verbatim."""
+    if value and len(value) >= MIN_SECRET_LENGTH:
+        _secrets.add(value)
+
+
+def add_url_secrets(url: str | None) -> None:
+    """Never log the password of ``url`` (e.g. a Redis URL)."""
+    if url:
+        try:
+            add_secret(urlsplit(url).password)
+        except ValueError:
+            pass
+
+
+def redact(text: str) -> str:
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class ContextFilter(logging.Filter):
+    """Adds ``doc`` and ``session`` to every record (unless given in ``extra``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "doc"):
+            record.doc = doc.get()
+        if not hasattr(record, "session"):
+            record.session = session.get()
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        context = "".join(f" {name}={value}" for name in ("doc", "session")
+                          if (value := getattr(record, name, None)) is not None)
+        if context:
+            head, newline, traceback = line.partition("\n")  # keep the pairs on the message's line
+            line = head + context + newline + traceback
+        return redact(line)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": redact(record.getMessage()),
+            "doc": getattr(record, "doc", None),
+            "session": getattr(record, "session", None),
+        }
+        if record.exc_info:
+            entry["exc"] = redact(self.formatException(record.exc_info))
+        elif record.exc_text:
+            entry["exc"] = redact(record.exc_text)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+FORMATS = {"text": TextFormatter, "json": JsonFormatter}
+
+
+def handler(format: str = "text", stream: IO[str] | None = None) -> logging.Handler:
+    """A stream handler with the context filter and a redacting formatter."""
+    if format not in FORMATS:
+        raise ValueError(f"log format {format!r}: use one of {', '.join(FORMATS)}")
+    result = logging.StreamHandler(stream or sys.stderr)
+    result.addFilter(ContextFilter())
+    result.setFormatter(FORMATS[format]())
+    return result
+
+
+def configure(level: str = "info", format: str = "text", stream: IO[str] | None = None) -> logging.Handler:
+    """Route every logger (uvicorn's too) through one such handler on the root logger."""
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    new = handler(format, stream)
+    root.addHandler(new)
+    root.setLevel(level.upper())
+    return new

@@ -1,0 +1,289 @@
+"""The Prometheus metrics of one server, in a registry of its own.
+
+Three kinds of source, cheapest first (every metric: docs/operations.md):
+
+- **Events.** :class:`Metrics` is a sink of :class:`yrelay.events.Events`:
+  the same ``emit`` calls that write the event log move the counters and
+  histograms (one dict lookup and a counter increment per event). Nothing is
+  labelled by document or session, so the number of series stays fixed.
+- **Direct calls**, where no event exists: rejected frames by error code,
+  append latency (frame received to ``appended`` sent), GC passes.
+- **At scrape time**, from the server's own state (open subscriptions,
+  documents with subscribers, unacked entries, presence, event log drops)
+  and two Redis counts; the hot path pays nothing for these.
+
+Each app builds its own :class:`Metrics` (never the global default
+registry), so several servers in one process do not collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .keys import documents_key, gc_due_key
+from .protocol import ErrorCode, ResyncReason
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from .app.context import ServerContext
+    from .gc import PassSummary
+
+log = logging.getLogger(__name__)
+
+#: Seconds: appends and other round trips of a healthy server are milliseconds.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Seconds: from a live delivery (milliseconds) to a catch-up after an hour away.
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+               3600.0)
+GC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CONNECTION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
+EVICTION_MODES = ("relative", "absolute", "operator")
+GC_TRIGGERS = ("loop", "ops")
+
+
+def _ms(stream_id: str) -> int:
+    """The millisecond part of a stream id ``"<ms>-<seq>"``."""
+    return int(stream_id.partition("-")[0])
+
+
+class Metrics:
+    """Counters, gauges and histograms of one server; an event sink."""
+
+    def __init__(self, *, process_metrics: bool = True):
+        self.registry = registry = CollectorRegistry()
+        if process_metrics:  # RSS, CPU, open fds; the Python version; Python's GC
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+        Gauge("yrelay_build_info", "Version of the running server (always 1).", ["version"],
+              registry=registry).labels(__version__).set(1)
+
+        self.connections_open = Gauge("yrelay_connections_open", "Websockets past their hello.", registry=registry)
+        connections = Counter("yrelay_connections", "Handshakes answered, by whether the session was resumed.",
+                              ["resumed"], registry=registry)
+        self._connections = {flag: connections.labels(str(flag).lower()) for flag in (True, False)}
+        self.connection_seconds = Histogram("yrelay_connection_duration_seconds", "How long websockets stayed open.",
+                                            buckets=CONNECTION_BUCKETS, registry=registry)
+
+        appends = Counter("yrelay_appends", "Updates acked (appended sent), by whether they were duplicates.",
+                          ["duplicate"], registry=registry)
+        self._appends = {flag: appends.labels(str(flag).lower()) for flag in (True, False)}
+        self.appended_bytes = Counter("yrelay_appended_bytes", "Update bytes acked (duplicates too).",
+                                      registry=registry)
+        self._append_latency = Histogram("yrelay_append_latency_seconds",
+                                        "From an update frame received to its appended frame sent.",
+                                        buckets=LATENCY_BUCKETS, registry=registry)
+
+        self.deliver_frames = Counter("yrelay_deliver_frames", "Deliver frames sent.", registry=registry)
+        self.deliveries = Counter("yrelay_deliveries", "Entries sent in deliver frames (resent ones too).",
+                                  registry=registry)
+        self.delivered_bytes = Counter("yrelay_delivered_bytes", "Update bytes sent in deliver frames.",
+                                       registry=registry)
+        self.delivery_lag = Histogram(
+            "yrelay_delivery_lag_seconds",
+            "Per deliver frame: from the newest entry's append (its stream id time) to the frame being sent.",
+            buckets=LAG_BUCKETS, registry=registry)
+
+        self.acks = Counter("yrelay_acks", "Ack frames received.", registry=registry)
+        self.ack_lag = Histogram(
+            "yrelay_ack_lag_seconds",
+            "Per ack: the newest entry this process knows of the document minus the acked entry, in time.",
+            buckets=LAG_BUCKETS, registry=registry)
+        self.resends = Counter("yrelay_resends", "Rewinds: unacked entries sent again from the acked offset.",
+                               registry=registry)
+        self.resent_entries = Counter("yrelay_resent_entries", "Entries unacked when a resend rewound.",
+                                      registry=registry)
+        resyncs = Counter("yrelay_resyncs", "resync_required frames sent, by reason.", ["reason"], registry=registry)
+        self._resyncs = {reason.value: resyncs.labels(reason.value) for reason in ResyncReason}
+        evictions = Counter("yrelay_evictions", "Sessions dropped from a tracker, by rule (GC) or by an operator.",
+                            ["mode"], registry=registry)
+        self._evictions = {mode: evictions.labels(mode) for mode in EVICTION_MODES}
+        rejected = Counter("yrelay_rejected_frames", "Error frames sent, by code.", ["code"], registry=registry)
+        self._rejected = {code.value: rejected.labels(code.value) for code in ErrorCode}
+
+        self.gc_runs = Counter("yrelay_gc_runs", "GC passes completed, by trigger (the loop, or POST /ops/gc).",
+                               ["trigger"], registry=registry)
+        self.gc_seconds = Histogram("yrelay_gc_pass_seconds", "Duration of GC passes.", ["trigger"],
+                                    buckets=GC_BUCKETS, registry=registry)
+        self.gc_documents = Counter("yrelay_gc_documents", "Documents collected by GC passes.", registry=registry)
+        self.gc_errors = Counter("yrelay_gc_errors", "Documents a GC pass failed to collect.", registry=registry)
+        self.gc_last = Gauge("yrelay_gc_last_pass_timestamp_seconds", "When the last GC pass ended (Unix time).",
+                             registry=registry)
+        self.gc_snapshots = Counter("yrelay_gc_snapshots", "Snapshots GC stored.", registry=registry)
+        self.gc_folded = Counter("yrelay_gc_folded_entries", "Entries GC folded into snapshots.", registry=registry)
+        self.gc_trimmed = Counter("yrelay_gc_trimmed_entries", "Entries GC removed from streams.", registry=registry)
+        for trigger in GC_TRIGGERS:
+            self.gc_runs.labels(trigger)
+            self.gc_seconds.labels(trigger)
+
+        self.documents = Gauge("yrelay_documents", "Documents ever appended to (the Redis registry), at scrape time.",
+                               registry=registry)
+        self.gc_due = Gauge("yrelay_gc_due_documents", "Documents waiting for GC, at scrape time.", registry=registry)
+        self.redis_up = Gauge("yrelay_redis_up", "1 if Redis answered the last scrape's counts, else 0.",
+                              registry=registry)
+
+        self._handlers = {
+            "connect": self._connect, "disconnect": self._disconnect, "append": self._append,
+            "deliver": self._deliver, "ack": self._ack, "resend": self._resend, "resync": self._resync,
+            "evict": self._evict, "snapshot": self._snapshot, "trim": self._trim,
+        }
+        self._failed = False
+
+    # --------------------------------------------------------- event sink
+
+    def emit(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> None:
+        handler = self._handlers.get(type)
+        if handler is None:
+            return
+        try:
+            handler(fields)
+        except Exception:  # a metric must never break delivery
+            if not self._failed:
+                self._failed = True
+                log.exception("metrics: could not count a %s event", type)
+
+    def _connect(self, fields: dict[str, Any]) -> None:
+        self.connections_open.inc()
+        self._connections[bool(fields.get("resumed"))].inc()
+
+    def _disconnect(self, fields: dict[str, Any]) -> None:
+        self.connections_open.dec()
+        self.connection_seconds.observe(fields["duration_ms"] / 1000)
+
+    def _append(self, fields: dict[str, Any]) -> None:
+        self._appends[bool(fields["duplicate"])].inc()
+        self.appended_bytes.inc(fields["bytes"])
+
+    def _deliver(self, fields: dict[str, Any]) -> None:
+        self.deliver_frames.inc()
+        self.deliveries.inc(fields["entries"])
+        self.delivered_bytes.inc(fields["bytes"])
+        self.delivery_lag.observe(max(0.0, time.time() - _ms(fields["last"]) / 1000))
+
+    def _ack(self, fields: dict[str, Any]) -> None:
+        self.acks.inc()
+        self.ack_lag.observe(max(0, _ms(fields["head"]) - _ms(fields["offset"])) / 1000)
+
+    def _resend(self, fields: dict[str, Any]) -> None:
+        self.resends.inc()
+        self.resent_entries.inc(fields["entries"])
+
+    def _resync(self, fields: dict[str, Any]) -> None:
+        self._resyncs[fields["reason"]].inc()
+
+    def _evict(self, fields: dict[str, Any]) -> None:
+        self._evictions[fields["mode"]].inc()
+
+    def _snapshot(self, fields: dict[str, Any]) -> None:
+        self.gc_snapshots.inc()
+        self.gc_folded.inc(fields["entries"])
+
+    def _trim(self, fields: dict[str, Any]) -> None:
+        self.gc_trimmed.inc(fields["entries"])
+
+    # ------------------------------------------------------- direct calls
+
+    def appended(self, seconds: float) -> None:
+        """An update was acked ``seconds`` after its frame arrived."""
+        self._append_latency.observe(seconds)
+
+    def rejected(self, code: str) -> None:
+        """An error frame with ``code`` was sent."""
+        counter = self._rejected.get(code)
+        if counter is not None:
+            counter.inc()
+
+    def gc_pass(self, summary: "PassSummary", trigger: str = "loop") -> None:
+        self.gc_runs.labels(trigger).inc()
+        self.gc_seconds.labels(trigger).observe(summary.seconds)
+        self.gc_documents.inc(summary.documents)
+        self.gc_errors.inc(summary.errors)
+        self.gc_last.set(time.time())
+
+    # -------------------------------------------------------- scrape time
+
+    def watch(self, ctx: "ServerContext") -> None:
+        """Also report ``ctx``'s state (read at every scrape)."""
+        self.registry.register(_ServerState(ctx))
+
+    async def refresh(self, redis: "Redis") -> None:
+        """Read the counts that live in Redis (before rendering a scrape)."""
+        try:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.zcard(documents_key())
+                pipe.zcard(gc_due_key())
+                documents, due = await pipe.execute()
+        except Exception as exc:  # the scrape still shows everything else
+            log.debug("metrics: Redis counts not read: %s", exc)
+            self.redis_up.set(0)
+            return
+        self.documents.set(documents)
+        self.gc_due.set(due)
+        self.redis_up.set(1)
+
+    def render(self) -> bytes:
+        """The Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+class NullMetrics(Metrics):
+    """Metrics switched off (``YRELAY_METRICS=0``, for benchmarks): counts nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(process_metrics=False)
+
+    def emit(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> None:
+        pass
+
+    def appended(self, seconds: float) -> None:
+        pass
+
+    def rejected(self, code: str) -> None:
+        pass
+
+    def gc_pass(self, summary: "PassSummary", trigger: str = "loop") -> None:
+        pass
+
+    def watch(self, ctx: "ServerContext") -> None:
+        pass
+
+
+class _ServerState(Collector):
+    """Figures read from the server's state when scraped."""
+
+    def __init__(self, ctx: "ServerContext"):
+        self.ctx = ctx
+
+    def describe(self) -> list:
+        return []  # unchecked: collect() needs a running server
+
+    def collect(self) -> Iterator[Any]:
+        ctx = self.ctx
+        feeds = list(ctx.fanout.feeds.values())
+        subscriptions = [subscriber for feed in feeds for subscriber in feed.subscribers]
+        yield GaugeMetricFamily("yrelay_documents_active", "Documents with a subscriber on this process.",
+                                value=len(feeds))
+        yield GaugeMetricFamily("yrelay_subscriptions_open", "Subscriptions (connection x document) on this process.",
+                                value=len(subscriptions))
+        yield GaugeMetricFamily("yrelay_unacked_entries", "Entries sent to this process's subscribers, not acked yet.",
+                                value=sum(getattr(subscriber, "unacked", 0) for subscriber in subscriptions))
+        yield GaugeMetricFamily("yrelay_presence_members", "Presence members (connection x document) on this process.",
+                                value=sum(len(members) for members in ctx.presence.members.values()))
+        yield CounterMetricFamily("yrelay_presence_updates", "Presence (awareness) updates received from clients.",
+                                  value=ctx.presence.updates)
+        yield CounterMetricFamily("yrelay_presence_frames_relayed", "Awareness frames queued to local connections.",
+                                  value=ctx.presence.relayed)
+        yield CounterMetricFamily("yrelay_event_log_dropped_events", "Events the event log could not write.",
+                                  value=ctx.events.log.dropped)

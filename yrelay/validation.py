@@ -1,0 +1,62 @@
+"""The validator worker process: checks batches of Yjs updates with
+:func:`yrelay.crdt.validate_update`, off the server's event loop.
+
+y-py is a Rust extension that holds the GIL while it decodes, so a thread
+cannot bound an update that makes it spin or explode; a process can be
+killed. The server (:mod:`yrelay.app.validator`) talks to ``python -m
+yrelay.validation`` over its stdin/stdout:
+
+- request: ``u32 count``, then per update ``u32 length`` + bytes;
+- reply: per update ``u16 length`` + a UTF-8 reason, empty = valid.
+
+All integers are big-endian. The worker exits when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import BinaryIO
+
+from . import crdt
+
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+
+
+def encode_request(updates: list[bytes]) -> bytes:
+    return _U32.pack(len(updates)) + b"".join(_U32.pack(len(update)) + update for update in updates)
+
+
+def check(update: bytes) -> str:
+    """'' when ``update`` is valid, else why not (at most 200 characters)."""
+    try:
+        crdt.validate_update(update)
+    except crdt.InvalidUpdate as exc:
+        return str(exc)[:200] or "invalid update"
+    return ""
+
+
+def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
+    data = stream.read(size)
+    return data if data is not None and len(data) == size else None
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    while True:
+        header = _read_exact(stdin, 4)
+        if header is None:
+            return
+        reasons = []
+        for _ in range(_U32.unpack(header)[0]):
+            length = _read_exact(stdin, 4)
+            update = _read_exact(stdin, _U32.unpack(length)[0]) if length is not None else None
+            if update is None:
+                return
+            reasons.append(check(update).encode()[:400])
+        stdout.write(b"".join(_U16.pack(len(reason)) + reason for reason in reasons))
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.stdin.buffer, sys.stdout.buffer)
