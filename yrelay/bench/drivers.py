@@ -104,6 +104,14 @@ class Driver:
         if self.received >= self.expect:
             self.complete.set()
 
+    async def _wait_ready(self, what: str, timeout: float = 60.0) -> None:
+        assert self._ready is not None
+        try:
+            await asyncio.wait_for(self._ready, timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"{self.doc}: no {what} after {timeout:.0f} s (got {self.received} updates, "
+                               f"{self.errors} errors)") from None
+
     def _opened(self) -> None:
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(None)
@@ -119,7 +127,7 @@ class YrelayDriver(Driver):
         self.ws = await WsClient.connect(host, port, "/ws", self._on_message)
         self.ws.send_text(_dumps({"op": "hello", "protocol": protocol.PROTOCOL_VERSION}))
         self.ws.send_text(_dumps({"op": "subscribe", "doc": self.doc}))
-        await asyncio.wait_for(self._ready, 30)
+        await self._wait_ready("subscribed")
 
     def encode_update(self, clock: int, update: bytes) -> str:
         return _dumps({"op": "update", "doc": self.doc, "clock": clock, "update": base64.b64encode(update).decode()})
@@ -152,7 +160,7 @@ class YWebsocketDriver(Driver):
         self._ready = asyncio.get_running_loop().create_future()
         self.ws = await WsClient.connect(host, port, "/" + self.doc, self._on_message)
         self.ws.send_binary(sync_message(0, b"\x00"))  # step 1: we hold nothing
-        await asyncio.wait_for(self._ready, 30)
+        await self._wait_ready("sync step 2")
 
     def encode_update(self, clock: int, update: bytes) -> bytes:
         return sync_message(2, update)

@@ -26,9 +26,13 @@ class YrelayTarget(Target):
     protocol = YRELAY
     note = "durable acks (appendfsync always)"
 
-    def __init__(self, work_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, work_dir: Path, env: dict[str, str] | None = None, tree: str | None = None):
+        """``tree``: run the server from another checkout (PYTHONPATH), to
+        compare two builds in one run (``--targets yrelay,yrelay@../main``)."""
         super().__init__(work_dir)
-        self.env = env or {}
+        self.env = {**(env or {}), **({"PYTHONPATH": str(Path(tree).resolve())} if tree else {})}
+        if tree:
+            self.name = f"yrelay@{tree}"
         self.redis: RedisProcess | None = None
         self.server: ServerProcess | None = None
 
@@ -111,4 +115,7 @@ TARGETS: dict[str, type[Target]] = {
 
 
 def make_target(key: str, work_dir: Path) -> Target:
+    """``yrelay``, ``pycrdt``, ``node``, ``broadcast``, or ``yrelay@<checkout>``."""
+    if key.startswith("yrelay@"):
+        return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
     return TARGETS[key](work_dir)
