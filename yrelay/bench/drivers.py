@@ -140,7 +140,8 @@ class YrelayDriver(Driver):
             entries = frame["entries"]
             for entry in entries:
                 self._got(base64.b64decode(entry["update"]), now)
-            self.ws.send_text('{"op":"ack","doc":%s,"offset":"%s"}' % (_dumps(self.doc), entries[-1]["id"]))  # type: ignore[union-attr]
+            ack = '{"op":"ack","doc":%s,"offset":"%s"}' % (_dumps(self.doc), entries[-1]["id"])
+            self.ws.send_text(ack)  # type: ignore[union-attr]
         elif op == "appended":
             self.acked += 1
             self.last_ack = time.perf_counter()

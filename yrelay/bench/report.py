@@ -37,8 +37,9 @@ class Report:
                 out.extend(self._hot_goals(ladder))
             elif ladder.scenario == "many":
                 out.extend(self._many_goals(ladder))
-        if len(self.catchup) == 2:
-            stream, resync = self.catchup
+        ours = [c for c in self.catchup if c.server == "yrelay"]
+        if len(ours) == 2:
+            stream, resync = ours
             ratio = resync.seconds / stream.seconds
             out.append(("(c) catch-up >= 5x faster than a full state resync",
                         f"{stream.seconds:.2f} s vs {resync.seconds:.2f} s: {ratio:.1f}x; peak RSS growth "
@@ -96,9 +97,9 @@ class Report:
                 lines.append(f"Ceiling, {name} (same run, same redis-server config): {value:,.0f}/s")
                 lines.append("")
         if self.catchup:
-            lines += _table("catchup", ["path", "entries", "seconds", "frames", "server peak RSS growth (MB)",
-                                        "server RSS before (MB)", "note"],
-                            [[c.path, f"{c.entries:,}", f"{c.seconds:.2f}", f"{c.frames:,}",
+            lines += _table("catchup", ["server", "path", "entries", "seconds", "frames",
+                                        "server peak RSS growth (MB)", "server RSS before (MB)", "note"],
+                            [[c.server, c.path, f"{c.entries:,}", f"{c.seconds:.2f}", f"{c.frames:,}",
                               f"{c.peak_rss_growth / 2**20:.1f}", f"{c.server_rss_before / 2**20:.1f}", c.note]
                              for c in self.catchup])
         if self.idle:
@@ -135,7 +136,8 @@ class Report:
 
 def _ladder_markdown(ladder: LadderResult) -> list[str]:
     lines = ["| server | offered updates/s | acked updates/s | deliveries/s | p50 ms | p99 ms | max ms | "
-             "server CPU s per 1k updates | RSS per connection kB | Redis per doc kB | generator busy | kept up | note |",
+             "server CPU s per 1k updates | RSS per connection kB | Redis per doc kB | generator busy | kept up | "
+             "note |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in ladder.runs:
         cpu = " + ".join(f"{v / max(1, r.updates) * 1000:.2f}" for v in r.cpu.values())
@@ -150,8 +152,9 @@ def _ladder_markdown(ladder: LadderResult) -> list[str]:
 
 
 def _table(scenario: str, header: list[str], rows: list[list[str]]) -> list[str]:
-    """A markdown table: the first column left-aligned, the last (a note) too, numbers right."""
-    align = ["---", *["---:"] * (len(header) - 2), "---"]
+    """A markdown table: names and notes left-aligned, numbers right."""
+    text = {"server", "path", "note"}
+    align = ["---" if name in text else "---:" for name in header]
     return [f"### Scenario {scenario}", "", "| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |",
             *("| " + " | ".join(row) + " |" for row in rows), ""]
 

@@ -42,7 +42,7 @@ def run_bench(config: BenchConfig, command: str, progress: Progress = print, wor
                 report.ladders.append(scenarios.many(config.targets, config.many_rates, config.duration, work,
                                                      progress, docs=config.docs))
             elif scenario == "catchup":
-                report.catchup = scenarios.catchup(config.entries, work, progress)
+                report.catchup = scenarios.catchup(config.targets, config.entries, work, progress)
             elif scenario == "idle":
                 report.idle = scenarios.idle(config.targets, config.connections, work, progress)
             else:

@@ -126,6 +126,7 @@ def idle(targets: Iterable[str], connections: int, work_dir: Path, progress: Pro
 
 @dataclass
 class CatchupResult:
+    server: str
     path: str
     entries: int
     seconds: float
@@ -197,7 +198,7 @@ async def _catchup(target: YrelayTarget, entries: int, progress: Progress) -> li
     metrics.reset_peak(pid)
     peer = _Peer()
     await peer.open(target.host, target.port, session)
-    started = time.perf_counter()
+    started, client_cpu = time.perf_counter(), time.process_time()
     peer.send({"op": "subscribe", "doc": doc, "offset": held})
     await peer.expect("subscribed")
     received = frames = 0
@@ -209,9 +210,10 @@ async def _catchup(target: YrelayTarget, entries: int, progress: Progress) -> li
             base64.b64decode(entry["update"])
         peer.send({"op": "ack", "doc": doc, "offset": frame["entries"][-1]["id"]})
     seconds = time.perf_counter() - started
-    results.append(CatchupResult("catch-up from the stream (resume at the held offset)", received, seconds,
-                                 metrics.peak_rss(pid) - before, before, frames))
-    progress(f"catchup: stream catch-up {seconds:.2f} s")
+    note = f"the reading client's CPU: {time.process_time() - client_cpu:.2f} s"
+    results.append(CatchupResult(target.name, "catch-up from the stream (resume at the held offset)", received,
+                                 seconds, metrics.peak_rss(pid) - before, before, frames, note))
+    progress(f"catchup: {target.name}: stream catch-up {seconds:.2f} s")
     peer.ws.close()  # type: ignore[union-attr]
     await asyncio.sleep(1.0)
 
@@ -234,9 +236,9 @@ async def _catchup(target: YrelayTarget, entries: int, progress: Progress) -> li
         if frame["part"] == frame["parts"] - 1:
             break
     seconds = time.perf_counter() - started
-    results.append(CatchupResult("full state resync (sync with an empty state vector)", entries, seconds,
-                                 metrics.peak_rss(pid) - before, before, frames, f"{size:,} bytes of state"))
-    progress(f"catchup: full state resync {seconds:.2f} s")
+    results.append(CatchupResult(target.name, "full state resync (sync with an empty state vector)", entries,
+                                 seconds, metrics.peak_rss(pid) - before, before, frames, f"{size:,} bytes of state"))
+    progress(f"catchup: {target.name}: full state resync {seconds:.2f} s")
     peer.ws.close()  # type: ignore[union-attr]
     return results
 
@@ -251,15 +253,22 @@ async def _last_id(redis_url: str, doc: str) -> str:
         await redis.aclose()
 
 
-def catchup(entries: int, work_dir: Path, progress: Progress) -> list[CatchupResult]:
-    """yrelay only (the references keep no stream to catch up from); GC is
-    off so no pass folds the stream while it is measured."""
-    target = YrelayTarget(work_dir, env={"YRELAY_GC_INTERVAL": "0"})
-    target.start()
-    try:
-        return asyncio.run(_catchup(target, entries, progress))
-    finally:
-        target.stop()
+def catchup(targets: Iterable[str], entries: int, work_dir: Path, progress: Progress) -> list[CatchupResult]:
+    """yrelay builds only (the references keep no stream to catch up from);
+    GC is off so no pass folds the stream while it is measured."""
+    results = []
+    for key in targets:
+        if not key.startswith("yrelay"):
+            continue
+        target = make_target(key, work_dir)
+        assert isinstance(target, YrelayTarget)
+        target.env["YRELAY_GC_INTERVAL"] = "0"
+        target.start()
+        try:
+            results.extend(asyncio.run(_catchup(target, entries, progress)))
+        finally:
+            target.stop()
+    return results
 
 
 __all__ = ["CatchupResult", "IdleResult", "LadderResult", "Target", "catchup", "hot", "idle", "ladder", "many"]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from ...redis_server import free_port
+from ...redis_server import _die_with_parent, free_port
 from ...testing.processes import terminate
 
 
@@ -47,14 +48,10 @@ class Target:
         return None
 
     def _spawn(self, command: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
-        import os
-
-        from ...redis_server import _die_with_parent
-
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = (self.work_dir / f"{self.name.split()[0]}-{self.port}.log").open("ab")
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                        preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
         wait_for_port(self.host, self.port, timeout, self.process)
 
 
