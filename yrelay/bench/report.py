@@ -93,6 +93,10 @@ class Report:
         lines = [f"Machine: {self.machine or machine()}", "", "    " + self.command, ""]
         for ladder in self.ladders:
             lines += [f"### Scenario {ladder.scenario}", "", *_ladder_markdown(ladder), ""]
+            for target, ceiling in generator_ceilings(ladder).items():
+                lines.append(f"Generator ceiling against {target}: ~{ceiling:,.0f} deliveries/s (median over the "
+                             "steps of deliveries/s divided by the busiest generator process's CPU share).")
+            lines.append("")
             for name, value in ladder.ceilings.items():
                 lines.append(f"Ceiling, {name} (same run, same redis-server config): {value:,.0f}/s")
                 lines.append("")
@@ -132,6 +136,18 @@ class Report:
             "idle": [dict(i.__dict__, per_connection=i.per_connection) for i in self.idle],
             "goals": [{"goal": g, "measured": m, "held": h} for g, m, h in self.goals()],
         }
+
+
+def generator_ceilings(ladder: LadderResult) -> dict[str, float]:
+    """Per target, what the generator could absorb at 100% of its busiest
+    process: its own ceiling (each protocol costs the generator differently)."""
+    out: dict[str, float] = {}
+    for target in dict.fromkeys(run.target for run in ladder.runs):
+        estimates = sorted(run.deliveries_per_s / run.generator_busy for run in ladder.runs
+                           if run.target == target and run.generator_busy > 0.02)
+        if estimates:
+            out[target] = estimates[len(estimates) // 2]
+    return out
 
 
 def _ladder_markdown(ladder: LadderResult) -> list[str]:

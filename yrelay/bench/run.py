@@ -20,8 +20,8 @@ class BenchConfig:
     scenarios: tuple[str, ...] = SCENARIOS
     targets: tuple[str, ...] = ALL_TARGETS
     #: Offered updates per second, ascending, per scenario.
-    hot_rates: list[float] = field(default_factory=lambda: [250, 500, 1000, 2000, 4000, 8000])
-    many_rates: list[float] = field(default_factory=lambda: [1000, 2000, 4000, 8000, 16000])
+    hot_rates: list[float] = field(default_factory=lambda: [100, 250, 500, 1000, 2000, 4000, 8000, 16000])
+    many_rates: list[float] = field(default_factory=lambda: [500, 1000, 2000, 4000, 8000, 16000])
     duration: float = 5.0
     readers: int = 50
     writers: int = 2
