@@ -244,7 +244,8 @@ def chaos(
 def bench(
     scenario: list[str] = typer.Argument(None, help="hot, many, catchup, idle (default: all four)."),
     targets: str = typer.Option("yrelay,pycrdt,node,broadcast", help="Servers to run side by side."),
-    hot_rates: str = typer.Option("100,250,500,1000,2000,4000,8000,16000", help="Offered updates/s of scenario hot, ascending."),
+    hot_rates: str = typer.Option("100,250,500,1000,2000,4000,8000,16000",
+                                  help="Offered updates/s of scenario hot, ascending."),
     many_rates: str = typer.Option("500,1000,2000,4000,8000,16000", help="Offered updates/s of scenario many."),
     duration: float = typer.Option(5.0, min=0.5, help="Seconds of sending per step."),
     readers: int = typer.Option(50, min=1, help="Readers of the hot document."),
