@@ -115,7 +115,13 @@ TARGETS: dict[str, type[Target]] = {
 
 
 def make_target(key: str, work_dir: Path) -> Target:
-    """``yrelay``, ``pycrdt``, ``node``, ``broadcast``, or ``yrelay@<checkout>``."""
+    """``yrelay``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
+    ``yrelay+<SETTING>=<value>``."""
     if key.startswith("yrelay@"):
         return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
+    if key.startswith("yrelay+"):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0)
+        name, value = key[len("yrelay+"):].split("=", 1)
+        target = YrelayTarget(work_dir, env={name: value})
+        target.name = f"yrelay ({name}={value})"
+        return target
     return TARGETS[key](work_dir)
