@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 
 WEB_BUILT := yrelay/app/static/demo.js
 
-.PHONY: install serve test browser web lint clean
+.PHONY: install serve test browser web lint clean bench
 
 install: $(VENV)/.installed web
 
@@ -38,5 +38,14 @@ browser:
 	@command -v chromium >/dev/null || (apt-get install -y -q chromium >/dev/null 2>&1 || \
 		(apt-get update -q && apt-get install -y -q chromium))
 
+# Benchmarks side by side (BENCHMARKS.md): the bench extra (pycrdt-websocket,
+# orjson, py-spy) and the y-websocket 1.5.4 Node server from bench/node's lockfile.
+bench: install bench/node/node_modules/.package-lock.json
+	$(PY) -m pip install -q -e '.[bench]'
+	$(VENV)/bin/yrelay bench $(ARGS)
+
+bench/node/node_modules/.package-lock.json: bench/node/package-lock.json
+	cd bench/node && npm ci --omit=optional --no-audit --no-fund --loglevel=error
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis data web/node_modules yrelay/app/static
+	rm -rf $(VENV) .pytest_cache .hypothesis data web/node_modules bench/node/node_modules yrelay/app/static

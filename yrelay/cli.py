@@ -249,6 +249,44 @@ def chaos(
         raise typer.Exit(1)
 
 
+@cli.command()
+def bench(
+    scenario: list[str] = typer.Argument(None, help="hot, many, catchup, idle (default: all four)."),
+    targets: str = typer.Option("yrelay,pycrdt,node,broadcast", help="Servers to run side by side."),
+    hot_rates: str = typer.Option("100,250,500,1000,2000,4000,8000,16000",
+                                  help="Offered updates/s of scenario hot, ascending."),
+    many_rates: str = typer.Option("500,1000,2000,4000,8000,16000", help="Offered updates/s of scenario many."),
+    duration: float = typer.Option(5.0, min=0.5, help="Seconds of sending per step."),
+    readers: int = typer.Option(50, min=1, help="Readers of the hot document."),
+    docs: int = typer.Option(1000, min=1, help="Documents of scenario many (2 clients each)."),
+    entries: int = typer.Option(100_000, min=10, help="Entries a reconnecting client is behind (catchup)."),
+    connections: int = typer.Option(10_000, min=1, help="Idle connections (idle)."),
+    markdown: Optional[Path] = typer.Option(None, help="Also write the tables as markdown here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write every figure as JSON here."),
+) -> None:
+    """Benchmark yrelay against pycrdt-websocket, the y-websocket Node server,
+    a bare uvicorn broadcast server and pipelined XADD (BENCHMARKS.md)."""
+    import json
+    import sys
+
+    from .bench import SCENARIOS, BenchConfig, run_bench
+
+    chosen = tuple(scenario or SCENARIOS)
+    unknown = set(chosen) - set(SCENARIOS)
+    if unknown:
+        raise typer.BadParameter(f"unknown: {', '.join(sorted(unknown))}", param_hint="SCENARIO")
+    config = BenchConfig(scenarios=chosen, targets=tuple(t for t in targets.split(",") if t),
+                         hot_rates=[float(r) for r in hot_rates.split(",")],
+                         many_rates=[float(r) for r in many_rates.split(",")], duration=duration, readers=readers,
+                         docs=docs, entries=entries, connections=connections)
+    report = run_bench(config, "yrelay bench " + " ".join(sys.argv[2:]), progress=typer.echo)
+    report.print()
+    if markdown is not None:
+        markdown.write_text(report.markdown() + "\n")
+    if json_out is not None:
+        json_out.write_text(json.dumps(report.as_dict(), indent=1, default=str))
+
+
 if __name__ == "__main__":
     cli()
 

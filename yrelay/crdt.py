@@ -241,3 +241,12 @@ def delete_text(doc: Doc, index: int, length: int, name: str = "text") -> None:
     text = doc.get_text(name)
     with doc.begin_transaction() as txn:
         text.delete_range(txn, index, length)
+
+
+def replace_text(doc: Doc, index: int, length: int, chunk: str, name: str = "text") -> None:
+    """Delete ``length`` characters at ``index`` and insert ``chunk`` there, in
+    one transaction (one update carrying both)."""
+    text = doc.get_text(name)
+    with doc.begin_transaction() as txn:
+        text.delete_range(txn, index, length)
+        text.insert(txn, index, chunk)

@@ -139,11 +139,11 @@ class Connection:
                 self.ctx.events.emit("disconnect", session=self.session, docs=len(self.subscriptions),
                                      duration_ms=int((time.monotonic() - opened) * 1000))
 
-    async def send(self, frame: dict[str, Any]) -> None:
-        text = protocol.encode(frame)
+    async def send(self, frame: dict[str, Any] | str) -> None:
+        text = frame if isinstance(frame, str) else protocol.encode(frame)  # str: encoded once for many
         async with self._send_lock:
             await self.websocket.send_text(text)
-        if frame["op"] == "error":
+        if not isinstance(frame, str) and frame["op"] == "error":  # shared text frames are deliveries
             self.ctx.metrics.rejected(frame["code"])
 
     async def _handle_message(self, message: dict[str, Any]) -> None:
@@ -299,10 +299,10 @@ class Connection:
         """The subscription's send, which greets the connection's presence
         on ``doc`` once the subscribe is answered (the states of the others
         follow `subscribed` or `resync_required`, never precede it)."""
-        async def send(frame: dict[str, Any]) -> None:
+        async def send(frame: dict[str, Any] | str) -> None:
             await self.send(frame)
             member = self.presence.get(doc)
-            if member is not None and not member.listening and frame["op"] in _ANSWERS:
+            if member is not None and not member.listening and isinstance(frame, dict) and frame["op"] in _ANSWERS:
                 self._spawn(self.ctx.presence.greet(member))
         return send
 

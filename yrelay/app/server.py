@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from ..auth import Authenticator
@@ -18,6 +19,23 @@ from .context import ServerContext
 from .ops import router as ops_router
 from .scrape import router as scrape_router
 from .web import mount_web_client
+
+#: The one websocket endpoint.
+WEBSOCKET_PATH = "/ws"
+
+
+class _YrelayApp(FastAPI):
+    """FastAPI, with the websocket endpoint ``/ws`` served straight from the
+    ASGI call: its connections skip the middleware stack and routing, which
+    held ~11 kB per open connection (exit stacks and suspended coroutines of
+    each layer) and wrapped every send (BENCHMARKS.md, scenario idle)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] == WEBSOCKET_PATH:
+            scope["app"] = self
+            await Connection(WebSocket(scope, receive, send), self.state.ctx).run()
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings, redis_url: str, authenticator: Authenticator | None = None) -> FastAPI:
@@ -34,14 +52,10 @@ def create_app(settings: Settings, redis_url: str, authenticator: Authenticator 
         finally:
             await app.state.ctx.close()
 
-    app = FastAPI(title="yrelay", version=__version__, lifespan=lifespan)
+    app = _YrelayApp(title="yrelay", version=__version__, lifespan=lifespan)
     app.include_router(ops_router)
     app.include_router(scrape_router)
     mount_web_client(app)
-
-    @app.websocket("/ws")
-    async def websocket_endpoint(websocket: WebSocket) -> None:
-        await Connection(websocket, websocket.app.state.ctx).run()
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_BATCHES = 64
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+#: Sends a frame, or a frame already encoded (a deliver shared by many subscribers).
+Send = Callable[[dict[str, Any] | str], Awaitable[None]]
 
 
 class PendingBatches:
@@ -323,7 +324,7 @@ class Subscription:
             if batch.after > self.cursor:  # a gap before this batch: read it first
                 self._pending.appendleft(batch)
                 return await self._send_page(until=batch.after)
-            await self._send_entries([entry for entry in batch.entries if entry.id > self.cursor])
+            await self._send_entries([entry for entry in batch.entries if entry.id > self.cursor], batch.frames)
             return True
         target = self.ctx.fanout.cursor(self.doc)
         if target is not None and self.cursor < target:
@@ -347,14 +348,14 @@ class Subscription:
             self._counted = len(self._sent)
             self._budget.adjust(delta)
 
-    async def _send_entries(self, entries: list[Entry]) -> None:
+    async def _send_entries(self, entries: list[Entry], shared: dict[tuple[object, ...], str] | None = None) -> None:
         if not entries:
             return
         visible = [entry for entry in entries
                    if entry.session != self.session or entry.id <= self._own_visible_through]
         if visible:
             for frame in _frames(visible, self.ctx.settings.max_page_bytes):
-                await self._send(protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in frame]))
+                await self._send(self._deliver_frame(frame, len(visible) < len(entries), shared))
             self.ctx.events.emit("deliver", self.doc, self.session, first=str(visible[0].id), last=str(visible[-1].id),
                                  entries=len(visible), bytes=sum(len(entry.update) for entry in visible),
                                  head=str(max(self._head(), entries[-1].id)))
@@ -365,6 +366,20 @@ class Subscription:
         self.cursor = entries[-1].id
         if not self._sent:
             self._hold_through(self.cursor)  # only its own entries: nothing to ack
+
+    def _deliver_frame(self, visible: list[Entry], filtered: bool,
+                       shared: dict[tuple[object, ...], str] | None) -> dict[str, Any] | str:
+        """The deliver frame of ``visible``; from a fan-out batch it is encoded
+        once and shared by every subscriber sending the same entries of it
+        (named by the first, the count, and whose own entries were left out)."""
+        if shared is None:
+            return protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible])
+        key = (visible[0].id, len(visible), *((self.session, self._own_visible_through) if filtered else ()))
+        text = shared.get(key)
+        if text is None:
+            text = shared[key] = protocol.encode(
+                protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible]))
+        return text
 
     # ------------------------------------------------------ resend and sync
 

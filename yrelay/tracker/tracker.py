@@ -117,12 +117,20 @@ class AckWriter:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for (doc, session), offset in batch.items():
-                pipe.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True)
-                pipe.zscore(tracker_key(doc), session)
-            results = await pipe.execute()
+                pipe.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True, ch=True)
+            moved = await pipe.execute()
         if self.on_evicted is None:
             return
-        for (doc, session), score in zip(batch, results[1::2]):
+        # An ack that moved nothing: an old ack, or the session was evicted. Look
+        # only at those (one command per ack in the usual case, not two).
+        unmoved = [key for key, changed in zip(batch, moved) if not changed]
+        if not unmoved:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for doc, session in unmoved:
+                pipe.zscore(tracker_key(doc), session)
+            scores = await pipe.execute()
+        for (doc, session), score in zip(unmoved, scores):
             if score is None:
                 self.on_evicted(doc, session)
 

@@ -1,0 +1,127 @@
+"""The four servers under test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ...redis_server import RedisProcess
+from ...testing.processes import ServerProcess
+from ..drivers import Y_WEBSOCKET, YRELAY
+from .base import Target
+
+#: Where bench/node (package.json, npm ci) lives in a checkout.
+NODE_DIR = Path(os.environ.get("YRELAY_BENCH_NODE_DIR", Path(__file__).resolve().parents[3] / "bench" / "node"))
+
+IN_MEMORY = "in memory, at most once"
+
+
+class YrelayTarget(Target):
+    """``yrelay serve`` (defaults: event log and GC on) on a fresh redis-server
+    with appendonly yes, appendfsync always: every ack is durable."""
+
+    name = "yrelay"
+    protocol = YRELAY
+    note = "durable acks (appendfsync always)"
+
+    def __init__(self, work_dir: Path, env: dict[str, str] | None = None, tree: str | None = None):
+        """``tree``: run the server from another checkout (PYTHONPATH), to
+        compare two builds in one run (``--targets yrelay,yrelay@../main``)."""
+        super().__init__(work_dir)
+        self.env = {**(env or {}), **({"PYTHONPATH": str(Path(tree).resolve())} if tree else {})}
+        if tree:
+            self.name = f"yrelay@{tree}"
+        self.redis: RedisProcess | None = None
+        self.server: ServerProcess | None = None
+
+    def start(self) -> "YrelayTarget":
+        self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync="always").start()
+        self.server = ServerProcess(self.redis.url, self.work_dir, port=self.port,
+                                    env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"), **self.env})
+        self.server.start(timeout=60)
+        self.process = self.server.process
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        if self.redis is not None:
+            self.redis.stop()
+        self.process = None
+
+    def pids(self) -> dict[str, int]:
+        assert self.server is not None and self.server.process and self.redis is not None and self.redis.process
+        return {"server": self.server.process.pid, "redis": self.redis.process.pid}
+
+    @property
+    def redis_url(self) -> str | None:
+        return self.redis.url if self.redis else None
+
+
+class PycrdtTarget(Target):
+    """pycrdt-websocket (PyPI) under uvicorn + uvloop: rooms in memory.
+
+    Seen with 0.16.5: concurrent first connections to one room can split it,
+    and a server whose earlier rooms were cleaned up may stop delivering; so
+    it is started fresh for every run and connections open one at a time."""
+
+    name = "pycrdt-websocket"
+    protocol = Y_WEBSOCKET
+    note = IN_MEMORY + "; fresh per run, connections one at a time"
+    parallel_connects = 1
+
+    def start(self) -> "PycrdtTarget":
+        self._spawn([sys.executable, "-m", "yrelay.bench.targets.pycrdt_server", "--port", str(self.port)])
+        return self
+
+
+class NodeYWebsocketTarget(Target):
+    """The reference server of y-websocket 1.5.4 (bin/server.js) on Node."""
+
+    name = "y-websocket 1.5.4 (Node)"
+    protocol = Y_WEBSOCKET
+    note = IN_MEMORY
+
+    def start(self) -> "NodeYWebsocketTarget":
+        script = NODE_DIR / "node_modules" / "y-websocket" / "bin" / "server.js"
+        node = shutil.which("node")
+        if node is None or not script.is_file():
+            raise RuntimeError(f"needs node and `npm ci` in {NODE_DIR}")
+        self._spawn([node, str(script)], env={"HOST": self.host, "PORT": str(self.port)})
+        return self
+
+
+class BroadcastTarget(Target):
+    """A bare uvicorn websocket app that relays every message to its room:
+    what the Python web stack costs, with nothing stored or decoded."""
+
+    name = "bare uvicorn broadcast"
+    protocol = Y_WEBSOCKET
+    note = "relays bytes, keeps nothing (ceiling of the web stack)"
+
+    def start(self) -> "BroadcastTarget":
+        self._spawn([sys.executable, "-m", "yrelay.bench.targets.broadcast", "--port", str(self.port)])
+        return self
+
+
+TARGETS: dict[str, type[Target]] = {
+    "yrelay": YrelayTarget,
+    "pycrdt": PycrdtTarget,
+    "node": NodeYWebsocketTarget,
+    "broadcast": BroadcastTarget,
+}
+
+
+def make_target(key: str, work_dir: Path) -> Target:
+    """``yrelay``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
+    ``yrelay+<SETTING>=<value>``."""
+    if key.startswith("yrelay@"):
+        return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
+    if key.startswith("yrelay+"):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0)
+        name, value = key[len("yrelay+"):].split("=", 1)
+        target = YrelayTarget(work_dir, env={name: value})
+        target.name = f"yrelay ({name}={value})"
+        return target
+    return TARGETS[key](work_dir)
