@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.commands.core import AsyncScript as Script
 
 from ..auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
@@ -30,6 +30,9 @@ from .sessions import SessionRegistry
 from .validator import Validator
 
 log = logging.getLogger(__name__)
+
+#: Redis connections of a server process's main pool (more callers wait).
+REDIS_POOL_SIZE = 64
 
 
 @dataclass
@@ -59,7 +62,11 @@ class ServerContext:
                    authenticator: Authenticator | None = None) -> "ServerContext":
         authenticator = authenticator or authenticator_for(settings)  # refuse to start unconfigured
         announce_auth(settings, authenticator)
-        redis = Redis.from_url(redis_url, socket_timeout=10, health_check_interval=30)
+        # A burst of connections needs more Redis calls at once than redis-py's
+        # default pool (100 in redis-py 8) allows; wait for a connection
+        # rather than fail the frame with "Too many connections".
+        redis = Redis.from_pool(BlockingConnectionPool.from_url(
+            redis_url, max_connections=REDIS_POOL_SIZE, timeout=10, socket_timeout=10, health_check_interval=30))
         reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
         store = DocumentStore(redis)
         await store.load_scripts()

@@ -70,6 +70,7 @@ class Driver:
         self.acked = 0
         self.last_ack = 0.0
         self.errors = 0
+        self.last_error = ""
         self.ws: WsClient | None = None
         self._ready: asyncio.Future[None] | None = None
         self.complete = asyncio.Event()
@@ -110,7 +111,7 @@ class Driver:
             await asyncio.wait_for(self._ready, timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(f"{self.doc}: no {what} after {timeout:.0f} s (got {self.received} updates, "
-                               f"{self.errors} errors)") from None
+                               f"{self.errors} errors, the last: {self.last_error or 'none'})") from None
 
     def _opened(self) -> None:
         if self._ready is not None and not self._ready.done():
@@ -149,6 +150,7 @@ class YrelayDriver(Driver):
             self._opened()
         elif op == "error":
             self.errors += 1
+            self.last_error = f"{frame.get('code')}: {frame.get('message')}"
 
 
 class YWebsocketDriver(Driver):

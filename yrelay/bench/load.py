@@ -149,6 +149,9 @@ class Generator:
     def connect(self, timeout: float = 600.0) -> None:
         """Worker by worker (each opens its connections ``parallel`` at a time)."""
         for pipe in self.pipes:
+            self._expect(pipe, "prepared", timeout)
+        for pipe in self.pipes:
+            pipe.send(("connect", None))
             self._expect(pipe, "ready", timeout)
 
     def go(self, lead: float = 0.3) -> list[WorkerResult]:
@@ -197,6 +200,15 @@ def run(target: Target, shape: Shape, drain: float = 10.0) -> RunResult:
     finally:
         generator.close()
     return summarize(target, shape, generator.start, results, cpu, server_rss, rss_before, redis_after - redis_before)
+
+
+def failed_run(target: Target, shape: Shape, reason: str) -> RunResult:
+    """The row of a step the server failed (a connection refused or never answered)."""
+    nan = float("nan")
+    return RunResult(target=target.name, shape=shape.name, rate=shape.rate, connections=shape.connections,
+                     updates=0, acked=None, acked_per_s=None, expected_deliveries=shape.expected_deliveries,
+                     deliveries=0, deliveries_per_s=0.0, offered_deliveries_per_s=shape.rate, p50_ms=nan,
+                     p99_ms=nan, max_ms=nan, complete=False, note=f"FAILED: {reason[:200]}; {target.note}")
 
 
 def summarize(target: Target, shape: Shape, start: float, results: list[WorkerResult],

@@ -51,6 +51,8 @@ def ladder(scenario: str, targets: Iterable[str], rates: list[float], shape: Cal
             target.start()
             try:
                 run = load.run(target, shape(rate), drain)
+            except (RuntimeError, TimeoutError) as exc:  # the server failed the load: a row that says so
+                run = load.failed_run(target, shape(rate), str(exc))
             finally:
                 target.stop()
             result.runs.append(run)
@@ -106,16 +108,19 @@ def idle(targets: Iterable[str], connections: int, work_dir: Path, progress: Pro
             before = metrics.rss(pid)
             started = time.perf_counter()
             generator = load.Generator(target, load.idle_connections(connections, docs), drain=0)
+            note = target.note
             try:
                 generator.connect()
-                connect_seconds = time.perf_counter() - started
                 time.sleep(1.0)
-                after = metrics.rss(pid)
+            except (RuntimeError, TimeoutError) as exc:
+                note = f"FAILED to open every connection: {str(exc)[:200]}; {note}"
             finally:
+                connect_seconds = time.perf_counter() - started
+                after = metrics.rss(pid)
                 generator.close()
         finally:
             target.stop()
-        result = IdleResult(target.name, connections, before, after, connect_seconds, target.note)
+        result = IdleResult(target.name, connections, before, after, connect_seconds, note)
         progress(f"idle: {result.target}: {result.per_connection / 1024:,.1f} kB per connection")
         results.append(result)
     return results

@@ -2,8 +2,9 @@
 what its readers received. The parent (:mod:`yrelay.bench.load`) starts
 several, so the generator is never one busy Python process.
 
-Talks to the parent over a pipe: ``ready`` once every connection is open
-(opened ``parallel`` at a time), then ``go`` with a start time on the shared
+Talks to the parent over a pipe: ``prepared`` once its edits are made;
+``connect`` (one worker at a time), answered ``ready`` once every connection
+is open (opened ``parallel`` at a time); then ``go`` with a start time on the shared
 monotonic clock (``time.perf_counter`` is CLOCK_MONOTONIC on Linux, the same
 in every process), then ``done`` with the results, then ``close``.
 """
@@ -170,16 +171,18 @@ def main(pipe: Connection, spec: WorkerSpec) -> None:
 async def _serve(pipe: Connection, spec: WorkerSpec) -> None:
     loop = asyncio.get_running_loop()
     worker = Worker(spec)
-    try:
-        worker.prepare()
-        await worker.connect()
-    except Exception as exc:  # noqa: BLE001 - reported to the parent
-        pipe.send(("failed", repr(exc)))
-        return
-    pipe.send(("ready", None))
+    worker.prepare()
+    pipe.send(("prepared", None))
     while True:
         command, argument = await loop.run_in_executor(None, pipe.recv)
-        if command == "go":
+        if command == "connect":
+            try:
+                await worker.connect()
+            except Exception as exc:  # noqa: BLE001 - reported to the parent
+                pipe.send(("failed", repr(exc)))
+                return
+            pipe.send(("ready", None))
+        elif command == "go":
             pipe.send(("done", await worker.run(argument)))
         elif command == "close":
             worker.close()
