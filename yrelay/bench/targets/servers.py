@@ -18,6 +18,13 @@ NODE_DIR = Path(os.environ.get("YRELAY_BENCH_NODE_DIR", Path(__file__).resolve()
 IN_MEMORY = "in memory, at most once"
 
 
+#: The generator is one address sending far past any person's rate, so the
+#: per-client limits (docs/operations.md#limits, tested in test_limits.py)
+#: would measure themselves; they are off (0) unless a target sets them.
+PER_CLIENT_LIMITS_OFF = {"YRELAY_UPDATES_PER_SECOND": "0", "YRELAY_ADMISSION_RATE": "0",
+                         "YRELAY_MAX_CONNECTIONS_PER_ADDRESS": "0"}
+
+
 class YrelayTarget(Target):
     """``yrelay serve`` (defaults: event log and GC on) on a fresh redis-server
     with appendonly yes, appendfsync always: every ack is durable."""
@@ -39,7 +46,8 @@ class YrelayTarget(Target):
     def start(self) -> "YrelayTarget":
         self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync="always").start()
         self.server = ServerProcess(self.redis.url, self.work_dir, port=self.port,
-                                    env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"), **self.env})
+                                    env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"),
+                                         **PER_CLIENT_LIMITS_OFF, **self.env})
         self.server.start(timeout=60)
         self.process = self.server.process
         return self
