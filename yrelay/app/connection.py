@@ -113,8 +113,7 @@ class Connection:
         await self.websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         self._subprotocol_token = _token_in(offered)
         opened = time.monotonic()
-        resend_timer = asyncio.create_task(self._resend_timer())
-        token_watch = asyncio.create_task(self._watch_token())
+        timer = asyncio.create_task(self._timer())
         try:
             while True:
                 message = await self.websocket.receive()
@@ -125,8 +124,7 @@ class Connection:
             pass
         finally:
             self.state = ConnectionState.CLOSED
-            resend_timer.cancel()
-            token_watch.cancel()
+            timer.cancel()
             for task in list(self._tasks):
                 task.cancel()
             # Unsubscribe locally only: the session stays tracked, so a quick
@@ -243,17 +241,16 @@ class Connection:
         with contextlib.suppress(Exception):
             await self.websocket.close(code=CLOSE_UNAUTHORIZED, reason=reason[:120])
 
-    async def _watch_token(self) -> None:
-        """Cut the connection off when its token expires or is revoked."""
-        while True:
-            await asyncio.sleep(self.ctx.settings.revocation_refresh)
-            principal = self.principal
-            if principal is None or self.state is not ConnectionState.OPEN:
-                continue
-            if principal.expires_at is not None and time.time() > principal.expires_at:
-                await self._cut_off("the token has expired")
-            elif self.ctx.revocations.is_revoked(principal.token_id):
-                await self._cut_off("the token was revoked")
+    async def _check_token(self) -> None:
+        """Cut the connection off when its token expired or was revoked (the
+        revoked list itself is refreshed every ``revocation_refresh``)."""
+        principal = self.principal
+        if principal is None or self.state is not ConnectionState.OPEN:
+            return
+        if principal.expires_at is not None and time.time() > principal.expires_at:
+            await self._cut_off("the token has expired")
+        elif self.ctx.revocations.is_revoked(principal.token_id):
+            await self._cut_off("the token was revoked")
 
     async def _subscribe(self, frame: Subscribe) -> None:
         assert self.session is not None and self.principal is not None
@@ -412,11 +409,14 @@ class Connection:
         except Exception:  # the socket is gone; the client resends unacked updates
             pass
 
-    async def _resend_timer(self) -> None:
+    async def _timer(self) -> None:
+        """The connection's one periodic task (a task per connection costs
+        memory): resends of quiet documents, and the token's expiry and revocation."""
         while True:
             await asyncio.sleep(self.ctx.settings.resend_check_interval)
             for subscription in list(self.subscriptions.values()):
                 subscription.check_resend()
+            await self._check_token()
 
 
 def _claimed(frame: Subscribe) -> WindowDigest | None:

@@ -132,7 +132,7 @@ class RevokeRequest(BaseModel):
 @router.post("/tokens/revoke", status_code=status.HTTP_204_NO_CONTENT)
 async def revoke_token(body: RevokeRequest, request: Request) -> Response:
     """Revoke a client token on every server process: its connections are
-    closed with code 4401 within ``revocation_refresh`` seconds, and it is
+    closed with code 4401 within ``revocation_refresh`` + ``resend_check_interval`` seconds, and it is
     refused from then on."""
     await _ctx(request).revocations.revoke(body.jti, body.expires_at)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
