@@ -491,3 +491,14 @@ async def websockets_connect(url: str):
     import websockets
 
     return await websockets.connect(url, max_size=None)
+
+
+async def test_a_client_at_the_largest_clock_is_still_removed_when_it_leaves(server_url):
+    """Found by the awareness flood fuzz: clock 2^53 - 1 made the removal
+    (clock + 1) unencodable, and the leave raised out of the connection."""
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, MAX_UINT, state("alice")))
+    await changes(bob)
+    await alice.close()
+    frame = await bob.recv()
+    assert received(frame) == [AwarenessEntry(11, MAX_UINT, "null")]

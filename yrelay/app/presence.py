@@ -108,7 +108,7 @@ class Member:
         return len(live)
 
     def removals(self) -> list[AwarenessEntry]:
-        return [AwarenessEntry(client, clock + 1, "null") for client, clock in self.clocks.items()]
+        return [AwarenessEntry(client, clock, "null").removal() for client, clock in self.clocks.items()]
 
     def stop(self) -> None:
         self.listening = False
