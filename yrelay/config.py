@@ -181,6 +181,9 @@ class Settings:
             "updates_per_second": self.updates_per_second,
             "update_burst": self.update_burst,
             "max_connections_per_address": self.max_connections_per_address,
+            "subject_updates_per_second": self.subject_updates_per_second,
+            "max_subscriptions_per_subject": self.max_subscriptions_per_subject,
+            "presence_per_second": self.presence_per_second,
         }
 
     def uvicorn_options(self) -> dict[str, object]:
