@@ -408,3 +408,14 @@ async def test_a_subject_bucket_is_taken_from_redis_in_chunks(redis_url):
     assert any(wait is not None and wait > 0 for wait in refused)
     assert quotas.bucket_calls <= 20, quotas.bucket_calls  # a refused take does not ask Redis again and again
     await redis.aclose()
+
+
+async def test_without_auth_the_subject_is_the_client_address(redis_url):
+    """Development servers have no subjects: fresh sessions from one address
+    share the per-subject limits instead of getting a fresh allowance each."""
+    async with running_server(redis_url, max_subscriptions_per_subject=2) as url:
+        first, second = await RawPeer.connect(url), await RawPeer.connect(url)
+        assert first.session != second.session
+        assert (await subscribed(first, "a"))["op"] == "subscribed"
+        assert (await subscribed(second, "b"))["op"] == "subscribed"
+        assert (await subscribed(second, "c"))["code"] == "too_many_subscriptions"

@@ -502,3 +502,30 @@ async def test_a_client_at_the_largest_clock_is_still_removed_when_it_leaves(ser
     await alice.close()
     frame = await bob.recv()
     assert received(frame) == [AwarenessEntry(11, MAX_UINT, "null")]
+
+
+async def test_presence_rate_per_subject_across_sockets_and_processes(redis_url):
+    from test_auth import AUTH
+    from test_limits import hello_as, subscribed
+
+    limits = {**AUTH, "subject_presence_per_second": 1, "subject_presence_burst": 4}
+    async with running_server(redis_url, **limits) as one, running_server(redis_url, **limits) as two:
+        peers = [await hello_as(url, "alice", "read") for url in (one, two)]
+        watcher = await hello_as(one, "bob", "read")
+        for peer in (*peers, watcher):
+            assert (await subscribed(peer, DOC))["op"] == "subscribed"
+            peer.clocks = {}  # type: ignore[attr-defined]
+        errors = []
+        for index, peer in enumerate(peers):  # 2 sockets x 4 updates, one user
+            for clock in range(1, 5):
+                await announce(peer, AwarenessEntry(10 + index, clock, state("alice")))
+            await peer.send({"op": "ping"})
+            while (frame := await peer.recv())["op"] != "pong":
+                if frame["op"] == "error":
+                    errors.append(frame)
+        assert 3 <= len(errors) <= 4, errors  # the burst of 4, and what refilled meanwhile
+        assert all(e["code"] == "rate_limited" and "for this user" in e["message"] for e in errors), errors
+        await announce(watcher, AwarenessEntry(99, 1, state("bob")))  # another user is not held back
+        await watcher.send({"op": "ping"})
+        while (frame := await watcher.recv())["op"] != "pong":
+            assert frame["op"] == "awareness", frame
