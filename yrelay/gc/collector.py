@@ -326,6 +326,7 @@ class Collector:
 
     async def _record(self, plans: list[_Plan]) -> None:
         now_ms = int(time.time() * 1000)
+        lengths = []
         async with self.redis.pipeline(transaction=False) as pipe:
             for plan in plans:
                 report = plan.report
@@ -333,14 +334,26 @@ class Collector:
                 pipe.hincrby(meta_key(plan.doc), "gc_folded", report.folded)
                 pipe.hincrby(meta_key(plan.doc), "gc_trimmed", report.trimmed)
                 pipe.hincrby(meta_key(plan.doc), "gc_evicted", report.evicted)
+                _record_blocked(pipe, plan.doc, report.blocked_at, now_ms)
+                lengths.append(len(pipe))
                 pipe.xlen(stream_key(plan.doc))
             results = await pipe.execute(raise_on_error=False)
-        for index, plan in enumerate(plans):
-            length = results[5 * index + 4]
+        for index, plan in zip(lengths, plans):
+            length = results[index]
             plan.report.stream_length = 0 if isinstance(length, Exception) else int(length)
             if plan.report.trimmed:
                 self.events.emit("trim", plan.doc, offset=plan.trimmed_to, entries=plan.report.trimmed,
                                  stream_length=plan.report.stream_length)
+
+
+def _record_blocked(pipe, doc: str, blocked_at: str | None, now_ms: int) -> None:
+    """Entries no replica can apply (stored before causal admission) stop the
+    fold: say which, and since when, in ``meta`` (``/ops/docs/{doc}``)."""
+    if blocked_at is None:
+        pipe.hdel(meta_key(doc), "blocked_at", "blocked_since")
+    else:
+        pipe.hset(meta_key(doc), "blocked_at", blocked_at)
+        pipe.hsetnx(meta_key(doc), "blocked_since", now_ms)
 
 
 def _folded_ids(plan: _Plan, through: StreamId) -> list[str] | None:
