@@ -4,6 +4,7 @@ import base64
 import json
 
 import pytest
+from conftest import running_server
 from wsraw import RawPeer
 
 from yrelay import crdt
@@ -29,7 +30,12 @@ BAD_FRAMES = [
     (json.dumps({"op": "update", "doc": "v", "clock": 2, "update": b64(b"\xff\xfe\xfd\x01")}), "invalid_update"),
     (json.dumps({"op": "update", "doc": "v", "clock": 3, "update": b64(b"\x05")}), "invalid_update"),
     (json.dumps({"op": "update", "doc": "v", "clock": 4, "update": ""}), "invalid_update"),
-    (json.dumps({"op": "update", "doc": "v", "clock": 5, "update": b64(b"\x01" * 1_100_000)}), "update_too_large"),
+    # strict types: never coerced (a coerced `true` once acked clock 1's entry for dropped bytes)
+    (json.dumps({"op": "update", "doc": "v", "clock": True, "update": b64(good_update())}), "malformed_frame"),
+    (json.dumps({"op": "update", "doc": "v", "clock": "93", "update": b64(good_update())}), "malformed_frame"),
+    (json.dumps({"op": "update", "doc": "v", "clock": 1.0, "update": b64(good_update())}), "malformed_frame"),
+    (json.dumps({"op": "update", "doc": "v", "clock": 8, "update": b64(good_update()), "sync": 1}), "malformed_frame"),
+    (json.dumps({"op": "ack", "doc": "v", "offset": 5}), "malformed_frame"),
     (json.dumps({"op": "update", "doc": "a{b}", "clock": 6, "update": "AA=="}), "invalid_doc_id"),
     (json.dumps({"op": "subscribe", "doc": "x" * 201}), "invalid_doc_id"),
     (json.dumps({"op": "subscribe", "doc": ""}), "invalid_doc_id"),
@@ -55,6 +61,25 @@ async def test_bad_frame_gets_an_error_and_stores_nothing(server_url, redis_clie
     # same connection still works
     assert (await peer.update("v", 100, good_update()))["op"] == "appended"
     assert await redis_client.xlen("yrelay:{v}:stream") == 1
+
+
+async def test_an_update_over_max_update_bytes_is_refused_with_its_doc_and_clock(redis_url, redis_client):
+    async with running_server(redis_url, max_update_bytes=1_000_000) as url:
+        peer = await RawPeer.connect(url)
+        await peer.send({"op": "subscribe", "doc": "v"})
+        await peer.expect("subscribed")
+        await peer.send({"op": "update", "doc": "v", "clock": 5, "update": b64(b"\x01" * 1_100_000)})
+        error = await peer.expect("error")
+        assert (error["code"], error["doc"], error["clock"]) == ("update_too_large", "v", 5)
+        assert await redis_client.xlen("yrelay:{v}:stream") == 0
+
+
+async def test_hello_with_a_string_protocol_is_malformed(server_url):
+    import websockets
+    async with websockets.connect(server_url) as ws:
+        await ws.send(json.dumps({"op": "hello", "protocol": "1"}))
+        answer = json.loads(await ws.recv())
+        assert (answer["op"], answer["code"]) == ("error", "malformed_frame")
 
 
 async def test_frame_over_the_limit_is_refused_before_decoding(server_url):

@@ -18,7 +18,7 @@ class Settings:
     port: int = 8000
 
     #: Largest Yjs update accepted, in bytes (decoded).
-    max_update_bytes: int = 1_048_576
+    max_update_bytes: int = 16 * 1024 * 1024
     #: Largest websocket frame accepted, in bytes; checked before JSON decoding.
     max_frame_bytes: int = 1_500_000
     #: Documents one connection may subscribe to.
