@@ -308,6 +308,8 @@ export class YrelayClient extends ObservableV2 {
       if (Number.isInteger(frame.retry_after_ms) && this.status !== 'connected') {
         this._retryAfter = frame.retry_after_ms // refused: the close follows; reconnect no sooner
       }
+    } else if (frame.code === 'malformed_frame' && item.parts > 1) {
+      this.buffer.hold(frame.clock) // its parts were discarded after one was refused (e.g. rate_limited): all again, from part 0
     } else if (FATAL_UPDATE_ERRORS.has(frame.code)) {
       this._settle(frame.clock) // resending cannot help; the local edit stays in the document
     } else if (frame.code === 'rate_limited') {
@@ -381,6 +383,7 @@ export class YrelayClient extends ObservableV2 {
       return
     }
     this.buffer.markSent(item)
+    item.parts = plan.frames.length
     for (const frame of plan.frames) this.send(frame)
   }
 

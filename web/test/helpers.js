@@ -1,6 +1,8 @@
 /** Shared set-up of the provider tests: the live server's URL and small waits. */
+import net from 'node:net'
 import WebSocket from 'ws'
-import { Backoff, YrelayClient } from '../src/index.js'
+import * as Y from 'yjs'
+import { Backoff, YrelayClient, YrelayProvider } from '../src/index.js'
 
 export const SERVER = process.env.YRELAY_WS_URL
 if (!SERVER) throw new Error('set YRELAY_WS_URL to a running yrelay server (tests/test_web_provider.py does)')
@@ -32,4 +34,51 @@ export function once (observable, event) {
     const handler = (...args) => { observable.off(event, handler); resolve(args) }
     observable.on(event, handler)
   })
+}
+
+/** One command to the redis-server behind the test server (RESP over TCP: Node has no Redis client here). */
+export function redisCommand (...args) {
+  const url = new URL(process.env.YRELAY_REDIS_URL)
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(Number(url.port), url.hostname)
+    let reply = ''
+    socket.on('data', (chunk) => {
+      reply += chunk
+      if (!reply.endsWith('\r\n')) return
+      socket.end()
+      if (reply.startsWith('-')) reject(new Error(reply.trim()))
+      else resolve(reply.trim())
+    })
+    socket.on('error', reject)
+    socket.write(`*${args.length}\r\n${args.map((arg) => `$${Buffer.byteLength(String(arg))}\r\n${arg}\r\n`).join('')}`)
+  })
+}
+
+/** Redis refuses every write (as with too few replicas) while `body` runs: appends fail, reads work. */
+export async function writesRefused (body) {
+  await redisCommand('CONFIG', 'SET', 'min-replicas-to-write', '1')
+  try {
+    return await body()
+  } finally {
+    await redisCommand('CONFIG', 'SET', 'min-replicas-to-write', '0')
+  }
+}
+
+/** POST to the test server's ops API (its token comes from tests/test_web_provider.py). */
+export async function ops (path, body) {
+  const base = SERVER.replace(/^ws/, 'http').replace(/\/ws$/, '')
+  const response = await fetch(base + path, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${process.env.YRELAY_OPS_TOKEN}`, 'content-type': 'application/json' },
+    body: JSON.stringify(body)
+  })
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status} ${await response.text()}`)
+  return response.json()
+}
+
+/** Bind a fresh Y.Doc to `name` through `client`. */
+export function bind (client, name, options) {
+  const doc = new Y.Doc()
+  const provider = new YrelayProvider(client, name, doc, options)
+  return { doc, provider, text: doc.getText('text') }
 }
