@@ -61,6 +61,8 @@ export class YrelayProvider extends ObservableV2 {
     this._subscribed = false
     /** A `sync` is out and its reply not in yet. */
     this._syncing = false
+    /** A sync push had ranges dropped: push again once this document's pending structs integrate. */
+    this._awaitingDependencies = false
     this._fresh = true // no offset was sent with the pending subscribe
     this._parts = []
     this._batch = []
@@ -237,10 +239,13 @@ export class YrelayProvider extends ObservableV2 {
     if (typeof frame.id === 'string') this.held.add(frame.id) // also for a late or duplicate answer; null: nothing stored
     this._persistSoon()
     if (frame.dropped && Object.keys(frame.dropped).length) {
-      // Content of the sync push the server cannot apply yet (it builds on
-      // content the server lacks); our document keeps it, and the next
-      // two-way sync offers it again.
+      // Content of the sync push the server cannot apply yet: it builds on
+      // content the server lacks, which this document lacks too (else the
+      // diff had carried it), so Yjs holds it as pending structs here. It
+      // is pushed again once they integrate (_applyRemote), or at the next
+      // subscribe.
       this.needsSync = true
+      this._awaitingDependencies = true
       this.emit('dropped', [{ clock: frame.clock, ranges: frame.dropped }])
     }
     if (item !== undefined) {
@@ -326,6 +331,7 @@ export class YrelayProvider extends ObservableV2 {
     const update = this._collect(frame)
     if (update === null) return
     this._syncing = false
+    this._awaitingDependencies = false // the diff below carries whatever is pending again
     this._applyRemote(update)
     this.offset = frame.offset // may move back: the server's history is the reference
     this.held.reset(frame.offset)
@@ -353,6 +359,10 @@ export class YrelayProvider extends ObservableV2 {
 
   _applyRemote (update) {
     Y.applyUpdate(this.doc, update, this)
+    if (this._awaitingDependencies && this.doc.store.pendingStructs === null) {
+      this._awaitingDependencies = false // what the server refused can apply now: offer it again
+      this._pushSync()
+    }
   }
 
   _ack () {

@@ -7,7 +7,9 @@
  */
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
+import * as Y from 'yjs'
 import { toBase64 } from 'lib0/buffer'
+import { YrelayProvider } from '../src/index.js'
 import { bind, eventually, newClient, once, uniqueDoc, writesRefused } from './helpers.js'
 
 const clients = []
@@ -127,4 +129,33 @@ test('an update that stays refused with nothing earlier unacked is resolved by a
   assert.equal(pushes[0].dropped, undefined, 'the server could store all of it')
   await eventually(() => reader.text.toString() === 'gone then this', 'both updates reach the reader')
   assert.equal(writer.provider.synced, true, 'a push does not unsync the document')
+})
+
+test('a sync push with content the server cannot apply yet: stored in part, the rest pushed once its dependency arrives', async () => {
+  const name = uniqueDoc('pending')
+  // Another Yjs client typed "a" then "b" after it; this page only got "b",
+  // which Yjs keeps as a pending struct (it builds on "a").
+  const origin = new Y.Doc()
+  const originUpdates = []
+  origin.on('update', (update) => originUpdates.push(update))
+  origin.getText('text').insert(0, 'a')
+  origin.getText('text').insert(1, 'b')
+  const doc = new Y.Doc()
+  Y.applyUpdate(doc, originUpdates[1])
+  doc.getText('own').insert(0, 'own content')
+  assert.notEqual(doc.store.pendingStructs, null)
+  const provider = new YrelayProvider(client(), name, doc, { awareness: null })
+  const dropped = []
+  provider.on('dropped', (event) => dropped.push(event))
+  const reader = bind(client(), name)
+  await eventually(() => dropped.length === 1 && provider.pending === 0, 'the sync push, partly stored')
+  assert.deepEqual(Object.keys(dropped[0].ranges), [String(origin.clientID)], 'the ranges of the pending struct')
+  await eventually(() => reader.doc.getText('own').toString() === 'own content', 'what could be stored arrives')
+  assert.equal(reader.text.toString(), '')
+  // "a" reaches the server from elsewhere: the page integrates "b" and pushes it.
+  const other = new Y.Doc()
+  Y.applyUpdate(other, originUpdates[0])
+  new YrelayProvider(client(), name, other, { awareness: null }) // eslint-disable-line no-new
+  await eventually(() => reader.text.toString() === 'ab', 'the dropped content, pushed again once it could apply')
+  assert.equal(doc.getText('text').toString(), 'ab')
 })

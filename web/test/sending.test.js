@@ -259,3 +259,22 @@ test('provider: with the synced feature, synced waits for the server\'s synced f
     client.destroy()
   }
 })
+
+test('provider: a sync push answered with id null and dropped ranges holds no id, reports the ranges, leaves nothing pending', async () => {
+  const { client, socket } = await connected()
+  const doc = new Y.Doc()
+  const provider = new YrelayProvider(client, 'doc', doc, { awareness: null })
+  await until(() => socket.sent.some((frame) => frame.op === 'subscribe'), 'subscribe')
+  socket.reply({ op: 'subscribed', doc: 'doc', offset: '0-0' })
+  socket.reply({ op: 'synced', doc: 'doc', offset: '0-0' })
+  const dropped = []
+  provider.on('dropped', (event) => dropped.push(event))
+  const push = client.pushSync('doc', bytes(10))
+  assert.equal(socket.sent.at(-1).sync, true)
+  socket.reply({ op: 'appended', doc: 'doc', clock: push.clock, id: null, duplicate: false, dropped: { 77: [[0, 4]] } })
+  assert.equal(provider.held.size, 0, 'nothing stored: no id held')
+  assert.deepEqual(dropped, [{ clock: push.clock, ranges: { 77: [[0, 4]] } }])
+  assert.equal(provider.pending, 0)
+  assert.equal(provider.needsSync, true, 'offered again at the next subscribe')
+  client.destroy()
+})
