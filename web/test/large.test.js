@@ -76,5 +76,15 @@ test('a 20 MB paste is refused locally (doc, clock, size); another document on t
   const elapsed = Date.now() - started
   assert.ok(elapsed < 1000, `${elapsed} ms`)
   assert.equal(writerClient._ws, socket, 'the socket was never closed')
-  assert.equal(writerClient.pending, 0)
+  await eventually(() => writerClient.pending === 0, 'the ack of the other document')
+  // The paste stays in the page's document. Deleting it (Yjs then keeps only
+  // its length) lets the document sync again: the next edit is refused
+  // (missing_dependency: the paste's clocks), and the two-way sync pushes a small diff.
+  const reader = bind(client(), name)
+  await once(reader.provider, 'synced')
+  writer.text.delete(0, writer.text.length)
+  writer.text.insert(0, 'after the paste')
+  await eventually(() => reader.text.toString() === 'after the paste' && writer.provider.pending === 0, 'the document syncs again', 20000)
+  const later = errors.slice(1).map((frame) => frame.code)
+  assert.ok(later.length >= 1 && later.every((code) => code === 'missing_dependency'), `the edit was refused, then synced: ${later}`)
 })
