@@ -321,8 +321,7 @@ export class YrelayProvider extends ObservableV2 {
   /** `push`: only to give the server what it lacks (the document still holds the server's state). */
   _requestSync ({ push = false } = {}) {
     this.resyncs++
-    this._parts = []
-    this._syncing = true
+    this._syncing = true // (parts of a snapshot still arriving are kept: _collect starts over at a part 0)
     if (!push) this._setSynced(false)
     this.client.send({ op: 'sync', doc: this.name, state_vector: toBase64(Y.encodeStateVector(this.doc)) })
   }
