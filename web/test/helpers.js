@@ -1,5 +1,6 @@
 /** Shared set-up of the provider tests: the live server's URL and small waits. */
 import net from 'node:net'
+import { after } from 'node:test'
 import WebSocket from 'ws'
 import * as Y from 'yjs'
 import { Backoff, YrelayClient, YrelayProvider } from '../src/index.js'
@@ -18,6 +19,17 @@ export function uniqueDoc (prefix = 'node') {
 /** A client on its own socket (tests need several "browsers"). */
 export function newClient (options = {}) {
   return new YrelayClient(SERVER, { WebSocketPolyfill: WebSocket, backoff: FAST, ...options })
+}
+
+/** `client(options)` for a test file: each a new socket, all destroyed after the file's tests. */
+export function clientsOfThisFile () {
+  const clients = []
+  after(() => { for (const created of clients) if (!created._destroyed) created.destroy() })
+  return (options) => {
+    const created = newClient(options)
+    clients.push(created)
+    return created
+  }
 }
 
 /** Poll until `predicate()` holds, else fail with `what`. */
@@ -81,4 +93,15 @@ export function bind (client, name, options) {
   const doc = new Y.Doc()
   const provider = new YrelayProvider(client, name, doc, options)
   return { doc, provider, text: doc.getText('text') }
+}
+
+/** Record the frames a client writes and the errors it gets. */
+export function spy (yclient) {
+  const written = []
+  const errors = []
+  const write = yclient._write.bind(yclient)
+  yclient._write = (frame) => { written.push(frame); return write(frame) }
+  yclient.on('error', (frame) => errors.push(frame))
+  const updates = (doc) => written.filter((frame) => frame.op === 'update' && (doc === undefined || frame.doc === doc))
+  return { written, errors, updates: (doc) => updates(doc).map((frame) => frame.clock) }
 }

@@ -5,17 +5,11 @@
  * document, the clock and the size, and the socket keeps syncing every
  * other document.
  */
-import { test, after } from 'node:test'
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { bind, eventually, newClient, once, uniqueDoc } from './helpers.js'
+import { bind, clientsOfThisFile, eventually, once, spy, uniqueDoc } from './helpers.js'
 
-const clients = []
-function client (options) {
-  const created = newClient(options)
-  clients.push(created)
-  return created
-}
-after(() => { for (const created of clients) created.destroy() })
+const client = clientsOfThisFile()
 
 /** `size` characters that are not all alike (a corrupted or reordered part would show). */
 function paste (size) {
@@ -37,13 +31,12 @@ test('a 5 MB paste goes in parts and arrives intact at a second provider', async
   await Promise.all([once(writer.provider, 'synced'), once(reader.provider, 'synced')])
   const errors = []
   writer.provider.on('error', (frame) => errors.push(frame))
-  const sent = []
-  const write = writerClient._write.bind(writerClient)
-  writerClient._write = (frame) => { if (frame.op === 'update') sent.push(JSON.stringify(frame).length); return write(frame) }
+  const seen = spy(writerClient)
   const text = paste(5 * 1024 * 1024)
   writer.text.insert(0, text)
   await eventually(() => writer.provider.pending === 0, 'the ack', 60000)
   assert.deepEqual(errors, [])
+  const sent = seen.written.filter((frame) => frame.op === 'update').map((frame) => JSON.stringify(frame).length)
   assert.ok(sent.length >= 4, `${sent.length} frames`)
   assert.ok(Math.max(...sent) <= writerClient.limits.max_frame_bytes, 'every part fits in a frame')
   await eventually(() => reader.text.length === text.length, 'the delivery', 60000)

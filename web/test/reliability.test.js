@@ -5,33 +5,26 @@
  * provider does next, and what the server does with a later update of the
  * same Yjs client that reaches it first.
  */
-import { test, after } from 'node:test'
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import * as Y from 'yjs'
 import { toBase64 } from 'lib0/buffer'
 import { YrelayProvider } from '../src/index.js'
-import { bind, eventually, newClient, once, uniqueDoc, writesRefused } from './helpers.js'
+import { bind, clientsOfThisFile, eventually, once, spy, uniqueDoc, writesRefused } from './helpers.js'
 
-const clients = []
-function client (options) {
-  const created = newClient(options)
-  clients.push(created)
-  return created
-}
-after(() => { for (const created of clients) if (!created._destroyed) created.destroy() })
+const client = clientsOfThisFile()
 
 /** Resends wait 1.5 s, so the test decides what reaches the server first. */
 const SLOW = { base: 1500, maxDelay: 1500, jitter: 0, maxAttempts: 30 }
 
-/** Record the frames a client writes and the errors it gets. */
-function spy (yclient) {
-  const written = []
-  const errors = []
-  const write = yclient._write.bind(yclient)
-  yclient._write = (frame) => { written.push(frame); return write(frame) }
-  yclient.on('error', (frame) => errors.push(frame))
-  const updates = (doc) => written.filter((frame) => frame.op === 'update' && (doc === undefined || frame.doc === doc))
-  return { written, errors, updates: (doc) => updates(doc).map((frame) => frame.clock) }
+/** While Redis refuses writes, make one edit: the clock of the update that got `unavailable`. */
+async function refusedEdit (seen, edit) {
+  const unavailable = () => seen.errors.find((frame) => frame.code === 'unavailable' && Number.isInteger(frame.clock))
+  return writesRefused(async () => {
+    edit()
+    await eventually(() => unavailable() !== undefined, 'unavailable')
+    return unavailable().clock
+  })
 }
 
 test('an update refused as unavailable holds back later ones of its document; both are stored in order', async () => {
@@ -43,12 +36,7 @@ test('an update refused as unavailable holds back later ones of its document; bo
   const seen = spy(writerClient)
   writer.text.insert(0, 'one ')
   await eventually(() => writer.provider.pending === 0, 'the first ack')
-  let first
-  await writesRefused(async () => {
-    writer.text.insert(writer.text.length, 'two ')
-    await eventually(() => seen.errors.some((frame) => frame.code === 'unavailable' && Number.isInteger(frame.clock)), 'unavailable')
-    first = seen.errors.find((frame) => frame.code === 'unavailable').clock
-  })
+  const first = await refusedEdit(seen, () => writer.text.insert(writer.text.length, 'two '))
   assert.equal(seen.errors.find((frame) => frame.clock === first).doc, name)
   writer.text.insert(writer.text.length, 'three ') // Redis takes writes again, but "two" waits for its resend
   await eventually(() => writerClient.buffer.countFor(name) === 2, 'queued')
@@ -77,12 +65,7 @@ test('issue 15: a later update reaching the server first is refused, the client 
     writer.text.insert(writer.text.length, word)
     await eventually(() => writer.provider.pending === 0, 'ack')
   }
-  let lost
-  await writesRefused(async () => {
-    writer.text.insert(writer.text.length, 'LOST ')
-    await eventually(() => seen.errors.some((frame) => frame.code === 'unavailable' && Number.isInteger(frame.clock)), 'unavailable')
-    lost = seen.errors.find((frame) => frame.code === 'unavailable').clock
-  })
+  await refusedEdit(seen, () => writer.text.insert(writer.text.length, 'LOST '))
   // Redis is back. The provider holds the next update back; an older client
   // (or a pipelined one) would have sent it: put it on the wire by hand.
   writer.text.insert(writer.text.length, 'LATER ')
@@ -107,18 +90,13 @@ test('issue 15: a later update reaching the server first is refused, the client 
 
 test('an update that stays refused with nothing earlier unacked is resolved by a two-way sync push', async () => {
   const name = uniqueDoc('push')
-  const writerClient = client()
+  const writerClient = client({ backoff: SLOW }) // no resend before the update is taken away
   const writer = bind(writerClient, name)
   const reader = bind(client(), name)
   await Promise.all([once(writer.provider, 'synced'), once(reader.provider, 'synced')])
   const seen = spy(writerClient)
-  let lost
-  await writesRefused(async () => {
-    writer.text.insert(0, 'gone ')
-    await eventually(() => seen.errors.some((frame) => frame.code === 'unavailable' && Number.isInteger(frame.clock)), 'unavailable')
-    lost = seen.errors.find((frame) => frame.code === 'unavailable').clock
-    writerClient.buffer.pop(lost) // the earlier update is gone (as after a reload without persistence)
-  })
+  const lost = await refusedEdit(seen, () => writer.text.insert(0, 'gone '))
+  writerClient.buffer.pop(lost) // the earlier update is gone (as after a reload without persistence)
   const pushes = []
   writer.provider.on('appended', (event) => { if (event.sync) pushes.push(event) })
   writer.text.insert(writer.text.length, 'then this')

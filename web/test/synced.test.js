@@ -5,18 +5,12 @@
  * content. Against a live server: a document of 5,000 updates and no
  * snapshot, and one with a GC snapshot plus newer updates.
  */
-import { test, after } from 'node:test'
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import * as Y from 'yjs'
-import { bind, eventually, newClient, once, ops, uniqueDoc } from './helpers.js'
+import { bind, clientsOfThisFile, eventually, once, ops, uniqueDoc } from './helpers.js'
 
-const clients = []
-function client (options) {
-  const created = newClient(options)
-  clients.push(created)
-  return created
-}
-after(() => { for (const created of clients) if (!created._destroyed) created.destroy() })
+const client = clientsOfThisFile()
 
 /** Store `count` updates (one per word, each its own stream entry) through a provider's socket; returns the text. */
 async function seed (name, count, prefix, source = new Y.Doc()) {
