@@ -20,6 +20,9 @@ from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
 
 from .. import awareness, crdt, logs, protocol
+from ..admission import Needs, needs_of
+from ..store import NotAdmitted
+from ..update_format import Layout, MalformedUpdate, read_layout
 from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
 from ..auth.authenticator import JwtAuthenticator
 from ..offsets import StreamId
@@ -31,6 +34,7 @@ from ..reconciliation.stream_digest import WindowDigest
 from .context import ServerContext
 from .limits import DeliveryBudget, Refusal, TokenBucket
 from .presence import Member, NotOwner
+from .appender import AppendResult
 from .subscription import Send, Subscription
 from .update_parts import UpdateParts, frame_identity
 from .validator import ValidatorUnavailable
@@ -366,15 +370,21 @@ class Connection:
     async def _append_when_valid(self, frame: Update, update: bytes, verdict: asyncio.Future[Exception | None],
                                  previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
                                  received: float) -> None:
-        """Wait for the validator (while the next frames are read), then for
-        the update received before this one, then append."""
+        """Wait for the validator and the causal reading of the update (while
+        the next frames are read), then for the update received before this
+        one, then append."""
         assert self.session is not None
         try:
+            reading = await _read_causally(update)
             error = await verdict
+            if error is None and isinstance(reading, Exception):
+                error = reading
             if previous is not None:
                 await previous
             if error is None:
-                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
+                layout, needs = reading
+                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update, needs,
+                                                  sync_layout=layout if frame.sync else None)
         except BaseException:
             self._inflight.release()
             raise
@@ -392,13 +402,21 @@ class Connection:
             error = ProtocolError(ErrorCode.INVALID_UPDATE, str(error), doc=frame.doc, clock=frame.clock)
         await self._safe_send(protocol.error(error))
 
-    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int,
+    async def _confirm(self, frame: Update, future: asyncio.Future[AppendResult], size: int,
                        received: float) -> None:
         """Ack an update once (and only once) the append script returned."""
         try:
-            entry_id, duplicate = await future
+            result = await future
         except asyncio.CancelledError:
             raise
+        except NotAdmitted as refused:
+            await self._safe_send(protocol.error(ProtocolError(
+                ErrorCode.MISSING_DEPENDENCY,
+                "not stored: the document lacks content this update builds on; send earlier updates first",
+                doc=frame.doc, clock=frame.clock, missing=refused.lacking)))
+            self.ctx.events.emit("refuse", frame.doc, self.session, clock=frame.clock,
+                                 missing={str(c): k for c, k in refused.lacking.items()})
+            return
         except Exception as exc:
             log.warning("append of %s clock %s failed: %s", frame.doc, frame.clock, exc)
             await self._safe_send(protocol.error(ProtocolError(
@@ -407,7 +425,10 @@ class Connection:
             return
         finally:
             self._inflight.release()
-        await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate))
+        entry_id, duplicate = result.entry_id, result.duplicate
+        await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
+        if entry_id is None:
+            return
         self.ctx.metrics.appended(time.perf_counter() - received)
         self.ctx.events.emit("append", frame.doc, self.session, offset=entry_id, clock=frame.clock,
                              bytes=size, duplicate=duplicate)
@@ -426,6 +447,27 @@ class Connection:
             for subscription in list(self.subscriptions.values()):
                 subscription.check_resend()
             await self._check_token()
+
+
+#: Updates up to this size are read causally on the event loop (a few us);
+#: larger ones in a thread, so a 16 MiB paste does not stall other sockets.
+_READ_IN_LOOP_BYTES = 64 * 1024
+
+
+async def _read_causally(update: bytes) -> tuple[Layout, Needs] | Exception:
+    """The update's structs and what the document must hold to apply it, or
+    why it can never apply (an ``InvalidUpdate``)."""
+    if len(update) <= _READ_IN_LOOP_BYTES:
+        return _read_layout_and_needs(update)
+    return await asyncio.to_thread(_read_layout_and_needs, update)
+
+
+def _read_layout_and_needs(update: bytes) -> tuple[Layout, Needs] | Exception:
+    try:
+        layout = read_layout(update)
+        return layout, needs_of(layout)
+    except MalformedUpdate as exc:
+        return crdt.InvalidUpdate(f"not a Yjs update: {exc}")
 
 
 def _claimed(frame: Subscribe) -> WindowDigest | None:
