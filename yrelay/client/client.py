@@ -333,10 +333,10 @@ class YrelayClient:
         """One update in parts; other documents' updates go out in between."""
         try:
             async with self._parts_lock:
+                ws = self._ws  # every part on one socket: a new one starts again from part 0
+                if ws is None:
+                    return
                 for frame in frames:
-                    ws = self._ws
-                    if ws is None:
-                        return
                     await ws.send(json.dumps(frame))
                 self.buffer.mark_sent(item)  # its answer can come only now: the resend clock starts here
         except ConnectionClosed:
