@@ -8,11 +8,14 @@ import asyncio
 import base64
 import json
 
+import pytest
 from conftest import running_server
 from wsraw import RawPeer
 
 from yrelay import crdt
+from yrelay.app.update_parts import PartsBudget, UpdateParts
 from yrelay.keys import stream_key
+from yrelay.protocol import ErrorCode, ProtocolError, Update
 
 #: Small limits so that a few kilobytes need parts.
 LIMITS = {"max_frame_bytes": 4_096, "max_update_bytes": 20_000}
@@ -166,3 +169,31 @@ async def test_frame_too_large_names_the_update(redis_url, redis_client):
         error = await answer(peer)
         assert error["code"] == "frame_too_large" and "doc" not in error
         await still_works(peer, redis_client)
+
+
+async def test_all_connections_together_hold_at_most_the_process_budget():
+    """Many connections that open large updates and never finish cannot
+    exhaust memory: past the process's budget a part is refused with
+    unavailable (resend later); bytes come back when a sequence ends."""
+    budget = PartsBudget(7 * SLICE)
+    rejected: list[ProtocolError] = []
+
+    async def reject(error: ProtocolError) -> None:
+        rejected.append(error)
+
+    first, second = UpdateParts(LIMITS["max_update_bytes"], reject, budget), UpdateParts(20_000, reject, budget)
+    frames = [Update.model_validate(frame) for frame in part_frames("p", 1, big_update(12_000))]
+    others = [Update.model_validate(frame) for frame in part_frames("q", 2, big_update(12_000, 8))]
+    for frame in frames[:5]:
+        assert await first.feed(frame, base64.b64decode(frame.update)) is None
+    for frame in others[:2]:
+        assert await second.feed(frame, base64.b64decode(frame.update)) is None
+    with pytest.raises(ProtocolError) as refused:
+        await second.feed(others[2], base64.b64decode(others[2].update))
+    assert (refused.value.code, refused.value.doc, refused.value.clock) == (ErrorCode.UNAVAILABLE, "q", 2)
+    assert budget.held == 5 * SLICE  # the refused update's parts went back
+    first.close()
+    assert budget.held == 0
+    for frame in others:  # sent again from part 0, it fits now
+        whole = await second.feed(frame, base64.b64decode(frame.update))
+    assert whole == big_update(12_000, 8) and budget.held == 0 and not rejected
