@@ -77,6 +77,9 @@ class UpdateParts:
         self._reject = reject
         self._budget = budget
         self._open: _Open | None = None
+        #: The last update refused (doc, clock): its remaining parts, already
+        #: on their way, are ignored until the client starts it again at part 0.
+        self._skip: tuple[str, int] | None = None
 
     async def feed(self, frame: Update, data: bytes) -> bytes | None:
         """``data`` is the frame's decoded payload. A plain update is returned
@@ -123,6 +126,29 @@ class UpdateParts:
             return None
         self._drop()
         return b"".join(current.slices)
+
+    def ignored(self, frame: Update) -> bool:
+        """Is ``frame`` one of the remaining parts of an update that was
+        refused? The client was told; it sends the update again from part 0.
+        (Checked before the connection's own checks, so that they do not
+        answer each remaining part once more.)"""
+        if frame.part is None and frame.parts is None:
+            return False
+        if self._skip == (frame.doc, frame.clock) and frame.part != 0:
+            return True
+        self._skip = None
+        return False
+
+    def refused(self, error: ProtocolError) -> None:
+        """An error about an update was sent (here, or by the connection
+        before the part reached :meth:`feed`: ``rate_limited``, bad base64,
+        ...): what was received of it is dropped, and the rest of its parts
+        is ignored rather than answered one error each."""
+        if error.doc is None or error.clock is None:
+            return
+        if self._open is not None and (self._open.doc, self._open.clock) == (error.doc, error.clock):
+            self._drop()
+        self._skip = (error.doc, error.clock)
 
     def _drop(self) -> _Open | None:
         """Forget the open update; its bytes go back to the process's budget."""
