@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import base64
 
-from conftest import running_server
+from conftest import eventually, running_server
 from wsraw import RawPeer
 
 from yrelay import crdt
 from yrelay.offsets import StreamId
 
-from gcutil import text_updates
+from yrelay.gc import Collector, GcPolicy
+from yrelay.store import DocumentStore
+
+from gcutil import append_all, text_updates
 
 
 async def write(peer: RawPeer, doc: str, updates: list[bytes], first_clock: int = 1) -> list[str]:
@@ -39,7 +42,7 @@ def delivered_ids(frames: list[dict]) -> list[str]:
 
 
 async def test_synced_follows_the_catch_up_through_the_head(redis_url):
-    updates, text = text_updates(1_200)
+    updates, text = text_updates(600)
     async with running_server(redis_url, page_size=100) as url:
         writer = await RawPeer.connect(url)
         await writer.send({"op": "subscribe", "doc": "s"})
@@ -103,3 +106,42 @@ async def test_synced_follows_a_sync_reply(redis_url):
         doc = crdt.new_doc()
         crdt.apply_update(doc, base64.b64decode(before[0]["update"]))
         assert crdt.text_of(doc) == text
+
+
+# ------------------------------------------------------------ the Python client
+
+
+async def text_when_synced(url: str, make_client, doc: str, expected: str) -> str:
+    """A new client subscribes: the text its document held the moment it
+    reported synced (it ends with ``expected``)."""
+    seen: list[str] = []
+    client = await make_client(url, on_event=lambda name, data: seen.append(client.docs[doc].text)
+                               if name == "synced" and data["doc"] == doc else None)
+    assert "synced" in client.features
+    subscribed = await client.subscribe(doc, timeout=60)
+    at_return = subscribed.text  # a client without the synced frame emits no event on `subscribed`
+    await eventually(lambda: subscribed.text == expected, timeout=30)
+    return seen[0] if seen else at_return
+
+
+async def test_synced_waits_for_5000_prior_updates(redis_url, redis_client, make_client):
+    updates, text = text_updates(5_000)
+    store = DocumentStore(redis_client)
+    await store.load_scripts()
+    await append_all(store, "long", updates)
+    async with running_server(redis_url, gc_interval=0) as url:
+        at_synced = await text_when_synced(url, make_client, "long", text)
+    assert len(text) > 25_000 and at_synced == text
+
+
+async def test_synced_waits_for_the_snapshot_and_the_newer_updates(redis_url, redis_client, make_client):
+    updates, text = text_updates(5_000)
+    store = DocumentStore(redis_client)
+    await store.load_scripts()
+    await append_all(store, "folded", updates[:3_000])
+    [report] = await Collector(redis_client, GcPolicy()).collect(["folded"])
+    assert report.folded == 3_000
+    await append_all(store, "folded", updates[3_000:])
+    async with running_server(redis_url, gc_interval=0) as url:
+        at_synced = await text_when_synced(url, make_client, "folded", text)
+    assert at_synced == text

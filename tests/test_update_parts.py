@@ -8,11 +8,14 @@ import asyncio
 import base64
 import json
 
+import pytest
 from conftest import running_server
 from wsraw import RawPeer
 
 from yrelay import crdt
+from yrelay.app.update_parts import PartsBudget, UpdateParts
 from yrelay.keys import stream_key
+from yrelay.protocol import ErrorCode, ProtocolError, Update
 
 #: Small limits so that a few kilobytes need parts.
 LIMITS = {"max_frame_bytes": 4_096, "max_update_bytes": 20_000}
@@ -86,9 +89,8 @@ async def test_parts_out_of_order_are_refused_naming_doc_and_clock(redis_url, re
         await peer.send(frames[2])  # part 1 skipped
         error = await answer(peer)
         assert (error["op"], error["code"], error["doc"], error["clock"]) == ("error", "malformed_frame", "p", 5)
-        await peer.send(frames[3])  # the rest of the broken sequence: no part 0 before it
-        error = await answer(peer)
-        assert (error["code"], error["clock"]) == ("malformed_frame", 5)
+        await peer.send(frames[3])  # the rest of the broken sequence: the client was told, no more errors
+        await peer.nothing(0.3)
         assert await redis_client.xlen(stream_key("p")) == 0
         await still_works(peer, redis_client)
 
@@ -119,24 +121,42 @@ async def test_parts_over_the_update_limit_are_refused_before_they_are_kept(redi
         frames = part_frames("p", 9, big_update(30_000))
         for frame in frames:
             await peer.send(frame)
-        crossing = next(index for index in range(len(frames)) if (index + 1) * SLICE > LIMITS["max_update_bytes"])
         error = await answer(peer)
         assert (error["code"], error["doc"], error["clock"]) == ("update_too_large", "p", 9)
-        for _ in frames[crossing + 1:]:  # the parts after it find no open update: refused as well
-            error = await answer(peer)
-            assert (error["code"], error["doc"], error["clock"]) == ("malformed_frame", "p", 9)
+        await peer.nothing(0.3)  # one error: the parts after it are ignored
         assert await redis_client.xlen(stream_key("p")) == 0
         await still_works(peer, redis_client)
+
+
+async def test_a_part_refused_before_it_is_kept_ends_its_update(redis_url, redis_client):
+    """``rate_limited`` on a part (the connection refuses it before the parts
+    see it): the rest of that attempt is ignored, the update is sent again
+    from part 0 and stored."""
+    async with running_server(redis_url, **LIMITS, update_burst=3, updates_per_second=50) as url:
+        peer = await subscribed_peer(url, "p")
+        frames = part_frames("p", 4, big_update(12_000))
+        for frame in frames:
+            await peer.send(frame)
+        error = await answer(peer)
+        assert (error["code"], error["doc"], error["clock"]) == ("rate_limited", "p", 4)
+        await peer.nothing(0.3)
+        assert await redis_client.xlen(stream_key("p")) == 0
+        for frame in frames:
+            await asyncio.sleep(0.03)  # within the rate
+            await peer.send(frame)
+        assert (await answer(peer))["op"] == "appended"
+        assert await redis_client.xlen(stream_key("p")) == 1
 
 
 async def test_a_part_frame_with_bad_numbers_is_refused(redis_url, redis_client):
     async with running_server(redis_url, **LIMITS) as url:
         peer = await subscribed_peer(url, "p")
         frame = part_frames("p", 4, big_update(12_000))[0]
-        for bad in ({**frame, "part": 5, "parts": 5}, {**frame, "parts": None}, {**frame, "part": None}):
-            await peer.send(bad)
+        for clock, bad in enumerate(({**frame, "part": 5, "parts": 5}, {**frame, "parts": None},
+                                     {**frame, "part": None})):
+            await peer.send({**bad, "clock": 4 + clock})
             error = await answer(peer)
-            assert (error["code"], error["doc"], error["clock"]) == ("malformed_frame", "p", 4)
+            assert (error["code"], error["doc"], error["clock"]) == ("malformed_frame", "p", 4 + clock)
         assert await redis_client.xlen(stream_key("p")) == 0
         await still_works(peer, redis_client)
 
@@ -166,3 +186,31 @@ async def test_frame_too_large_names_the_update(redis_url, redis_client):
         error = await answer(peer)
         assert error["code"] == "frame_too_large" and "doc" not in error
         await still_works(peer, redis_client)
+
+
+async def test_all_connections_together_hold_at_most_the_process_budget():
+    """Many connections that open large updates and never finish cannot
+    exhaust memory: past the process's budget a part is refused with
+    unavailable (resend later); bytes come back when a sequence ends."""
+    budget = PartsBudget(7 * SLICE)
+    rejected: list[ProtocolError] = []
+
+    async def reject(error: ProtocolError) -> None:
+        rejected.append(error)
+
+    first, second = UpdateParts(LIMITS["max_update_bytes"], reject, budget), UpdateParts(20_000, reject, budget)
+    frames = [Update.model_validate(frame) for frame in part_frames("p", 1, big_update(12_000))]
+    others = [Update.model_validate(frame) for frame in part_frames("q", 2, big_update(12_000, 8))]
+    for frame in frames[:5]:
+        assert await first.feed(frame, base64.b64decode(frame.update)) is None
+    for frame in others[:2]:
+        assert await second.feed(frame, base64.b64decode(frame.update)) is None
+    with pytest.raises(ProtocolError) as refused:
+        await second.feed(others[2], base64.b64decode(others[2].update))
+    assert (refused.value.code, refused.value.doc, refused.value.clock) == (ErrorCode.UNAVAILABLE, "q", 2)
+    assert budget.held == 5 * SLICE  # the refused update's parts went back
+    first.close()
+    assert budget.held == 0
+    for frame in others:  # sent again from part 0, it fits now
+        whole = await second.feed(frame, base64.b64decode(frame.update))
+    assert whole == big_update(12_000, 8) and budget.held == 0 and not rejected

@@ -184,6 +184,7 @@ class Connection:
             await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
 
     async def _reject(self, error: ProtocolError) -> None:
+        self._parts.refused(error)  # the rest of a refused update's parts is ignored
         log.debug("rejected a frame: %s %s", error.code.value, error.message,
                   extra={"doc": error.doc} if error.doc is not None else None)
         await self.send(protocol.error(error))
@@ -349,6 +350,8 @@ class Connection:
             raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
                                 doc=frame.doc, clock=frame.clock)
         self._subscription(frame.doc)
+        if self._parts.ignored(frame):  # the rest of a refused update's parts
+            return
         assert self._rate is not None
         if not self._rate.take():  # not stored; the client resends after retry_after_ms
             raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {self.ctx.settings.updates_per_second:g} updates/s",

@@ -333,17 +333,20 @@ class YrelayClient:
         """One update in parts; other documents' updates go out in between."""
         try:
             async with self._parts_lock:
+                ws = self._ws  # every part on one socket: a new one starts again from part 0
+                if ws is None:
+                    return
+                self.buffer.mark_sent(item)
                 for frame in frames:
-                    ws = self._ws
-                    if ws is None:
-                        return
+                    if item.waiting or self.buffer.get(item.clock) is not item:
+                        return  # refused (or dropped) mid-way: the server ignores the rest anyway
                     await ws.send(json.dumps(frame))
-                self.buffer.mark_sent(item)  # its answer can come only now: the resend clock starts here
+                self.buffer.sent_in_full(item)
         except ConnectionClosed:
             pass
         finally:
             item.sending = False
-        self._kick()
+            self._kick()
 
     def _part_bytes(self) -> int | None:
         """Bytes per part, when the server takes updates in parts."""

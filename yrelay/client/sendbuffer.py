@@ -94,6 +94,11 @@ class SendBuffer:
         item.sent = True
         item.waiting = False
 
+    def sent_in_full(self, item: PendingUpdate) -> None:
+        """Its last part went out only now (a large update takes a while):
+        its answer is awaited from now on."""
+        item.next_send = max(item.next_send, time.monotonic() + self.backoff.delay(item.attempts - 1))
+
     def refused(self, clock: int) -> None:
         """The server did not store it (``unavailable``, ``missing_dependency``):
         resent when its backoff delay is over; until then later updates of
