@@ -171,8 +171,8 @@ export class YrelayClient extends ObservableV2 {
    */
   pushSync (doc, diff) {
     const item = diff === null ? null : this.buffer.add(doc, diff, { sync: this.features.has('sync_push') })
+    if (item !== null) this._persist(item) // stored before what it covers is deleted
     for (const covered of this.buffer.supersede(doc, item?.clock ?? Infinity)) this._forget(covered.clock)
-    if (item !== null) this._persist(item)
     this._pump()
     return item
   }
