@@ -255,7 +255,11 @@ async def test_a_page_opened_after_compaction_loads_snapshot_and_stream(redis_ur
 
 
 #: In a page: the same `size` characters every time (words of base-36 numbers), so two pages can compare.
-PASTE_JS = """(size) => { let s = ''; for (let i = 0; s.length < size; i++) s += i.toString(36) + ' '; return s.slice(0, size) }"""
+PASTE_JS = """(size) => {
+    let s = ''
+    for (let i = 0; s.length < size; i++) s += i.toString(36) + ' '
+    return s.slice(0, size)
+}"""
 
 
 async def test_a_5_mb_paste_arrives_intact_and_a_20_mb_one_is_refused_without_costing_the_socket(redis_url, chromium):
@@ -269,9 +273,10 @@ async def test_a_5_mb_paste_arrives_intact_and_a_20_mb_one_is_refused_without_co
         for page in (writer, reader):  # a second document on the page's socket
             await page.evaluate("""(name) => {
                 const { provider, doc } = window.yrelay
-                window.other = new provider.constructor(provider.client, name, new doc.constructor(), { awareness: null })
+                const Provider = provider.constructor
+                window.other = new Provider(provider.client, name, new doc.constructor(), { awareness: null })
                 window.errors = []
-                provider.on('error', (e) => window.errors.push({ code: e.code, doc: e.doc, clock: e.clock, size: e.size }))
+                provider.on('error', (e) => window.errors.push({code: e.code, doc: e.doc, clock: e.clock, size: e.size}))
             }""", other)
             await page.wait_for_function("window.other.synced")
         five = 5 * 1024 * 1024

@@ -303,13 +303,14 @@ export class YrelayClient extends ObservableV2 {
 
   _error (frame) {
     const item = Number.isInteger(frame.clock) ? this.buffer.get(frame.clock) : undefined
-    if (item !== undefined && typeof frame.doc !== 'string') frame = { ...frame, doc: item.doc } // every error about an update names it
+    // Every error about an update names its document.
+    if (item !== undefined && typeof frame.doc !== 'string') frame = { ...frame, doc: item.doc }
     if (item === undefined) {
       if (Number.isInteger(frame.retry_after_ms) && this.status !== 'connected') {
         this._retryAfter = frame.retry_after_ms // refused: the close follows; reconnect no sooner
       }
     } else if (frame.code === 'malformed_frame' && item.parts > 1) {
-      this.buffer.hold(frame.clock) // its parts were discarded after one was refused (e.g. rate_limited): all again, from part 0
+      this.buffer.hold(frame.clock) // its parts were discarded (one was refused): all again, from part 0
     } else if (FATAL_UPDATE_ERRORS.has(frame.code)) {
       this._settle(frame.clock) // resending cannot help; the local edit stays in the document
     } else if (frame.code === 'rate_limited') {
@@ -378,7 +379,8 @@ export class YrelayClient extends ObservableV2 {
     const plan = updateFrames(item, this.limits, this.features)
     if (plan.refused) {
       this._settle(item.clock)
-      this._emitError({ op: 'error', code: 'update_too_large', local: true, doc: item.doc, clock: item.clock, ...plan.refused })
+      const { doc, clock } = item
+      this._emitError({ op: 'error', code: 'update_too_large', local: true, doc, clock, ...plan.refused })
       this.providers.get(item.doc)?._emitPending()
       return
     }
@@ -387,7 +389,7 @@ export class YrelayClient extends ObservableV2 {
     for (const frame of plan.frames) this.send(frame)
   }
 
-  /** Merge never-sent updates of the document that follow `item` into it (fewer, larger frames; never past one frame). */
+  /** Merge never-sent updates of the document that follow `item` into it (fewer frames; never past half a frame). */
   _coalesce (item) {
     if (item.sent || item.sync) return
     const merged = this.buffer.coalesce(item.doc, mergeUpdates, this._mergeBytes())

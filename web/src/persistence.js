@@ -54,7 +54,8 @@ export class BrowserStore {
     const [sessions, pending] = idb.transact(this.db, [SESSIONS, PENDING])
     return Promise.all([
       idb.put(sessions, { session, clock: Math.max(clock, item.clock) }, url),
-      idb.put(pending, { clock: item.clock, doc: item.doc, update: item.update, sync: item.sync === true }, [url, item.clock])
+      idb.put(pending, { clock: item.clock, doc: item.doc, update: item.update, sync: item.sync === true },
+        [url, item.clock])
     ])
   }
 

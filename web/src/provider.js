@@ -249,7 +249,8 @@ export class YrelayProvider extends ObservableV2 {
       this.emit('dropped', [{ clock: frame.clock, ranges: frame.dropped }])
     }
     if (item !== undefined) {
-      this.emit('appended', [{ clock: frame.clock, id: frame.id, update: item.update, sync: item.sync, dropped: frame.dropped }])
+      const { clock, id, dropped } = frame
+      this.emit('appended', [{ clock, id, update: item.update, sync: item.sync, dropped }])
       if (this.client.buffer.countFor(this.name) === 0 && this._batch.length) this._flush()
     }
     this._emitPending()

@@ -30,7 +30,10 @@ export const AFTER_EARLIER = 'after_earlier'
 /** `missing_dependency` with nothing earlier unacked: a two-way sync's diff replaces it. */
 export const NEEDS_SYNC = 'needs_sync'
 
-/** Bytes per ms of answer time on top of the backoff (1 MB/s): a 16 MiB update is not resent while it is still uploaded and checked. */
+/**
+ * Bytes per ms of answer time on top of the backoff (1 MB/s): a 16 MiB
+ * update is not resent while it is still uploaded and checked.
+ */
 const ANSWER_BYTES_PER_MS = 1000
 
 export class SendBuffer {
@@ -85,7 +88,7 @@ export class SendBuffer {
     item.sent = true
   }
 
-  /** Refused for now (`unavailable`, `internal_error`, ...): resent on its backoff schedule, and later ones of its document wait. */
+  /** Refused for now (`unavailable`, `internal_error`, ...): resent on its schedule; later ones of its document wait. */
   hold (clock) {
     const item = this._items.get(clock)
     if (item !== undefined) item.state = WAITING

@@ -32,14 +32,17 @@ export function updateFrames (item, limits, features) {
   const size = item.update.length
   const maxUpdate = limits?.max_update_bytes
   if (Number.isInteger(maxUpdate) && size > maxUpdate) {
-    return { refused: { size, limit: maxUpdate, message: `the update is ${size} bytes, over the server's max_update_bytes (${maxUpdate}); not sent` } }
+    const message = `the update is ${size} bytes, over the server's max_update_bytes (${maxUpdate}); not sent`
+    return { refused: { size, limit: maxUpdate, message } }
   }
   const maxFrame = limits?.max_frame_bytes
   if (!Number.isInteger(maxFrame) || envelope(item, 1) + base64Length(size) <= maxFrame) {
     return { frames: [frame(item, item.update)] }
   }
   if (!features.has('update_parts')) {
-    return { refused: { size, limit: maxFrame, message: `the update is ${size} bytes, larger than a frame (max_frame_bytes ${maxFrame}), and the server does not take updates in parts; not sent` } }
+    const message = `the update is ${size} bytes, larger than a frame (max_frame_bytes ${maxFrame}), ` +
+      'and the server does not take updates in parts; not sent'
+    return { refused: { size, limit: maxFrame, message } }
   }
   const slice = sliceBytes(item, maxFrame, size)
   const parts = Math.ceil(size / slice)
