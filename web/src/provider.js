@@ -245,7 +245,7 @@ export class YrelayProvider extends ObservableV2 {
       // is pushed again once they integrate (_applyRemote), or at the next
       // subscribe.
       this.needsSync = true
-      this._awaitingDependencies = true
+      this._awaitingDependencies = this.doc.store.pendingStructs !== null
       this.emit('dropped', [{ clock: frame.clock, ranges: frame.dropped }])
     }
     if (item !== undefined) {
