@@ -25,6 +25,11 @@ class Settings:
     max_docs_per_connection: int = 10_000
     #: Updates of one connection being appended at once (more waits).
     max_inflight_appends: int = 256
+    #: Bytes of updates one connection may have between arrival and answer
+    #: before it stops reading (yrelay/app/inflight.py) ...
+    max_inflight_bytes_per_connection: int = 32 * 1024 * 1024
+    #: ... and all connections of a process together.
+    max_inflight_bytes: int = 256 * 1024 * 1024
     #: Entries sent to a subscription and not yet acked before sending pauses.
     max_unacked_entries: int = 5_000
     #: Entries sent and not yet acked on one connection, all its documents

@@ -37,6 +37,7 @@ from .limits import DeliveryBudget, Refusal, TokenBucket
 from .presence import Member, NotOwner, PresenceFull
 from .quotas import SubjectBuckets
 from .appender import AppendResult
+from .inflight import InflightUpdates
 from .subscription import Send, Subscription
 from .update_parts import UpdateParts, frame_identity
 from .validator import ValidatorUnavailable
@@ -74,7 +75,8 @@ class Connection:
         self.subscriptions: dict[str, Subscription] = {}
         self.presence: dict[str, Member] = {}
         self._send_lock = asyncio.Lock()
-        self._inflight = asyncio.Semaphore(ctx.settings.max_inflight_appends)
+        self._inflight = InflightUpdates(ctx.settings.max_inflight_appends,
+                                         ctx.settings.max_inflight_bytes_per_connection, ctx.inflight_bytes)
         self._tasks: set[asyncio.Task[None]] = set()
         self._received = 0.0  # when the frame being handled arrived (append latency)
         #: Unacked deliveries of all this connection's documents.
@@ -426,7 +428,7 @@ class Connection:
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
         received = self._received
-        await self._inflight.acquire()
+        await self._inflight.acquire(len(update))
         previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
         self._spawn(self._append_when_valid(frame, update, verdict, previous, self._turn, received))
 
@@ -449,7 +451,7 @@ class Connection:
                 future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update, needs,
                                                   sync_layout=layout if frame.sync else None)
         except BaseException:
-            self._inflight.release()
+            self._inflight.release(len(update))
             raise
         finally:
             if not turn.done():
@@ -457,7 +459,7 @@ class Connection:
         if error is None:
             await self._confirm(frame, future, len(update), received)
             return
-        self._inflight.release()
+        self._inflight.release(len(update))
         if isinstance(error, ValidatorUnavailable):
             error = ProtocolError(ErrorCode.UNAVAILABLE, "the update could not be checked; resend it",
                                   doc=frame.doc, clock=frame.clock)
@@ -487,7 +489,7 @@ class Connection:
             )))
             return
         finally:
-            self._inflight.release()
+            self._inflight.release(size)
         entry_id, duplicate = result.entry_id, result.duplicate
         await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
         if entry_id is None:

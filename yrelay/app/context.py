@@ -24,6 +24,7 @@ from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
 from .appender import Appender
 from .fanout import Fanout
+from .inflight import ByteBudget
 from .limits import Limits
 from .presence import Presence
 from .quotas import SubjectQuotas
@@ -56,6 +57,8 @@ class ServerContext:
     metrics: Metrics
     limits: Limits
     validator: Validator
+    #: Bytes of updates between arrival and answer, all connections together.
+    inflight_bytes: ByteBudget
     process_id: str = field(default_factory=process_name)
 
     @classmethod
@@ -101,6 +104,7 @@ class ServerContext:
             metrics=metrics,
             limits=Limits(settings, SubjectQuotas(redis, store.scripts, settings)),
             validator=Validator(settings.validator_workers, settings.validate_timeout),
+            inflight_bytes=ByteBudget(settings.max_inflight_bytes),
         )
         metrics.watch(ctx)
         if settings.verify_digests:
