@@ -38,10 +38,11 @@ class EnginePool:
 
     def __init__(self, workers: int, timeout: float, module: str = "yrelay.engine"):
         """``module``: what each worker runs (tests name a misbehaving one).
-        Workers start on first use: a server nobody syncs with runs none."""
+        Workers start in :meth:`start`, or on first use."""
         self.timeout = timeout
         self._workers = [WorkerProcess(module) for _ in range(workers)]
-        self._idle: asyncio.Queue[WorkerProcess] = asyncio.Queue()
+        #: Last in, first out: a lone caller keeps getting the warm worker.
+        self._idle: asyncio.LifoQueue[WorkerProcess] = asyncio.LifoQueue()
         for worker in self._workers:
             self._idle.put_nowait(worker)
         self._jobs: set[asyncio.Task[tuple[int, list[bytes]]]] = set()
@@ -51,6 +52,12 @@ class EnginePool:
     @property
     def restarts(self) -> int:
         return sum(worker.restarts for worker in self._workers)
+
+    async def start(self) -> None:
+        """Start the workers now, so the first sync does not pay a Python
+        start-up (~0.1 s)."""
+        for worker in self._workers:
+            await worker.start()
 
     async def stop(self) -> None:
         for job in list(self._jobs):
