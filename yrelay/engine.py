@@ -71,6 +71,18 @@ def _load(updates: Sequence[bytes]) -> pycrdt.Doc:
     return doc
 
 
+def validate_update(update: bytes) -> None:
+    """Raise :class:`crdt.InvalidUpdate` unless pycrdt decodes ``update``.
+
+    The validator workers run this beside y-py's check: an update only one
+    engine could read would stay out of every sync answer and stop GC before
+    it for good (it is never held)."""
+    try:
+        pycrdt.Doc().apply_update(update)
+    except ValueError as exc:
+        raise crdt.InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
+
+
 def _coverage(encoded: bytes) -> update_format.Coverage:
     return update_format.decode(encoded)
 
