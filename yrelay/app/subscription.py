@@ -33,7 +33,7 @@ from ..protocol import ErrorCode, ProtocolError, ResyncReason
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from ..store import Entry, HistoryTrimmed, held_offset
-from .engine_pool import EngineFailed
+from .engine_pool import EngineFailed, precheck_state_vector
 from .fanout import Batch
 from . import sizing
 from .limits import DeliveryBudget
@@ -425,14 +425,14 @@ class Subscription:
         """Two-way state-vector exchange: send what the client lacks, with the
         server's state vector so the client can send back what the server lacks.
 
-        The state vector is decoded and bounded here (pure Python) before any
-        CRDT engine sees it; the answer is computed in an engine worker
-        (:mod:`.engine_pool`), so neither a hostile vector nor a costly
-        document can crash or stall this process."""
+        The state vector is decoded and bounded (pure Python) before any CRDT
+        engine sees it, here when it is small; the answer is computed in an
+        engine worker (:mod:`.engine_pool`), so neither a hostile vector nor a
+        costly document can crash or stall this process."""
         state_vector = self._sync_vector
         assert state_vector is not None
         try:
-            crdt.check_state_vector(state_vector)
+            precheck_state_vector(state_vector)
             snapshot, entries = await self.ctx.store.load_entries(self.doc, self.ctx.settings.page_size)
             answer = await self.ctx.engine.sync_answer(state_vector, snapshot.update,
                                                        [entry.update for entry in entries])
