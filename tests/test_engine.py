@@ -19,6 +19,7 @@ import pytest
 import websockets
 from conftest import running_server
 from gcutil import append_at
+from test_reconciliation import varint
 from wsraw import RawPeer
 
 from yrelay import crdt, engine, update_format
@@ -222,14 +223,6 @@ async def test_sync_over_1500_reversed_updates_answers_within_200ms(redis_url, r
     assert len(text_of_update(diff)) == 1500 and parts[-1]["offset"] == "1500-0"
     assert elapsed < 0.2, f"sync answered in {elapsed * 1000:.0f} ms"
     assert probe.worst < 0.1, f"event loop stalled {probe.worst * 1000:.0f} ms"
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    return bytes(out + bytes([value]))
 
 
 async def test_a_megabyte_state_vector_is_checked_off_the_event_loop(redis_url):

@@ -27,6 +27,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from test_reconciliation import varint
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -72,14 +73,6 @@ def _valid_state_vectors() -> list[bytes]:
     return [b"\x00", crdt.state_vector(doc), crdt.state_vector(other)]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    return bytes(out + bytes([value]))
-
-
 # ------------------------------------------------------------------ strategies
 
 
@@ -119,7 +112,7 @@ state_vector_bytes = st.one_of(
     st.sampled_from(_valid_state_vectors()),
     st.sampled_from(_valid_state_vectors()).flatmap(mutated),
     st.just(HOSTILE_STATE_VECTOR),
-    st.builds(lambda count, pairs: _varint(count) + b"".join(_varint(c) + _varint(k) for c, k in pairs),
+    st.builds(lambda count, pairs: varint(count) + b"".join(varint(c) + varint(k) for c, k in pairs),
               st.integers(0, 2**64), st.lists(st.tuples(st.integers(0, 2**64), st.integers(0, 2**64)), max_size=4)),
     st.binary(max_size=24),
 )
