@@ -202,7 +202,7 @@ async def reversed_stream(redis_client, doc: str, count: int) -> list[bytes]:
 
 async def test_sync_over_1500_reversed_updates_answers_within_200ms(redis_url, redis_client):
     await reversed_stream(redis_client, "rev", 1500)
-    async with running_server(redis_url) as url:
+    async with running_server(redis_url, gc_interval=0) as url:  # GC would fold them first
         peer = await RawPeer.connect(url)
         await peer.send({"op": "subscribe", "doc": "warm-up"})
         await peer.expect("subscribed")

@@ -114,7 +114,6 @@ class ServerContext:
         ctx.presence.start()
         ctx.revocations.start()
         await ctx.validator.start()
-        await ctx.engine.start()
         return ctx
 
     def scripts(self) -> list[Script]:

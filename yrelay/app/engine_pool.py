@@ -50,7 +50,9 @@ class EnginePool:
 
     def __init__(self, workers: int, timeout: float, module: str = "yrelay.engine"):
         """``module``: what each worker runs (tests name a misbehaving one).
-        Workers start in :meth:`start`, or on first use."""
+        Workers start on first use (~0.1 s of Python start-up, paid by the
+        first sync or fold): a server start does not compete with them, and
+        a process nobody syncs with runs none."""
         self.timeout = timeout
         self._workers = [WorkerProcess(module) for _ in range(workers)]
         #: Last in, first out: a lone caller keeps getting the warm worker.
@@ -64,12 +66,6 @@ class EnginePool:
     @property
     def restarts(self) -> int:
         return sum(worker.restarts for worker in self._workers)
-
-    async def start(self) -> None:
-        """Start the workers now, so the first sync does not pay a Python
-        start-up (~0.1 s)."""
-        for worker in self._workers:
-            await worker.start()
 
     async def stop(self) -> None:
         for job in list(self._jobs):
