@@ -26,16 +26,16 @@ async def test_a_sync_that_meets_a_redis_error_is_answered_when_redis_is_back(re
         await writer.wait_idle()
         await eventually(lambda: rdoc.text == "<before>")
 
-        load_document = DocumentStore.load_document
+        load_entries = DocumentStore.load_entries  # what a sync answer reads
         failures = []
 
         async def fails_once(self, doc, page_size=500):
             if not failures:
                 failures.append(doc)
                 raise redis.exceptions.ConnectionError("Connection closed by server.")
-            return await load_document(self, doc, page_size)
+            return await load_entries(self, doc, page_size)
 
-        monkeypatch.setattr(DocumentStore, "load_document", fails_once)
+        monkeypatch.setattr(DocumentStore, "load_entries", fails_once)
         synced: list[dict] = []
         reader.on_event = lambda name, data: synced.append(data) if name == "synced" else None
         rdoc.synced.clear()

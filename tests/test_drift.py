@@ -325,8 +325,11 @@ async def test_a_lost_own_update_past_the_last_delivery_is_given_back(redis_url,
         crdt.insert_text(doc.ydoc, 0, "<lost>")
         await writer.wait_idle()
         await restore_document(redis_client, "solo", backup)
+        synced: list[dict] = []
+        writer.on_event = lambda name, data: synced.append(data) if name == "synced" else None
         await writer.drop_connection()
-        await eventually(lambda: writer.resyncs == 1 and writer.pending == 0 and writer.connected.is_set())
+        # The sync reply, not the request: what the server lacks is sent on the reply.
+        await eventually(lambda: writer.resyncs == 1 and synced and writer.pending == 0 and writer.connected.is_set())
         await writer.wait_idle()
         server_doc, _ = await DocumentStore(redis_client).load_document("solo")
         assert crdt.text_of(server_doc) == doc.text == "<lost><before>"

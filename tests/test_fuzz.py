@@ -1,6 +1,6 @@
 """Fuzzing a live server process with Hypothesis: whole frames, valid-shaped
 and mutated, wrong types, huge numbers, unicode, random ops, random and
-mutated Yjs updates, broken base64.
+mutated Yjs updates, hostile and mutated sync state vectors, broken base64.
 
 After the run: the process still serves (``/readyz``, a fresh client
 syncs), every stream entry in Redis is a valid Yjs update, nothing was
@@ -27,6 +27,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from test_reconciliation import varint
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -60,6 +61,18 @@ def _valid_updates() -> list[bytes]:
 
 VALID = _valid_updates()
 ABORTS_YPY = bytes.fromhex("0101f430c4014501460af4313220c3bcf09f988000")
+#: y-py 0.6.2 tries to allocate ~146 GB for this state vector and aborts.
+HOSTILE_STATE_VECTOR = base64.b64decode("/////w8=")
+
+
+def _valid_state_vectors() -> list[bytes]:
+    doc = crdt.new_doc(7)
+    for update in VALID:
+        crdt.apply_update(doc, update)
+    other = crdt.new_doc(2**53 - 1)
+    crdt.insert_text(other, 0, "x")
+    crdt.apply_update(other, crdt.encode_state(doc))
+    return [b"\x00", crdt.state_vector(doc), crdt.state_vector(other)]
 
 
 # ------------------------------------------------------------------ strategies
@@ -96,6 +109,17 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+#: State vectors: real ones, mutated, with huge counts, client ids and clocks.
+state_vector_bytes = st.one_of(
+    st.sampled_from(_valid_state_vectors()),
+    st.sampled_from(_valid_state_vectors()).flatmap(mutated),
+    st.just(HOSTILE_STATE_VECTOR),
+    st.builds(lambda count, pairs: varint(count) + b"".join(varint(c) + varint(k) for c, k in pairs),
+              st.integers(0, 2**64), st.lists(st.tuples(st.integers(0, 2**64), st.integers(0, 2**64)), max_size=4)),
+    st.binary(max_size=24),
+)
+
+
 payloads = st.one_of(
     update_bytes.map(b64),
     update_bytes.map(lambda data: b64(data)[:-1] if data else "="),  # truncated base64
@@ -124,7 +148,9 @@ shaped = st.one_of(
     st.fixed_dictionaries({"op": st.just("unsubscribe"), "doc": doc_ids}),
     st.fixed_dictionaries({"op": st.just("ack"), "doc": doc_ids, "offset": offsets}),
     st.fixed_dictionaries({"op": st.just("sync"), "doc": doc_ids,
-                           "state_vector": st.one_of(st.binary(max_size=24).map(b64), payloads)}),
+                           "state_vector": st.one_of(state_vector_bytes.map(b64), payloads)}),
+    st.fixed_dictionaries({"op": st.just("sync"), "doc": st.sampled_from(FUZZ_DOCS),
+                           "state_vector": state_vector_bytes.map(b64)}),
     st.fixed_dictionaries({"op": st.just("check_subscriptions"), "count": clocks, "hash": hexes},
                           optional={"ref": clocks}),
     st.fixed_dictionaries({"op": st.just("reconcile"), "payload": st.binary(max_size=80).map(b64)},

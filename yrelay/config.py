@@ -72,6 +72,12 @@ class Settings:
     #: Seconds a validator process may spend on one batch before it is
     #: killed and restarted (its updates are then checked one by one).
     validate_timeout: float = 2.0
+    #: CRDT engine processes (pycrdt) that compute sync answers and GC
+    #: folds, started on first use (0: a thread of the server process) ...
+    engine_workers: int = 2
+    #: ... and the seconds one may spend on one document before it is killed
+    #: (the sync is answered ``document_unavailable``, the fold waits).
+    engine_timeout: float = 10.0
 
     #: Largest awareness (presence) update accepted, in bytes (decoded).
     max_awareness_bytes: int = 32 * 1024

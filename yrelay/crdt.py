@@ -1,14 +1,14 @@
-"""Everything yrelay needs from the CRDT library, behind one small interface.
+"""The y-py side of yrelay: the Python client's documents, and update
+validation, behind one small interface.
 
-The rest of the code base never imports ``y_py``; swapping it for pycrdt (or a
-later Yrs binding) means changing this module only.
+The rest of the code base never imports ``y_py``. The server computes sync
+answers and GC folds with pycrdt instead (:mod:`yrelay.engine`, chosen in
+docs/architecture.md#crdt-engine); both speak plain Yjs v1 updates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-
 import y_py
 
 from . import update_format
@@ -76,9 +76,13 @@ def apply_updates(doc: Doc, updates: Sequence[bytes]) -> None:
     y-py 0.6.2 keeps an update whose dependencies are missing as "pending" and
     never retries it when they arrive later (Yjs and newer Yrs do). Out-of-order
     updates are normal here (a retried update lands after a later one), so the
-    fold re-applies the batch until the document stops changing; re-applying an
-    integrated update is a no-op.
+    updates are applied in each client's clock order
+    (:func:`update_format.causal_order`, one pass); should a dependency on
+    another client's item still leave one pending, the batch is re-applied
+    until the document stops changing (re-applying an integrated update is a
+    no-op). The server's engine (:mod:`yrelay.engine`) needs none of this.
     """
+    updates = update_format.causal_order(updates)
     for update in updates:
         apply_update(doc, update)
     state = encode_state(doc)
@@ -98,65 +102,19 @@ def merge_updates(updates: Iterable[bytes], base: bytes | None = None) -> bytes:
     return encode_state(doc)
 
 
-@dataclass(frozen=True)
-class Fold:
-    """A new snapshot, and how many of the folded updates it surely holds."""
-
-    snapshot: bytes
-    #: The first ``held`` updates are all in ``snapshot``; ``held < len(updates)``
-    #: means update number ``held`` did not land (its dependencies are missing,
-    #: or y-py could not reload it) and must stay in the stream.
-    held: int
-
-
-def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
-    """Fold ``updates`` into the snapshot ``base`` and prove what the result holds.
-
-    The proof reloads the new snapshot into a fresh document, exactly as every
-    later reader will, and checks the ranges each update inserts and deletes
-    against it (:mod:`yrelay.update_format`). y-py drops pending updates when
-    encoding and cannot reload some documents it encoded itself, so trusting
-    ``encode_state`` alone would let GC delete content. If even ``base`` is not
-    fully held, ``held`` is 0 and the snapshot must not be stored.
-    """
-    doc = new_doc()
-    apply_updates(doc, ([base] if base else []) + list(updates))
-    snapshot = encode_state(doc)
-    reloaded = new_doc()
-    apply_update(reloaded, snapshot)
-    whole = update_format.decode(encode_state(reloaded))
-    if base and not _held(whole, base):
-        return Fold(snapshot, 0)
-    return Fold(snapshot, _held_prefix(whole, updates))
-
-
 def held_prefix(doc: Doc, updates: Sequence[bytes]) -> int:
     """How many of ``updates``, from the first on, ``doc`` fully holds.
 
     An update whose dependencies ``doc`` lacks stays pending in y-py, and every
     encoding of ``doc`` leaves it out: whoever hands ``doc`` on as "everything
     up to update N" must stop before the first one not held."""
-    return _held_prefix(update_format.decode(encode_state(doc)), updates)
-
-
-def _held_prefix(whole: update_format.Coverage, updates: Sequence[bytes]) -> int:
-    for index, update in enumerate(updates):
-        if not _held(whole, update):
-            return index
-    return len(updates)
-
-
-def _held(whole: update_format.Coverage, update: bytes) -> bool:
-    try:
-        return update_format.covers(whole, update_format.decode(update))
-    except update_format.MalformedUpdate:
-        return False
+    return update_format.held_prefix(update_format.decode(encode_state(doc)), updates)
 
 
 def contains(doc: Doc, update: bytes) -> bool:
     """True when everything ``update`` inserts and deletes is integrated in ``doc``
     (a pending, unintegrated update is not contained)."""
-    return _held(update_format.decode(encode_state(doc)), update)
+    return update_format.held_prefix(update_format.decode(encode_state(doc)), [update]) == 1
 
 
 class Replica:
@@ -197,10 +155,21 @@ class Replica:
                 return
 
 
+def check_state_vector(state_vector: bytes) -> None:
+    """Raise :class:`InvalidUpdate` unless ``state_vector`` is a well-formed
+    state vector whose numbers are below 2**53 (pure Python: y-py aborts the
+    process on some that are not, see :func:`update_format.decode_state_vector`)."""
+    try:
+        update_format.decode_state_vector(state_vector)
+    except update_format.MalformedUpdate as exc:
+        raise InvalidUpdate(f"not a Yjs state vector: {exc}") from None
+
+
 def encode_state(doc: Doc, state_vector: bytes | None = None) -> bytes:
     """The update that brings a peer at ``state_vector`` (or nothing) to ``doc``."""
     if state_vector is None:
         return y_py.encode_state_as_update(doc)
+    check_state_vector(state_vector)
     try:
         return y_py.encode_state_as_update(doc, state_vector)
     except BaseException as exc:  # noqa: BLE001

@@ -142,15 +142,9 @@ class DocumentStore:
             raw_offset, raw_update = await pipe.execute()
         return Snapshot(stream_id(raw_offset) or ZERO, raw_update or b"")
 
-    async def load_document(self, doc: str, page_size: int = 500) -> tuple[crdt.Doc, StreamId]:
-        """Snapshot + every stream entry after it, as a document and its offset.
-
-        The offset is that of the last entry the document holds *with every
-        entry before it*: an entry whose dependencies are not in the stream yet
-        (a resent update appended after a later one) stays pending in y-py and
-        out of every encoding of the document, so a reader told "you have all
-        up to here" must be told so only up to the entry before it, and be
-        sent the rest again.
+    async def load_entries(self, doc: str, page_size: int = 500) -> tuple[Snapshot, list[Entry]]:
+        """The snapshot and every stream entry after it (the bytes a sync
+        answer integrates, in the server's engine workers).
 
         Retries from a fresh snapshot if a compaction trims entries while the
         stream is being read.
@@ -163,11 +157,30 @@ class DocumentStore:
                     entries.extend(page)
             except HistoryTrimmed:
                 continue
-            updates = [entry.update for entry in entries]
-            ydoc = crdt.new_doc()
-            crdt.apply_updates(ydoc, ([snapshot.update] if snapshot.update else []) + updates)
-            held = crdt.held_prefix(ydoc, updates)
-            return ydoc, entries[held - 1].id if held else snapshot.offset
+            return snapshot, entries
+
+    async def load_document(self, doc: str, page_size: int = 500) -> tuple[crdt.Doc, StreamId]:
+        """Snapshot + every stream entry after it, as a y-py document and its
+        offset (tools and tests; the server answers syncs from
+        :meth:`load_entries` in its engine workers).
+
+        The offset is that of the last entry the document holds *with every
+        entry before it*: an entry whose dependencies are not in the stream yet
+        (a resent update appended after a later one) stays pending and out of
+        every encoding of the document, so a reader told "you have all up to
+        here" must be told so only up to the entry before it, and be sent the
+        rest again.
+        """
+        snapshot, entries = await self.load_entries(doc, page_size)
+        updates = [entry.update for entry in entries]
+        ydoc = crdt.new_doc()
+        crdt.apply_updates(ydoc, ([snapshot.update] if snapshot.update else []) + updates)
+        return ydoc, held_offset(snapshot, entries, crdt.held_prefix(ydoc, updates))
+
+
+def held_offset(snapshot: Snapshot, entries: list[Entry], held: int) -> StreamId:
+    """The offset of a document holding ``snapshot`` and the first ``held`` of ``entries``."""
+    return entries[held - 1].id if held else snapshot.offset
 
 
 def append_keys(doc: str) -> list[str]:

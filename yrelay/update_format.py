@@ -19,7 +19,9 @@ The layout, per the Yjs source (``encoding.js``, ``UpdateDecoderV1``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+import heapq
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
@@ -27,6 +29,7 @@ Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
 _BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
 _GC, _SKIP = 0, 10
 _TYPE_NEEDS_KEY = {3, 5}  # YXmlElement, YXmlHook carry a node name
+_NO_END = float("inf")
 
 
 class MalformedUpdate(ValueError):
@@ -232,7 +235,10 @@ def _within(inner: Ranges, outer: Ranges) -> bool:
     for client, ranges in inner.items():
         available = outer.get(client, [])
         for start, end in ranges:
-            if not any(lo <= start and end <= hi for lo, hi in available):
+            # ``available`` is merged and sorted: only the last range starting
+            # at or before ``start`` can hold it (a bisection, not a scan).
+            index = bisect.bisect_right(available, (start, _NO_END)) - 1
+            if index < 0 or available[index][1] < end:
                 return False
     return True
 
@@ -257,6 +263,89 @@ def covers(whole: Coverage, part: Coverage) -> bool:
     set every deleted one, so a pending (unintegrated) part shows up as absent.
     """
     return _within(part.structs, whole.structs) and _within(part.deletes, whole.deletes)
+
+
+def held_prefix(whole: Coverage, updates: Sequence[bytes]) -> int:
+    """How many of ``updates``, from the first on, ``whole`` fully holds
+    (an update that does not decode is not held)."""
+    for index, update in enumerate(updates):
+        try:
+            if not covers(whole, decode(update)):
+                return index
+        except MalformedUpdate:
+            return index
+    return len(updates)
+
+
+def decode_state_vector(data: bytes) -> dict[int, int]:
+    """A Yjs state vector (``count``, then ``count`` pairs ``client, clock``)
+    as a dict; raises :class:`MalformedUpdate` unless it is well formed and
+    every number is below 2**53.
+
+    CRDT engines trust these numbers: y-py 0.6.2 sizes an allocation by the
+    count of ``/////w8=`` (about 146 GB) and aborts the process. Here the
+    count is bounded by the bytes present (a pair takes at least two), each
+    varint by eight bytes, and no bytes may trail.
+    """
+    reader = _Reader(data)
+    count = _bounded_uint(reader)
+    if count > (len(data) - reader.pos) // 2:
+        raise MalformedUpdate(f"state vector claims {count} clients in {len(data)} bytes")
+    clocks: dict[int, int] = {}
+    for _ in range(count):
+        client = _bounded_uint(reader)
+        clocks[client] = _bounded_uint(reader)
+    if reader.pos != len(data):
+        raise MalformedUpdate("trailing bytes after the state vector")
+    return clocks
+
+
+def _bounded_uint(reader: _Reader) -> int:
+    start = reader.pos
+    value = reader.uint()
+    if reader.pos - start > 8 or value > MAX_SAFE_INTEGER:
+        raise MalformedUpdate("number in state vector is 2**53 or more")
+    return value
+
+
+def causal_order(updates: Sequence[bytes]) -> list[bytes]:
+    """``updates`` reordered so that each client's structs come in clock order.
+
+    y-py 0.6.2 integrates one client's structs only when they start at or
+    before what the document already holds of that client, and never retries
+    the rest (they stay pending). Applying in this order integrates a batch
+    stored in any order in one pass: a heap per client of the updates waiting
+    for it, O(n log n) in the number of updates. Updates whose predecessor is
+    missing from the batch (or that do not decode) keep their relative order
+    at the end. Dependencies on other clients' items (origins) are not read,
+    so a caller must still check what landed.
+    """
+    structs: list[Ranges | None] = []
+    for update in updates:
+        try:
+            structs.append(decode(update).structs)
+        except MalformedUpdate:
+            structs.append(None)
+    state: dict[int, int] = {}
+    blocked: dict[int, list[tuple[int, int]]] = {}  # client -> heap of (start clock, index)
+    order: list[int] = []
+    for first, ranges in enumerate(structs):
+        work = [first] if ranges is not None else []
+        while work:
+            index = work.pop()
+            waiting_for = next(((client, spans[0][0]) for client, spans in structs[index].items()  # type: ignore[union-attr]
+                                if spans[0][0] > state.get(client, 0)), None)
+            if waiting_for is not None:
+                heapq.heappush(blocked.setdefault(waiting_for[0], []), (waiting_for[1], index))
+                continue
+            order.append(index)
+            for client, spans in structs[index].items():  # type: ignore[union-attr]
+                state[client] = max(state.get(client, 0), spans[-1][1])
+                heap = blocked.get(client, [])
+                while heap and heap[0][0] <= state[client]:
+                    work.append(heapq.heappop(heap)[1])
+    placed = set(order)
+    return [updates[index] for index in order] + [u for index, u in enumerate(updates) if index not in placed]
 
 
 #: Client ids and clocks above this cannot be exact in JavaScript (nor in

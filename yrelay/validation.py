@@ -18,7 +18,7 @@ import struct
 import sys
 from typing import BinaryIO
 
-from . import crdt
+from . import crdt, engine
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -29,9 +29,12 @@ def encode_request(updates: list[bytes]) -> bytes:
 
 
 def check(update: bytes) -> str:
-    """'' when ``update`` is valid, else why not (at most 200 characters)."""
+    """'' when ``update`` is valid, else why not (at most 200 characters).
+    Valid means both engines read it: y-py (the Python client) and pycrdt
+    (the server's sync answers and folds, :mod:`yrelay.engine`)."""
     try:
         crdt.validate_update(update)
+        engine.validate_update(update)
     except crdt.InvalidUpdate as exc:
         return str(exc)[:200] or "invalid update"
     return ""

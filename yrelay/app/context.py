@@ -23,6 +23,7 @@ from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
 from .appender import Appender
+from .engine_pool import EnginePool
 from .fanout import Fanout
 from .inflight import ByteBudget
 from .limits import Limits
@@ -57,6 +58,7 @@ class ServerContext:
     metrics: Metrics
     limits: Limits
     validator: Validator
+    engine: EnginePool
     #: Bytes of updates between arrival and answer, all connections together.
     inflight_bytes: ByteBudget
     process_id: str = field(default_factory=process_name)
@@ -77,7 +79,8 @@ class ServerContext:
         metrics = Metrics() if settings.metrics else NullMetrics()
         # The same emit calls feed the event log and the metrics.
         events = Events(open_event_log(settings), *([metrics] if settings.metrics else []))
-        collector = Collector(redis, GcPolicy.from_settings(settings), events=events)
+        engine = EnginePool(settings.engine_workers, settings.engine_timeout)
+        collector = Collector(redis, GcPolicy.from_settings(settings), events=events, fold=engine.fold)
         for warning in await check_durability(redis):
             log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
         ctx = cls(
@@ -104,6 +107,7 @@ class ServerContext:
             metrics=metrics,
             limits=Limits(settings, SubjectQuotas(redis, store.scripts, settings)),
             validator=Validator(settings.validator_workers, settings.validate_timeout),
+            engine=engine,
             inflight_bytes=ByteBudget(settings.max_inflight_bytes),
         )
         metrics.watch(ctx)
@@ -133,6 +137,7 @@ class ServerContext:
         await self.appender.stop()
         await self.ack_writer.stop()
         await self.validator.stop()
+        await self.engine.stop()
         await self.redis.aclose()
         self.events.stop()
 

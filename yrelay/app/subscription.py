@@ -32,7 +32,8 @@ from ..offsets import StreamId
 from ..protocol import ErrorCode, ProtocolError, ResyncReason
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
-from ..store import Entry, HistoryTrimmed
+from ..store import Entry, HistoryTrimmed, held_offset
+from .engine_pool import EngineFailed, precheck_state_vector
 from .fanout import Batch
 from . import sizing
 from .limits import DeliveryBudget
@@ -428,17 +429,29 @@ class Subscription:
 
     async def _answer_sync(self) -> None:
         """Two-way state-vector exchange: send what the client lacks, with the
-        server's state vector so the client can send back what the server lacks."""
+        server's state vector so the client can send back what the server lacks.
+
+        The state vector is decoded and bounded (pure Python) before any CRDT
+        engine sees it, here when it is small; the answer is computed in an
+        engine worker (:mod:`.engine_pool`), so neither a hostile vector nor a
+        costly document can crash or stall this process."""
         state_vector = self._sync_vector
         assert state_vector is not None
-        ydoc, offset = await self.ctx.store.load_document(self.doc, self.ctx.settings.page_size)
         try:
-            diff = crdt.encode_state(ydoc, state_vector)
-        except crdt.InvalidUpdate:
+            precheck_state_vector(state_vector)
+            snapshot, entries = await self.ctx.store.load_entries(self.doc, self.ctx.settings.page_size)
+            answer = await self.ctx.engine.sync_answer(state_vector, snapshot.update,
+                                                       [entry.update for entry in entries])
+        except (crdt.InvalidUpdate, EngineFailed) as exc:
             self._sync_vector = None
-            await self._error(ErrorCode.MALFORMED_FRAME, "state_vector is not a Yjs state vector")
+            if isinstance(exc, EngineFailed):
+                log.warning("document %s: sync answer failed: %s", self.doc, exc)
+                await self._error(ErrorCode.DOCUMENT_UNAVAILABLE, "the sync answer could not be computed")
+            else:
+                await self._error(ErrorCode.MALFORMED_FRAME, "state_vector is not a Yjs state vector")
             return
-        server_vector = crdt.state_vector(ydoc)
+        diff, server_vector = answer.diff, answer.state_vector
+        offset = held_offset(snapshot, entries, answer.held)
         await self.ctx.tracker.track(self.doc, self.session, offset)
         # Taken only now: a Redis error above leaves the request pending and the
         # pump's retry answers it (the client sends its sync once and waits).

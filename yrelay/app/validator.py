@@ -25,6 +25,8 @@ import logging
 import struct
 import sys
 from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from .. import crdt
 from ..validation import encode_request
@@ -37,6 +39,7 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 PREFILTER_BYTES = 4096
 
 _Item = tuple[bytes, "asyncio.Future[Exception | None]"]
+_T = TypeVar("_T")
 
 
 class WorkerFailed(Exception):
@@ -47,8 +50,9 @@ class ValidatorUnavailable(Exception):
     """The update could not be checked (not its fault): try again later."""
 
 
-class _Worker:
-    """One ``python -m yrelay.validation`` process."""
+class WorkerProcess:
+    """One ``python -m <module>`` process spoken to over its stdin/stdout
+    (validation here; the CRDT engine's pool in :mod:`.engine_pool`)."""
 
     def __init__(self, module: str) -> None:
         self.module = module
@@ -65,24 +69,34 @@ class _Worker:
         )
 
     async def check(self, updates: list[bytes], timeout: float) -> list[str]:
+        async def reasons(stdout: asyncio.StreamReader) -> list[str]:
+            found = []
+            for _ in updates:
+                (length,) = struct.unpack(">H", await stdout.readexactly(2))
+                found.append((await stdout.readexactly(length)).decode(errors="replace") if length else "")
+            return found
+
+        return await self.exchange(encode_request(updates), reasons, timeout)
+
+    async def exchange(self, request: bytes, read_reply: Callable[[asyncio.StreamReader], Awaitable[_T]],
+                       timeout: float) -> _T:
+        """Send ``request`` and read the reply within ``timeout`` seconds;
+        a worker that misses the deadline or dies is restarted
+        (:class:`WorkerFailed`). Starts the process on first use."""
         if self.process is None or self.process.returncode is not None:
             await self.restart()
         try:
-            return await asyncio.wait_for(self._round_trip(updates), timeout)
+            return await asyncio.wait_for(self._round_trip(request, read_reply), timeout)
         except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             await self.restart()
             raise WorkerFailed(type(exc).__name__) from None
 
-    async def _round_trip(self, updates: list[bytes]) -> list[str]:
+    async def _round_trip(self, request: bytes, read_reply: Callable[[asyncio.StreamReader], Awaitable[_T]]) -> _T:
         process = self.process
         assert process is not None and process.stdin is not None and process.stdout is not None
-        process.stdin.write(encode_request(updates))
+        process.stdin.write(request)
         await process.stdin.drain()
-        reasons = []
-        for _ in updates:
-            (length,) = struct.unpack(">H", await process.stdout.readexactly(2))
-            reasons.append((await process.stdout.readexactly(length)).decode(errors="replace") if length else "")
-        return reasons
+        return await read_reply(process.stdout)
 
     async def restart(self) -> None:
         await self.stop()
@@ -103,7 +117,7 @@ class Validator:
     def __init__(self, workers: int, timeout: float, module: str = "yrelay.validation"):
         """``module``: what each worker runs (tests name a misbehaving one)."""
         self.timeout = timeout
-        self._workers = [_Worker(module) for _ in range(workers)]
+        self._workers = [WorkerProcess(module) for _ in range(workers)]
         self._queue: deque[_Item] = deque()
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -161,7 +175,7 @@ class Validator:
             self._ready.clear()
         return batch
 
-    async def _serve(self, worker: _Worker) -> None:
+    async def _serve(self, worker: WorkerProcess) -> None:
         while True:
             await self._ready.wait()
             batch = self._take_batch()
@@ -184,7 +198,7 @@ class Validator:
                 if not future.done():
                     future.set_result(error)
 
-    async def _one_by_one(self, worker: _Worker, batch: list[_Item]) -> list[Exception | None]:
+    async def _one_by_one(self, worker: WorkerProcess, batch: list[_Item]) -> list[Exception | None]:
         """A batch hung or crashed its worker: find the update(s) that did."""
         errors: list[Exception | None] = []
         for update, _ in batch:

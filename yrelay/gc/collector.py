@@ -6,11 +6,13 @@ Per document, the steps and why each crash point is safe:
 
 1. **evict** (``gc_evict.lua``): ``ZREMRANGEBYSCORE`` on the tracker. An
    evicted session is resynced on its next ack or reconnect.
-2. **fold** (in Python, off the event loop): snapshot + entries in
+2. **fold** (off the event loop: in the server, an engine worker process,
+   :mod:`yrelay.app.engine_pool`; elsewhere a thread): snapshot + entries in
    ``(snapshot_offset, P]`` where ``P`` is the lowest tracker score left (the
    last id when nobody is tracked). The result is reloaded and checked range by
-   range (:func:`yrelay.crdt.fold`); an entry that did not land stops the fold
-   just before it and stays in the stream.
+   range (:func:`yrelay.engine.fold`); an entry that did not land stops the fold
+   just before it and stays in the stream. A fold that fails (the worker's
+   deadline, a crash) stores nothing: the document waits for the next pass.
 3. **snapshot** (``gc_snapshot.lua``): compare-and-set of snapshot and
    ``snapshot_offset``. A crash after it leaves entries in the stream that the
    snapshot also holds: readers load the snapshot and continue after its
@@ -32,12 +34,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from .. import crdt
+from .. import crdt, engine
 from ..keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
 from ..replies import stream_id, text
@@ -59,6 +61,8 @@ class Step(str, enum.Enum):
 
 
 Checkpoint = Callable[[Step], Awaitable[None]]
+#: Folds updates into a snapshot: :func:`yrelay.engine.fold`, somewhere off the loop.
+Folder = Callable[[bytes, Sequence[bytes]], Awaitable[engine.Fold]]
 
 
 @dataclass
@@ -100,7 +104,7 @@ class _Plan:
     target: StreamId
     base: bytes = b""
     entries: list[Entry] = field(default_factory=list)
-    fold: crdt.Fold | None = None
+    fold: engine.Fold | None = None
     #: The offset the new snapshot covers, once stored.
     stored: StreamId | None = None
     #: The last id trimmed in this collection.
@@ -115,11 +119,18 @@ async def _no_checkpoint(step: Step) -> None:
     return None
 
 
+async def fold_in_thread(base: bytes, updates: Sequence[bytes]) -> engine.Fold:
+    """The default folder (tools, tests): the engine in a worker thread."""
+    return await asyncio.to_thread(engine.fold, base, updates)
+
+
 class Collector:
     """Runs collections; one per process (or per CLI run), any number at once."""
 
     def __init__(self, redis: Redis, policy: GcPolicy, checkpoint: Checkpoint | None = None,
-                 events: EventSink | None = None):
+                 events: EventSink | None = None, fold: Folder = fold_in_thread):
+        """``fold``: where folds run (the server passes its engine pool's)."""
+        self.fold = fold
         self.redis = redis
         self.policy = policy
         self.scripts = Scripts(redis)
@@ -137,7 +148,7 @@ class Collector:
             for plan in plans:
                 plan.report.folded = len(plan.entries)
             return reports
-        await asyncio.to_thread(_fold_all, plans)
+        await asyncio.gather(*(self._fold(plan) for plan in plans if plan.entries))
         await self._store_snapshots(plans)
         await self.checkpoint(Step.SNAPSHOT_WRITTEN)
         await self._trim(plans)
@@ -241,6 +252,16 @@ class Collector:
             length, trimmable = results[2 * index : 2 * index + 2]
             plan.report.stream_length = 0 if isinstance(length, Exception) else int(length)
             plan.report.trimmed = 0 if isinstance(trimmable, Exception) else len(trimmable)
+
+    async def _fold(self, plan: _Plan) -> None:
+        """CPU part of a collection, off the event loop (``self.fold``)."""
+        try:
+            plan.fold = await self.fold(plan.base, [entry.update for entry in plan.entries])
+        except Exception as exc:  # noqa: BLE001 - the engine's deadline or crash: this document waits
+            plan.report.error = f"fold failed: {str(exc)[:200]}"
+            return
+        if plan.fold.held < len(plan.entries):
+            plan.report.blocked_at = str(plan.entries[plan.fold.held].id)
 
     # --------------------------------------------------------- 3. snapshot
 
@@ -379,11 +400,3 @@ def _folded_ids(plan: _Plan, through: StreamId) -> list[str] | None:
     return [str(entry.id) for entry in plan.entries if entry.id <= through]  # at most max_fold_entries
 
 
-def _fold_all(plans: list[_Plan]) -> None:
-    """CPU part of a collection; runs in a worker thread."""
-    for plan in plans:
-        if not plan.entries:
-            continue
-        plan.fold = crdt.fold(plan.base, [entry.update for entry in plan.entries])
-        if plan.fold.held < len(plan.entries):
-            plan.report.blocked_at = str(plan.entries[plan.fold.held].id)

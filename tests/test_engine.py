@@ -1,0 +1,345 @@
+"""The server's CRDT engine (issue 16): state vectors are decoded and bounded
+before any engine sees them, sync answers and GC folds run in engine
+workers under a deadline, and their cost stays near-linear however the
+stream is ordered."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+import pycrdt
+import pytest
+import websockets
+from gcutil import append_at
+from test_reconciliation import varint
+from wsraw import RawPeer
+
+from yrelay import crdt, engine, update_format
+from yrelay.app.engine_pool import EngineFailed, EnginePool
+from yrelay.auth import issue_token
+from yrelay.store import DocumentStore
+from yrelay.testing.processes import ServerProcess
+
+#: y-py 0.6.2 sizes an allocation by this vector's count (~146 GB) and aborts.
+HOSTILE_VECTOR = base64.b64decode("/////w8=")
+BAD_VECTORS = [
+    HOSTILE_VECTOR,
+    b"\x02\x01\x01",  # two pairs claimed, one and a half present
+    b"\x01\x01\x01\x00",  # trailing byte
+    b"\x01\x80\x80\x80\x80\x80\x80\x80\x80\x01\x01",  # client id 2**56 (a nine-byte varint)
+    b"\x01\x01\x80\x80\x80\x80\x80\x80\x80\x10",  # clock 2**53: past JavaScript's exact integers
+    b"",
+]
+SECRET = "engine-test-secret-0123456789abcdef"
+
+
+def one_character_chain(count: int, client_id: int = 7) -> list[bytes]:
+    """``count`` updates of one client, each appending one character: each
+    depends on the one before it."""
+    doc = crdt.new_doc(client_id)
+    updates: list[bytes] = []
+    crdt.observe_updates(doc, updates.append)
+    for index in range(count):
+        crdt.insert_text(doc, index, "abcdefghij"[index % 10])
+    return updates
+
+
+def text_of_update(update: bytes) -> str:
+    doc = crdt.new_doc()
+    crdt.apply_update(doc, update)
+    return crdt.text_of(doc)
+
+
+# ------------------------------------------------------------ pure decoding
+
+
+def test_state_vectors_are_decoded_and_bounded():
+    for bad in BAD_VECTORS:
+        with pytest.raises(update_format.MalformedUpdate):
+            update_format.decode_state_vector(bad)
+        with pytest.raises(crdt.InvalidUpdate):
+            crdt.check_state_vector(bad)
+    ydoc = crdt.new_doc(2**53 - 1)
+    crdt.insert_text(ydoc, 0, "abc")
+    assert update_format.decode_state_vector(crdt.state_vector(ydoc)) == {2**53 - 1: 3}
+    pdoc = pycrdt.Doc(client_id=12345)
+    pdoc.get("text", type=pycrdt.Text).insert(0, "hello")
+    assert update_format.decode_state_vector(pdoc.get_state()) == {12345: 5}
+    assert update_format.decode_state_vector(b"\x00") == {}
+
+
+def test_y_py_never_sees_a_hostile_state_vector():
+    """Before the bound, this call aborted the whole process (run in a child
+    so that the old behaviour fails this test instead of ending the run)."""
+    code = ("import base64; from yrelay import crdt; d = crdt.new_doc(); crdt.insert_text(d, 0, 'x')\n"
+            "try:\n    crdt.encode_state(d, base64.b64decode('/////w8='))\n"
+            "except crdt.InvalidUpdate as e:\n    print('refused', e)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("refused"), (result.returncode, result.stderr[-300:])
+
+
+def test_causal_order_puts_each_clients_updates_in_clock_order():
+    a, b = one_character_chain(5, client_id=1), one_character_chain(4, client_id=2)
+    both = crdt.new_doc(3)
+    crdt.apply_update(both, a[0])
+    crdt.apply_update(both, b[0])
+    crdt.insert_text(both, 0, "z")
+    merged = crdt.encode_state(both)  # client 1 from clock 0, client 2 from clock 0, client 3
+    stored = [b[3], a[4], a[2], b[1], b[2], a[3], a[1], merged]
+    ordered = update_format.causal_order(stored)
+    assert sorted(ordered) == sorted(stored)
+    assert ordered.index(merged) < ordered.index(a[1]) < ordered.index(a[2]) < ordered.index(a[3]) < ordered.index(a[4])
+    assert ordered.index(merged) < ordered.index(b[1]) < ordered.index(b[2]) < ordered.index(b[3])
+    assert update_format.causal_order([b"\xff", a[1]]) == [b"\xff", a[1]]  # undecodable and unplaceable: kept, in order
+
+
+# ------------------------------------------------------------- the engines
+
+
+def test_both_engines_fold_a_reversed_chain_completely():
+    updates = one_character_chain(1500)
+    fold = engine.fold(b"", updates[::-1])
+    assert fold.held == 1500
+    reloaded = crdt.new_doc()
+    crdt.apply_update(reloaded, fold.snapshot)
+    assert len(crdt.text_of(reloaded)) == 1500
+    assert len(text_of_update(crdt.merge_updates(updates[::-1]))) == 1500
+
+
+def test_a_fold_stops_before_an_update_whose_dependency_is_missing():
+    updates = one_character_chain(10)
+    fold = engine.fold(b"", updates[:3] + updates[4:])  # the fourth never arrived
+    assert fold.held == 3
+    assert engine.fold(fold.snapshot, updates[3:]).held == 7  # it arrives: everything lands
+
+
+def test_the_sync_answer_holds_what_the_peer_lacks_and_where_the_stream_is_held():
+    updates = one_character_chain(100)
+    peer = crdt.new_doc()
+    crdt.apply_updates(peer, updates[:40])
+    answer = engine.sync_answer(crdt.state_vector(peer), updates[0], updates[1:][::-1])
+    crdt.apply_update(peer, answer.diff)
+    assert len(crdt.text_of(peer)) == 100 and answer.held == 99
+    assert update_format.decode_state_vector(answer.state_vector) == {7: 100}
+    with pytest.raises(crdt.InvalidUpdate):
+        engine.sync_answer(HOSTILE_VECTOR, b"", updates)
+
+
+async def test_the_pool_cuts_off_a_hanging_or_dying_worker_and_serves_on():
+    pool = EnginePool(workers=1, timeout=0.5, module="yrelay.testing.hanging_engine")
+    updates = one_character_chain(3)
+    try:
+        with pytest.raises(EngineFailed):
+            await pool.sync_answer(b"\x00", b"", [*updates, b"HANG"])
+        with pytest.raises(EngineFailed):
+            await pool.fold(b"", [*updates, b"DIE"])
+        answer = await pool.sync_answer(b"\x00", b"", updates)
+        assert answer.held == 3 and pool.failures == 2 and pool.restarts >= 3
+        with pytest.raises(crdt.InvalidUpdate):
+            await pool.sync_answer(HOSTILE_VECTOR, b"", updates)
+    finally:
+        await pool.stop()
+
+
+async def test_a_cancelled_caller_leaves_no_reply_behind():
+    """The worker finishes the request of a caller that went away; the next
+    caller gets its own answer, not the stale one."""
+    pool = EnginePool(workers=1, timeout=5.0)
+    big, small = one_character_chain(3000), one_character_chain(2, client_id=9)
+    try:
+        first = asyncio.create_task(pool.fold(b"", big[::-1]))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        fold = await pool.fold(b"", small)
+        assert fold.held == 2 and len(text_of_update(fold.snapshot)) == 2
+    finally:
+        await pool.stop()
+
+
+# ------------------------------------------------- over a real server, Redis
+
+
+async def reversed_stream(redis_client, doc: str, count: int) -> list[bytes]:
+    """``count`` one-character updates stored in reverse dependency order,
+    straight into the stream (the API's causal admission would refuse them)."""
+    updates = one_character_chain(count)
+    await append_at(redis_client, doc, list(range(1, count + 1)), updates[::-1])
+    return updates
+
+
+@asynccontextmanager
+async def bystander(ping: Callable[[], Awaitable[None]]) -> AsyncIterator[list[float]]:
+    """Another connection pinging every 5 ms while the body runs: its slowest
+    round trip bounds how long the server's event loop paused."""
+    round_trips: list[float] = []
+    stop = asyncio.Event()
+
+    async def run() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            await ping()
+            round_trips.append(time.perf_counter() - started)
+            await asyncio.sleep(0.005)
+
+    task = asyncio.create_task(run())
+    await asyncio.sleep(0.1)
+    try:
+        yield round_trips
+    finally:
+        await asyncio.sleep(0.1)
+        stop.set()
+        await task
+
+
+def raw_ping(peer: RawPeer) -> Callable[[], Awaitable[None]]:
+    async def ping() -> None:
+        await peer.send({"op": "ping"})
+        await peer.expect("pong")
+
+    return ping
+
+
+@pytest.fixture
+def server(redis_url, tmp_path):
+    """A server in its own process (GC off), so that what is measured is its
+    event loop, not this test's."""
+    process = ServerProcess(redis_url, tmp_path, env={"YRELAY_GC_INTERVAL": "0"}).start()
+    yield process
+    process.stop()
+
+
+async def test_sync_over_1500_reversed_updates_answers_within_200ms(server, redis_client):
+    await reversed_stream(redis_client, "rev", 1500)
+    peer, other = await RawPeer.connect(server.ws_url), await RawPeer.connect(server.ws_url)
+    await peer.send({"op": "subscribe", "doc": "warm-up"})
+    await peer.expect("subscribed")
+    await peer.send({"op": "sync", "doc": "warm-up", "state_vector": base64.b64encode(b"\x00").decode()})
+    await peer.expect("sync_reply", timeout=10)  # the engine worker has started (bounded: not this test)
+    await peer.send({"op": "subscribe", "doc": "rev", "offset": "1500-0"})  # claims all: nothing delivered
+    await peer.expect("subscribed")
+    async with bystander(raw_ping(other)) as round_trips:
+        started = time.perf_counter()
+        await peer.send({"op": "sync", "doc": "rev", "state_vector": base64.b64encode(b"\x00").decode()})
+        parts = [await peer.expect("sync_reply")]
+        while len(parts) < parts[0].get("parts", 1):
+            parts.append(await peer.expect("sync_reply"))
+        elapsed = time.perf_counter() - started
+    await peer.close(), await other.close()
+    diff = b"".join(base64.b64decode(part["update"]) for part in parts)
+    print(f"sync over 1500 reversed: {elapsed * 1000:.1f} ms; {len(round_trips)} pings, "
+          f"slowest {max(round_trips) * 1000:.1f} ms")
+    assert len(text_of_update(diff)) == 1500 and parts[-1]["offset"] == "1500-0"
+    assert elapsed < 0.2, f"sync answered in {elapsed * 1000:.0f} ms"
+    assert max(round_trips) < 0.1, f"a ping waited {max(round_trips) * 1000:.0f} ms"
+
+
+async def test_a_megabyte_state_vector_is_checked_off_the_event_loop(server):
+    """Decoding ~90,000 pairs in pure Python takes ~0.3 s: a vector past the
+    in-loop precheck is decoded by the worker, before pycrdt sees it."""
+    pairs = 90_000
+    hostile = varint(pairs) + b"".join(varint(2**40 + i) + varint(2**30) for i in range(pairs - 1)) \
+        + varint(1) + varint(2**53)  # the last clock is past 2**53
+    frame = {"op": "sync", "doc": "d", "state_vector": base64.b64encode(hostile).decode()}
+    peer, other = await RawPeer.connect(server.ws_url), await RawPeer.connect(server.ws_url)
+    await peer.send({"op": "subscribe", "doc": "d"})
+    await peer.expect("subscribed")
+    async with bystander(raw_ping(other)) as round_trips:
+        await peer.send(frame)
+        refused = await peer.expect("error", timeout=10)
+    assert (refused["code"], refused["doc"]) == ("malformed_frame", "d")
+    await peer.send({"op": "sync", "doc": "d", "state_vector": base64.b64encode(b"\x00").decode()})
+    await peer.expect("sync_reply", timeout=10)
+    await peer.close(), await other.close()
+    print(f"1 MB hostile state vector: {len(round_trips)} pings, slowest {max(round_trips) * 1000:.1f} ms")
+    assert max(round_trips) < 0.1, f"a ping waited {max(round_trips) * 1000:.0f} ms"
+
+
+async def test_gc_folds_1500_reversed_updates_within_a_second(redis_url, redis_client, tmp_path):
+    """The server's own GC pass (``POST /ops/gc``), engine worker start included."""
+    await reversed_stream(redis_client, "rev", 1500)
+    server = ServerProcess(redis_url, tmp_path, env={"YRELAY_GC_INTERVAL": "0", "YRELAY_OPS_TOKEN": "ops"}).start()
+    try:
+        other = await RawPeer.connect(server.ws_url)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=30) as ops, \
+                bystander(raw_ping(other)) as round_trips:
+            started = time.perf_counter()
+            answer = await ops.post("/ops/gc", json={"doc": "rev"}, headers={"Authorization": "Bearer ops"})
+            elapsed = time.perf_counter() - started
+        await other.close()
+    finally:
+        server.stop()
+    [report] = answer.json()["reports"]
+    print(f"GC pass over 1500 reversed: {elapsed * 1000:.1f} ms; {len(round_trips)} pings, "
+          f"slowest {max(round_trips) * 1000:.1f} ms")
+    assert (report["folded"], report["trimmed"], report["blocked_at"], report["error"]) == (1500, 1500, None, None)
+    ydoc, offset = await DocumentStore(redis_client).load_document("rev")
+    assert len(crdt.text_of(ydoc)) == 1500 and str(offset) == "1500-0"
+    assert elapsed < 1.0, f"GC pass took {elapsed * 1000:.0f} ms"
+    assert max(round_trips) < 0.1, f"a ping waited {max(round_trips) * 1000:.0f} ms"
+
+
+class TokenPeer:
+    """A raw connection that authenticates with a token in ``hello``."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, url: str, docs: list[str], perm: str) -> AsyncIterator["TokenPeer"]:
+        async with websockets.connect(url, max_size=None) as ws:
+            peer = cls(ws)
+            await peer.send({"op": "hello", "token": issue_token(SECRET, f"{perm}er", docs, perm, 600)})
+            assert (await peer.until("welcome"))["auth"]["permission"] == perm
+            yield peer
+
+    async def send(self, frame: dict) -> None:
+        await self.ws.send(json.dumps(frame))
+
+    async def until(self, op: str, timeout: float = 5.0) -> dict:
+        while True:
+            frame = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+            if frame["op"] in (op, "error"):
+                return frame
+
+    async def ping(self) -> None:
+        await self.send({"op": "ping"})
+        await self.until("pong")
+
+
+async def test_a_read_only_clients_hostile_sync_is_refused_and_nobody_else_notices(redis_url, tmp_path):
+    """The server in its own process: before the fix, this sync aborted it."""
+    server = ServerProcess(redis_url, tmp_path, env={"YRELAY_INSECURE_NO_AUTH": "0",
+                                                     "YRELAY_AUTH_SECRET": SECRET}).start()
+    try:
+        updates = one_character_chain(3)
+        async with TokenPeer.open(server.ws_url, ["d"], "write") as writer, \
+                TokenPeer.open(server.ws_url, ["d"], "read") as reader, \
+                TokenPeer.open(server.ws_url, ["other"], "read") as other:
+            for peer in (writer, reader):
+                await peer.send({"op": "subscribe", "doc": "d"})
+                assert (await peer.until("subscribed"))["op"] == "subscribed"
+            async with bystander(other.ping) as round_trips:
+                for bad in BAD_VECTORS:
+                    await reader.send({"op": "sync", "doc": "d", "state_vector": base64.b64encode(bad).decode()})
+                    refused = await reader.until("sync_reply")
+                    assert (refused["op"], refused["code"], refused["doc"]) == ("error", "malformed_frame", "d"), refused
+            await writer.send({"op": "update", "doc": "d", "clock": 1,
+                               "update": base64.b64encode(updates[0]).decode()})
+            assert (await writer.until("appended"))["op"] == "appended"
+            assert (await reader.until("deliver"))["op"] == "deliver"
+            await reader.send({"op": "sync", "doc": "d", "state_vector": base64.b64encode(b"\x00").decode()})
+            assert len(text_of_update(base64.b64decode((await reader.until("sync_reply"))["update"]))) == 1
+        assert server.running
+    finally:
+        server.stop()
+    print(f"pings during the attack: {len(round_trips)}, slowest {max(round_trips) * 1000:.1f} ms")
+    assert len(round_trips) > 20 and max(round_trips) < 0.1, (len(round_trips), max(round_trips, default=None))

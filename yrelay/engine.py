@@ -1,0 +1,168 @@
+"""The server's CRDT engine: sync answers and GC folds, computed with pycrdt.
+
+pycrdt (the maintained successor of y-py, newer Yrs) integrates updates in
+any order in one pass and raises ``ValueError`` on every hostile input
+measured, where y-py 0.6.2 aborts the process and needs a re-apply loop whose
+cost grows ~n^2.8 with updates stored out of order (the figures and the
+decision: docs/architecture.md#crdt-engine). Both speak Yjs v1 updates, so a
+snapshot folded here is loaded by y-py clients and browsers alike; the
+Python client's documents stay on y-py (:mod:`yrelay.crdt`).
+
+The server never calls this module in its own process: the work runs in
+``python -m yrelay.engine`` workers (:mod:`yrelay.app.engine_pool`), which
+a crash or a deadline can cost, never the server. Request and reply are
+frames: ``u8 tag``, ``u32 count``, then per item ``u32 length`` + bytes, all
+big-endian. Requests: tag ``F`` (fold: base, updates...) or ``S`` (sync:
+state vector, base, updates...). Replies: tag 0 with the result's items, or
+tag 1 with the reason the input was refused.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import pycrdt
+
+from . import crdt, update_format
+
+FOLD, SYNC = ord("F"), ord("S")
+OK, REFUSED = 0, 1
+_HEAD = struct.Struct(">BI")
+_U32 = struct.Struct(">I")
+
+
+@dataclass(frozen=True)
+class Fold:
+    """A new snapshot, and how many of the folded updates it surely holds."""
+
+    snapshot: bytes
+    #: The first ``held`` updates are all in ``snapshot``; ``held < len(updates)``
+    #: means update number ``held`` did not land (its dependencies are missing,
+    #: or it does not decode) and must stay in the stream.
+    held: int
+
+
+@dataclass(frozen=True)
+class SyncAnswer:
+    """What a peer at some state vector lacks, and what the server holds."""
+
+    diff: bytes
+    state_vector: bytes
+    #: The first ``held`` stream updates are all in the document (the rest
+    #: wait for dependencies): the answer covers the stream up to there.
+    held: int
+
+
+def _load(updates: Sequence[bytes]) -> pycrdt.Doc:
+    """A document holding ``updates``, applied in the given order (pycrdt
+    retries pending structs itself). An update pycrdt refuses is skipped: it
+    is then not held, and whoever asks stops before it."""
+    doc = pycrdt.Doc()
+    for update in updates:
+        if update:
+            try:
+                doc.apply_update(update)
+            except ValueError:
+                continue
+    return doc
+
+
+def validate_update(update: bytes) -> None:
+    """Raise :class:`crdt.InvalidUpdate` unless pycrdt decodes ``update``.
+
+    The validator workers run this beside y-py's check: an update only one
+    engine could read would stay out of every sync answer and stop GC before
+    it for good (it is never held)."""
+    try:
+        pycrdt.Doc().apply_update(update)
+    except ValueError as exc:
+        raise crdt.InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
+
+
+def _coverage(encoded: bytes) -> update_format.Coverage:
+    return update_format.decode(encoded)
+
+
+def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
+    """Fold ``updates`` into the snapshot ``base`` and prove what the result holds.
+
+    The proof reloads the new snapshot into fresh documents of both engines,
+    exactly as later readers will (the server here, the Python client with
+    y-py), and checks the ranges each update inserts and deletes against
+    each reload (:mod:`yrelay.update_format`). Neither engine keeps pending
+    structs or deletes in its encoding, so trusting the encoding alone would
+    let GC delete content. If even ``base`` is not fully held, ``held`` is 0
+    and the snapshot must not be stored.
+    """
+    snapshot = _load([base, *updates]).get_update()
+    wholes = [_coverage(_load([snapshot]).get_update())]
+    reloaded = crdt.new_doc()
+    crdt.apply_update(reloaded, snapshot)  # a worker process: y-py may abort it, not the server
+    if (by_ypy := _coverage(crdt.encode_state(reloaded))) != wholes[0]:
+        wholes.append(by_ypy)
+    if base and any(update_format.held_prefix(whole, [base]) == 0 for whole in wholes):
+        return Fold(snapshot, 0)
+    return Fold(snapshot, min(update_format.held_prefix(whole, updates) for whole in wholes))
+
+
+def sync_answer(state_vector: bytes, base: bytes, updates: Sequence[bytes]) -> SyncAnswer:
+    """The two-way exchange's answer over the snapshot ``base`` and the stream
+    ``updates``; raises :class:`crdt.InvalidUpdate` for a bad state vector
+    (checked by yrelay's own decoder before pycrdt sees it)."""
+    crdt.check_state_vector(state_vector)
+    doc = _load([base, *updates])
+    try:
+        diff = doc.get_update(state_vector)
+    except ValueError as exc:
+        raise crdt.InvalidUpdate(f"not a Yjs state vector: {str(exc)[:200]}") from None
+    held = update_format.held_prefix(_coverage(doc.get_update()), updates)
+    return SyncAnswer(diff, doc.get_state(), held)
+
+
+# -------------------------------------------------------- the worker's wire
+
+
+def encode_frame(tag: int, items: Sequence[bytes]) -> bytes:
+    return _HEAD.pack(tag, len(items)) + b"".join(_U32.pack(len(item)) + item for item in items)
+
+
+def answer(tag: int, items: list[bytes]) -> bytes:
+    """The reply frame to one request frame (runs in the worker)."""
+    try:
+        if tag == FOLD:
+            result = fold(items[0], items[1:])
+            return encode_frame(OK, [result.snapshot, str(result.held).encode()])
+        if tag == SYNC:
+            reply = sync_answer(items[0], items[1], items[2:])
+            return encode_frame(OK, [reply.diff, reply.state_vector, str(reply.held).encode()])
+        return encode_frame(REFUSED, [f"unknown request {tag}".encode()])
+    except (crdt.InvalidUpdate, update_format.MalformedUpdate, IndexError) as exc:
+        return encode_frame(REFUSED, [str(exc)[:200].encode()])
+
+
+def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
+    data = stream.read(size)
+    return data if data is not None and len(data) == size else None
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """Answer request frames until stdin closes."""
+    while (head := _read_exact(stdin, _HEAD.size)) is not None:
+        tag, count = _HEAD.unpack(head)
+        items = []
+        for _ in range(count):
+            length = _read_exact(stdin, _U32.size)
+            item = _read_exact(stdin, _U32.unpack(length)[0]) if length is not None else None
+            if item is None:
+                return
+            items.append(item)
+        stdout.write(answer(tag, items))
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.stdin.buffer, sys.stdout.buffer)
