@@ -11,6 +11,7 @@ then stores the result by compare-and-set (``lua/clocks_set.lua``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -63,11 +64,16 @@ async def bring_clocks_up_to_date(store: "DocumentStore", doc: str, page_size: i
             return blocked
 
 
+def _add_all(builder: StateBuilder, entries: list) -> None:
+    for entry in entries:
+        builder.add(str(entry.id), entry.update)
+
+
 async def _from_snapshot(store: "DocumentStore", doc: str) -> tuple[StateBuilder, StreamId]:
     snapshot = await store.load_snapshot(doc)
     builder = StateBuilder()
     if snapshot.update:
-        builder.add("snapshot", snapshot.update)
+        await asyncio.to_thread(builder.add, "snapshot", snapshot.update)
     return builder, snapshot.offset
 
 
@@ -77,8 +83,7 @@ async def _read_into(store: "DocumentStore", doc: str, builder: StateBuilder, st
 
     try:
         async for page in store.iter_entries(doc, start, last, page_size=page_size):
-            for entry in page:
-                builder.add(str(entry.id), entry.update)
+            await asyncio.to_thread(_add_all, builder, page)  # pure Python: off the event loop
     except HistoryTrimmed:
         return None
     return True

@@ -29,6 +29,10 @@ import pycrdt
 
 from . import crdt, update_format
 
+#: The byte a worker process (this one, or the validator's) writes once its
+#: imports are done: the server's deadlines start from there.
+READY = b"R"
+
 FOLD, SYNC = ord("F"), ord("S")
 OK, REFUSED = 0, 1
 _HEAD = struct.Struct(">BI")
@@ -149,8 +153,11 @@ def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
     return data if data is not None and len(data) == size else None
 
 
+
 def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Answer request frames until stdin closes."""
+    stdout.write(READY)  # imports done: the server's deadlines start from here
+    stdout.flush()
     while (head := _read_exact(stdin, _HEAD.size)) is not None:
         tag, count = _HEAD.unpack(head)
         items = []

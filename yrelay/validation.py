@@ -19,6 +19,7 @@ import sys
 from typing import BinaryIO
 
 from . import crdt, engine
+from .engine import READY
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -46,6 +47,8 @@ def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
 
 
 def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    stdout.write(READY)  # imports done: the server's deadlines start from here
+    stdout.flush()
     while True:
         header = _read_exact(stdin, 4)
         if header is None:

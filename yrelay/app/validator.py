@@ -21,6 +21,7 @@ With ``validator_workers = 0`` everything runs in-loop (the old behaviour).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 import sys
@@ -29,12 +30,14 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .. import crdt
-from ..validation import encode_request
+from ..validation import READY, encode_request
 
 log = logging.getLogger(__name__)
 
 #: Bytes of updates sent to a worker in one batch (at least one update).
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+#: Seconds a worker process may take to start (imports) before it counts as failed.
+STARTUP_TIMEOUT = 60.0
 #: Updates up to this size get the layout check in-loop first (a few us).
 PREFILTER_BYTES = 4096
 
@@ -67,6 +70,15 @@ class WorkerProcess:
             # the log with them. Crashes and timeouts are logged by _one_by_one.
             stderr=asyncio.subprocess.DEVNULL,
         )
+        # Python start-up and imports take 0.1 s, seconds on a loaded host:
+        # they must not count against a request's deadline.
+        assert self.process.stdout is not None
+        try:
+            if await asyncio.wait_for(self.process.stdout.readexactly(1), STARTUP_TIMEOUT) != READY:
+                raise OSError("the worker did not start")
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError):
+            self.process.kill()
+            raise
 
     async def check(self, updates: list[bytes], timeout: float) -> list[str]:
         async def reasons(stdout: asyncio.StreamReader) -> list[str]:
@@ -83,12 +95,17 @@ class WorkerProcess:
         """Send ``request`` and read the reply within ``timeout`` seconds;
         a worker that misses the deadline or dies is restarted
         (:class:`WorkerFailed`). Starts the process on first use."""
-        if self.process is None or self.process.returncode is not None:
-            await self.restart()
+        failures = (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError)
+        try:
+            if self.process is None or self.process.returncode is not None:
+                await self.restart()
+        except failures as exc:
+            raise WorkerFailed(f"could not start: {type(exc).__name__}") from None
         try:
             return await asyncio.wait_for(self._round_trip(request, read_reply), timeout)
-        except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
-            await self.restart()
+        except failures as exc:
+            with contextlib.suppress(*failures):
+                await self.restart()
             raise WorkerFailed(type(exc).__name__) from None
 
     async def _round_trip(self, request: bytes, read_reply: Callable[[asyncio.StreamReader], Awaitable[_T]]) -> _T:
