@@ -8,6 +8,14 @@ Every fault is bounded in time: a paused server is continued, a killed one
 restarted, network conditions are cleared. Faults on the cluster (servers,
 Redis) take a lock, so a failover never races a server restart; network
 faults and client crashes run beside them.
+
+``redis-kill-client-crash`` replays the order of issue 15: Redis goes down
+(a client's update is refused, ``unavailable``, and waits for its resend
+timer), comes back (the client's later updates go out at once), and the
+client, one without persistence, is SIGKILLed as soon as one of those later
+updates is refused with ``missing_dependency`` (its earlier one not resent
+yet), or after a few seconds. The later updates must not have been acked:
+what they build on was never stored.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ class Fault(str, enum.Enum):
     SERVER_PAUSE = "server-pause"  # SIGSTOP, then SIGCONT
     REDIS_KILL = "redis-kill"  # SIGKILL redis-server, restart it from its AOF
     FAILOVER = "failover"  # promote a replica that misses the last writes
-    CLIENT_CRASH = "client-crash"  # SIGKILL a client process, restart it from its state file
+    CLIENT_CRASH = "client-crash"  # SIGKILL a client process, restart it (from its state file, if it has one)
+    REDIS_KILL_CLIENT_CRASH = "redis-kill-client-crash"  # redis-kill, then SIGKILL a client without persistence
     GC = "gc"  # a GC pass at aggressive thresholds (evictions)
     NET_LATENCY = "net-latency"
     NET_BANDWIDTH = "net-bandwidth"
@@ -103,6 +112,10 @@ def _shape(fault: Fault, rng: random.Random) -> tuple[float, float]:
         return rng.uniform(0.3, 1.5), 0.0  # the primary acks alone this long
     if fault in (Fault.REDIS_KILL, Fault.SERVER_KILL, Fault.CLIENT_CRASH):
         return rng.uniform(0.2, 2.0), 0.0  # down this long
+    if fault is Fault.REDIS_KILL_CLIENT_CRASH:
+        # Redis (and then the client) down this long; the longest wait for a
+        # missing_dependency refusal once Redis is back.
+        return rng.uniform(0.5, 2.0), rng.uniform(1.0, 3.0)
     return 0.0, 0.0
 
 
@@ -161,6 +174,8 @@ class Nemesis:
                 async with self._cluster_lock:
                     record.started = self.now()
                     record.detail = await self._cluster_fault(action)
+            elif action.fault is Fault.REDIS_KILL_CLIENT_CRASH:
+                record.detail = await self._outage_then_crash(action, record)
             else:
                 record.detail = await self._other_fault(action)
         except Exception as exc:  # a fault that could not be injected is reported, not fatal
@@ -216,6 +231,31 @@ class Nemesis:
             return f"acked updates missing from the promoted replica: {lost}"
         raise ValueError(action.fault)
 
+    async def _outage_then_crash(self, action: Action, record: Injected) -> str:
+        """Issue 15's order; the detail says what the killed client had been
+        refused since Redis came back (``missing_dependency``: later updates
+        it sent, refused because an earlier one was not stored)."""
+        ephemeral = [client for client in self.clients if not client.config.persist] or self.clients
+        client = ephemeral[action.target % len(ephemeral)]
+        async with self._cluster_lock:
+            record.started = self.now()
+            await asyncio.to_thread(self.cluster.kill_redis)
+            await asyncio.sleep(action.seconds)
+            await asyncio.to_thread(self.cluster.start_redis)
+            back, before = time.monotonic(), _refusals(client)
+            refused = {}
+            while time.monotonic() - back < action.value and not refused.get("missing_dependency"):
+                await asyncio.sleep(0.02)
+                refused = {code: count - before[code] for code, count in _refusals(client).items()}
+            waited = time.monotonic() - back
+            await asyncio.to_thread(client.kill)
+            lost = await self.probe_loss(f"redis-kill at {action.at}s")
+        await asyncio.sleep(action.seconds)
+        client.start()
+        return (f"{client.name} killed {waited:.2f}s after Redis was back, having been refused since: "
+                f"missing_dependency {refused.get('missing_dependency', 0)}, unavailable {refused.get('unavailable', 0)}; "
+                f"acked updates missing from the restarted Redis: {lost}")
+
     async def _other_fault(self, action: Action) -> str:
         if action.fault is Fault.GC:
             return await self._gc_pass()
@@ -239,3 +279,10 @@ class Nemesis:
         await asyncio.sleep(action.seconds)
         proxy.clear()
         return client.name
+
+
+def _refusals(client: ClientProcess) -> dict[str, int]:
+    """The client's ``unavailable`` / ``missing_dependency`` errors so far (from
+    its status file, at most 250 ms old)."""
+    counters = (client.status() or {}).get("counters", {})
+    return {code: counters.get(f"error:{code}", 0) for code in ("unavailable", "missing_dependency")}

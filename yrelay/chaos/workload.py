@@ -11,8 +11,12 @@ It leaves three files in its directory for the harness:
   incarnations carried over);
 - ``final.json``: written on SIGTERM: every document's Yjs state.
 
-It persists its client state in ``state.json`` (:mod:`yrelay.client.persistence`),
-so a restarted process resumes the session and resends what was not acked.
+With ``persist`` it keeps its client state in ``state.json``
+(:mod:`yrelay.client.persistence`), so a restarted process resumes the session
+and resends what was not acked. Without it, a restarted process is a new
+client, as a browser tab closed without IndexedDB would be: new session, empty
+documents, a new Yjs client id; what the killed one had not got acked is gone
+(the harness's own files above are kept).
 Run: ``python -m yrelay.chaos.workload CONFIG.json``.
 """
 
@@ -55,6 +59,8 @@ class WorkloadConfig:
     window_file: str
     #: Mean seconds between two edits.
     edit_interval: float = 0.15
+    #: Keep the client state in ``state.json`` across crashes.
+    persist: bool = True
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -77,8 +83,9 @@ class Workload:
         self.incarnation = int(time.time() * 1000)
         self.rng = random.Random(f"{config.seed}-{config.name}-{self.incarnation}")
         self.base_counters = self._previous_counters()
+        state_file = ClientStateFile(self.dir / "state.json") if config.persist else None
         self.client = YrelayClient(config.url, backoff=CHAOS_BACKOFF, subscription_check_interval=10.0,
-                                   state_file=ClientStateFile(self.dir / "state.json"), on_event=self._on_event)
+                                   state_file=state_file, on_event=self._on_event)
         self.acked_log = open(self.dir / "acked.jsonl", "a", buffering=1)
         self.edits = 0
         self.reconnects = 0
@@ -99,6 +106,8 @@ class Workload:
             self.acked_log.write(json.dumps(line) + "\n")
         elif name == "connected":
             self.reconnects += 1
+        elif name == "error" and data.get("code") == "missing_dependency":
+            self._write_status(self._ready())  # the nemesis waits for this one (redis-kill-client-crash)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -149,8 +158,11 @@ class Workload:
     async def _status_loop(self) -> None:
         while True:
             await asyncio.sleep(STATUS_INTERVAL)
-            docs = self.client.docs
-            self._write_status(ready=len(docs) == len(self.config.docs) and all(d.synced.is_set() for d in docs.values()))
+            self._write_status(self._ready())
+
+    def _ready(self) -> bool:
+        docs = self.client.docs
+        return len(docs) == len(self.config.docs) and all(d.synced.is_set() for d in docs.values())
 
     def counters(self) -> dict[str, int]:
         now = {
