@@ -13,9 +13,10 @@ faults and client crashes run beside them.
 (a client's update is refused, ``unavailable``, and waits for its resend
 timer), comes back (the client's later updates go out at once), and the
 client, one without persistence, is SIGKILLed as soon as one of those later
-updates is refused with ``missing_dependency`` (its earlier one not resent
-yet), or after a few seconds. The later updates must not have been acked:
-what they build on was never stored.
+updates is answered (``appended`` by a server without causal admission,
+``missing_dependency`` by one with it) while the earlier one is unacked, or
+after a few seconds. The later updates must not have been acked: what they
+build on was never stored.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ class Nemesis:
             await asyncio.to_thread(self.cluster.start_redis)
             back, before = time.monotonic(), _refusals(client)
             refused = {}
-            while time.monotonic() - back < action.value and not refused.get("missing_dependency"):
+            while time.monotonic() - back < action.value and not refused.get("answered_past_unacked"):
                 await asyncio.sleep(0.02)
                 refused = {code: count - before[code] for code, count in _refusals(client).items()}
             waited = time.monotonic() - back
@@ -252,9 +253,10 @@ class Nemesis:
             lost = await self.probe_loss(f"redis-kill at {action.at}s")
         await asyncio.sleep(action.seconds)
         client.start()
-        return (f"{client.name} killed {waited:.2f}s after Redis was back, having been refused since: "
-                f"missing_dependency {refused.get('missing_dependency', 0)}, unavailable {refused.get('unavailable', 0)}; "
-                f"acked updates missing from the restarted Redis: {lost}")
+        return (f"{client.name} killed {waited:.2f}s after Redis was back; since then "
+                f"{refused.get('answered_past_unacked', 0)} answers past an unacked update, refused: "
+                f"missing_dependency {refused.get('error:missing_dependency', 0)}, "
+                f"unavailable {refused.get('error:unavailable', 0)}; acked updates missing from the restarted Redis: {lost}")
 
     async def _other_fault(self, action: Action) -> str:
         if action.fault is Fault.GC:
@@ -282,7 +284,8 @@ class Nemesis:
 
 
 def _refusals(client: ClientProcess) -> dict[str, int]:
-    """The client's ``unavailable`` / ``missing_dependency`` errors so far (from
-    its status file, at most 250 ms old)."""
+    """The client's refusals so far and its answers past an unacked update
+    (from its status file: rewritten at once on the latter)."""
     counters = (client.status() or {}).get("counters", {})
-    return {code: counters.get(f"error:{code}", 0) for code in ("unavailable", "missing_dependency")}
+    return {name: counters.get(name, 0)
+            for name in ("error:unavailable", "error:missing_dependency", "answered_past_unacked")}

@@ -89,6 +89,9 @@ class Workload:
         self.acked_log = open(self.dir / "acked.jsonl", "a", buffering=1)
         self.edits = 0
         self.reconnects = 0
+        #: Answers (``appended``, ``missing_dependency``) to an update of a
+        #: document while an earlier one of it was unacked: issue 15's state.
+        self.answered_past_unacked = 0
         self.edit_until: float | None = None
         self.stop = asyncio.Event()
 
@@ -99,6 +102,9 @@ class Workload:
             return {}
 
     def _on_event(self, name: str, data: dict[str, Any]) -> None:
+        if (name == "appended" or data.get("code") == "missing_dependency") and self._earlier_unacked(data):
+            self.answered_past_unacked += 1
+            self._write_status(self._ready())  # the nemesis waits for this (redis-kill-client-crash)
         if name == "appended":
             acked = self.client.acked[-1]
             line = {"doc": acked.doc, "clock": acked.clock, "id": acked.id, "session": self.client.session,
@@ -106,8 +112,10 @@ class Workload:
             self.acked_log.write(json.dumps(line) + "\n")
         elif name == "connected":
             self.reconnects += 1
-        elif name == "error" and data.get("code") == "missing_dependency":
-            self._write_status(self._ready())  # the nemesis waits for this one (redis-kill-client-crash)
+
+    def _earlier_unacked(self, frame: dict[str, Any]) -> bool:
+        return any(item.doc == frame.get("doc") and item.clock < frame.get("clock", -1)
+                   for item in self.client.buffer.all())
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -173,6 +181,7 @@ class Workload:
             "resyncs": self.client.resyncs,
             "drift_repairs": self.client.drifts,
             "connections": self.reconnects,
+            "answered_past_unacked": self.answered_past_unacked,
             "errors": len(self.client.errors),
             **{f"error:{code}": count for code, count in Counter(e.get("code") for e in self.client.errors).items()},
         }
