@@ -70,6 +70,12 @@ def clocks_key(doc: str) -> str:
     return f"{PREFIX}:{{{doc}}}:clocks"
 
 
+def dropped_key(doc: str) -> str:
+    """Set: ids of stream entries an operator dropped because no replica could
+    apply them (yrelay/gc/blocked.py); GC folds them as empty updates."""
+    return f"{PREFIX}:{{{doc}}}:dropped"
+
+
 def presence_key(doc: str) -> str:
     """Hash: awareness clientID -> ``<ms>|<session>|<origin>|<encoded entry>``,
     the last state each present client sent (ephemeral: the key expires
@@ -133,4 +139,4 @@ def documents_key() -> str:
 def document_keys(doc: str) -> list[str]:
     """Every key of one document (all on the same cluster slot)."""
     return [stream_key(doc), tracker_key(doc), meta_key(doc), snapshot_key(doc), dedup_key(doc), presence_key(doc),
-            clocks_key(doc)]
+            clocks_key(doc), dropped_key(doc)]

@@ -36,6 +36,7 @@ from .limits import DeliveryBudget, Refusal, TokenBucket
 from .presence import Member, NotOwner
 from .appender import AppendResult
 from .subscription import Send, Subscription
+from .update_parts import UpdateParts, frame_identity
 from .validator import ValidatorUnavailable
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class Connection:
         #: Resolved once the last update received was submitted or rejected:
         #: updates are validated concurrently but appended in arrival order.
         self._turn: asyncio.Future[None] | None = None
+        #: An update larger than a frame, arriving in parts.
+        self._parts = UpdateParts(ctx.settings.max_update_bytes, self._reject)
 
     async def run(self) -> None:
         """Serve the websocket, unless a connection limit refuses it."""
@@ -128,6 +131,7 @@ class Connection:
             pass
         finally:
             self.state = ConnectionState.CLOSED
+            self._parts.close()
             timer.cancel()
             for task in list(self._tasks):
                 task.cancel()
@@ -155,8 +159,10 @@ class Connection:
             await self._reject(ProtocolError(ErrorCode.MALFORMED_FRAME, "frames are JSON text, not binary"))
             return
         if len(text) > self.ctx.settings.max_frame_bytes:
+            doc, clock = frame_identity(text)  # bounded by ws_max_size; names the refused update
             await self._reject(ProtocolError(
-                ErrorCode.FRAME_TOO_LARGE, f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes"
+                ErrorCode.FRAME_TOO_LARGE, f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes; "
+                "send a larger update in parts (feature update_parts)", doc=doc, clock=clock
             ))
             return
         try:
@@ -178,6 +184,7 @@ class Connection:
             await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
 
     async def _reject(self, error: ProtocolError) -> None:
+        self._parts.refused(error)  # the rest of a refused update's parts is ignored
         log.debug("rejected a frame: %s %s", error.code.value, error.message,
                   extra={"doc": error.doc} if error.doc is not None else None)
         await self.send(protocol.error(error))
@@ -343,12 +350,17 @@ class Connection:
             raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
                                 doc=frame.doc, clock=frame.clock)
         self._subscription(frame.doc)
+        if self._parts.ignored(frame):  # the rest of a refused update's parts
+            return
         assert self._rate is not None
         if not self._rate.take():  # not stored; the client resends after retry_after_ms
             raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {self.ctx.settings.updates_per_second:g} updates/s",
                                 doc=frame.doc, clock=frame.clock, retry_after_ms=self._rate.retry_after_ms())
         update = _decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
                                  frame.doc, frame.clock)
+        update = await self._parts.feed(frame, update)  # None until the last part of an update in parts
+        if update is None:
+            return
         try:
             verdict = self.ctx.validator.submit(update)
         except crdt.InvalidUpdate as exc:
