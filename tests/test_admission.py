@@ -218,3 +218,14 @@ async def test_store_append_refuses_too(redis_client):
     assert refused.value.lacking == {9: 0}
     await store.append("s", "session", 0, updates[0])
     await store.append("s", "session", 1, updates[1])
+
+
+def test_an_update_of_more_structs_than_any_document_encodes_to_is_refused():
+    """Each struct read costs an object: a hostile 16 MiB of two-byte structs
+    must be refused, not materialised."""
+    out = bytearray()
+    for value in (1, update_format.MAX_STRUCTS + 1, 5, 0):
+        _write_uint(out, value)
+    out += b"\x00\x01" * 10
+    with pytest.raises(update_format.MalformedUpdate, match="structs"):
+        update_format.read_layout(bytes(out))

@@ -264,7 +264,13 @@ def covers(whole: Coverage, part: Coverage) -> bool:
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
-@dataclass(frozen=True)
+#: Structs one update may carry (read_layout keeps an object per struct: a
+#: hostile 16 MiB of two-byte structs would otherwise cost over a gigabyte).
+#: A whole heavily edited document encodes to far fewer: Yjs merges runs.
+MAX_STRUCTS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
 class Struct:
     """One struct of an update, with where its bytes are (for re-encoding a part)."""
 
@@ -278,7 +284,7 @@ class Struct:
     end: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Section:
     """The structs of one Yjs client that an update carries, in clock order."""
 
@@ -301,18 +307,29 @@ def read_layout(update: bytes) -> Layout:
     set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1)."""
     reader = _Reader(update)
     sections = []
+    total = 0
     for _ in range(reader.uint()):
         count, client, clock = reader.uint(), reader.uint(), reader.uint()
+        total += count
+        if total > MAX_STRUCTS:
+            raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs in one update")
         structs = []
+        highest = 0  # the largest id value referred to in this section
         for _ in range(count):
             start = reader.pos
             info = reader.byte()
             ref = info & _BITS5
-            refs: list[tuple[int, int]] = []
-            length = reader.uint() if ref in (_GC, _SKIP) else _struct_length(reader, info, refs)
-            structs.append(Struct(clock, length, ref == _SKIP, tuple(refs), start, reader.pos))
+            if ref == _GC or ref == _SKIP:
+                length = reader.uint()
+                structs.append(Struct(clock, length, ref == _SKIP, (), start, reader.pos))
+            else:
+                refs: list[tuple[int, int]] = []
+                length = _struct_length(reader, info, refs)
+                for pair in refs:
+                    highest = max(highest, *pair)
+                structs.append(Struct(clock, length, False, tuple(refs), start, reader.pos))
             clock += length
-            _check_safe(client, clock, *(value for pair in refs for value in pair))
+        _check_safe(client, clock, highest)
         sections.append(Section(client, tuple(structs)))
     delete_start = reader.pos
     deletes = _read_deletes(reader)
