@@ -32,7 +32,7 @@ from .. import crdt, update_format
 from ..admission import Blocked, StateBuilder
 from ..keys import meta_key, stream_key
 from ..replies import text
-from ..store import DocumentStore, Entry, HistoryTrimmed
+from ..store import DocumentStore, Entry, HistoryTrimmed, Snapshot
 from ..testing.checker import DeliveryViolation, absent_ranges, check_delivery, decode_updates, missing_from_state
 from .clients import AckRecord
 
@@ -92,19 +92,24 @@ async def stored_updates(redis_url: str, docs: Iterable[str]) -> dict[str, list[
     try:
         store, stored = DocumentStore(redis), {}
         for doc in docs:
-            while True:
-                snapshot = await store.load_snapshot(doc)
-                updates = [snapshot.update] if snapshot.update else []
-                try:
-                    async for page in store.iter_entries(doc, snapshot.offset):
-                        updates += [entry.update for entry in page]
-                except HistoryTrimmed:
-                    continue  # a GC pass trimmed while we read: from its new snapshot
-                stored[doc] = updates
-                break
+            snapshot, entries = await _snapshot_and_entries(store, doc)
+            stored[doc] = ([snapshot.update] if snapshot.update else []) + [entry.update for entry in entries]
         return stored
     finally:
         await redis.aclose()
+
+
+async def _snapshot_and_entries(store: DocumentStore, doc: str) -> tuple[Snapshot, list[Entry]]:
+    """The snapshot and every stream entry after it, read consistently."""
+    while True:
+        snapshot = await store.load_snapshot(doc)
+        entries: list[Entry] = []
+        try:
+            async for page in store.iter_entries(doc, snapshot.offset):
+                entries += page
+        except HistoryTrimmed:
+            continue  # a GC pass trimmed while we read: from its new snapshot
+        return snapshot, entries
 
 
 def not_stored(stored: list[bytes], updates: Mapping[UpdateKey, bytes]) -> set[UpdateKey]:
@@ -154,15 +159,7 @@ async def stream_states(redis_url: str, docs: Iterable[str]) -> list[StreamState
     try:
         store, states = DocumentStore(redis), []
         for doc in docs:
-            while True:
-                snapshot = await store.load_snapshot(doc)
-                entries: list[Entry] = []
-                try:
-                    async for page in store.iter_entries(doc, snapshot.offset):
-                        entries += page
-                except HistoryTrimmed:
-                    continue
-                break
+            snapshot, entries = await _snapshot_and_entries(store, doc)
             length, blocked_at = await redis.xlen(stream_key(doc)), await redis.hget(meta_key(doc), "blocked_at")
             stuck = await asyncio.to_thread(stuck_entries, snapshot.update, entries)
             states.append(StreamState(doc, int(length), text(blocked_at) if blocked_at else None, stuck))
