@@ -130,7 +130,8 @@ class Injected:
     detail: str = ""
 
 
-#: Called after Redis may have lost writes: ``(label)`` -> acked updates it lacks.
+#: Called after Redis may have lost writes: ``(label)`` -> acked updates it
+#: lacks that no earlier call had found missing.
 LossProbe = Callable[[str], Awaitable[int]]
 
 

@@ -155,7 +155,10 @@ class ChaosRun:
 
     async def probe_loss(self, label: str) -> int:
         """Acked updates (recorded so far) that the current Redis does not
-        store. The reading and decoding run in a thread: the proxies keep going."""
+        store and that no earlier probe had found missing (an earlier
+        failover's losses that clients have not given back yet are not
+        this fault's). The reading and decoding run in a thread: the proxies
+        keep going."""
         by_doc = await asyncio.to_thread(lambda: acked_updates(r for c in self.clients for r in c.acked()))
         stored = await stored_updates(self.cluster.redis_url, by_doc)
 
@@ -163,9 +166,11 @@ class ChaosRun:
             return set().union(*(not_stored(stored[doc], updates) for doc, updates in by_doc.items()))
 
         now = await asyncio.to_thread(missing)
+        new = now - self.lost_from_redis
         self.lost_from_redis |= now
-        log.info("%s: %d acked updates missing from Redis", label, len(now))
-        return len(now)
+        log.info("%s: %d acked updates missing from Redis (%d lost earlier, not given back yet)", label, len(new),
+                 len(now) - len(new))
+        return len(new)
 
     async def _settle(self, t0: float) -> float | None:
         """Seconds after ``t0`` when everyone held the same content, or None."""
