@@ -65,3 +65,29 @@ async def test_a_20mb_paste_is_refused_locally_and_other_documents_keep_syncing(
         assert time.monotonic() - started < 1.0  # the issue's bound for the other document
         await asyncio.sleep(0.5)
         assert writer.connected.is_set() and [name for name, _ in events].count("disconnected") == 0
+
+
+async def test_a_connection_lost_mid_parts_resends_the_update_whole(redis_url, redis_client, make_client):
+    """The socket drops after a few parts: the server stores nothing of
+    them; after the reconnect the client sends the update again from part 0,
+    and it is stored once."""
+    text = paste(60_000)
+    async with running_server(redis_url, max_frame_bytes=4_096) as url:
+        writer, reader = await make_client(url), await make_client(url)
+        wdoc, rdoc = await writer.subscribe("cut"), await reader.subscribe("cut")
+        ws, parts = writer._ws, []
+        original = ws.send
+
+        async def send_then_cut(message: str) -> None:
+            if '"part":' in message:
+                parts.append(message)
+                if len(parts) == 4:
+                    await ws.close(code=4000)
+            await original(message)
+
+        ws.send = send_then_cut
+        crdt.insert_text(wdoc.ydoc, 0, text)
+        await writer.wait_idle(20)
+        assert len(parts) == 4 and writer._ws is not ws  # cut after the fourth, then reconnected
+        await eventually(lambda: rdoc.text == text)
+        assert await redis_client.xlen(stream_key("cut")) == 1

@@ -131,3 +131,30 @@ async def test_an_update_refused_for_content_the_server_lost_is_pushed_by_a_two_
         c = await make_client(url)
         cdoc = await c.subscribe("d")
         await eventually(lambda: cdoc.text == "hello world")
+
+
+async def test_a_sync_push_drops_the_updates_it_covers_unless_their_content_was_left_out(server_url, make_client):
+    """Answers crafted as the server gives them (tests/test_admission.py
+    shows it does): ``dropped`` naming another Yjs client's content (pending
+    structs) still covers the earlier updates; naming this document's own
+    client's content it does not, and they stay queued."""
+    client = await make_client(server_url, backoff=SLOW_RESEND)
+    doc = await client.subscribe("d")
+    swallowed: list[dict] = []
+
+    async def swallow(frame: dict) -> None:  # nothing reaches the server: the test answers
+        swallowed.append(frame)
+
+    client._send_quietly = swallow  # type: ignore[method-assign]
+    own = str(doc.ydoc.client_id)
+    crdt.insert_text(doc.ydoc, 0, "edit")
+    client._enqueue("d", crdt.encode_state(doc.ydoc), sync=True)
+    await eventually(lambda: [f["clock"] for f in swallowed] == [2])  # the push goes; the update it covers waits
+    client._handle({"op": "appended", "doc": "d", "clock": 2, "id": None, "duplicate": False,
+                    "dropped": {own: [[0, 4]]}})
+    assert [item.clock for item in client.buffer.all()] == [1]  # own content left out: clock 1 stays
+    await eventually(lambda: [f["clock"] for f in swallowed] == [2, 1])  # and is sent again
+    client._enqueue("d", crdt.encode_state(doc.ydoc), sync=True)
+    client._handle({"op": "appended", "doc": "d", "clock": 3, "id": "5-0", "duplicate": False,
+                    "dropped": {"424242": [[3, 9]]}})
+    assert client.pending == 0  # another client's pending content only: clock 1 was covered

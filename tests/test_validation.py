@@ -48,6 +48,17 @@ BAD_FRAMES = [
 ]
 
 
+def _update_named_by(frame: str) -> tuple[str, int] | None:
+    """(doc, clock) of an update frame that names both with the right types."""
+    try:
+        raw = json.loads(frame)
+    except ValueError:
+        return None
+    if isinstance(raw, dict) and raw.get("op") == "update" and type(raw.get("clock")) is int:
+        return raw.get("doc"), raw["clock"]
+    return None
+
+
 @pytest.mark.parametrize("frame,code", BAD_FRAMES, ids=[code + str(i) for i, (_, code) in enumerate(BAD_FRAMES)])
 async def test_bad_frame_gets_an_error_and_stores_nothing(server_url, redis_client, frame, code):
     peer = await RawPeer.connect(server_url)
@@ -57,6 +68,9 @@ async def test_bad_frame_gets_an_error_and_stores_nothing(server_url, redis_clie
     error = await peer.expect("error")
     assert error["code"] == code, error
     assert "Traceback" not in error["message"] and error["message"]
+    named = _update_named_by(frame)
+    if named is not None and code != "invalid_doc_id":  # every error about an update names it
+        assert (error.get("doc"), error.get("clock")) == named, error
     assert await redis_client.xlen("yrelay:{v}:stream") == 0
     # same connection still works
     assert (await peer.update("v", 100, good_update()))["op"] == "appended"

@@ -215,10 +215,10 @@ class Connection:
         elif isinstance(frame, Awareness):
             await self._awareness(frame)
 
-    def _subscription(self, doc: str) -> Subscription:
+    def _subscription(self, doc: str, clock: int | None = None) -> Subscription:
         subscription = self.subscriptions.get(doc)
         if subscription is None:
-            raise ProtocolError(ErrorCode.NOT_SUBSCRIBED, "subscribe to the document first", doc=doc)
+            raise ProtocolError(ErrorCode.NOT_SUBSCRIBED, "subscribe to the document first", doc=doc, clock=clock)
         return subscription
 
     async def _hello(self, frame: Hello) -> None:
@@ -349,7 +349,7 @@ class Connection:
         if not self.principal.can_write(frame.doc):
             raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
                                 doc=frame.doc, clock=frame.clock)
-        self._subscription(frame.doc)
+        self._subscription(frame.doc, frame.clock)
         if self._parts.ignored(frame):  # the rest of a refused update's parts
             return
         assert self._rate is not None

@@ -9,7 +9,8 @@ would cross it is refused before it is kept. A part out of order, a change
 of doc, clock or ``parts`` mid-way, or parts of another update while one is
 open discard what was buffered, with an ``error`` naming the discarded
 update's doc and clock, so the client knows to send it again from part 0.
-All connections of a process together hold at most ``PROCESS_PARTS_BYTES``
+One error per broken update: its remaining parts, already on their way, are
+ignored until it starts again at part 0. All connections of a process together hold at most ``PROCESS_PARTS_BYTES``
 of parts: past it a part is refused with ``unavailable`` (resend later), so
 many connections that open large updates and never finish cannot exhaust
 memory.

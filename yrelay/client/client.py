@@ -483,13 +483,20 @@ class YrelayClient:
 
     def _pushed(self, push: PendingUpdate, frame: dict[str, Any]) -> None:
         """A sync push was answered: the updates of its document made before
-        it are in it (they were in the local document it was encoded from)."""
-        covered = self.buffer.drop_covered(push)
-        if frame.get("dropped"):
+        it are in it (they were in the local document it was encoded from),
+        unless the server left out content of this document's own Yjs client."""
+        dropped = frame.get("dropped") or {}
+        if dropped:
             log.info("sync push of %s: the server could not apply %s yet (they come back in a later sync)",
-                     push.doc, frame["dropped"])
+                     push.doc, dropped)
         if frame["id"] is None:
             log.info("sync push of %s: nothing in it could be stored", push.doc)
+        doc = self.docs.get(push.doc)
+        if doc is not None and str(doc.ydoc.client_id) in dropped:
+            log.warning("sync push of %s: own content %s not stored; its updates stay queued",
+                        push.doc, dropped[str(doc.ydoc.client_id)])
+            return
+        covered = self.buffer.drop_covered(push)
         if covered:
             log.info("sync push of %s covers unacked updates %s", push.doc, [item.clock for item in covered])
 
