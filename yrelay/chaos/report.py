@@ -81,7 +81,7 @@ class RunReport:
             "faults injected": ", ".join(f"{kind} {count}" for kind, count in sorted(self.faults_by_kind().items())) or "none",
             "acked updates": delivery.acked_updates,
             "lost acked updates": delivery.lost,
-            "stuck entries (stored, applicable nowhere)": delivery.stuck,
+            "stuck entries (stored, never applicable in full)": delivery.stuck,
             "streams folded into their snapshot after the last GC pass":
                 f"{delivery.folded_streams} of {self.config.get('docs', '?')}"
                 f" ({delivery.unfolded} entries left, {delivery.blocked} blocked)",

@@ -88,6 +88,7 @@ class Workload:
                                    state_file=state_file, on_event=self._on_event)
         self.acked_log = open(self.dir / "acked.jsonl", "a", buffering=1)
         self.edits = 0
+        self.last_token: str | None = None
         self.reconnects = 0
         #: Answers (``appended``, ``missing_dependency``) to an update of a
         #: document while an earlier one of it was unacked: issue 15's state.
@@ -155,13 +156,22 @@ class Workload:
             self.edits += 1
 
     def _edit(self, ydoc: crdt.Doc) -> None:
-        """Mostly insertions of a unique token, sometimes a short deletion."""
-        length = len(crdt.text_of(ydoc))
-        if length > 10 and self.rng.random() < 0.15:
-            start = self.rng.randrange(length)
-            crdt.delete_text(ydoc, start, min(self.rng.randint(1, 4), length - start))
+        """Mostly insertions of a unique token, sometimes a short deletion,
+        sometimes a backspace over the end of this client's last token (a
+        deletion of its own content, maybe not acked yet)."""
+        text = crdt.text_of(ydoc)
+        last = text.find(self.last_token) if self.last_token else -1
+        draw = self.rng.random()
+        if last >= 0 and draw < 0.1:
+            end = last + len(self.last_token)
+            crdt.delete_text(ydoc, end - 3, 3)
+            self.last_token = None
+        elif len(text) > 10 and draw < 0.25:
+            start = self.rng.randrange(len(text))
+            crdt.delete_text(ydoc, start, min(self.rng.randint(1, 4), len(text) - start))
         else:
-            crdt.insert_text(ydoc, self.rng.randint(0, length), f"<{self.config.name}.{self.incarnation % 10000}.{self.edits}>")
+            self.last_token = f"<{self.config.name}.{self.incarnation % 10000}.{self.edits}>"
+            crdt.insert_text(ydoc, self.rng.randint(0, len(text)), self.last_token)
 
     async def _status_loop(self) -> None:
         while True:
