@@ -59,7 +59,7 @@ class DeliveryFigures:
     #: Updates appended to a stream more than once (acked with different ids:
     #: a resend after its dedup entry was trimmed, or under a new session).
     stream_duplicates: int = 0
-    #: Stored entries no replica can apply, after the last GC pass: must be 0.
+    #: Stored entries no replica can apply in full, after the last GC pass: must be 0.
     stuck: int = 0
     #: Entries left in the streams after the last GC pass (not folded into
     #: the snapshot although every live client had acked them): must be 0.
@@ -132,7 +132,7 @@ class StreamState:
     length: int
     #: The entry GC's fold stops at (meta ``blocked_at``), if any.
     blocked_at: str | None
-    #: Stored entries no replica can apply.
+    #: Stored entries no replica can apply in full.
     stuck: list[Blocked]
 
     @property

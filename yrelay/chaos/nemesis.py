@@ -114,8 +114,8 @@ def _shape(fault: Fault, rng: random.Random) -> tuple[float, float]:
     if fault in (Fault.REDIS_KILL, Fault.SERVER_KILL, Fault.CLIENT_CRASH):
         return rng.uniform(0.2, 2.0), 0.0  # down this long
     if fault is Fault.REDIS_KILL_CLIENT_CRASH:
-        # Redis (and then the client) down this long; the longest wait for a
-        # missing_dependency refusal once Redis is back.
+        # Redis (and then the client) down this long; the longest wait, once
+        # Redis is back, for the client to get an answer past an unacked update.
         return rng.uniform(0.5, 2.0), rng.uniform(1.0, 3.0)
     return 0.0, 0.0
 
@@ -234,9 +234,9 @@ class Nemesis:
         raise ValueError(action.fault)
 
     async def _outage_then_crash(self, action: Action, record: Injected) -> str:
-        """Issue 15's order; the detail says what the killed client had been
-        refused since Redis came back (``missing_dependency``: later updates
-        it sent, refused because an earlier one was not stored)."""
+        """Issue 15's order; the detail says what the killed client was
+        answered between Redis's return and its death (``missing_dependency``:
+        later updates refused because an earlier one was not stored)."""
         ephemeral = [client for client in self.clients if not client.config.persist] or self.clients
         client = ephemeral[action.target % len(ephemeral)]
         async with self._cluster_lock:
@@ -244,11 +244,8 @@ class Nemesis:
             await asyncio.to_thread(self.cluster.kill_redis)
             await asyncio.sleep(action.seconds)
             await asyncio.to_thread(self.cluster.start_redis)
-            back, before = time.monotonic(), _refusals(client)
-            refused = {}
-            while time.monotonic() - back < action.value and not refused.get("answered_past_unacked"):
-                await asyncio.sleep(0.02)
-                refused = {code: count - before[code] for code, count in _refusals(client).items()}
+            back = time.monotonic()
+            refused = await _answer_past_unacked(client, action.value)
             waited = time.monotonic() - back
             await asyncio.to_thread(client.kill)
             lost = await self.probe_loss(f"redis-kill at {action.at}s")
@@ -282,6 +279,18 @@ class Nemesis:
         await asyncio.sleep(action.seconds)
         proxy.clear()
         return client.name
+
+
+async def _answer_past_unacked(client: ClientProcess, limit: float) -> dict[str, int]:
+    """Wait up to ``limit`` seconds for ``client`` to be answered about an
+    update while an earlier one of its document is unacked; its refusals
+    and such answers meanwhile."""
+    before, since = _refusals(client), {}
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not since.get("answered_past_unacked"):
+        await asyncio.sleep(0.02)
+        since = {name: count - before[name] for name, count in _refusals(client).items()}
+    return since
 
 
 def _refusals(client: ClientProcess) -> dict[str, int]:
