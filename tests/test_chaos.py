@@ -1,5 +1,8 @@
-"""The fault-injection suite in CI: a seeded minute of every fault loses no
-acknowledged update and converges; a deliberately broken server is caught.
+"""The fault-injection suite in CI: a seeded minute of every fault, with
+clients with and without persistence, loses no acknowledged update,
+converges, leaves no stuck entry and folds every stream; a deliberately
+broken server, and the stuck entries of a server from before causal
+admission, are caught.
 
 The figures of each run are printed (``pytest -s``) and left in
 ``report.md`` under the test's temporary directory; docs/reliability.md has
@@ -12,12 +15,19 @@ import asyncio
 
 import pytest
 
+from gcutil import append_all
+
 from yrelay import crdt
-from yrelay.chaos.checker import not_stored, update_key
+from yrelay.chaos.checker import (DeliveryFigures, check_run, not_stored, server_documents, stream_states,
+                                  update_key)
+from yrelay.chaos.clients import AckRecord
 from yrelay.chaos.nemesis import NETWORK, Fault, parse_faults, schedule
 from yrelay.chaos.proxy import FaultProxy
-from yrelay.redis_server import free_port
+from yrelay.chaos.report import RunReport
 from yrelay.chaos.run import ChaosConfig, run_chaos
+from yrelay.gc import Collector, GcPolicy
+from yrelay.redis_server import free_port
+from yrelay.store import DocumentStore
 from yrelay.testing.checker import DeliveryViolation
 
 
@@ -27,13 +37,22 @@ async def test_a_minute_of_every_fault_loses_no_acked_update(tmp_path):
     report = await run_chaos(config, tmp_path)
     print(report.to_markdown())
     report.verify()
-    assert report.delivery.lost == 0 and report.delivery.acked_updates > 500
-    assert report.delivery.recovered == report.delivery.lost_from_redis
+    delivery = report.delivery
+    assert delivery.lost == 0 and delivery.acked_updates > 500
+    assert delivery.recovered == delivery.lost_from_redis
+    # Issue 15, from the user's side: nothing stored that no replica can
+    # apply, and GC folded every stream into its snapshot.
+    assert delivery.stuck == 0 and delivery.blocked == 0 and delivery.unfolded == 0
+    assert delivery.folded_streams == config.docs
     assert set(report.faults_by_kind()) == {fault.value for fault in Fault}
     assert not [record.detail for record in report.injected if record.detail.startswith(("failed", "skipped"))]
     # appendfsync always: a Redis restarted from its AOF has every acked update.
     assert {record.detail for record in report.injected if record.action.fault is Fault.REDIS_KILL} == {
         "acked updates missing from the restarted Redis: 0"}
+    # Clients without persistence were killed, one right after a Redis outage.
+    assert config.ephemeral_clients == 2 and report.clients["ephemeral_crashes"] >= 1
+    outage_crashes = [r.detail for r in report.injected if r.action.fault is Fault.REDIS_KILL_CLIENT_CRASH]
+    assert outage_crashes and all(detail.endswith("restarted Redis: 0") for detail in outage_crashes)
 
 
 @pytest.mark.timeout(300)
@@ -49,6 +68,86 @@ async def test_the_checker_catches_a_server_that_acks_before_appending(tmp_path)
     with pytest.raises(DeliveryViolation, match="acked updates missing"):
         report.verify()
     assert report.delivery.lost > 0
+
+
+def one_client_updates(count: int) -> list[bytes]:
+    """``count`` updates of one Yjs client, each building on the one before."""
+    doc = crdt.new_doc(9)
+    updates: list[bytes] = []
+    crdt.observe_updates(doc, updates.append)
+    for index in range(count):
+        crdt.insert_text(doc, len(crdt.text_of(doc)), f"<{index}>")
+    return updates
+
+
+async def test_the_checker_catches_an_acked_update_that_no_replica_can_apply(redis_url, redis_client):
+    """Issue 15's failure as a server from before causal admission left it:
+    update 1 refused while Redis was down, update 2 stored and acked anyway,
+    the author killed before resending 1. Redis holds 2; no document can
+    ever apply it, and GC cannot fold past it."""
+    store = DocumentStore(redis_client)
+    first, second, third = one_client_updates(3)
+    [acked_first] = await append_all(store, "doc", [first])
+    [acked_third] = await append_all(store, "doc", [third], session="killed", unchecked=True)
+    [gc] = await Collector(redis_client, GcPolicy()).collect(["doc"])
+    assert gc.blocked_at == str(acked_third)
+    [state] = await stream_states(redis_url, ["doc"])
+    assert state.blocked_at == str(acked_third) and [b.entry_id for b in state.stuck] == [str(acked_third)]
+    records = [AckRecord("writer", "doc", "writer", 0, str(acked_first), False, first),
+               AckRecord("killed", "doc", "killed", 0, str(acked_third), False, third)]
+    server = await server_documents(redis_url, ["doc"])
+    with pytest.raises(DeliveryViolation, match="no replica can apply") as caught:
+        check_run(records, {"server": server}, set(), [state])
+    figures = caught.value.figures
+    assert (figures.lost, figures.stuck, figures.blocked, figures.folded_streams) == (1, 1, 1, 0)
+    assert "server lacks client 9 clocks" in str(caught.value)
+    with pytest.raises(DeliveryViolation, match="no replica can apply"):  # stuck, even if nobody was told so
+        check_run([], {}, set(), [state])
+
+    # The missing update arrives after all: everything applies and folds, and the check passes.
+    await append_all(store, "doc", [second], session="late")
+    [gc] = await Collector(redis_client, GcPolicy()).collect(["doc"])
+    assert gc.blocked_at is None and gc.stream_length == 0
+    [state] = await stream_states(redis_url, ["doc"])
+    figures = check_run(records, {"server": await server_documents(redis_url, ["doc"])}, set(), [state])
+    assert (figures.lost, figures.stuck, figures.blocked, figures.unfolded, figures.folded_streams) == (0, 0, 0, 0, 1)
+
+
+async def test_the_checker_catches_a_stored_deletion_of_content_never_stored(redis_url, redis_client):
+    """A client types, and backspaces what it typed while Redis was down (the
+    insertion was refused), and is closed before resending the insertion.
+    Causal admission stores the deletion (Yjs keeps a deletion of content it
+    lacks pending until the content arrives), but the content never will:
+    no replica applies the deletion, and GC cannot fold past it, for ever."""
+    ydoc = crdt.new_doc(9)
+    updates: list[bytes] = []
+    crdt.observe_updates(ydoc, updates.append)
+    crdt.insert_text(ydoc, 0, "<0>")
+    crdt.insert_text(ydoc, 3, "<1>")
+    crdt.delete_text(ydoc, 3, 3)
+    first, _refused, backspace = updates
+    store = DocumentStore(redis_client)
+    await append_all(store, "doc", [first])
+    [stored] = await append_all(store, "doc", [backspace], session="closed")  # admitted: only a deletion
+    [gc] = await Collector(redis_client, GcPolicy()).collect(["doc"])
+    assert gc.blocked_at == str(stored) and gc.stream_length == 1
+    [state] = await stream_states(redis_url, ["doc"])
+    assert [(b.entry_id, b.missing) for b in state.stuck] == [(str(stored), {9: 3})]
+    records = [AckRecord("closed", "doc", "closed", 1, str(stored), False, backspace)]
+    with pytest.raises(DeliveryViolation, match="no replica can apply") as caught:
+        check_run(records, {"server": await server_documents(redis_url, ["doc"])}, set(), [state])
+    assert (caught.value.figures.stuck, caught.value.figures.blocked) == (1, 1)
+
+
+def test_a_report_with_a_stuck_or_unfolded_entry_fails():
+    def report(**figures: int) -> RunReport:
+        return RunReport("yrelay chaos", {"docs": 1}, [], DeliveryFigures(**figures), {}, {}, True, 1.0, 1.0, 60.0)
+
+    report().verify()
+    for figures in ({"stuck": 1}, {"unfolded": 3}, {"blocked": 1}, {"lost": 1}):
+        with pytest.raises(DeliveryViolation):
+            report(**figures).verify()
+        assert not report(**figures).ok
 
 
 def test_stored_means_in_redis_even_while_waiting_for_a_dependency():

@@ -212,6 +212,8 @@ def chaos(
     seed: int = typer.Option(1, help="Seed of the fault schedule and of the edits."),
     duration: float = typer.Option(60.0, min=10, help="Seconds of editing (faults happen inside it)."),
     clients: int = typer.Option(6, min=1, help="Client processes, each behind its own fault proxy."),
+    ephemeral_clients: Optional[int] = typer.Option(
+        None, min=0, help="Clients without persistence (a killed one restarts as a new client); default half."),
     docs: int = typer.Option(3, min=1, help="Documents every client edits."),
     servers: int = typer.Option(3, min=1, help="yrelay server processes on the one Redis."),
     faults: str = typer.Option("all", help="Comma-separated fault kinds or groups (all, network, server-kill, ...)."),
@@ -223,7 +225,8 @@ def chaos(
 ) -> None:
     """Fault injection: prove that no acknowledged update is lost (docs/reliability.md).
 
-    Exits 1 when an acked update is missing anywhere or the replicas did not converge.
+    Exits 1 when an acked update is missing anywhere, the replicas did not
+    converge, a stored entry can never apply, or a stream did not fold.
     """
     from datetime import datetime, timezone
 
@@ -239,7 +242,10 @@ def chaos(
     if Fault.FAILOVER in kinds and not replica:
         raise typer.BadParameter("the failover fault needs a replica; leave out --no-replica", param_hint="--faults")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ChaosConfig(seed=seed, duration=duration, clients=clients, docs=docs, servers=servers,
+    if ephemeral_clients is not None and ephemeral_clients > clients:
+        raise typer.BadParameter(f"at most --clients ({clients})", param_hint="--ephemeral-clients")
+    config = ChaosConfig(seed=seed, duration=duration, clients=clients, ephemeral_clients=ephemeral_clients,
+                         docs=docs, servers=servers,
                          faults=kinds, fsync=fsync, replica=replica, mean_gap=mean_gap, edit_interval=edit_interval)
     root = out / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     report = asyncio.run(run_chaos(config, root))

@@ -8,10 +8,17 @@ Acked updates that Redis itself lost (a failover, a restart from an AOF
 missing its tail) and that clients gave back are *recovered*, not lost; one
 that is missing anywhere at the end is a loss, and the check raises
 :class:`~yrelay.testing.checker.DeliveryViolation`.
+
+Stored is not enough either (issue 15): after the run's last GC pass every
+stream must have folded into its snapshot, no document may report an entry
+GC cannot fold past (``blocked_at``), and no stored entry may be *stuck*:
+one that no replica can apply because something it builds on was never
+stored (:class:`~yrelay.admission.StateBuilder` over snapshot + stream).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections import Counter, defaultdict
@@ -22,8 +29,11 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from .. import crdt, update_format
-from ..store import DocumentStore, HistoryTrimmed
-from ..testing.checker import DeliveryViolation, check_delivery, decode_updates, missing_from_state
+from ..admission import Blocked, StateBuilder
+from ..keys import meta_key, stream_key
+from ..replies import text
+from ..store import DocumentStore, Entry, HistoryTrimmed, Snapshot
+from ..testing.checker import DeliveryViolation, absent_ranges, check_delivery, decode_updates, missing_from_state
 from .clients import AckRecord
 
 #: An acked update: its document and the SHA-256 of its bytes.
@@ -49,6 +59,15 @@ class DeliveryFigures:
     #: Updates appended to a stream more than once (acked with different ids:
     #: a resend after its dedup entry was trimmed, or under a new session).
     stream_duplicates: int = 0
+    #: Stored entries no replica can apply in full, after the last GC pass: must be 0.
+    stuck: int = 0
+    #: Entries left in the streams after the last GC pass (not folded into
+    #: the snapshot although every live client had acked them): must be 0.
+    unfolded: int = 0
+    #: Documents whose fold GC reports blocked (``blocked_at``): must be 0.
+    blocked: int = 0
+    #: Documents whose stream folded completely into the snapshot.
+    folded_streams: int = 0
     #: Final content length per document.
     content_length: dict[str, int] = field(default_factory=dict)
 
@@ -73,19 +92,24 @@ async def stored_updates(redis_url: str, docs: Iterable[str]) -> dict[str, list[
     try:
         store, stored = DocumentStore(redis), {}
         for doc in docs:
-            while True:
-                snapshot = await store.load_snapshot(doc)
-                updates = [snapshot.update] if snapshot.update else []
-                try:
-                    async for page in store.iter_entries(doc, snapshot.offset):
-                        updates += [entry.update for entry in page]
-                except HistoryTrimmed:
-                    continue  # a GC pass trimmed while we read: from its new snapshot
-                stored[doc] = updates
-                break
+            snapshot, entries = await _snapshot_and_entries(store, doc)
+            stored[doc] = ([snapshot.update] if snapshot.update else []) + [entry.update for entry in entries]
         return stored
     finally:
         await redis.aclose()
+
+
+async def _snapshot_and_entries(store: DocumentStore, doc: str) -> tuple[Snapshot, list[Entry]]:
+    """The snapshot and every stream entry after it, read consistently."""
+    while True:
+        snapshot = await store.load_snapshot(doc)
+        entries: list[Entry] = []
+        try:
+            async for page in store.iter_entries(doc, snapshot.offset):
+                entries += page
+        except HistoryTrimmed:
+            continue  # a GC pass trimmed while we read: from its new snapshot
+        return snapshot, entries
 
 
 def not_stored(stored: list[bytes], updates: Mapping[UpdateKey, bytes]) -> set[UpdateKey]:
@@ -97,6 +121,94 @@ def not_stored(stored: list[bytes], updates: Mapping[UpdateKey, bytes]) -> set[U
     keys = list(updates)
     return {keys[index] for index, part in enumerate(decode_updates(updates.values()))
             if part is None or not update_format.covers(whole, part)}
+
+
+@dataclass
+class StreamState:
+    """One document's storage after the run's last GC pass."""
+
+    doc: str
+    #: Entries still in the stream.
+    length: int
+    #: The entry GC's fold stops at (meta ``blocked_at``), if any.
+    blocked_at: str | None
+    #: Stored entries no replica can apply in full.
+    stuck: list[Blocked]
+
+    @property
+    def folded(self) -> bool:
+        return self.length == 0 and self.blocked_at is None and not self.stuck
+
+
+def stuck_entries(snapshot: bytes, entries: list[Entry]) -> list[Blocked]:
+    """The ``entries`` (after ``snapshot``, in stream order) that a document
+    built from them can never apply in full: integrated as Yjs does, whatever
+    is still waiting once all of them are in waits for good. That includes
+    a deletion of content the document does not hold: causal admission
+    stores it (Yjs keeps it pending until the content arrives), but once
+    everything stored is in, the content never will, and GC's fold stops
+    there (``blocked_at``) for ever."""
+    builder = StateBuilder()
+    if snapshot:
+        builder.add("snapshot", snapshot)
+    for entry in entries:
+        builder.add(str(entry.id), entry.update)
+    stuck = {blocked.entry_id: blocked for blocked in builder.blocked}
+    for entry in entries:
+        lacking = _deleted_beyond(entry.update, builder.clocks)
+        if lacking and str(entry.id) not in stuck:
+            stuck[str(entry.id)] = Blocked(str(entry.id), lacking)
+    order = {str(entry.id): index for index, entry in enumerate(entries)}
+    return sorted(stuck.values(), key=lambda blocked: order.get(blocked.entry_id, -1))
+
+
+def _deleted_beyond(update: bytes, clocks: Mapping[int, int]) -> dict[int, int]:
+    """Clients whose content ``update`` deletes past ``clocks`` (a document's
+    final state vector), each with the document's clock."""
+    try:
+        deletes = update_format.decode(update).deletes
+    except update_format.MalformedUpdate:
+        return {}  # the state builder reports it
+    return {client: clocks.get(client, 0) for client, ranges in deletes.items()
+            if any(end > clocks.get(client, 0) for _, end in ranges)}
+
+
+async def stream_states(redis_url: str, docs: Iterable[str]) -> list[StreamState]:
+    """What each document's storage holds: stream length, GC's ``blocked_at``
+    and the stuck entries of snapshot + stream."""
+    redis = Redis.from_url(redis_url, socket_timeout=30)
+    try:
+        store, states = DocumentStore(redis), []
+        for doc in docs:
+            snapshot, entries = await _snapshot_and_entries(store, doc)
+            length, blocked_at = await redis.xlen(stream_key(doc)), await redis.hget(meta_key(doc), "blocked_at")
+            stuck = await asyncio.to_thread(stuck_entries, snapshot.update, entries)
+            states.append(StreamState(doc, int(length), text(blocked_at) if blocked_at else None, stuck))
+        return states
+    finally:
+        await redis.aclose()
+
+
+def check_streams(streams: Iterable[StreamState], figures: DeliveryFigures) -> list[str]:
+    """Count stuck, unfolded and blocked into ``figures``; the problems found."""
+    problems = []
+    for state in streams:
+        figures.stuck += len(state.stuck)
+        figures.unfolded += state.length
+        figures.blocked += state.blocked_at is not None
+        figures.folded_streams += state.folded
+        if state.stuck:
+            sample = ", ".join(f"{b.entry_id} (lacks {_clocks(b.missing)})" for b in state.stuck[:3])
+            problems.append(f"{state.doc}: {len(state.stuck)} stored entries no replica can apply: {sample}")
+        if state.blocked_at is not None:
+            problems.append(f"{state.doc}: GC cannot fold past {state.blocked_at}")
+        if state.length and not state.stuck and state.blocked_at is None:
+            problems.append(f"{state.doc}: {state.length} entries left in the stream after the last GC pass")
+    return problems
+
+
+def _clocks(missing: dict[int, int]) -> str:
+    return ", ".join(f"client {client} from clock {clock}" for client, clock in missing.items()) or "undecodable"
 
 
 async def server_documents(redis_url: str, docs: Iterable[str]) -> dict[str, crdt.Doc]:
@@ -113,10 +225,13 @@ def check_run(
     records: list[AckRecord],
     replicas: Mapping[str, Mapping[str, crdt.Doc]],
     lost_from_redis: set[UpdateKey],
+    streams: Iterable[StreamState] = (),
 ) -> DeliveryFigures:
     """``replicas``: replica name (``client-3``, ``server``) -> document -> its
-    final state. Raises DeliveryViolation naming every document that lost an
-    acked update or diverged; the figures are on the exception as ``figures``."""
+    final state; ``streams``: the storage after the last GC pass. Raises
+    DeliveryViolation naming every document that lost an acked update (and
+    the ``(client, clock)`` ranges of a few), diverged, or kept a stuck or
+    unfolded stream; the figures are on the exception as ``figures``."""
     figures = DeliveryFigures(acks=len(records))
     ids: dict[UpdateKey, set[str]] = defaultdict(set)
     for record in records:
@@ -127,8 +242,15 @@ def check_run(
     for doc, updates in sorted(acked_updates(records).items()):
         figures.acked_updates += len(updates)
         holders = {name: docs[doc] for name, docs in replicas.items() if doc in docs}
-        for name, ydoc in holders.items():
-            lost |= missing_keys(crdt.encode_state(ydoc), updates)
+        states = {name: crdt.encode_state(ydoc) for name, ydoc in holders.items()}
+        absent: dict[UpdateKey, list[str]] = defaultdict(list)
+        for name, state in states.items():
+            for key in missing_keys(state, updates):
+                absent[key].append(name)
+        lost |= set(absent)
+        problems += [f"{doc}: acked update {key[1][:12]} missing: "
+                     + "; ".join(f"{name} lacks {_ranges(states[name], updates[key])}" for name in names[:3])
+                     for key, names in list(absent.items())[:3]]
         try:
             report = check_delivery(holders, updates.values())
             figures.content_length[doc] = len(report.content)
@@ -137,11 +259,21 @@ def check_run(
     figures.lost = len(lost)
     figures.lost_from_redis = len(lost_from_redis)
     figures.recovered = len(lost_from_redis - lost)
+    problems += check_streams(streams, figures)
     if problems:
         error = DeliveryViolation("; ".join(problems))
         error.figures = figures  # type: ignore[attr-defined]
         raise error
     return figures
+
+
+def _ranges(state: bytes, update: bytes) -> str:
+    try:
+        absent = absent_ranges(state, update_format.decode(update))
+    except update_format.MalformedUpdate:
+        return "it (undecodable)"
+    return ", ".join(f"client {client} clocks {start}-{end - 1}" for client, spans in absent.items()
+                     for start, end in spans[:2])
 
 
 def server_event_counts(root: Path) -> Counter[str]:

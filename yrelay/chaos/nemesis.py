@@ -8,6 +8,15 @@ Every fault is bounded in time: a paused server is continued, a killed one
 restarted, network conditions are cleared. Faults on the cluster (servers,
 Redis) take a lock, so a failover never races a server restart; network
 faults and client crashes run beside them.
+
+``redis-kill-client-crash`` replays the order of issue 15: Redis goes down
+(a client's update is refused, ``unavailable``, and waits for its resend
+timer), comes back (the client's later updates go out at once), and the
+client, one without persistence, is SIGKILLed as soon as one of those later
+updates is answered (``appended`` by a server without causal admission,
+``missing_dependency`` by one with it) while the earlier one is unacked, or
+after a few seconds. The later updates must not have been acked: what they
+build on was never stored.
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ class Fault(str, enum.Enum):
     SERVER_PAUSE = "server-pause"  # SIGSTOP, then SIGCONT
     REDIS_KILL = "redis-kill"  # SIGKILL redis-server, restart it from its AOF
     FAILOVER = "failover"  # promote a replica that misses the last writes
-    CLIENT_CRASH = "client-crash"  # SIGKILL a client process, restart it from its state file
+    CLIENT_CRASH = "client-crash"  # SIGKILL a client process, restart it (from its state file, if it has one)
+    REDIS_KILL_CLIENT_CRASH = "redis-kill-client-crash"  # redis-kill, then SIGKILL a client without persistence
     GC = "gc"  # a GC pass at aggressive thresholds (evictions)
     NET_LATENCY = "net-latency"
     NET_BANDWIDTH = "net-bandwidth"
@@ -103,6 +113,10 @@ def _shape(fault: Fault, rng: random.Random) -> tuple[float, float]:
         return rng.uniform(0.3, 1.5), 0.0  # the primary acks alone this long
     if fault in (Fault.REDIS_KILL, Fault.SERVER_KILL, Fault.CLIENT_CRASH):
         return rng.uniform(0.2, 2.0), 0.0  # down this long
+    if fault is Fault.REDIS_KILL_CLIENT_CRASH:
+        # Redis (and then the client) down this long; the longest wait, once
+        # Redis is back, for the client to get an answer past an unacked update.
+        return rng.uniform(0.5, 2.0), rng.uniform(1.0, 3.0)
     return 0.0, 0.0
 
 
@@ -116,7 +130,8 @@ class Injected:
     detail: str = ""
 
 
-#: Called after Redis may have lost writes: ``(label)`` -> acked updates it lacks.
+#: Called after Redis may have lost writes: ``(label)`` -> acked updates it
+#: lacks that no earlier call had found missing.
 LossProbe = Callable[[str], Awaitable[int]]
 
 
@@ -161,6 +176,8 @@ class Nemesis:
                 async with self._cluster_lock:
                     record.started = self.now()
                     record.detail = await self._cluster_fault(action)
+            elif action.fault is Fault.REDIS_KILL_CLIENT_CRASH:
+                record.detail = await self._outage_then_crash(action, record)
             else:
                 record.detail = await self._other_fault(action)
         except Exception as exc:  # a fault that could not be injected is reported, not fatal
@@ -216,6 +233,29 @@ class Nemesis:
             return f"acked updates missing from the promoted replica: {lost}"
         raise ValueError(action.fault)
 
+    async def _outage_then_crash(self, action: Action, record: Injected) -> str:
+        """Issue 15's order; the detail says what the killed client was
+        answered between Redis's return and its death (``missing_dependency``:
+        later updates refused because an earlier one was not stored)."""
+        ephemeral = [client for client in self.clients if not client.config.persist] or self.clients
+        client = ephemeral[action.target % len(ephemeral)]
+        async with self._cluster_lock:
+            record.started = self.now()
+            await asyncio.to_thread(self.cluster.kill_redis)
+            await asyncio.sleep(action.seconds)
+            await asyncio.to_thread(self.cluster.start_redis)
+            back = time.monotonic()
+            refused = await _answer_past_unacked(client, action.value)
+            waited = time.monotonic() - back
+            await asyncio.to_thread(client.kill)
+            lost = await self.probe_loss(f"redis-kill at {action.at}s")
+        await asyncio.sleep(action.seconds)
+        client.start()
+        return (f"{client.name} killed {waited:.2f}s after Redis was back; since then "
+                f"{refused.get('answered_past_unacked', 0)} answers past an unacked update, refused: "
+                f"missing_dependency {refused.get('error:missing_dependency', 0)}, "
+                f"unavailable {refused.get('error:unavailable', 0)}; acked updates missing from the restarted Redis: {lost}")
+
     async def _other_fault(self, action: Action) -> str:
         if action.fault is Fault.GC:
             return await self._gc_pass()
@@ -239,3 +279,23 @@ class Nemesis:
         await asyncio.sleep(action.seconds)
         proxy.clear()
         return client.name
+
+
+async def _answer_past_unacked(client: ClientProcess, limit: float) -> dict[str, int]:
+    """Wait up to ``limit`` seconds for ``client`` to be answered about an
+    update while an earlier one of its document is unacked; its refusals
+    and such answers meanwhile."""
+    before, since = _refusals(client), {}
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not since.get("answered_past_unacked"):
+        await asyncio.sleep(0.02)
+        since = {name: count - before[name] for name, count in _refusals(client).items()}
+    return since
+
+
+def _refusals(client: ClientProcess) -> dict[str, int]:
+    """The client's refusals so far and its answers past an unacked update
+    (from its status file: rewritten at once on the latter)."""
+    counters = (client.status() or {}).get("counters", {})
+    return {name: counters.get(name, 0)
+            for name in ("error:unavailable", "error:missing_dependency", "answered_past_unacked")}

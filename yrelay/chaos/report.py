@@ -34,14 +34,27 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        return self.violation is None and self.converged and self.delivery.lost == 0
+        return self.problem() is None
+
+    def problem(self) -> str | None:
+        """Why the run failed, or None: an acked update lost, replicas that
+        did not converge, a stuck entry, a stream GC could not fold."""
+        delivery = self.delivery
+        if self.violation is not None:
+            return self.violation
+        if not self.converged:
+            return "the replicas did not converge after the faults stopped"
+        counts = {"acked updates lost": delivery.lost, "stuck entries": delivery.stuck,
+                  "documents GC cannot fold": delivery.blocked, "entries left unfolded": delivery.unfolded}
+        wrong = [f"{name}: {count}" for name, count in counts.items() if count]
+        return "; ".join(wrong) or None
 
     def verify(self) -> None:
-        """Raise DeliveryViolation unless nothing acked was lost and everyone converged."""
-        if self.violation is not None:
-            raise DeliveryViolation(self.violation)
-        if not self.converged:
-            raise DeliveryViolation("the replicas did not converge after the faults stopped")
+        """Raise DeliveryViolation unless nothing acked was lost, everyone
+        converged, nothing is stuck and every stream folded."""
+        problem = self.problem()
+        if problem is not None:
+            raise DeliveryViolation(problem)
 
     def faults_by_category(self) -> dict[str, int]:
         return dict(Counter(CATEGORY[record.action.fault] for record in self.injected))
@@ -68,6 +81,10 @@ class RunReport:
             "faults injected": ", ".join(f"{kind} {count}" for kind, count in sorted(self.faults_by_kind().items())) or "none",
             "acked updates": delivery.acked_updates,
             "lost acked updates": delivery.lost,
+            "stuck entries (stored, never applicable in full)": delivery.stuck,
+            "streams folded into their snapshot after the last GC pass":
+                f"{delivery.folded_streams} of {self.config.get('docs', '?')}"
+                f" ({delivery.unfolded} entries left, {delivery.blocked} blocked)",
             "lost by Redis / recovered from clients": f"{delivery.lost_from_redis} / {delivery.recovered}",
             "duplicates appended to streams": delivery.stream_duplicates,
             "resends answered from the dedup (duplicate: true)": server.get("append:duplicate", 0),
@@ -79,7 +96,11 @@ class RunReport:
             ) or "none",
             "drift repairs (client)": clients.get("drift_repairs", 0),
             "evictions": server.get("evict", 0),
-            "client crashes": clients.get("crashes", 0),
+            "clients without persistence": self.config.get("ephemeral_clients", 0),
+            "client crashes (of clients without persistence)":
+                f"{clients.get('crashes', 0)} ({clients.get('ephemeral_crashes', 0)})",
+            "refused: unavailable / missing_dependency (client)":
+                f"{clients.get('error:unavailable', 0)} / {clients.get('error:missing_dependency', 0)}",
             "converged": "yes" if self.converged else "NO",
             "time to converge after the last fault": _seconds(self.converge_after_last_fault),
             "time to converge after the last edit": _seconds(self.converge_after_edits),

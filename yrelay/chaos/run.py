@@ -1,15 +1,18 @@
 """One chaos run, start to finish (what ``yrelay chaos`` and tests/test_chaos.py call).
 
 1. Start the cluster (K servers, redis-server with AOF, a replica) and N
-   client processes, each behind its own fault proxy; wait until all are
+   client processes (some without persistence: a killed one comes back as
+   a new client), each behind its own fault proxy; wait until all are
    subscribed to the M documents.
 2. Let them edit for ``duration`` seconds while the nemesis injects its
    seeded schedule.
 3. Faults have stopped: wait until every client is connected, has nothing
    unacked and holds the same content as the server (or until nothing has
    changed for ``quiet`` seconds, or ``settle_timeout``).
-4. A last aggressive GC pass, then the clients write their final documents
-   and exit, and :func:`yrelay.chaos.checker.check_run` compares everything.
+4. Last aggressive GC passes, until every stream has folded into its
+   snapshot (or a few seconds passed); the clients write their final
+   documents and exit, and :func:`yrelay.chaos.checker.check_run` compares
+   everything, stuck and unfolded entries included.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from redis.asyncio import Redis
 from .. import crdt
 from ..gc import Collector, collect_documents
 from ..testing.checker import DeliveryViolation
-from .checker import (DeliveryFigures, UpdateKey, acked_updates, check_run, not_stored, server_documents,
-                      server_event_counts, stored_updates)
+from .checker import (DeliveryFigures, StreamState, UpdateKey, acked_updates, check_run, not_stored,
+                      server_documents, server_event_counts, stored_updates, stream_states)
 from .clients import ClientProcess
 from .cluster import Cluster, ClusterConfig
 from .nemesis import Fault, Nemesis, schedule
@@ -67,6 +70,8 @@ class ChaosConfig:
     mean_gap: float = 4.0
     #: Mean seconds between two edits of one client.
     edit_interval: float = 0.15
+    #: Clients without persistence (the last ones); None: half of them.
+    ephemeral_clients: int | None = None
     settle_timeout: float = 240.0
     #: Stop waiting for convergence when nothing changed for this long.
     quiet: float = 30.0
@@ -74,10 +79,21 @@ class ChaosConfig:
     server_module: str = "yrelay"
     server_env: dict[str, str] = field(default_factory=lambda: dict(CHAOS_SERVER_ENV))
 
+    def __post_init__(self) -> None:
+        if self.ephemeral_clients is None:
+            object.__setattr__(self, "ephemeral_clients", self.clients // 2)
+        if not 0 <= self.ephemeral_clients <= self.clients:  # type: ignore[operator]
+            raise ValueError(f"ephemeral_clients must be between 0 and {self.clients}")
+
+    def persists(self, index: int) -> bool:
+        """Whether client ``index`` keeps a state file (the last ones do not)."""
+        return index < self.clients - (self.ephemeral_clients or 0)
+
     def command(self) -> str:
         """The ``yrelay chaos`` command line that reproduces this run."""
         parts = ["yrelay", "chaos", "--seed", str(self.seed), "--duration", f"{self.duration:g}",
-                 "--clients", str(self.clients), "--docs", str(self.docs), "--servers", str(self.servers),
+                 "--clients", str(self.clients), "--ephemeral-clients", str(self.ephemeral_clients),
+                 "--docs", str(self.docs), "--servers", str(self.servers),
                  "--faults", ",".join(fault.value for fault in self.faults) if set(self.faults) != set(Fault) else "all",
                  "--fsync", self.fsync, "--mean-gap", f"{self.mean_gap:g}", "--edit-interval", f"{self.edit_interval:g}"]
         if not self.replica:
@@ -111,8 +127,8 @@ class ChaosRun:
             await asyncio.sleep(max(0.0, t0 + self.config.duration - time.monotonic()))
             converged_at = await self._settle(t0)
             before_gc = await server_documents(self.cluster.redis_url, self.docs)
-            await self._final_gc()
-            return await self._check(started, converged_at, before_gc)
+            streams = await self._final_gc()
+            return await self._check(started, converged_at, before_gc, streams)
         finally:
             for client in self.clients:
                 client.finish(timeout=5)
@@ -125,7 +141,8 @@ class ChaosRun:
             name = f"client-{index}"
             proxy = await FaultProxy(self.cluster.server_ports, name).start()
             config = WorkloadConfig(name, proxy.ws_url, self.docs, str(self.root / "clients" / name),
-                                    self.config.seed, str(self.root / "window.json"), self.config.edit_interval)
+                                    self.config.seed, str(self.root / "window.json"), self.config.edit_interval,
+                                    persist=self.config.persists(index))
             client = ClientProcess(config, proxy)
             client.start()
             self.proxies.append(proxy)
@@ -138,7 +155,10 @@ class ChaosRun:
 
     async def probe_loss(self, label: str) -> int:
         """Acked updates (recorded so far) that the current Redis does not
-        store. The reading and decoding run in a thread: the proxies keep going."""
+        store and that no earlier probe had found missing (an earlier
+        failover's losses that clients have not given back yet are not
+        this fault's). The reading and decoding run in a thread: the proxies
+        keep going."""
         by_doc = await asyncio.to_thread(lambda: acked_updates(r for c in self.clients for r in c.acked()))
         stored = await stored_updates(self.cluster.redis_url, by_doc)
 
@@ -146,9 +166,11 @@ class ChaosRun:
             return set().union(*(not_stored(stored[doc], updates) for doc, updates in by_doc.items()))
 
         now = await asyncio.to_thread(missing)
+        new = now - self.lost_from_redis
         self.lost_from_redis |= now
-        log.info("%s: %d acked updates missing from Redis", label, len(now))
-        return len(now)
+        log.info("%s: %d acked updates missing from Redis (%d lost earlier, not given back yet)", label, len(new),
+                 len(now) - len(new))
+        return len(new)
 
     async def _settle(self, t0: float) -> float | None:
         """Seconds after ``t0`` when everyone held the same content, or None."""
@@ -184,18 +206,29 @@ class ChaosRun:
         )
         return seen, converged
 
-    async def _final_gc(self) -> None:
+    async def _final_gc(self, attempts: int = 20) -> list[StreamState]:
+        """GC passes until every stream has folded into its snapshot (the
+        clients' last acks may still be on their way), at most ``attempts``
+        of them half a second apart; the storage after the last one."""
         redis = Redis.from_url(self.cluster.redis_url, socket_timeout=30)
         try:
-            await collect_documents(Collector(redis, self.nemesis.gc_policy), self.docs)
+            for _ in range(attempts):
+                summary = await collect_documents(Collector(redis, self.nemesis.gc_policy), self.docs)
+                if all(report.settled for report in summary.reports):
+                    break
+                await asyncio.sleep(0.5)
         finally:
             await redis.aclose()
+        streams = await stream_states(self.cluster.redis_url, self.docs)
+        log.info("after the last GC pass: %s", [(s.doc, s.length, s.blocked_at, len(s.stuck)) for s in streams])
+        return streams
 
-    async def _check(self, started: float, converged_at: float | None, before_gc: dict[str, crdt.Doc]) -> RunReport:
+    async def _check(self, started: float, converged_at: float | None, before_gc: dict[str, crdt.Doc],
+                     streams: list[StreamState]) -> RunReport:
         for client in self.clients:
             await asyncio.to_thread(client.finish)
         replicas: dict[str, dict[str, crdt.Doc]] = {}
-        counters: dict[str, int] = {"crashes": 0}
+        counters: dict[str, int] = {"crashes": 0, "ephemeral_crashes": 0}
         silent = []
         for client in self.clients:
             try:
@@ -207,12 +240,13 @@ class ChaosRun:
             for key, value in final["counters"].items():
                 counters[key] = counters.get(key, 0) + value
             counters["crashes"] += client.crashes
+            counters["ephemeral_crashes"] += 0 if client.config.persist else client.crashes
         replicas["server"] = before_gc
         replicas["server after a last GC"] = await server_documents(self.cluster.redis_url, self.docs)
         records = [record for client in self.clients for record in client.acked()]
         violation = None
         try:
-            figures = check_run(records, replicas, self.lost_from_redis)
+            figures = check_run(records, replicas, self.lost_from_redis, streams)
         except DeliveryViolation as error:
             figures = getattr(error, "figures", DeliveryFigures())
             violation = str(error)

@@ -11,8 +11,12 @@ It leaves three files in its directory for the harness:
   incarnations carried over);
 - ``final.json``: written on SIGTERM: every document's Yjs state.
 
-It persists its client state in ``state.json`` (:mod:`yrelay.client.persistence`),
-so a restarted process resumes the session and resends what was not acked.
+With ``persist`` it keeps its client state in ``state.json``
+(:mod:`yrelay.client.persistence`), so a restarted process resumes the session
+and resends what was not acked. Without it, a restarted process is a new
+client, as a browser tab closed without IndexedDB would be: new session, empty
+documents, a new Yjs client id; what the killed one had not got acked is gone
+(the harness's own files above are kept).
 Run: ``python -m yrelay.chaos.workload CONFIG.json``.
 """
 
@@ -55,6 +59,8 @@ class WorkloadConfig:
     window_file: str
     #: Mean seconds between two edits.
     edit_interval: float = 0.15
+    #: Keep the client state in ``state.json`` across crashes.
+    persist: bool = True
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -77,11 +83,16 @@ class Workload:
         self.incarnation = int(time.time() * 1000)
         self.rng = random.Random(f"{config.seed}-{config.name}-{self.incarnation}")
         self.base_counters = self._previous_counters()
+        state_file = ClientStateFile(self.dir / "state.json") if config.persist else None
         self.client = YrelayClient(config.url, backoff=CHAOS_BACKOFF, subscription_check_interval=10.0,
-                                   state_file=ClientStateFile(self.dir / "state.json"), on_event=self._on_event)
+                                   state_file=state_file, on_event=self._on_event)
         self.acked_log = open(self.dir / "acked.jsonl", "a", buffering=1)
         self.edits = 0
+        self.last_token: str | None = None
         self.reconnects = 0
+        #: Answers (``appended``, ``missing_dependency``) to an update of a
+        #: document while an earlier one of it was unacked: issue 15's state.
+        self.answered_past_unacked = 0
         self.edit_until: float | None = None
         self.stop = asyncio.Event()
 
@@ -92,6 +103,9 @@ class Workload:
             return {}
 
     def _on_event(self, name: str, data: dict[str, Any]) -> None:
+        if (name == "appended" or data.get("code") == "missing_dependency") and self._earlier_unacked(data):
+            self.answered_past_unacked += 1
+            self._write_status(self._ready())  # the nemesis waits for this (redis-kill-client-crash)
         if name == "appended":
             acked = self.client.acked[-1]
             line = {"doc": acked.doc, "clock": acked.clock, "id": acked.id, "session": self.client.session,
@@ -99,6 +113,10 @@ class Workload:
             self.acked_log.write(json.dumps(line) + "\n")
         elif name == "connected":
             self.reconnects += 1
+
+    def _earlier_unacked(self, frame: dict[str, Any]) -> bool:
+        return any(item.doc == frame.get("doc") and item.clock < frame.get("clock", -1)
+                   for item in self.client.buffer.all())
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -138,19 +156,31 @@ class Workload:
             self.edits += 1
 
     def _edit(self, ydoc: crdt.Doc) -> None:
-        """Mostly insertions of a unique token, sometimes a short deletion."""
-        length = len(crdt.text_of(ydoc))
-        if length > 10 and self.rng.random() < 0.15:
-            start = self.rng.randrange(length)
-            crdt.delete_text(ydoc, start, min(self.rng.randint(1, 4), length - start))
+        """Mostly insertions of a unique token, sometimes a short deletion,
+        sometimes a backspace over the end of this client's last token (a
+        deletion of its own content, maybe not acked yet)."""
+        text = crdt.text_of(ydoc)
+        last = text.find(self.last_token) if self.last_token else -1
+        draw = self.rng.random()
+        if last >= 0 and draw < 0.1:
+            end = last + len(self.last_token)
+            crdt.delete_text(ydoc, end - 3, 3)
+            self.last_token = None
+        elif len(text) > 10 and draw < 0.25:
+            start = self.rng.randrange(len(text))
+            crdt.delete_text(ydoc, start, min(self.rng.randint(1, 4), len(text) - start))
         else:
-            crdt.insert_text(ydoc, self.rng.randint(0, length), f"<{self.config.name}.{self.incarnation % 10000}.{self.edits}>")
+            self.last_token = f"<{self.config.name}.{self.incarnation % 10000}.{self.edits}>"
+            crdt.insert_text(ydoc, self.rng.randint(0, len(text)), self.last_token)
 
     async def _status_loop(self) -> None:
         while True:
             await asyncio.sleep(STATUS_INTERVAL)
-            docs = self.client.docs
-            self._write_status(ready=len(docs) == len(self.config.docs) and all(d.synced.is_set() for d in docs.values()))
+            self._write_status(self._ready())
+
+    def _ready(self) -> bool:
+        docs = self.client.docs
+        return len(docs) == len(self.config.docs) and all(d.synced.is_set() for d in docs.values())
 
     def counters(self) -> dict[str, int]:
         now = {
@@ -161,6 +191,7 @@ class Workload:
             "resyncs": self.client.resyncs,
             "drift_repairs": self.client.drifts,
             "connections": self.reconnects,
+            "answered_past_unacked": self.answered_past_unacked,
             "errors": len(self.client.errors),
             **{f"error:{code}": count for code, count in Counter(e.get("code") for e in self.client.errors).items()},
         }

@@ -76,6 +76,21 @@ def missing_updates(doc: crdt.Doc, decoded: list[update_format.Coverage | None])
     return missing_from_state(crdt.encode_state(doc), decoded)
 
 
+def absent_ranges(state: bytes, part: update_format.Coverage) -> update_format.Ranges:
+    """What of ``part`` a document (its encoded ``state``) lacks, as
+    ``client -> [start, end)`` clock ranges, inserts and deletes together:
+    the words a violation names a lost update in."""
+    whole = update_format.decode(state)
+    absent: update_format.Ranges = {}
+    for mine, theirs in ((part.structs, whole.structs), (part.deletes, whole.deletes)):
+        for client, ranges in mine.items():
+            held = theirs.get(client, [])
+            for start, end in ranges:
+                if not any(lo <= start and end <= hi for lo, hi in held):
+                    absent.setdefault(client, []).append((start, end))
+    return absent
+
+
 def missing_from_state(state: bytes, decoded: list[update_format.Coverage | None]) -> list[int]:
     """:func:`missing_updates` against an encoded document: no y-py object is
     touched, so it may run in a worker thread (y-py documents may not)."""
