@@ -103,6 +103,7 @@ def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
     and the snapshot must not be stored.
     """
     snapshot = _load([base, *updates]).get_update()
+    snapshot = update_format.with_deletes(snapshot, _pending_deletes(snapshot, [base, *updates]))
     wholes = [_coverage(_load([snapshot]).get_update())]
     reloaded = crdt.new_doc()
     crdt.apply_update(reloaded, snapshot)  # a worker process: y-py may abort it, not the server
@@ -123,8 +124,24 @@ def sync_answer(state_vector: bytes, base: bytes, updates: Sequence[bytes]) -> S
         diff = doc.get_update(state_vector)
     except ValueError as exc:
         raise crdt.InvalidUpdate(f"not a Yjs state vector: {str(exc)[:200]}") from None
-    held = update_format.held_prefix(_coverage(doc.get_update()), updates)
+    whole = doc.get_update()
+    held = update_format.held_prefix(_coverage(whole), updates)
+    diff = update_format.with_deletes(diff, _pending_deletes(whole, [base, *updates]))
     return SyncAnswer(diff, doc.get_state(), held)
+
+
+def _pending_deletes(encoded: bytes, updates: Sequence[bytes]) -> update_format.Ranges:
+    """Deletions among ``updates`` of content the document (``encoded``) does
+    not hold: kept in what the server hands on (snapshot, sync answer), as
+    Yjs keeps them pending, so content deleted before it arrived stays deleted."""
+    parts = []
+    for update in updates:
+        if update:
+            try:
+                parts.append(update_format.decode(update))
+            except update_format.MalformedUpdate:
+                continue
+    return update_format.pending_deletes(_coverage(encoded), parts)
 
 
 # -------------------------------------------------------- the worker's wire

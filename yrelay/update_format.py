@@ -261,8 +261,63 @@ def covers(whole: Coverage, part: Coverage) -> bool:
     ``whole`` is normally the coverage of a document's full state
     (``encode_state``): its structs are every integrated range and its delete
     set every deleted one, so a pending (unintegrated) part shows up as absent.
+    A deletion of content past the document's state is held vacuously: that
+    content is in nobody's document, so there is nothing to show deleted
+    (a snapshot keeps such deletions pending: :func:`pending_deletes`).
     """
-    return _within(part.structs, whole.structs) and _within(part.deletes, whole.deletes)
+    return _within(part.structs, whole.structs) and _within(_clip(part.deletes, state_of(whole)), whole.deletes)
+
+
+def state_of(whole: Coverage) -> dict[int, int]:
+    """A document's state vector from its coverage: per client, the end of
+    the struct range that starts at clock 0."""
+    return {client: ranges[0][1] for client, ranges in whole.structs.items() if ranges and ranges[0][0] == 0}
+
+
+def _clip(deletes: Ranges, state: dict[int, int]) -> Ranges:
+    """The parts of ``deletes`` below ``state`` (content the document holds)."""
+    clipped: Ranges = {}
+    for client, ranges in deletes.items():
+        limit = state.get(client, 0)
+        kept = [(start, min(end, limit)) for start, end in ranges if start < limit]
+        if kept:
+            clipped[client] = kept
+    return clipped
+
+
+def pending_deletes(whole: Coverage, parts: Iterable[Coverage]) -> Ranges:
+    """Deletions among ``parts`` of content past the document's state: Yjs
+    keeps them pending and applies them if the content ever arrives, but an
+    engine's encoding of the document drops them; a snapshot must carry them
+    (:func:`with_deletes`) or content deleted before it arrived comes back."""
+    state = state_of(whole)
+    pending: Ranges = {}
+    for part in parts:
+        for client, ranges in part.deletes.items():
+            limit = state.get(client, 0)
+            for start, end in ranges:
+                if end > limit:
+                    pending.setdefault(client, []).append((max(start, limit), end))
+    return {client: _merge(ranges) for client, ranges in pending.items()}
+
+
+def with_deletes(update: bytes, extra: Ranges) -> bytes:
+    """``update`` with ``extra`` added to its delete set."""
+    if not extra:
+        return update
+    reader = _Reader(update)
+    _read_structs(reader)
+    start = reader.pos
+    merged = union([Coverage(deletes=_read_deletes(reader)), Coverage(deletes=extra)]).deletes
+    out = bytearray(update[:start])
+    _write_uint(out, len(merged))
+    for client, ranges in merged.items():
+        _write_uint(out, client)
+        _write_uint(out, len(ranges))
+        for lo, hi in ranges:
+            _write_uint(out, lo)
+            _write_uint(out, hi - lo)
+    return bytes(out)
 
 
 def held_prefix(whole: Coverage, updates: Sequence[bytes]) -> int:

@@ -143,34 +143,17 @@ class StreamState:
 def stuck_entries(snapshot: bytes, entries: list[Entry]) -> list[Blocked]:
     """The ``entries`` (after ``snapshot``, in stream order) that a document
     built from them can never apply in full: integrated as Yjs does, whatever
-    is still waiting once all of them are in waits for good. That includes
-    a deletion of content the document does not hold: causal admission
-    stores it (Yjs keeps it pending until the content arrives), but once
-    everything stored is in, the content never will, and GC's fold stops
-    there (``blocked_at``) for ever."""
+    is still waiting once all of them are in waits for good. A deletion of
+    content the document does not hold is not stuck: there is nothing to
+    show deleted, and GC's snapshot keeps it pending in case the content
+    comes (``update_format.pending_deletes``)."""
     builder = StateBuilder()
     if snapshot:
         builder.add("snapshot", snapshot)
     for entry in entries:
         builder.add(str(entry.id), entry.update)
-    stuck = {blocked.entry_id: blocked for blocked in builder.blocked}
-    for entry in entries:
-        lacking = _deleted_beyond(entry.update, builder.clocks)
-        if lacking and str(entry.id) not in stuck:
-            stuck[str(entry.id)] = Blocked(str(entry.id), lacking)
     order = {str(entry.id): index for index, entry in enumerate(entries)}
-    return sorted(stuck.values(), key=lambda blocked: order.get(blocked.entry_id, -1))
-
-
-def _deleted_beyond(update: bytes, clocks: Mapping[int, int]) -> dict[int, int]:
-    """Clients whose content ``update`` deletes past ``clocks`` (a document's
-    final state vector), each with the document's clock."""
-    try:
-        deletes = update_format.decode(update).deletes
-    except update_format.MalformedUpdate:
-        return {}  # the state builder reports it
-    return {client: clocks.get(client, 0) for client, ranges in deletes.items()
-            if any(end > clocks.get(client, 0) for _, end in ranges)}
+    return sorted(builder.blocked, key=lambda blocked: order.get(blocked.entry_id, -1))
 
 
 async def stream_states(redis_url: str, docs: Iterable[str]) -> list[StreamState]:

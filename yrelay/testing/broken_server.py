@@ -30,7 +30,7 @@ async def _ack_before_append(self: Connection, frame, future: asyncio.Future[tup
     except Exception:
         pass  # the client was told it is stored
     finally:
-        self._inflight.release()
+        self._inflight.release(size)
 
 
 def main() -> None:
