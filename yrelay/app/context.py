@@ -94,7 +94,7 @@ class ServerContext:
             presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
                               timeout=settings.presence_timeout, process_id=process_name()),
             authenticator=authenticator,
-            revocations=Revocations(redis, settings.revocation_refresh),
+            revocations=Revocations(redis, settings.revocation_refresh, leeway=settings.auth_leeway),
             metrics=metrics,
             limits=Limits(settings),
             validator=Validator(settings.validator_workers, settings.validate_timeout),
