@@ -424,17 +424,20 @@ class Connection:
         hello_by = time.monotonic() + settings.hello_timeout
         while self.state is not ConnectionState.CLOSED:
             await asyncio.sleep(settings.resend_check_interval)
+            if (self.state is ConnectionState.AWAITING_HELLO and settings.hello_timeout > 0
+                    and time.monotonic() >= hello_by):
+                await self._cut_off(f"no 'hello' within {settings.hello_timeout:g} s",
+                                    ErrorCode.HANDSHAKE_REQUIRED, CLOSE_HELLO_TIMEOUT)
+                return
             try:
-                if (self.state is ConnectionState.AWAITING_HELLO and settings.hello_timeout > 0
-                        and time.monotonic() >= hello_by):
-                    await self._cut_off(f"no 'hello' within {settings.hello_timeout:g} s",
-                                        ErrorCode.HANDSHAKE_REQUIRED, CLOSE_HELLO_TIMEOUT)
-                    return
                 for subscription in list(self.subscriptions.values()):
                     subscription.check_resend()
+            except Exception:
+                log.exception("the resend check failed; the token check and the next tick still run")
+            try:
                 await self._check_token()
             except Exception:
-                log.exception("a tick of the connection's timer failed; the next one runs")
+                log.exception("the token check failed; it runs again next tick")
 
 
 def _claimed(frame: Subscribe) -> WindowDigest | None:
