@@ -210,7 +210,7 @@ class FuzzPeer:
     def _note_subscribe(self, text: str) -> None:
         try:
             frame = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: deep JSON, refused by the server too
             return
         if isinstance(frame, dict) and frame.get("op") == "subscribe" and isinstance(frame.get("doc"), str):
             self.seen.subscribed.add(frame["doc"])
