@@ -24,6 +24,7 @@ from conftest import FAST_BACKOFF, running_server
 from websockets.exceptions import ConnectionClosed
 
 from yrelay import crdt
+from yrelay.app.http_guard import EVICT_AFTER
 from yrelay.client import YrelayClient
 from yrelay.testing.processes import ServerProcess
 
@@ -149,12 +150,15 @@ async def test_past_the_pending_cap_the_oldest_waiting_connection_is_closed(redi
     async with running_server(redis_url, header_timeout=60.0, max_pending_connections=5) as url:
         _, port = _host_port(url)
         waiting = [await idle_connection(port) for _ in range(5)]
-        await asyncio.sleep(0.2)
+        burst = await idle_connection(port)  # within EVICT_AFTER of the others: a burst, nobody closed
+        assert not await waiting[0].eof(timeout=0.3)
+        await asyncio.sleep(EVICT_AFTER)
         newcomer = await idle_connection(port)
         assert await waiting[0].eof(timeout=5), "the oldest waiting connection is closed"
+        assert await waiting[1].eof(timeout=5), "and the next, down to the cap"
         async with httpx.AsyncClient() as http:  # and newcomers with a request are served
             assert (await http.get(f"http://127.0.0.1:{port}/healthz", timeout=5)).status_code == 200
-        for connection in [*waiting[1:], newcomer]:
+        for connection in [*waiting[2:], burst, newcomer]:
             connection.close()
 
 

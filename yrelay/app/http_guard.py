@@ -16,7 +16,10 @@ tests' in-process servers and every server process alike):
 - **a cap**: at most ``max_pending_connections`` connections of the process
   may be waiting for their request; one more closes the *oldest* of them
   (a real client sends its request within a round trip, so the oldest
-  waiting is the likeliest attacker, and a flood cannot keep newcomers out);
+  waiting is the likeliest attacker, and a flood cannot keep newcomers out).
+  Only connections that have waited ``EVICT_AFTER`` seconds are closed so:
+  a burst of connects is accepted before any of their requests is read, and
+  must not close its own first members;
 - **a size bound**: a request head over ``max_header_bytes`` is answered 431,
   and so is a websocket upgrade with a line the websockets library would
   refuse (over 8,192 bytes, e.g. a long token in ``Sec-WebSocket-Protocol``):
@@ -42,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two warnings about the pending-connection cap.
 WARN_INTERVAL = 10.0
+#: A waiting connection is closed for the cap only after waiting this long.
+EVICT_AFTER = 1.0
 
 _Pending = OrderedDict["GuardedHttpToolsProtocol", None]
 #: Connections waiting for their request, oldest first, per uvicorn server.
@@ -61,6 +66,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._waiting = False  # for a request: on the deadline, in the pending list
+        self._waiting_since = 0.0
         self._deadline: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._head_done = False
@@ -108,14 +114,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         oldest waiting one when the cap is reached)."""
         if self._waiting or self.transport.is_closing():
             return
-        self._waiting = True
+        self._waiting, self._waiting_since = True, self.loop.time()
         if self.header_timeout > 0:
             self._deadline = self.loop.call_later(self.header_timeout, self._expire)
         pending = _pending.setdefault(self.server_state, OrderedDict())
         pending[self] = None
         while self.max_pending and len(pending) > self.max_pending:
-            oldest, _ = pending.popitem(last=False)
-            oldest._warn_cap(len(pending) + 1)
+            oldest = next(iter(pending))
+            if self._waiting_since - oldest._waiting_since < EVICT_AFTER:
+                break  # a burst of connects, not yet read: over the cap for a moment
+            oldest._warn_cap(len(pending))
             oldest._close()
 
     def _request_received(self) -> None:
