@@ -110,7 +110,9 @@ class Connection:
         headers, settings = self.websocket.headers, self.ctx.settings
         own = own_origins(settings.public_url, settings.host, settings.port)
         if not origin_allowed(headers.get("origin"), own, settings.allowed_origins):
-            log.warning("refused a browser connection from origin %s", logs.untrusted(headers.get("origin", "")))
+            log.warning("refused a browser connection from origin %s (allowed: %s and YRELAY_ALLOWED_ORIGINS; "
+                        "set YRELAY_PUBLIC_URL if that is this server's own address)",
+                        logs.untrusted(headers.get("origin", "")), ", ".join(sorted(own)))
             await self.websocket.close(code=4403)  # before accept: the handshake gets HTTP 403
             return
         offered = _offered_subprotocols(self.websocket)
