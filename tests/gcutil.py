@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from redis.asyncio import Redis
 
 from yrelay import crdt
@@ -23,8 +25,14 @@ def text_updates(count: int, client_id: int = 1, word: str = "w") -> tuple[list[
     return updates, crdt.text_of(doc)
 
 
-async def append_all(store: DocumentStore, doc: str, updates: list[bytes], session: str = "writer") -> list[StreamId]:
-    """Append through the real append script; the ids it chose."""
+async def append_all(store: DocumentStore, doc: str, updates: list[bytes], session: str = "writer",
+                     unchecked: bool = False) -> list[StreamId]:
+    """Append through the real append script; the ids it chose. ``unchecked``
+    stores them as a server from before causal admission did (no state
+    vector, whether the document can apply them or not)."""
+    if unchecked:
+        start = max(int(time.time() * 1000), (await store.last_id(doc)).ms + 1)
+        return await append_at(store.redis, doc, [start + i for i in range(len(updates))], updates, session)
     ids = []
     for clock, update in enumerate(updates):
         entry_id, _ = await store.append(doc, session, clock, update)

@@ -7,6 +7,8 @@ from conftest import eventually, running_server
 
 from wsraw import RawPeer
 
+from gcutil import append_all
+
 from yrelay import crdt, protocol
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore
@@ -58,7 +60,7 @@ async def test_a_loaded_document_stops_its_offset_before_an_entry_it_cannot_hold
     store = DocumentStore(redis_client)
     first, second = dependent_updates()
     [early] = [StreamId.parse((await store.append("d", "other", 1, b"\x00\x00"))[0])]
-    await store.append("d", "writer", 2, second)  # resent first: lands before its dependency
+    await append_all(store, "d", [second], unchecked=True)  # stored ahead of its dependency, before admission
     ydoc, offset = await store.load_document("d")
     assert crdt.text_of(ydoc) == "" and offset == early
     last, _ = await store.append("d", "writer", 1, first)
@@ -75,7 +77,7 @@ async def test_a_resync_between_an_update_and_its_late_dependency_misses_nothing
     first, second = dependent_updates()
     async with running_server(redis_url, gc_interval=0) as url:
         await store.append("doc", "other", 1, b"\x00\x00")
-        entry, _ = await store.append("doc", "writer", 2, second)
+        [entry] = map(str, await append_all(store, "doc", [second], unchecked=True))  # stored before admission
         peer = await RawPeer.connect(url)
         await peer.send({"op": "subscribe", "doc": "doc", "offset": "9999999999999-0"})  # ahead: no deliveries
         assert (await peer.expect("resync_required"))["reason"] == "ahead"

@@ -15,6 +15,7 @@ from yrelay.gc import Collector, GcPolicy, Step
 from yrelay.keys import dedup_key, meta_key, stream_key
 from yrelay.offsets import ZERO, StreamId
 from yrelay.store import DocumentStore, HistoryTrimmed
+from yrelay.tracker.lag import document_status
 
 from gcutil import append_all, append_at, dump_document, server_text, text_updates, track, tracked
 
@@ -92,16 +93,21 @@ async def test_later_passes_fold_onto_the_previous_snapshot(redis_client, store)
 
 async def test_an_entry_whose_dependencies_are_missing_is_never_folded_away(redis_client, store):
     updates, _ = text_updates(6)
-    # Entry 2 is lost (as in a failover); 3..5 depend on it and cannot land.
-    ids = await append_all(store, "doc", updates[:2] + updates[3:])
+    # Entry 2 is lost (as in a failover); 3..5 depend on it and cannot land
+    # (stored as a server from before causal admission stored them).
+    ids = await append_all(store, "doc", updates[:2] + updates[3:], unchecked=True)
     [report] = await Collector(redis_client, POLICY).collect(["doc"])
     assert report.blocked_at == str(ids[2]) and report.folded == 2
     assert await stream_ids(redis_client, "doc") == ids[2:]
     assert not report.settled
+    status = await document_status(redis_client, "doc")  # what /ops/docs/{doc} shows an operator
+    assert status.blocked_at == str(ids[2]) and status.blocked_since is not None
     # The missing update arrives (a client resends it): the next pass folds all.
     await append_all(store, "doc", [updates[2]], session="late")
     [report] = await Collector(redis_client, POLICY).collect(["doc"])
     assert report.blocked_at is None and report.stream_length == 0
+    status = await document_status(redis_client, "doc")
+    assert status.blocked_at is None and status.blocked_since is None
     assert await server_text(store, "doc") == "w0 w1 w2 w3 w4 w5 "
 
 

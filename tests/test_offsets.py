@@ -5,7 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from yrelay.offsets import MAX_EXACT_SCORE, MAX_SEQ, InvalidOffset, StreamId, next_stream_id
-from yrelay.store import DocumentStore
+from yrelay.admission import Needs
+from yrelay.store import DocumentStore, append_args, append_keys
 
 NOW = st.integers(min_value=0, max_value=2**41)  # ms timestamps until year ~2039 and beyond
 
@@ -54,10 +55,9 @@ async def test_burst_on_a_real_stream_keeps_seq_below_1000(redis_client):
     milliseconds; every id must still map to a distinct, ordered score."""
     store = DocumentStore(redis_client)
     await store.load_scripts()
-    args = []
-    for clock in range(5000):
-        args += ["burst-session", clock, b"\x00\x00"]
-    result = await store.scripts.append(keys=["yrelay:{burst}:stream", "yrelay:{burst}:meta", "yrelay:{burst}:dedup"], args=args)
+    nothing = Needs()
+    args = append_args([("burst-session", clock, b"\x00\x00", nothing) for clock in range(5000)])
+    result = await store.scripts.append(keys=append_keys("burst"), args=args)
     ids = [StreamId.parse(entry_id.decode()) for entry_id, _ in result]
     assert len(ids) == 5000
     assert all(i.seq <= MAX_SEQ for i in ids)
@@ -66,5 +66,5 @@ async def test_burst_on_a_real_stream_keeps_seq_below_1000(redis_client):
     stream = await redis_client.xrange("yrelay:{burst}:stream")
     assert [StreamId.parse(e.decode()) for e, _ in stream] == ids
     # the next append still goes after the borrowed milliseconds
-    [(later, _)] = await store.scripts.append(keys=["yrelay:{burst}:stream", "yrelay:{burst}:meta", "yrelay:{burst}:dedup"], args=["s", 1, b"\x00\x00"])
+    [(later, _)] = await store.scripts.append(keys=append_keys("burst"), args=append_args([("s", 1, b"\x00\x00", nothing)]))
     assert StreamId.parse(later.decode()) > ids[-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from yrelay import crdt
 from yrelay.offsets import StreamId
 
 from conftest import running_server
@@ -102,3 +103,28 @@ async def test_evict_a_session_by_hand(ops, redis_client):
     assert (await ops.delete("/ops/docs/notes/sessions/behind", headers=AUTH)).status_code == 204
     assert await tracked(redis_client, "notes") == {"leader", "middle"}
     assert (await ops.delete("/ops/docs/notes/sessions/behind", headers=AUTH)).status_code == 404
+
+
+async def test_a_blocked_document_is_reported_then_resolved_by_dropping_what_never_applied(ops, redis_client):
+    """A stream written before causal admission: entry 2 was never stored, so
+    3..5 sit behind it in nobody's document and GC cannot fold past them."""
+    updates, _ = text_updates(6)
+    seconds, _ = await redis_client.time()
+    now = seconds * 1000
+    ids = await append_at(redis_client, "old", [now - 10_000 + i for i in range(5)], updates[:2] + updates[3:])
+    assert (await ops.post("/ops/gc", json={"docs": ["old"]}, headers=AUTH)).status_code == 200
+    status = (await ops.get("/ops/docs/old", headers=AUTH)).json()
+    assert status["blocked_at"] == str(ids[2]) and status["blocked_since"] > 0
+    assert status["stream_length"] == 3
+
+    answer = await ops.post("/ops/docs/old/drop-blocked", headers=AUTH)
+    assert answer.status_code == 200 and answer.json()["dropped"] == [str(i) for i in ids[2:]]
+    assert (await ops.post("/ops/gc", json={"docs": ["old"]}, headers=AUTH)).status_code == 200
+    status = (await ops.get("/ops/docs/old", headers=AUTH)).json()
+    assert status["blocked_at"] is None and status["stream_length"] == 0
+    assert not await redis_client.exists("yrelay:{old}:dropped")
+    # what every replica held stays: the two updates before the gap
+    snapshot = await redis_client.get("yrelay:{old}:snapshot")
+    doc = crdt.new_doc()
+    crdt.apply_update(doc, snapshot)
+    assert crdt.text_of(doc) == "w0 w1 "

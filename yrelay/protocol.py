@@ -22,6 +22,17 @@ from .offsets import InvalidOffset, StreamId
 
 PROTOCOL_VERSION = 1
 
+#: Additive protocol features this server speaks, announced in ``welcome``
+#: (docs/protocol.md#features). A client uses a feature only when the server
+#: announced it, so today's clients and servers keep working with older ones.
+FEATURES = (
+    "strict_types",  # wrong JSON types are malformed_frame, never coerced
+    "causal_admission",  # an update is stored only when the document can apply it (missing_dependency)
+    "sync_push",  # update {sync: true}: the server stores the causally ready part of a diff
+    "update_parts",  # update {part, parts}: one update larger than a frame, sent in parts
+    "synced",  # a `synced` frame once the subscriber holds everything admitted when it subscribed
+)
+
 
 class Op(str, enum.Enum):
     """Operation names. Client -> server first, then server -> client."""
@@ -45,6 +56,7 @@ class Op(str, enum.Enum):
     DELIVER = "deliver"
     RESYNC_REQUIRED = "resync_required"
     SYNC_REPLY = "sync_reply"
+    SYNCED = "synced"
     SUBSCRIPTIONS = "subscriptions"
     RECONCILE_REPLY = "reconcile_reply"
     ERROR = "error"
@@ -63,10 +75,14 @@ class ErrorCode(str, enum.Enum):
     INVALID_DOC_ID = "invalid_doc_id"
     INVALID_OFFSET = "invalid_offset"
     INVALID_UPDATE = "invalid_update"
+    #: The document cannot apply the update yet: content it builds on is not
+    #: stored. Carries ``missing``: {Yjs client id: the document's clock}.
+    MISSING_DEPENDENCY = "missing_dependency"
     UPDATE_TOO_LARGE = "update_too_large"
     NOT_SUBSCRIBED = "not_subscribed"
     AWARENESS_TOO_LARGE = "awareness_too_large"
     AWARENESS_NOT_OWNER = "awareness_not_owner"
+    AWARENESS_TOO_MANY_CLIENTS = "awareness_too_many_clients"
     DOCUMENT_UNAVAILABLE = "document_unavailable"
     UNAVAILABLE = "unavailable"
     INTERNAL_ERROR = "internal_error"
@@ -74,6 +90,7 @@ class ErrorCode(str, enum.Enum):
     RATE_LIMITED = "rate_limited"
     OVERLOADED = "overloaded"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"
 
 
 class ResyncReason(str, enum.Enum):
@@ -89,7 +106,7 @@ class ProtocolError(Exception):
     """A frame the server must reject; turned into an ``error`` frame."""
 
     def __init__(self, code: ErrorCode, message: str, *, doc: str | None = None, clock: int | None = None,
-                 retry_after_ms: int | None = None):
+                 retry_after_ms: int | None = None, missing: dict[int, int] | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
@@ -97,6 +114,8 @@ class ProtocolError(Exception):
         self.clock = clock
         #: Limits: when the client may try again.
         self.retry_after_ms = retry_after_ms
+        #: ``missing_dependency``: Yjs client id -> the clock the document holds up to.
+        self.missing = missing
 
 
 def b64encode(data: bytes) -> str:
@@ -114,7 +133,9 @@ def b64decode(text: str) -> bytes:
 
 
 class _Frame(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `"clock": true` or `"clock": "93"` is a malformed frame, never
+    # coerced (a coerced clock once acked bytes that were dropped).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class _DocFrame(_Frame):
@@ -171,6 +192,13 @@ class Update(_DocFrame):
     op: Literal["update"]
     clock: int = Field(ge=0, lt=2**53)
     update: str
+    #: A two-way sync's diff (feature ``sync_push``): the server stores the
+    #: part the document can apply and reports the rest in ``appended.dropped``.
+    sync: bool = False
+    #: Feature ``update_parts``: this frame carries slice ``part`` of ``parts``
+    #: of one update (same doc and clock on every part, sent in order).
+    part: int | None = Field(default=None, ge=0, lt=2**16)
+    parts: int | None = Field(default=None, ge=2, le=2**16)
 
 
 class Ack(_DocFrame):
@@ -236,7 +264,7 @@ def parse_client_frame(
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a JSON object")
     doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
-    clock = raw.get("clock") if isinstance(raw.get("clock"), int) else None
+    clock = raw.get("clock") if type(raw.get("clock")) is int else None  # noqa: E721 - a bool is no clock
     op = raw.get("op")
     if not isinstance(op, str) or op not in CLIENT_OPS:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}", doc=doc, clock=clock)
@@ -287,7 +315,7 @@ def welcome(session: str, resumed: bool, limits: dict[str, int], auth: dict[str,
     """``auth``: ``{mode, subject, permission}``; ``mode`` is ``disabled`` on a
     development server that checks nothing."""
     return {"op": "welcome", "session": session, "resumed": resumed, "protocol": PROTOCOL_VERSION, "limits": limits,
-            "auth": auth}
+            "auth": auth, "features": list(FEATURES)}
 
 
 def subscribed(doc: str, offset: str, digest: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -306,8 +334,21 @@ def snapshot(doc: str, offset: str, update: bytes, part: int, parts: int) -> dic
     return {"op": "snapshot", "doc": doc, "offset": offset, "update": b64encode(update), "part": part, "parts": parts}
 
 
-def appended(doc: str, clock: int, entry_id: str, duplicate: bool) -> dict[str, Any]:
-    return {"op": "appended", "doc": doc, "clock": clock, "id": entry_id, "duplicate": duplicate}
+def appended(doc: str, clock: int, entry_id: str | None, duplicate: bool,
+             dropped: dict[int, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
+    """``entry_id`` is None only for a sync push of which nothing could be
+    stored; ``dropped`` lists, per Yjs client, the ``[start, end)`` clock
+    ranges of a sync push the document cannot apply (they were not stored)."""
+    frame = {"op": "appended", "doc": doc, "clock": clock, "id": entry_id, "duplicate": duplicate}
+    if dropped:
+        frame["dropped"] = {str(client): [list(r) for r in ranges] for client, ranges in dropped.items()}
+    return frame
+
+
+def synced(doc: str, offset: str) -> dict[str, Any]:
+    """Sent once the subscriber has been sent everything the document had
+    admitted when its subscribe (or sync) was answered, up to ``offset``."""
+    return {"op": "synced", "doc": doc, "offset": offset}
 
 
 def deliver(doc: str, entries: list[tuple[str, str]]) -> dict[str, Any]:
@@ -354,6 +395,8 @@ def error(error: ProtocolError) -> dict[str, Any]:
         frame["clock"] = error.clock
     if error.retry_after_ms is not None:
         frame["retry_after_ms"] = error.retry_after_ms
+    if error.missing is not None:
+        frame["missing"] = {str(client): clock for client, clock in error.missing.items()}
     return frame
 
 

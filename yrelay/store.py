@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from . import crdt
-from .keys import dedup_key, documents_key, gc_due_key, meta_key, snapshot_key, stream_key
+from .admission import Needs, needs_of
+from .clocks import bring_clocks_up_to_date
+from .update_format import MalformedUpdate, read_layout
+from .keys import clocks_key, dedup_key, documents_key, gc_due_key, meta_key, snapshot_key, stream_key
 from .offsets import ZERO, StreamId
 from .protocol import b64encode
 from .replies import stream_id, text
@@ -74,13 +77,26 @@ class DocumentStore:
     async def load_scripts(self) -> None:
         await self.scripts.load(self.redis)
 
-    async def append(self, doc: str, session: str, clock: int, update: bytes) -> tuple[str, bool]:
-        """Append one update (unbatched; servers use the Appender)."""
+    async def append(self, doc: str, session: str, clock: int, update: bytes,
+                     needs: Needs | None = None) -> tuple[str, bool]:
+        """Append one update, unbatched and unvalidated (servers validate and
+        use the Appender; tools and tests use this). ``needs`` defaults to
+        what the update needs when it decodes, to nothing when it does not.
+        Raises :class:`NotAdmitted` when the document cannot apply it."""
+        if needs is None:
+            needs = needs_or_nothing(update)
         async with self.redis.pipeline(transaction=False) as pipe:
-            await self.scripts.append(keys=append_keys(doc), args=[session, clock, update], client=pipe)
+            await self.scripts.append(keys=append_keys(doc), args=append_args([(session, clock, update, needs)]),
+                                      client=pipe)
             mark_changed(pipe, [doc])
-            [[(entry_id, duplicate)], *_] = await pipe.execute()
-        return text(entry_id), bool(duplicate)
+            [reply, *_] = await pipe.execute()
+        if reply == [b"stale"]:
+            await bring_clocks_up_to_date(self, doc)
+            return await self.append(doc, session, clock, update, needs)
+        [(entry_id, code, *rest)] = reply
+        if code == 2:
+            raise NotAdmitted(flat_clocks(rest[0]), flat_clocks(rest[1]))
+        return text(entry_id), bool(code)
 
     async def last_id(self, doc: str) -> StreamId:
         """The last id ever appended to ``doc`` (``0-0`` for a new document)."""
@@ -156,7 +172,43 @@ class DocumentStore:
 
 def append_keys(doc: str) -> list[str]:
     """KEYS of the append script, in its order."""
-    return [stream_key(doc), meta_key(doc), dedup_key(doc)]
+    return [stream_key(doc), meta_key(doc), dedup_key(doc), clocks_key(doc)]
+
+
+#: The key layout this server writes (``meta.layout``); the append script
+#: refuses a document written by a newer one (rolling upgrades).
+LAYOUT = 2
+
+
+def append_args(items: list[tuple[str, int, bytes, Needs]]) -> list[object]:
+    """ARGV of the append script for ``(session, clock, update, needs)`` items."""
+    args: list[object] = [LAYOUT]
+    for session, clock, update, needs in items:
+        args += [session, clock, update, *needs.script_args()]
+    return args
+
+
+class NotAdmitted(Exception):
+    """The document cannot apply the update (causal admission refused it)."""
+
+    def __init__(self, lacking: dict[int, int], state: dict[int, int]):
+        super().__init__(f"missing content of Yjs clients {sorted(lacking)}")
+        #: Clients whose content the update lacks -> the document's clock.
+        self.lacking = lacking
+        #: Every client the update involves -> the document's clock.
+        self.state = state
+
+
+def flat_clocks(flat: list[bytes]) -> dict[int, int]:
+    """``[client, clock, client, clock, ...]`` from the script -> a dict."""
+    return {int(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def needs_or_nothing(update: bytes) -> Needs:
+    try:
+        return needs_of(read_layout(update))
+    except MalformedUpdate:
+        return Needs()
 
 
 def mark_changed(pipe, docs: list[str]) -> None:

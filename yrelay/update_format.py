@@ -151,20 +151,27 @@ def _content_length(reader: _Reader, ref: int) -> int:
     raise MalformedUpdate(f"unknown content type {ref}")
 
 
-def _struct_length(reader: _Reader, info: int) -> int:
-    """Consume one Item (after its info byte) and return its length."""
+def _struct_length(reader: _Reader, info: int, refs: list[tuple[int, int]] | None = None) -> int:
+    """Consume one Item (after its info byte) and return its length; the ids
+    it refers to (origin, right origin, parent) go to ``refs`` when given."""
     if info & _BIT8:
-        reader.uint(), reader.uint()  # origin id
+        _ref(reader, refs)  # origin id
     if info & _BIT7:
-        reader.uint(), reader.uint()  # right origin id
+        _ref(reader, refs)  # right origin id
     if not info & (_BIT7 | _BIT8):  # the parent cannot be copied from an origin
         if reader.uint() == 1:
             reader.buffer()  # a root type's name
         else:
-            reader.uint(), reader.uint()  # the parent item's id
+            _ref(reader, refs)  # the parent item's id
         if info & _BIT6:
             reader.buffer()  # parentSub: the map key
     return _content_length(reader, info & _BITS5)
+
+
+def _ref(reader: _Reader, refs: list[tuple[int, int]] | None) -> None:
+    client, clock = reader.uint(), reader.uint()
+    if refs is not None:
+        refs.append((client, clock))
 
 
 @dataclass
@@ -250,3 +257,114 @@ def covers(whole: Coverage, part: Coverage) -> bool:
     set every deleted one, so a pending (unintegrated) part shows up as absent.
     """
     return _within(part.structs, whole.structs) and _within(part.deletes, whole.deletes)
+
+
+#: Client ids and clocks above this cannot be exact in JavaScript (nor in
+#: Redis's Lua, which counts in doubles): no Yjs encoder writes them.
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+#: Structs one update may carry (read_layout keeps an object per struct: a
+#: hostile 16 MiB of two-byte structs would otherwise cost over a gigabyte).
+#: A whole heavily edited document encodes to far fewer: Yjs merges runs.
+MAX_STRUCTS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Struct:
+    """One struct of an update, with where its bytes are (for re-encoding a part)."""
+
+    clock: int
+    length: int
+    #: A Skip covers nothing: the sender lacks that range (diffs, merges).
+    skip: bool
+    #: Ids this struct refers to: origin, right origin, parent.
+    refs: tuple[tuple[int, int], ...]
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """The structs of one Yjs client that an update carries, in clock order."""
+
+    client: int
+    structs: tuple[Struct, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An update read struct by struct (what causal admission needs)."""
+
+    sections: tuple[Section, ...]
+    #: Byte offset where the delete set starts (it runs to the end).
+    delete_start: int
+    deletes: Ranges
+
+
+def read_layout(update: bytes) -> Layout:
+    """Every struct of ``update`` with its refs and byte span, and its delete
+    set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1)."""
+    reader = _Reader(update)
+    sections = []
+    total = 0
+    for _ in range(reader.uint()):
+        count, client, clock = reader.uint(), reader.uint(), reader.uint()
+        total += count
+        if total > MAX_STRUCTS:
+            raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs in one update")
+        structs = []
+        highest = 0  # the largest id value referred to in this section
+        for _ in range(count):
+            start = reader.pos
+            info = reader.byte()
+            ref = info & _BITS5
+            if ref == _GC or ref == _SKIP:
+                length = reader.uint()
+                structs.append(Struct(clock, length, ref == _SKIP, (), start, reader.pos))
+            else:
+                refs: list[tuple[int, int]] = []
+                length = _struct_length(reader, info, refs)
+                for pair in refs:
+                    highest = max(highest, *pair)
+                structs.append(Struct(clock, length, False, tuple(refs), start, reader.pos))
+            clock += length
+        _check_safe(client, clock, highest)
+        sections.append(Section(client, tuple(structs)))
+    delete_start = reader.pos
+    deletes = _read_deletes(reader)
+    if reader.pos != len(update):
+        raise MalformedUpdate("trailing bytes after the delete set")
+    _check_safe(*(value for ranges in deletes.values() for pair in ranges for value in pair), *deletes)
+    return Layout(tuple(sections), delete_start, deletes)
+
+
+def _check_safe(*values: int) -> None:
+    if values and max(values) > MAX_SAFE_INTEGER:
+        raise MalformedUpdate("a client id or clock is past 2**53 - 1")
+
+
+def encode_part(update: bytes, layout: Layout, kept: dict[int, int]) -> bytes:
+    """``update`` with only the first ``kept[i]`` structs of section ``i``
+    (sections keeping none are left out) and its whole delete set.
+
+    Each struct's bytes are copied as they are: a kept prefix starts at its
+    section's first clock, so no struct needs rewriting."""
+    out = bytearray()
+    sections = [(section, kept.get(index, 0)) for index, section in enumerate(layout.sections)]
+    sections = [(section, count) for section, count in sections if count]
+    _write_uint(out, len(sections))
+    for section, count in sections:
+        _write_uint(out, count)
+        _write_uint(out, section.client)
+        _write_uint(out, section.structs[0].clock)
+        out += update[section.structs[0].start : section.structs[count - 1].end]
+    out += update[layout.delete_start :]
+    return bytes(out)
+
+
+def _write_uint(out: bytearray, value: int) -> None:
+    while value > 0x7F:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    out.append(value)

@@ -5,6 +5,12 @@ On this machine batching is the difference between ~10k and ~60k XADD/s. Order
 is kept: updates of one document are appended in the order they were submitted.
 A failing document (say, a key of the wrong type) fails only its own updates.
 The same pipeline marks the documents as changed for GC (``store.mark_changed``).
+
+The script admits an update only if the document can apply it (causal
+admission, :mod:`yrelay.admission`). A refused update fails with
+:class:`NotAdmitted`, except a sync push (a diff that may carry content its
+sender could not apply either): its causally ready part is submitted again
+in its place, and what was left out is reported with the result.
 """
 
 from __future__ import annotations
@@ -12,18 +18,45 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from dataclasses import dataclass, field
 
-from ..store import DocumentStore, append_keys, mark_changed
+from ..admission import Needs, ready_part
+from ..clocks import bring_clocks_up_to_date
+from ..replies import text
+from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks, mark_changed
+from ..update_format import Layout, Ranges
 
 log = logging.getLogger(__name__)
 
-AppendResult = tuple[str, bool]  # (stream id, was a duplicate)
+
+@dataclass(frozen=True)
+class AppendResult:
+    """An update's place in the stream (``entry_id`` None: nothing of a sync
+    push could be stored)."""
+
+    entry_id: str | None
+    duplicate: bool
+    #: A sync push's struct ranges left out (the document cannot apply them).
+    dropped: Ranges = field(default_factory=dict)
+
+
+@dataclass
+class _Item:
+    doc: str
+    session: str
+    clock: int
+    update: bytes
+    needs: Needs
+    future: asyncio.Future[AppendResult]
+    #: Set for a sync push not split yet: its layout, to cut the ready part.
+    split: Layout | None = None
+    dropped: Ranges = field(default_factory=dict)
 
 
 class Appender:
     def __init__(self, store: DocumentStore):
         self.store = store
-        self._pending: list[tuple[str, str, int, bytes, asyncio.Future[AppendResult]]] = []
+        self._pending: list[_Item] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -34,15 +67,20 @@ class Appender:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for *_, future in self._pending:
-            future.cancel()
+        for item in self._pending:
+            item.future.cancel()
 
-    def submit(self, doc: str, session: str, clock: int, update: bytes) -> asyncio.Future[AppendResult]:
-        """Queue one update; the future resolves once it is in the stream."""
+    def submit(self, doc: str, session: str, clock: int, update: bytes, needs: Needs,
+               sync_layout: Layout | None = None) -> asyncio.Future[AppendResult]:
+        """Queue one update; the future resolves once it is in the stream, or
+        fails with :class:`NotAdmitted`. ``sync_layout`` marks a sync push."""
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        self._pending.append((doc, session, clock, update, future))
-        self._wake.set()
+        self._queue(_Item(doc, session, clock, update, needs, future, sync_layout))
         return future
+
+    def _queue(self, item: _Item) -> None:
+        self._pending.append(item)
+        self._wake.set()
 
     async def _run(self) -> None:
         while True:
@@ -52,35 +90,72 @@ class Appender:
             if batch:
                 await self._append_batch(batch)
 
-    async def _append_batch(self, batch: list) -> None:
-        by_doc: dict[str, list] = defaultdict(list)
+    async def _append_batch(self, batch: list[_Item]) -> None:
+        by_doc: dict[str, list[_Item]] = defaultdict(list)
         for item in batch:
-            by_doc[item[0]].append(item)
+            by_doc[item.doc].append(item)
         try:
             async with self.store.redis.pipeline(transaction=False) as pipe:
                 for doc, items in by_doc.items():
-                    args = [value for _, session, clock, update, _ in items for value in (session, clock, update)]
+                    args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
                     await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
                 mark_changed(pipe, list(by_doc))
                 results = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # Redis unreachable: every caller gets the error
             log.warning("append batch failed: %s", exc)
-            for *_, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+            for item in batch:
+                _fail(item, exc)
             return
         for (doc, items), result in zip(by_doc.items(), results):
-            self._resolve(doc, items, result)
+            if result == [b"stale"]:
+                asyncio.create_task(self._catch_up_then_retry(doc, items))
+            else:
+                self._resolve(doc, items, result)
 
-    @staticmethod
-    def _resolve(doc: str, items: list, result: object) -> None:
+    async def _catch_up_then_retry(self, doc: str, items: list[_Item]) -> None:
+        """The document holds entries its clocks do not account for yet
+        (written before admission): rebuild them, then append again."""
+        try:
+            await bring_clocks_up_to_date(self.store, doc)
+        except Exception as exc:
+            log.warning("rebuilding the state vector of %s failed: %s", doc, exc, extra={"doc": doc})
+            for item in items:
+                _fail(item, exc)
+            return
+        for item in items:
+            self._queue(item)
+
+    def _resolve(self, doc: str, items: list[_Item], result: object) -> None:
         if isinstance(result, Exception):
             log.error("append to %s failed: %s", doc, result, extra={"doc": doc})
-            for *_, future in items:
-                if not future.done():
-                    future.set_exception(result)
+            for item in items:
+                _fail(item, result)
             return
-        for (*_, future), (entry_id, duplicate) in zip(items, result):  # type: ignore[misc]
-            if not future.done():
-                future.set_result((entry_id.decode(), bool(duplicate)))
+        for item, (entry_id, code, *refusal) in zip(items, result):  # type: ignore[misc]
+            if code != 2:
+                _succeed(item, AppendResult(text(entry_id), bool(code), item.dropped))
+            elif item.split is not None:
+                self._append_ready_part(item, flat_clocks(refusal[1]))
+            else:
+                _fail(item, NotAdmitted(flat_clocks(refusal[0]), flat_clocks(refusal[1])))
 
+    def _append_ready_part(self, item: _Item, clocks: dict[int, int]) -> None:
+        """A refused sync push: submit the part the document can apply (the
+        clocks only grow, so it is admitted unless Redis lost data meanwhile)."""
+        assert item.split is not None
+        part = ready_part(item.update, item.split, clocks)
+        if part.update is None:
+            _succeed(item, AppendResult(None, False, part.dropped))
+            return
+        self._queue(_Item(item.doc, item.session, item.clock, part.update, part.needs, item.future,
+                          dropped=part.dropped))
+
+
+def _succeed(item: _Item, result: AppendResult) -> None:
+    if not item.future.done():
+        item.future.set_result(result)
+
+
+def _fail(item: _Item, exc: BaseException) -> None:
+    if not item.future.done():
+        item.future.set_exception(exc)

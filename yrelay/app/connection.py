@@ -20,9 +20,13 @@ from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
 
 from .. import awareness, crdt, logs, protocol
+from ..admission import Needs, needs_of
+from ..store import NotAdmitted
+from ..update_format import Layout, MalformedUpdate, read_layout
 from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
 from ..auth.origins import own_origins
 from ..auth.authenticator import JwtAuthenticator
+from ..keys import subject_id
 from ..offsets import StreamId
 from ..protocol import (Ack, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe,
                         Sync, Unsubscribe, Update)
@@ -31,8 +35,11 @@ from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from .context import ServerContext
 from .limits import DeliveryBudget, Refusal, TokenBucket
-from .presence import Member, NotOwner
+from .presence import Member, NotOwner, PresenceFull
+from .quotas import SubjectBuckets
+from .appender import AppendResult
 from .subscription import Send, Subscription
+from .update_parts import UpdateParts, frame_identity
 from .validator import ValidatorUnavailable
 
 log = logging.getLogger(__name__)
@@ -77,9 +84,15 @@ class Connection:
         self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
         #: The session's update rate (shared with its other connections here).
         self._rate: TokenBucket | None = None
+        #: Presence updates of this connection, all documents together.
+        self._presence_rate = TokenBucket(ctx.settings.presence_per_second, ctx.settings.presence_burst)
+        #: The subject's deployment-wide buckets (acquired on first use).
+        self._subject: SubjectBuckets | None = None
         #: Resolved once the last update received was submitted or rejected:
         #: updates are validated concurrently but appended in arrival order.
         self._turn: asyncio.Future[None] | None = None
+        #: An update larger than a frame, arriving in parts.
+        self._parts = UpdateParts(ctx.settings.max_update_bytes, self._reject)
 
     async def run(self) -> None:
         """Serve the websocket, unless a connection limit refuses it."""
@@ -94,6 +107,7 @@ class Connection:
             self.ctx.limits.close_connection(address)
             if self._rate is not None and self.session is not None:
                 self.ctx.limits.sessions.release(self.session)
+            self._release_subject()
 
     async def _refuse(self, refusal: Refusal) -> None:
         """Accept only to say why not and when to come back, then close:
@@ -130,6 +144,7 @@ class Connection:
             pass
         finally:
             self.state = ConnectionState.CLOSED
+            self._parts.close()
             timer.cancel()
             for task in list(self._tasks):
                 task.cancel()
@@ -157,8 +172,10 @@ class Connection:
             await self._reject(ProtocolError(ErrorCode.MALFORMED_FRAME, "frames are JSON text, not binary"))
             return
         if len(text) > self.ctx.settings.max_frame_bytes:
+            doc, clock = frame_identity(text)  # bounded by ws_max_size; names the refused update
             await self._reject(ProtocolError(
-                ErrorCode.FRAME_TOO_LARGE, f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes"
+                ErrorCode.FRAME_TOO_LARGE, f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes; "
+                "send a larger update in parts (feature update_parts)", doc=doc, clock=clock
             ))
             return
         try:
@@ -180,6 +197,7 @@ class Connection:
             await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
 
     async def _reject(self, error: ProtocolError) -> None:
+        self._parts.refused(error)  # the rest of a refused update's parts is ignored
         log.debug("rejected a frame: %s %s", error.code.value, error.message,
                   extra={"doc": error.doc} if error.doc is not None else None)
         await self.send(protocol.error(error))
@@ -210,10 +228,10 @@ class Connection:
         elif isinstance(frame, Awareness):
             await self._awareness(frame)
 
-    def _subscription(self, doc: str) -> Subscription:
+    def _subscription(self, doc: str, clock: int | None = None) -> Subscription:
         subscription = self.subscriptions.get(doc)
         if subscription is None:
-            raise ProtocolError(ErrorCode.NOT_SUBSCRIBED, "subscribe to the document first", doc=doc)
+            raise ProtocolError(ErrorCode.NOT_SUBSCRIBED, "subscribe to the document first", doc=doc, clock=clock)
         return subscription
 
     async def _hello(self, frame: Hello) -> None:
@@ -264,6 +282,8 @@ class Connection:
         assert self.session is not None and self.principal is not None
         if not self.principal.can_read(frame.doc):
             raise ProtocolError(ErrorCode.FORBIDDEN, "this token does not allow this document", doc=frame.doc)
+        requested = StreamId.parse(frame.offset) if frame.offset is not None else None
+        claimed = _claimed(frame)
         old = self.subscriptions.pop(frame.doc, None)
         if old is not None:
             await old.close()
@@ -273,8 +293,10 @@ class Connection:
                 f"at most {self.ctx.settings.max_docs_per_connection} documents per connection",
                 doc=frame.doc,
             )
-        requested = StreamId.parse(frame.offset) if frame.offset is not None else None
-        claimed = _claimed(frame)
+        elif not await self.ctx.limits.subjects.open_subscription(self._subject_buckets().subject):
+            raise ProtocolError(ErrorCode.TOO_MANY_SUBSCRIPTIONS, f"at most "
+                                f"{self.ctx.settings.max_subscriptions_per_subject} live subscriptions per user, "
+                                "all connections together; unsubscribe from some", doc=frame.doc)
         self._join_presence(frame.doc)
         subscription = Subscription(self.ctx, frame.doc, self.session, self._document_sender(frame.doc), requested,
                                     claimed, budget=self.budget)
@@ -286,6 +308,7 @@ class Connection:
         subscription = self.subscriptions.pop(frame.doc, None)
         if subscription is not None:
             await subscription.close()
+            self.ctx.limits.subjects.close_subscription(self._subject_buckets().subject)
         member = self.presence.pop(frame.doc, None)
         if member is not None:
             await self.ctx.presence.leave(member)
@@ -296,7 +319,7 @@ class Connection:
         member = self.presence.get(doc)
         if member is None:
             assert self.session is not None
-            self.presence[doc] = self.ctx.presence.join(doc, self.session, self.send)
+            self.presence[doc] = self.ctx.presence.join(doc, self.session, self.send, self._presence_owner())
         else:
             member.listening = False  # subscribing again: greeted again once answered
 
@@ -317,18 +340,61 @@ class Connection:
         task.add_done_callback(self._tasks.discard)
 
     async def _awareness(self, frame: Awareness) -> None:
-        """Relay a presence update; never stored in the document's stream."""
+        """Relay a presence update; never stored in the document's stream.
+        Over a limit: an error, nothing stored or relayed."""
         self._subscription(frame.doc)
-        data = _decode_limited(frame.update, self.ctx.settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE,
+        settings = self.ctx.settings
+        if not self._presence_rate.take():
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {settings.presence_per_second:g} awareness updates/s "
+                                "on this connection", doc=frame.doc, retry_after_ms=self._presence_rate.retry_after_ms())
+        wait = await self._subject_buckets().presence.take()
+        if wait is not None:
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {settings.subject_presence_per_second:g} awareness "
+                                "updates/s for this user, all connections together", doc=frame.doc, retry_after_ms=wait)
+        data = _decode_limited(frame.update, settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE,
                                frame.doc, None)
         try:
             entries = awareness.decode_update(data)
         except awareness.AwarenessError as exc:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"awareness update: {exc}", doc=frame.doc) from None
+        member = self.presence[frame.doc]
+        if member.clients_after(entries) > settings.max_presence_clients_per_connection:
+            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, f"at most "
+                                f"{settings.max_presence_clients_per_connection} clientIDs per connection and document",
+                                doc=frame.doc)
         try:
-            await self.ctx.presence.update(self.presence[frame.doc], entries)
+            await self.ctx.presence.update(member, entries)
         except NotOwner as exc:
             raise ProtocolError(ErrorCode.AWARENESS_NOT_OWNER, str(exc), doc=frame.doc) from None
+        except PresenceFull as exc:
+            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, str(exc), doc=frame.doc) from None
+
+    def _subject_buckets(self) -> SubjectBuckets:
+        """The deployment-wide limits of who is connected: the token's
+        subject, or with auth off the client address (docs/operations.md#limits)."""
+        if self._subject is None:
+            if isinstance(self.ctx.authenticator, NoAuthenticator) or self.principal is None:
+                identity = "addr:" + (self.websocket.client.host if self.websocket.client else "")
+            else:
+                identity = "sub:" + self.principal.subject
+            self._subject = self.ctx.limits.subjects.acquire(subject_id(identity))
+        return self._subject
+
+    def _release_subject(self) -> None:
+        if self._subject is not None:
+            subjects = self.ctx.limits.subjects
+            if self.subscriptions:
+                subjects.close_subscription(self._subject.subject, len(self.subscriptions))
+            subjects.release(self._subject.subject)
+            self._subject = None
+
+    def _presence_owner(self) -> str:
+        """Who may take this connection's clientIDs over: its subject's
+        other connections, or with auth off its session's."""
+        assert self.session is not None and self.principal is not None
+        if isinstance(self.ctx.authenticator, NoAuthenticator):
+            return subject_id("session:" + self.session)
+        return subject_id("sub:" + self.principal.subject)
 
     async def _reconcile(self, frame: Reconcile) -> None:
         """Answer one range-reconciliation request over the documents that
@@ -346,13 +412,23 @@ class Connection:
         if not self.principal.can_write(frame.doc):
             raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
                                 doc=frame.doc, clock=frame.clock)
-        self._subscription(frame.doc)
+        self._subscription(frame.doc, frame.clock)
+        if self._parts.ignored(frame):  # the rest of a refused update's parts
+            return
         assert self._rate is not None
         if not self._rate.take():  # not stored; the client resends after retry_after_ms
             raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {self.ctx.settings.updates_per_second:g} updates/s",
                                 doc=frame.doc, clock=frame.clock, retry_after_ms=self._rate.retry_after_ms())
+        wait = await self._subject_buckets().updates.take()  # no Redis call for most updates: quotas.py
+        if wait is not None:
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {self.ctx.settings.subject_updates_per_second:g} "
+                                "updates/s for this user, all connections together", doc=frame.doc, clock=frame.clock,
+                                retry_after_ms=wait)
         update = _decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
                                  frame.doc, frame.clock)
+        update = await self._parts.feed(frame, update)  # None until the last part of an update in parts
+        if update is None:
+            return
         try:
             verdict = self.ctx.validator.submit(update)
         except crdt.InvalidUpdate as exc:
@@ -365,15 +441,21 @@ class Connection:
     async def _append_when_valid(self, frame: Update, update: bytes, verdict: asyncio.Future[Exception | None],
                                  previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
                                  received: float) -> None:
-        """Wait for the validator (while the next frames are read), then for
-        the update received before this one, then append."""
+        """Wait for the validator and the causal reading of the update (while
+        the next frames are read), then for the update received before this
+        one, then append."""
         assert self.session is not None
         try:
+            reading = await _read_causally(update)
             error = await verdict
+            if error is None and isinstance(reading, Exception):
+                error = reading
             if previous is not None:
                 await previous
             if error is None:
-                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update)
+                layout, needs = reading
+                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update, needs,
+                                                  sync_layout=layout if frame.sync else None)
         except BaseException:
             self._inflight.release()
             raise
@@ -391,13 +473,21 @@ class Connection:
             error = ProtocolError(ErrorCode.INVALID_UPDATE, str(error), doc=frame.doc, clock=frame.clock)
         await self._safe_send(protocol.error(error))
 
-    async def _confirm(self, frame: Update, future: asyncio.Future[tuple[str, bool]], size: int,
+    async def _confirm(self, frame: Update, future: asyncio.Future[AppendResult], size: int,
                        received: float) -> None:
         """Ack an update once (and only once) the append script returned."""
         try:
-            entry_id, duplicate = await future
+            result = await future
         except asyncio.CancelledError:
             raise
+        except NotAdmitted as refused:
+            await self._safe_send(protocol.error(ProtocolError(
+                ErrorCode.MISSING_DEPENDENCY,
+                "not stored: the document lacks content this update builds on; send earlier updates first",
+                doc=frame.doc, clock=frame.clock, missing=refused.lacking)))
+            self.ctx.events.emit("refuse", frame.doc, self.session, clock=frame.clock,
+                                 missing={str(c): k for c, k in refused.lacking.items()})
+            return
         except Exception as exc:
             log.warning("append of %s clock %s failed: %s", frame.doc, frame.clock, exc)
             await self._safe_send(protocol.error(ProtocolError(
@@ -406,7 +496,10 @@ class Connection:
             return
         finally:
             self._inflight.release()
-        await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate))
+        entry_id, duplicate = result.entry_id, result.duplicate
+        await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
+        if entry_id is None:
+            return
         self.ctx.metrics.appended(time.perf_counter() - received)
         self.ctx.events.emit("append", frame.doc, self.session, offset=entry_id, clock=frame.clock,
                              bytes=size, duplicate=duplicate)
@@ -440,6 +533,27 @@ class Connection:
                 await self._check_token()
             except Exception:
                 log.exception("the token check failed; it runs again next tick")
+
+
+#: Updates up to this size are read causally on the event loop (a few us);
+#: larger ones in a thread, so a 16 MiB paste does not stall other sockets.
+_READ_IN_LOOP_BYTES = 64 * 1024
+
+
+async def _read_causally(update: bytes) -> tuple[Layout, Needs] | Exception:
+    """The update's structs and what the document must hold to apply it, or
+    why it can never apply (an ``InvalidUpdate``)."""
+    if len(update) <= _READ_IN_LOOP_BYTES:
+        return _read_layout_and_needs(update)
+    return await asyncio.to_thread(_read_layout_and_needs, update)
+
+
+def _read_layout_and_needs(update: bytes) -> tuple[Layout, Needs] | Exception:
+    try:
+        layout = read_layout(update)
+        return layout, needs_of(layout)
+    except MalformedUpdate as exc:
+        return crdt.InvalidUpdate(f"not a Yjs update: {exc}")
 
 
 def _claimed(frame: Subscribe) -> WindowDigest | None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from ..auth import AlreadyExpired
 from ..gc import DocReport, collect_documents
+from ..gc.blocked import drop_blocked
 from ..keys import InvalidDocumentId, documents_key, validate_doc_id
 from ..tracker.lag import document_status
 from .context import ServerContext
@@ -122,6 +123,17 @@ async def evict_session(doc: str, session: str, request: Request) -> Response:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"session {session!r} is not tracked on {doc!r}")
     ctx.events.emit("evict", doc, session, mode="operator")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/docs/{doc:path}/drop-blocked")
+async def drop_blocked_entries(doc: str, request: Request) -> dict[str, Any]:
+    """Resolve a document GC reports as blocked (``blocked_at``): the stored
+    entries no replica can apply (written before causal admission) are
+    dropped by the next GC pass, which then folds past them. Their content
+    was never visible to anyone. Recorded in the event log (``drop_blocked``)."""
+    ctx = _ctx(request)
+    ids = await drop_blocked(ctx.redis, _doc_id(doc), ctx.events)
+    return {"doc": doc, "dropped": ids}
 
 
 class RevokeRequest(BaseModel):

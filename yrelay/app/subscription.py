@@ -128,6 +128,9 @@ class Subscription:
         #: to here too (written before this subscribe, e.g. by an earlier
         #: binding of the document); past it, never its own.
         self._own_visible_through = StreamId(0, 0)
+        #: The document's last id when the subscribe was answered: once the
+        #: cursor reaches it, the client holds the server's state (``synced``).
+        self._synced_at: StreamId | None = None
         self._sent: deque[StreamId] = deque()  # sent, not yet acked, in order
         #: Shared by the connection's subscriptions; ``_counted`` is our part.
         self._budget = budget or DeliveryBudget(0)
@@ -249,7 +252,7 @@ class Subscription:
 
     async def _start(self) -> None:
         if self._requested is None:
-            self._own_visible_through = await self.ctx.store.last_id(self.doc)
+            self._own_visible_through = self._synced_at = await self.ctx.store.last_id(self.doc)
             snapshot = await self.ctx.store.load_snapshot(self.doc)
             await self._go_live(snapshot.offset, WindowDigest(snapshot.offset, snapshot.offset, Digest()))
             if snapshot.update:
@@ -257,7 +260,7 @@ class Subscription:
                 for index, part in enumerate(parts):
                     await self._send(protocol.snapshot(self.doc, str(snapshot.offset), part, index, len(parts)))
             return
-        last = await self.ctx.store.last_id(self.doc)
+        last = self._synced_at = await self.ctx.store.last_id(self.doc)
         claimed_end = self._claimed.end if self._claimed else self._requested
         if max(self._requested, claimed_end) > last:  # the client holds entries the server lost
             await self._require_resync(ResyncReason.AHEAD)
@@ -307,6 +310,8 @@ class Subscription:
             await self._answer_sync()
         while self.state is SubscriptionState.LIVE and await self._send_more():
             pass
+        if self._synced_at is not None and self.state is SubscriptionState.LIVE and self.cursor >= self._synced_at:
+            await self._send_synced(self._synced_at)  # the cursor covers the session's own entries too
 
     async def _send_more(self) -> bool:
         """Send one batch or page; False when there is nothing to send now."""
@@ -414,6 +419,7 @@ class Subscription:
         self.ctx.events.emit("resync", self.doc, self.session, reason=reason.value,
                              offset=None if self._requested is None else str(self._requested))
         self._move(SubscriptionState.RESYNC_REQUIRED)
+        self._synced_at = None  # sent after the sync reply instead
         self._pending.clear()
         self._sent.clear()
         self._count_sent()
@@ -448,7 +454,14 @@ class Subscription:
         parts = protocol.chunks(diff, self.ctx.settings.chunk_bytes)
         for index, part in enumerate(parts):
             await self._send(protocol.sync_reply(self.doc, str(offset), part, server_vector, index, len(parts)))
+        await self._send_synced(offset)
         self._wake.set()
+
+    async def _send_synced(self, offset: StreamId) -> None:
+        """The client has been sent everything admitted up to ``offset``
+        (feature ``synced``); a sync answer also settles a pending subscribe's."""
+        self._synced_at = None
+        await self._send(protocol.synced(self.doc, str(offset)))
 
     async def _error(self, code: ErrorCode, message: str) -> None:
         await self._send(protocol.error(ProtocolError(code, message, doc=self.doc)))

@@ -6,8 +6,11 @@ and what the tests, the checker and the benchmarks drive.
 Guarantees it keeps: every local change stays in the send buffer until the
 server acks it (appended to the stream), and is resent with exponential
 backoff + jitter; after ``max_attempts`` the client reconnects and resyncs
-every document in full (a two-way state-vector exchange). Deliveries are
-acked cumulatively per document once applied.
+every document in full (a two-way state-vector exchange). Per document,
+updates go out in clock order and a refused one holds back the later ones
+(:mod:`.sendbuffer`). Deliveries are acked cumulatively per document once
+applied. Features the server announces in ``welcome`` (docs/protocol.md#features)
+are used when present: sync pushes, updates in parts, the ``synced`` frame.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ..reconciliation.held_entries import HeldEntries
 from ..reconciliation import ReconciliationError
 from .backoff import Backoff
 from .persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
-from .sendbuffer import SendBuffer
+from .sendbuffer import PendingUpdate, SendBuffer
 from .subscription_check import SubscriptionCheck, compare_subscriptions
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,11 @@ log = logging.getLogger(__name__)
 #: Errors after which resending the same update can never succeed.
 FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large",
                        "forbidden"}
+#: Errors that say the update was not stored for now: resent on its backoff.
+RETRY_UPDATE_ERRORS = {"unavailable", "internal_error", "missing_dependency"}
+#: Bytes of an update frame besides its base64 (op, doc id of at most 200
+#: characters, clock, sync, part, parts): a part's slice leaves room for them.
+FRAME_OVERHEAD = 512
 
 
 class RetryLater(ConnectionError):
@@ -71,6 +79,8 @@ class ClientDocument:
     held: HeldEntries = field(default_factory=HeldEntries)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     _parts: list[bytes] = field(default_factory=list)
+    #: A ``sync`` was sent and its reply has not come yet.
+    _sync_pending: bool = False
     _batch: list[bytes] = field(default_factory=list)
     _batch_timer: asyncio.TimerHandle | None = None
     _replica: crdt.Replica | None = None
@@ -126,7 +136,13 @@ class YrelayClient:
         #: Resubscribes where the drift digests differed (either side noticed).
         self.drifts = 0
         self.connected = asyncio.Event()
+        #: What the server announced in ``welcome``.
+        self.features: frozenset[str] = frozenset()
+        self.limits: dict[str, int] = {}
         self._ws: Any = None
+        self._flush_lock = asyncio.Lock()
+        self._flush_scheduled = False
+        self._parts_lock = asyncio.Lock()  # one update in parts at a time per connection
         self._applying_remote = False
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
@@ -277,12 +293,80 @@ class YrelayClient:
         if updates:
             self._enqueue(doc.name, updates[0] if len(updates) == 1 else crdt.merge_updates(updates))
 
-    def _enqueue(self, doc: str, update: bytes) -> None:
-        item = self.buffer.add(doc, update)
+    def _enqueue(self, doc: str, update: bytes, sync: bool = False) -> None:
+        item = self.buffer.add(doc, update, sync=sync)
         self._journal(item.clock, doc, update)  # write-ahead: an update the server acks is always on disk
         if self.connected.is_set():
+            self._kick()
+
+    # ------------------------------------------------------------ sending updates
+
+    def _kick(self) -> None:
+        """Send what is due soon (once for many local edits in a row)."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        """Send every update that is due, in clock order (:meth:`SendBuffer.due`)."""
+        async with self._flush_lock:
+            self._flush_scheduled = False
+            for item in self.buffer.due():
+                if self._ws is None:
+                    return
+                await self._send_update(item)
+
+    async def _send_update(self, item: PendingUpdate) -> None:
+        limit = self.limits.get("max_update_bytes")
+        if limit is not None and len(item.update) > limit:
+            self._refuse_locally(item, limit)
+            return
+        frames = _update_frames(item, self._part_bytes())
+        if len(frames) == 1:
             self.buffer.mark_sent(item)
-            asyncio.ensure_future(self._send_quietly(_update_frame(item)))
+            await self._send_quietly(frames[0])
+            return
+        item.sending = True  # later updates of its document wait for the last part
+        asyncio.ensure_future(self._send_parts(item, frames))
+
+    async def _send_parts(self, item: PendingUpdate, frames: list[dict[str, Any]]) -> None:
+        """One update in parts; other documents' updates go out in between."""
+        try:
+            async with self._parts_lock:
+                ws = self._ws  # every part on one socket: a new one starts again from part 0
+                if ws is None:
+                    return
+                self.buffer.mark_sent(item)
+                for frame in frames:
+                    if item.waiting or self.buffer.get(item.clock) is not item:
+                        return  # refused (or dropped) mid-way: the server ignores the rest anyway
+                    await ws.send(json.dumps(frame))
+                self.buffer.sent_in_full(item)
+        except ConnectionClosed:
+            pass
+        finally:
+            item.sending = False
+            self._kick()
+
+    def _part_bytes(self) -> int | None:
+        """Bytes per part, when the server takes updates in parts."""
+        frame_limit = self.limits.get("max_frame_bytes")
+        if "update_parts" not in self.features or not frame_limit:
+            return None
+        return max((frame_limit - FRAME_OVERHEAD) // 4 * 3, 3)
+
+    def _refuse_locally(self, item: PendingUpdate, limit: int) -> None:
+        """Larger than the server takes: it can never be stored. Dropped from
+        the buffer (the local document keeps the change), and said as an
+        ``error`` event; the other updates and documents go on."""
+        self.buffer.pop(item.clock)
+        frame = {"op": "error", "code": "update_too_large", "doc": item.doc, "clock": item.clock,
+                 "size": len(item.update), "limit": limit, "local": True,
+                 "message": f"update of {len(item.update)} bytes to {item.doc!r} is over the server's limit of "
+                            f"{limit} bytes: not sent"}
+        log.warning("%s", frame["message"])
+        self.errors.append(frame)
+        self._emit("error", frame)
 
     # ------------------------------------------------------------ connection
 
@@ -333,14 +417,15 @@ class YrelayClient:
         if welcome.get("op") != "welcome":
             raise ConnectionError(f"expected welcome, got {welcome}")
         self.session = welcome["session"]
+        self.features = frozenset(welcome.get("features") or ())
+        self.limits = dict(welcome.get("limits") or {})
         self.persist()  # a crash from here on resumes this session
         for doc in self.docs.values():
             doc.synced.clear()
+            doc._sync_pending = False
             await ws.send(json.dumps(_subscribe_frame(doc)))
         self.buffer.reset_attempts()
-        for item in self.buffer.all():
-            self.buffer.mark_sent(item)
-            await ws.send(json.dumps(_update_frame(item)))
+        await self._flush()
         self.connected.set()
         self._emit("connected", {"session": self.session, "resumed": welcome["resumed"]})
 
@@ -356,9 +441,7 @@ class YrelayClient:
                 if self._ws is not None:
                     await self._ws.close(code=4000)
                 return
-            for item in self.buffer.due():
-                self.buffer.mark_sent(item)
-                await self._send_quietly(_update_frame(item))
+            await self._flush()
 
     async def _send_quietly(self, frame: dict[str, Any]) -> None:
         ws = self._ws
@@ -386,11 +469,36 @@ class YrelayClient:
     def _on_appended(self, frame: dict[str, Any]) -> None:
         item = self.buffer.pop(frame["clock"])
         doc = self.docs.get(frame["doc"])
-        if doc is not None:
+        stored = frame["id"] is not None  # None: a sync push of which nothing could be stored
+        if doc is not None and stored:
             doc.held.add(StreamId.parse(frame["id"]))  # also for a late or duplicate answer
-        if item is not None:
+        if item is not None and item.sync:
+            self._pushed(item, frame)
+        if item is not None and stored:
             self.acked.append(AckedUpdate(item.doc, item.clock, frame["id"], item.update))
+        if item is not None:
             self._emit("appended", frame)
+        if item is not None and item.sync:
+            self._kick()  # the updates it held back
+
+    def _pushed(self, push: PendingUpdate, frame: dict[str, Any]) -> None:
+        """A sync push was answered: the updates of its document made before
+        it are in it (they were in the local document it was encoded from),
+        unless the server left out content of this document's own Yjs client."""
+        dropped = frame.get("dropped") or {}
+        if dropped:
+            log.info("sync push of %s: the server could not apply %s yet (they come back in a later sync)",
+                     push.doc, dropped)
+        if frame["id"] is None:
+            log.info("sync push of %s: nothing in it could be stored", push.doc)
+        doc = self.docs.get(push.doc)
+        if doc is not None and str(doc.ydoc.client_id) in dropped:
+            log.warning("sync push of %s: own content %s not stored; its updates stay queued",
+                        push.doc, dropped[str(doc.ydoc.client_id)])
+            return
+        covered = self.buffer.drop_covered(push)
+        if covered:
+            log.info("sync push of %s covers unacked updates %s", push.doc, [item.clock for item in covered])
 
     def _on_deliver(self, frame: dict[str, Any]) -> None:
         doc = self.docs.get(frame["doc"])
@@ -415,7 +523,7 @@ class YrelayClient:
         elif doc.needs_sync:
             doc.needs_sync = False
             self._request_sync(doc)
-        else:
+        elif "synced" not in self.features:  # else once the catch-up is in: the synced frame
             doc.synced.set()
 
     @staticmethod
@@ -447,6 +555,7 @@ class YrelayClient:
 
     def _request_sync(self, doc: ClientDocument) -> None:
         self.resyncs += 1
+        doc._sync_pending = True
         doc._parts.clear()
         vector = protocol.b64encode(crdt.state_vector(doc.ydoc))
         asyncio.ensure_future(self._send_quietly({"op": "sync", "doc": doc.name, "state_vector": vector}))
@@ -459,12 +568,25 @@ class YrelayClient:
         if update is None:
             return
         self._apply_remote(doc, update)
+        doc._sync_pending = False
         doc.offset = frame["offset"]  # may move back: the server's history is the reference
         doc.held.reset(StreamId.parse(frame["offset"]))
         missing_on_server = crdt.encode_state(doc.ydoc, protocol.b64decode(frame["state_vector"]))
-        if missing_on_server != crdt.EMPTY_UPDATE:
-            self._enqueue(doc.name, missing_on_server)
+        if missing_on_server != crdt.EMPTY_UPDATE:  # a push: the server keeps what it can apply
+            self._enqueue(doc.name, missing_on_server, sync="sync_push" in self.features)
         self._ack(doc)
+        if "synced" not in self.features:  # else the synced frame follows
+            self._mark_synced(doc)
+
+    def _on_synced(self, frame: dict[str, Any]) -> None:
+        """The server sent everything it had when it answered: the document
+        holds the server's state (unless a sync of ours is still unanswered:
+        its reply and its own synced come next)."""
+        doc = self.docs.get(frame["doc"])
+        if doc is not None and not doc._sync_pending:
+            self._mark_synced(doc)
+
+    def _mark_synced(self, doc: ClientDocument) -> None:
         doc.synced.set()
         self._emit("synced", {"doc": doc.name, "offset": doc.offset})
 
@@ -475,7 +597,22 @@ class YrelayClient:
             self.buffer.pop(frame["clock"])  # resending cannot help; keep the local edit
         elif "clock" in frame and frame.get("code") == "rate_limited":
             self.buffer.defer(frame["clock"], frame.get("retry_after_ms", 1000) / 1000)
+        elif "clock" in frame and frame.get("code") in RETRY_UPDATE_ERRORS:
+            self.buffer.refused(frame["clock"])
+            if frame["code"] == "missing_dependency":
+                self._missing_dependency(frame)
         log.info("server error: %s", frame)
+
+    def _missing_dependency(self, frame: dict[str, Any]) -> None:
+        """Refused for content the server lacks. Kept, and resent once the
+        document's earlier updates are in; refused with none of them left,
+        the client pushes what the server lacks (a two-way sync)."""
+        item, doc = self.buffer.get(frame["clock"]), self.docs.get(frame.get("doc", ""))
+        if item is None or doc is None or self.buffer.earlier(item) or doc._sync_pending:
+            return
+        log.info("update %d of %s depends on content the server lacks (%s): two-way sync",
+                 item.clock, doc.name, frame.get("missing"))
+        self._request_sync(doc)
 
     def _on_unsubscribed(self, frame: dict[str, Any]) -> None:
         pass
@@ -576,8 +713,16 @@ def _subscribe_frame(doc: ClientDocument) -> dict[str, Any]:
     return frame
 
 
-def _update_frame(item: Any) -> dict[str, Any]:
-    return {"op": "update", "doc": item.doc, "clock": item.clock, "update": protocol.b64encode(item.update)}
+def _update_frames(item: PendingUpdate, part_bytes: int | None) -> list[dict[str, Any]]:
+    """One frame, or ``parts`` frames of at most ``part_bytes`` each (docs/protocol.md#large-updates)."""
+    frame: dict[str, Any] = {"op": "update", "doc": item.doc, "clock": item.clock}
+    if item.sync:
+        frame["sync"] = True
+    if part_bytes is None or len(item.update) <= part_bytes:
+        return [{**frame, "update": protocol.b64encode(item.update)}]
+    slices = protocol.chunks(item.update, part_bytes)
+    return [{**frame, "update": protocol.b64encode(piece), "part": index, "parts": len(slices)}
+            for index, piece in enumerate(slices)]
 
 
 def _max_offset(current: str | None, new: str) -> str:

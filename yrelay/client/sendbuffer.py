@@ -1,4 +1,11 @@
-"""Updates sent and not yet acked, keyed by the session's logical clock."""
+"""Updates sent and not yet acked, keyed by the session's logical clock.
+
+Per document, updates go out in clock order, and one the server refused
+(or that went unanswered) holds back the later ones of its document until
+it is sent again: Yjs applies one client's changes only in clock order, so
+a later update stored before an earlier one would wait for ever
+(docs/protocol.md#causal-admission). Other documents are never held back.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,13 @@ class PendingUpdate:
     attempts: int = 0
     next_send: float = 0.0  # monotonic time of the next (re)send
     sent: bool = False  # ever sent (by this process, or before a restart)
+    #: A two-way sync's diff (``update {sync: true}``): it covers the
+    #: document's earlier updates, which wait while it is unacked.
+    sync: bool = False
+    #: Refused by the server: later updates of its document wait for its resend.
+    waiting: bool = False
+    #: Its parts are going out: later updates of its document wait.
+    sending: bool = False
 
 
 class SendBuffer:
@@ -34,9 +48,9 @@ class SendBuffer:
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, doc: str, update: bytes) -> PendingUpdate:
+    def add(self, doc: str, update: bytes, sync: bool = False) -> PendingUpdate:
         self._clock += 1
-        item = PendingUpdate(self._clock, doc, update)
+        item = PendingUpdate(self._clock, doc, update, sync=sync)
         self._items[item.clock] = item
         return item
 
@@ -54,8 +68,23 @@ class SendBuffer:
     def pop(self, clock: int) -> PendingUpdate | None:
         return self._items.pop(clock, None)
 
+    def get(self, clock: int) -> PendingUpdate | None:
+        return self._items.get(clock)
+
     def all(self) -> list[PendingUpdate]:
         return list(self._items.values())
+
+    def earlier(self, item: PendingUpdate) -> list[PendingUpdate]:
+        """The unacked updates of ``item``'s document before it."""
+        return [other for other in self._items.values() if other.doc == item.doc and other.clock < item.clock]
+
+    def drop_covered(self, push: PendingUpdate) -> list[PendingUpdate]:
+        """A sync push was stored: it held every update of its document that
+        was made before it, so those need not be sent again."""
+        covered = self.earlier(push)
+        for item in covered:
+            del self._items[item.clock]
+        return covered
 
     def mark_sent(self, item: PendingUpdate) -> None:
         item.next_send = time.monotonic() + self.backoff.delay(item.attempts)
@@ -63,6 +92,20 @@ class SendBuffer:
         self.sends += 1
         self.resends += item.sent
         item.sent = True
+        item.waiting = False
+
+    def sent_in_full(self, item: PendingUpdate) -> None:
+        """Its last part went out only now (a large update takes a while):
+        its answer is awaited from now on."""
+        item.next_send = max(item.next_send, time.monotonic() + self.backoff.delay(item.attempts - 1))
+
+    def refused(self, clock: int) -> None:
+        """The server did not store it (``unavailable``, ``missing_dependency``):
+        resent when its backoff delay is over; until then later updates of
+        its document wait."""
+        item = self._items.get(clock)
+        if item is not None:
+            item.waiting = True
 
     def defer(self, clock: int, delay: float) -> None:
         """The server refused the update for now (``rate_limited``): send it
@@ -71,10 +114,25 @@ class SendBuffer:
         if item is not None:
             item.next_send = max(item.next_send, time.monotonic() + delay)
             item.attempts = max(item.attempts - 1, 0)
+            item.waiting = True
 
     def due(self) -> list[PendingUpdate]:
+        """What to send now, in clock order: new updates and those whose
+        backoff delay is over, except behind an update of the same document
+        that waits (refused, or its parts still going out), and except the
+        updates a sync push of their document covers."""
         now = time.monotonic()
-        return [item for item in self._items.values() if item.next_send <= now]
+        pushed = {item.doc: item.clock for item in self._items.values() if item.sync}  # the last push wins
+        held: set[str] = set()
+        due = []
+        for item in self._items.values():
+            if item.doc in held or item.clock < pushed.get(item.doc, 0):
+                continue
+            if item.sending or (item.waiting and item.next_send > now):
+                held.add(item.doc)
+            elif item.next_send <= now:
+                due.append(item)
+        return due
 
     def exhausted(self) -> bool:
         """Has any update used up its attempts (the client is 'offline')?"""
@@ -84,3 +142,4 @@ class SendBuffer:
         for item in self._items.values():
             item.attempts = 0
             item.next_send = 0.0
+            item.waiting = item.sending = False

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from .. import crdt
-from ..keys import dedup_key, meta_key, snapshot_key, stream_key, tracker_key
+from ..keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
 from ..replies import stream_id, text
 from ..scripts import Scripts
@@ -215,10 +215,11 @@ class Collector:
                     pipe.exists(snapshot_key(plan.doc))  # a dry run needs no bytes
                 pipe.xrange(stream_key(plan.doc), min=f"({plan.snapshot_offset}", max=str(plan.target),
                             count=self.policy.max_fold_entries)
+                pipe.smembers(dropped_key(plan.doc))
             results = await pipe.execute(raise_on_error=False)
         for index, plan in enumerate(to_read):
-            offset, snapshot, entries = results[3 * index : 3 * index + 3]
-            failure = next((r for r in (offset, snapshot, entries) if isinstance(r, Exception)), None)
+            offset, snapshot, entries, dropped = results[4 * index : 4 * index + 4]
+            failure = next((r for r in (offset, snapshot, entries, dropped) if isinstance(r, Exception)), None)
             if failure is not None:
                 plan.report.error = str(failure)[:200]
             elif (stream_id(offset) or ZERO) != plan.snapshot_offset:
@@ -226,6 +227,7 @@ class Collector:
             else:
                 plan.base = snapshot if isinstance(snapshot, bytes) else b""
                 plan.entries = [to_entry(entry_id, fields) for entry_id, fields in entries]
+                _empty_dropped(plan.entries, {text(member) for member in dropped})
         return [plan for plan in plans if plan.report.error is None and not plan.report.conflict]
 
     async def _count_trimmable(self, plans: list[_Plan]) -> None:
@@ -326,6 +328,7 @@ class Collector:
 
     async def _record(self, plans: list[_Plan]) -> None:
         now_ms = int(time.time() * 1000)
+        lengths = []
         async with self.redis.pipeline(transaction=False) as pipe:
             for plan in plans:
                 report = plan.report
@@ -333,14 +336,39 @@ class Collector:
                 pipe.hincrby(meta_key(plan.doc), "gc_folded", report.folded)
                 pipe.hincrby(meta_key(plan.doc), "gc_trimmed", report.trimmed)
                 pipe.hincrby(meta_key(plan.doc), "gc_evicted", report.evicted)
+                _record_blocked(pipe, plan.doc, report.blocked_at, now_ms)
+                lengths.append(len(pipe))
                 pipe.xlen(stream_key(plan.doc))
             results = await pipe.execute(raise_on_error=False)
-        for index, plan in enumerate(plans):
-            length = results[5 * index + 4]
+        for index, plan in zip(lengths, plans):
+            length = results[index]
             plan.report.stream_length = 0 if isinstance(length, Exception) else int(length)
+        emptied = [plan.doc for plan in plans if plan.report.stream_length == 0 and plan.report.folded]
+        if emptied:  # whatever an operator dropped has been folded past and trimmed
+            await self.redis.delete(*[dropped_key(doc) for doc in emptied])
+        for plan in plans:
             if plan.report.trimmed:
                 self.events.emit("trim", plan.doc, offset=plan.trimmed_to, entries=plan.report.trimmed,
                                  stream_length=plan.report.stream_length)
+
+
+def _empty_dropped(entries: list[Entry], dropped: set[str]) -> None:
+    """Entries an operator dropped (gc/blocked.py) fold as empty updates:
+    the fold passes them and the trim removes them like any folded entry."""
+    if dropped:
+        for entry in entries:
+            if str(entry.id) in dropped:
+                entry.update = crdt.EMPTY_UPDATE
+
+
+def _record_blocked(pipe, doc: str, blocked_at: str | None, now_ms: int) -> None:
+    """Entries no replica can apply (stored before causal admission) stop the
+    fold: say which, and since when, in ``meta`` (``/ops/docs/{doc}``)."""
+    if blocked_at is None:
+        pipe.hdel(meta_key(doc), "blocked_at", "blocked_since")
+    else:
+        pipe.hset(meta_key(doc), "blocked_at", blocked_at)
+        pipe.hsetnx(meta_key(doc), "blocked_since", now_ms)
 
 
 def _folded_ids(plan: _Plan, through: StreamId) -> list[str] | None:

@@ -45,6 +45,11 @@ class DocumentStatus:
     worst_lag_entries: int
     worst_lag_ms: int
     gc_at: int | None = None
+    #: The first entry GC cannot fold because no replica can apply it (stored
+    #: before causal admission, behind content that was never stored), and
+    #: since when (ms) the document has been blocked; None when it is not.
+    blocked_at: str | None = None
+    blocked_since: int | None = None
     sessions: list[SessionLag] | None = field(default=None)
 
     @property
@@ -70,12 +75,13 @@ async def document_status(redis: Redis, doc: str, with_sessions: bool = False, c
     async with redis.pipeline(transaction=False) as pipe:
         pipe.xlen(stream_key(doc))
         pipe.xrange(stream_key(doc), "-", "+", count=1)
-        pipe.hmget(meta_key(doc), "last_id", "snapshot_offset", "trimmed_through", "gc_at")
+        pipe.hmget(meta_key(doc), "last_id", "snapshot_offset", "trimmed_through", "gc_at", "blocked_at",
+                   "blocked_since")
         pipe.strlen(snapshot_key(doc))
         pipe.zrange(tracker_key(doc), 0, -1 if with_sessions else 0, withscores=True)
         pipe.zcard(tracker_key(doc))
         length, first, meta, snapshot_bytes, rows, tracked = await pipe.execute()
-    last_id, snapshot_offset, trimmed_through, gc_at = meta
+    last_id, snapshot_offset, trimmed_through, gc_at, blocked_at, blocked_since = meta
     last = stream_id(last_id) or ZERO
     offsets = [(text(member), StreamId.from_score(score)) for member, score in rows]
     lowest = offsets[0][1] if offsets else last
@@ -92,6 +98,8 @@ async def document_status(redis: Redis, doc: str, with_sessions: bool = False, c
         worst_lag_entries=len(ids),
         worst_lag_ms=max(0, last.ms - lowest.ms),
         gc_at=int(gc_at) if gc_at else None,
+        blocked_at=text(blocked_at) if blocked_at else None,
+        blocked_since=int(blocked_since) if blocked_since else None,
     )
     if with_sessions:
         status.sessions = [_session_lag(name, offset, last, ids, complete) for name, offset in offsets]

@@ -1,0 +1,277 @@
+"""Causal admission: store an update only when the document can apply it.
+
+Yjs integrates one client's structs only in clock order, and an item only
+once what it refers to (origin, right origin, parent) is there. An update
+stored behind a gap is stored but never in the document: not in any replica,
+not in GC's snapshot. ``appended`` promises the user the edit is safe, so the
+server checks every update against the document's *state vector* (the next
+clock of every Yjs client it holds) before the append script stores it.
+
+The state vector lives in Redis beside the stream (``keys.clocks_key``) and
+is changed by the same script that appends (``lua/append.lua``), so server
+processes agree and a crash cannot split the two. This module is the pure
+part: what an update needs (:func:`needs_of`), whether a state vector
+satisfies it (:func:`missing`), the causally ready part of a diff
+(:func:`ready_part`), and a state vector rebuilt from stored updates
+(:class:`StateBuilder`, for documents stored before admission existed).
+
+Deletions never block an update: Yjs keeps a deletion of content it does not
+hold yet as a pending delete set and applies it when the content arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from . import update_format
+from .update_format import Layout, MalformedUpdate, Ranges
+
+Clocks = dict[int, int]  # Yjs client id -> the next clock the document expects
+
+
+class InconsistentUpdate(MalformedUpdate):
+    """The update's own structs refer to each other in a way no Yjs encoder
+    writes (a cycle, or content after a gap of its own): no replica could
+    ever apply it, whatever the document holds."""
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a document must hold for an update to apply.
+
+    ``ranges``: per client, the update's struct ranges in clock order; each
+    must start at or below the document's clock once the earlier ones are
+    counted. ``refs``: per client, the highest clock referred to; it must be
+    below the document's clock once the update's own ranges are counted.
+    """
+
+    ranges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    refs: dict[int, int] = field(default_factory=dict)
+
+    def clients(self) -> set[int]:
+        return set(self.ranges) | set(self.refs)
+
+    def script_args(self) -> list[int]:
+        """``n, (client, start, end)*n, m, (client, max ref)*m`` for ``append.lua``."""
+        flat: list[int] = []
+        ranges = [(client, start, end) for client, spans in self.ranges.items() for start, end in spans]
+        flat.append(len(ranges))
+        for triple in ranges:
+            flat.extend(triple)
+        flat.append(len(self.refs))
+        for pair in self.refs.items():
+            flat.extend(pair)
+        return flat
+
+
+def needs_of(layout: Layout) -> Needs:
+    """The needs of a whole update; raises :class:`InconsistentUpdate` when
+    its structs could not apply even on a document holding everything before
+    each of its sections (so the summary is exact: see the module doc)."""
+    if not _plainly_ordered(layout):
+        assumed: Clocks = {}
+        for section in layout.sections:
+            if section.structs:
+                first = section.structs[0].clock
+                assumed[section.client] = min(assumed.get(section.client, first), first)
+        kept = _ready_prefixes(layout, assumed, skips_held=True)
+        if any(kept.get(index, 0) != len(section.structs) for index, section in enumerate(layout.sections)):
+            raise InconsistentUpdate("the update's structs refer to content it does not carry in order")
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    refs: dict[int, int] = {}
+    for section in layout.sections:
+        spans = ranges.setdefault(section.client, [])
+        for struct in section.structs:
+            if not struct.skip and struct.length:
+                spans.append((struct.clock, struct.clock + struct.length))
+            for client, clock in struct.refs:
+                refs[client] = max(refs.get(client, -1), clock)
+    return Needs({client: _merge(spans) for client, spans in ranges.items() if spans}, refs)
+
+
+def _plainly_ordered(layout: Layout) -> bool:
+    """The common case, decided without the fixpoint: one client's structs
+    (a local edit), no Skip, each referring only to other clients or to its
+    own earlier clocks."""
+    if len(layout.sections) != 1:
+        return False
+    section = layout.sections[0]
+    for struct in section.structs:
+        if struct.skip:
+            return False
+        for client, clock in struct.refs:
+            if client == section.client and clock >= struct.clock:
+                return False
+    return True
+
+
+def missing(needs: Needs, clocks: Mapping[int, int]) -> Clocks:
+    """The clients whose content ``needs`` lacks in a document at ``clocks``,
+    each with the document's clock; empty when the update can be admitted.
+    (The Python twin of the check in ``lua/append.lua``.)"""
+    after = dict(clocks)
+    lacking: Clocks = {}
+    for client, spans in needs.ranges.items():
+        for start, end in spans:
+            current = after.get(client, 0)
+            if start > current:
+                lacking[client] = clocks.get(client, 0)
+                break
+            after[client] = max(current, end)
+    for client, clock in needs.refs.items():
+        if clock >= after.get(client, 0):
+            lacking[client] = clocks.get(client, 0)
+    return lacking
+
+
+def advance(clocks: Clocks, needs: Needs) -> None:
+    """Count an admitted update's ranges in ``clocks``."""
+    for client, spans in needs.ranges.items():
+        clocks[client] = max(clocks.get(client, 0), max(end for _, end in spans))
+
+
+@dataclass(frozen=True)
+class Part:
+    """The causally ready part of an update, and what was left out."""
+
+    update: bytes | None  # None: nothing (no struct, no deletion) is ready
+    needs: Needs
+    #: Per client, the ``[start, end)`` struct ranges left out.
+    dropped: Ranges
+
+
+def ready_part(update: bytes, layout: Layout, clocks: Mapping[int, int]) -> Part:
+    """What of ``update`` a document at ``clocks`` can apply: for each client
+    the longest run of structs from its first whose start and refs the
+    document (or the kept structs) holds. Deletions are always kept."""
+    kept = _ready_prefixes(layout, dict(clocks), skips_held=False)
+    dropped: Ranges = {}
+    for index, section in enumerate(layout.sections):
+        count = kept.get(index, 0)
+        while count and section.structs[count - 1].skip:  # a trailing skip carries nothing
+            count -= 1
+        kept[index] = count
+        left = [(s.clock, s.clock + s.length) for s in section.structs[count:] if not s.skip and s.length]
+        if left:
+            dropped.setdefault(section.client, []).extend(left)
+    dropped = {client: _merge(spans) for client, spans in dropped.items()}
+    if not any(kept.values()) and not layout.deletes:
+        return Part(None, Needs(), dropped)
+    part = update_format.encode_part(update, layout, kept) if dropped else update
+    return Part(part, needs_of(update_format.read_layout(part)), dropped)
+
+
+def _ready_prefixes(layout: Layout, clocks: Clocks, *, skips_held: bool) -> dict[int, int]:
+    """Integrate structs the way Yjs does, to a fixpoint: section ``i``'s
+    next struct goes in when it starts at or below its client's clock and
+    every id it refers to is below its client's clock. With ``skips_held``,
+    the content a Skip leaves out is taken as held (the internal check) and
+    clients the update does not carry are held in full."""
+    in_update = {section.client for section in layout.sections}
+    kept = {index: 0 for index in range(len(layout.sections))}
+
+    def held(client: int, clock: int) -> bool:
+        if skips_held and client not in in_update:
+            return True
+        return clock < clocks.get(client, 0)
+
+    changed = True
+    while changed:
+        changed = False
+        for index, section in enumerate(layout.sections):
+            structs = section.structs
+            while kept[index] < len(structs):
+                struct = structs[kept[index]]
+                if struct.clock > clocks.get(section.client, 0):
+                    break
+                if not all(held(client, clock) for client, clock in struct.refs):
+                    break
+                if not struct.skip or skips_held:
+                    end = struct.clock + struct.length
+                    clocks[section.client] = max(clocks.get(section.client, 0), end)
+                kept[index] += 1
+                changed = True
+    return kept
+
+
+def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+@dataclass
+class Blocked:
+    """A stored entry the document cannot apply (stored before admission)."""
+
+    entry_id: str
+    #: Clients whose content it lacks, each with the document's clock.
+    missing: Clocks
+
+
+class StateBuilder:
+    """The state vector of a document rebuilt from what is stored (snapshot,
+    then stream entries in order), integrating as Yjs does: the ready part
+    of each entry goes in, the rest waits and is retried whenever the state
+    moves.
+
+    Entries with structs still waiting at the end are :attr:`blocked`:
+    stored, but not in any replica's document (GC reports them; see
+    docs/operations.md)."""
+
+    def __init__(self, clocks: Mapping[int, int] | None = None):
+        self.clocks: Clocks = dict(clocks or {})
+        self._waiting: list[tuple[str, Layout | None]] = []
+
+    def add(self, entry_id: str, update: bytes) -> None:
+        try:
+            layout: Layout | None = update_format.read_layout(update)
+        except MalformedUpdate:
+            layout = None  # never applicable: reported as blocked
+        before = dict(self.clocks)
+        if layout is None or not self._integrate(layout):
+            self._waiting.append((entry_id, layout))
+        if self.clocks != before:
+            self._retry()
+
+    def _integrate(self, layout: Layout) -> bool:
+        """Count the ready structs of ``layout``; True when all of them are in."""
+        kept = _ready_prefixes(layout, self.clocks, skips_held=False)
+        return all(kept.get(i, 0) == len(section.structs) for i, section in enumerate(layout.sections))
+
+    def _retry(self) -> None:
+        moved = True
+        while moved and self._waiting:
+            before = dict(self.clocks)
+            self._waiting = [(entry_id, layout) for entry_id, layout in self._waiting
+                             if layout is None or not self._integrate(layout)]
+            moved = self.clocks != before
+
+    @property
+    def blocked(self) -> list[Blocked]:
+        found = []
+        for entry_id, layout in self._waiting:
+            if layout is None:
+                found.append(Blocked(entry_id, {}))
+                continue
+            wanted: Clocks = {}
+            for section in layout.sections:
+                for struct in section.structs:
+                    if struct.clock > self.clocks.get(section.client, 0):
+                        wanted[section.client] = self.clocks.get(section.client, 0)
+                    wanted.update({c: self.clocks.get(c, 0) for c, k in struct.refs if k >= self.clocks.get(c, 0)})
+            found.append(Blocked(entry_id, wanted))
+        return found
+
+
+def snapshot_clocks(snapshot: bytes) -> Clocks:
+    """The state vector of a snapshot (a whole document's encoding)."""
+    builder = StateBuilder()
+    if snapshot:
+        builder.add("snapshot", snapshot)
+    return builder.clocks

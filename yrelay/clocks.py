@@ -1,0 +1,84 @@
+"""A document's state vector in Redis: read it, and rebuild it.
+
+The append script keeps ``yrelay:{doc}:clocks`` exact for every entry it
+appends and marks ``meta.clocks_through``. Entries written without it (by a
+server from before causal admission, during a rolling upgrade or on data
+from before it) leave ``clocks_through`` behind ``last_id``: the script then
+answers ``stale`` and the caller rebuilds here, from the snapshot and the
+stream, integrating as Yjs does (:class:`yrelay.admission.StateBuilder`),
+then stores the result by compare-and-set (``lua/clocks_set.lua``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .admission import Blocked, Clocks, StateBuilder
+from .keys import clocks_key, meta_key
+from .offsets import ZERO, StreamId
+from .replies import stream_id
+
+if TYPE_CHECKING:
+    from .store import DocumentStore
+
+log = logging.getLogger(__name__)
+
+
+async def read_clocks(store: "DocumentStore", doc: str) -> Clocks:
+    """The document's state vector as the append script sees it."""
+    raw = await store.redis.hgetall(clocks_key(doc))
+    return {int(client): int(clock) for client, clock in raw.items()}
+
+
+async def bring_clocks_up_to_date(store: "DocumentStore", doc: str, page_size: int = 500) -> list[Blocked]:
+    """Account for every stored entry in the clocks hash; returns the entries
+    no replica can apply (stored before admission existed)."""
+    while True:
+        async with store.redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(meta_key(doc), "clocks_through", "last_id", "trimmed_through")
+            pipe.hgetall(clocks_key(doc))
+            (raw_through, raw_last, raw_trimmed), raw_clocks = await pipe.execute()
+        through, last = stream_id(raw_through), stream_id(raw_last) or ZERO
+        trimmed = stream_id(raw_trimmed) or ZERO
+        if through is not None and through >= last:
+            return []
+        if through is None or through < trimmed:  # start from the snapshot
+            builder, start = await _from_snapshot(store, doc)
+            for client, clock in raw_clocks.items():
+                builder.clocks[int(client)] = max(builder.clocks.get(int(client), 0), int(clock))
+        else:
+            builder = StateBuilder({int(c): int(v) for c, v in raw_clocks.items()})
+            start = through
+        stored = await _read_into(store, doc, builder, start, last, page_size)
+        if stored is None:
+            continue  # trimmed while reading
+        args = [str(raw_through.decode() if raw_through else ""), str(last)]
+        for client, clock in builder.clocks.items():
+            args += [client, clock]
+        if await store.scripts.clocks_set(keys=[meta_key(doc), clocks_key(doc)], args=args):
+            blocked = builder.blocked
+            log.info("document %s: state vector rebuilt through %s (%d entries not applicable)", doc, last,
+                     len(blocked))
+            return blocked
+
+
+async def _from_snapshot(store: "DocumentStore", doc: str) -> tuple[StateBuilder, StreamId]:
+    snapshot = await store.load_snapshot(doc)
+    builder = StateBuilder()
+    if snapshot.update:
+        builder.add("snapshot", snapshot.update)
+    return builder, snapshot.offset
+
+
+async def _read_into(store: "DocumentStore", doc: str, builder: StateBuilder, start: StreamId, last: StreamId,
+                     page_size: int) -> bool | None:
+    from .store import HistoryTrimmed
+
+    try:
+        async for page in store.iter_entries(doc, start, last, page_size=page_size):
+            for entry in page:
+                builder.add(str(entry.id), entry.update)
+    except HistoryTrimmed:
+        return None
+    return True
