@@ -71,8 +71,8 @@ async def redis_client(redis_url: str) -> AsyncIterator[Redis]:
 @contextlib.asynccontextmanager
 async def running_server(redis_url: str, port: int | None = None, **overrides: object) -> AsyncIterator[str]:
     """An app served by uvicorn inside the test's event loop; yields its ws URL."""
-    settings = Settings.from_env(**{"resend_after": 0.5, "resend_check_interval": 0.1, **overrides})
     port = port or free_port()
+    settings = Settings.from_env(**{"resend_after": 0.5, "resend_check_interval": 0.1, "port": port, **overrides})
     config = uvicorn.Config(create_app(settings, redis_url), host="127.0.0.1", port=port, log_level="warning",
                             **settings.uvicorn_options())  # type: ignore[arg-type]
     server = uvicorn.Server(config)

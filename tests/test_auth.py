@@ -27,7 +27,8 @@ from yrelay.config import Settings
 from yrelay.keys import stream_key
 
 SECRET = "test-secret-0123456789abcdef0123456789"
-AUTH = {"insecure_no_auth": False, "auth_secret": SECRET, "revocation_refresh": 0.1, "ops_token": "ops"}
+AUTH = {"insecure_no_auth": False, "auth_secret": SECRET, "revocation_refresh": 0.1, "ops_token": "ops",
+        "auth_leeway": 0}
 
 
 def token(docs: list[str], perm: str = "write", ttl: float = 600, subject: str = "alice", **kwargs: object) -> str:

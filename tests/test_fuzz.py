@@ -35,6 +35,7 @@ from yrelay import crdt
 from yrelay.awareness import AwarenessEntry, encode_update
 from yrelay.config import Settings
 from yrelay.client import YrelayClient
+from yrelay.protocol import MAX_JSON_DEPTH
 from yrelay.testing.processes import ServerProcess
 
 FRAMES = int(os.environ.get("YRELAY_FUZZ_FRAMES", "10000"))
@@ -195,6 +196,21 @@ frames = st.one_of(shaped.map(json.dumps), shaped.map(json.dumps), wrong_types()
                    st.text(max_size=30), awareness_floods.map(json.dumps))
 
 
+@st.composite
+def deep_json(draw) -> str:
+    """A shaped frame with one field (or a new one) nested around the depth
+    limit or far past it: arrays or objects, whole or cut short."""
+    depth = draw(st.one_of(st.integers(MAX_JSON_DEPTH - 3, MAX_JSON_DEPTH + 3), st.integers(0, 5_000)))
+    opener, closer = draw(st.sampled_from([("[", "]"), ('{"a":', "}"), ('[{"b":', "}]")]))
+    frame = draw(shaped)
+    key = draw(st.sampled_from(sorted(frame) + ["extra"]))
+    text = json.dumps({**frame, key: "PLACE"}).replace('"PLACE"', opener * depth + "0" + closer * depth, 1)
+    return text if draw(st.booleans()) else text[:draw(st.integers(0, len(text)))]
+
+
+frames = st.one_of(frames, deep_json())  # deep JSON (issue 16): malformed_frame, never a traceback
+
+
 # ------------------------------------------------------------------ the peers
 
 
@@ -231,7 +247,7 @@ class FuzzPeer:
     def _note_subscribe(self, text: str) -> None:
         try:
             frame = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: deep JSON, refused by the server too
             return
         if isinstance(frame, dict) and frame.get("op") == "subscribe" and isinstance(frame.get("doc"), str):
             self.seen.subscribed.add(frame["doc"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 import logging
 from pathlib import Path
@@ -17,7 +18,7 @@ from rich.table import Table
 
 from . import logs
 from .app import create_app
-from .auth import AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
+from .auth import AlreadyExpired, AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
 from .app.context import open_event_log
 from .config import Settings
 from .eventlog import EventLog, NullEventLog
@@ -72,6 +73,11 @@ def serve(
     for secret in (settings.ops_token, settings.metrics_token, settings.auth_secret):
         logs.add_secret(secret)
     logs.add_url_secrets(settings.redis_url)
+    _raise_open_file_limit()
+    if settings.public_url is None and settings.host in ("0.0.0.0", "::", ""):
+        logging.getLogger("yrelay").warning(
+            "listening on every interface without YRELAY_PUBLIC_URL: browsers are allowed from this server's "
+            "loopback origins and YRELAY_ALLOWED_ORIGINS only (set YRELAY_PUBLIC_URL to its public address)")
     embedded: RedisProcess | None = None
     url = settings.redis_url
     if url is None:
@@ -94,6 +100,20 @@ def serve(
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _raise_open_file_limit() -> None:
+    """Every connection is a file descriptor: take the hard limit the system
+    grants (a soft limit of 1,024 is common), so the connection caps of
+    docs/operations.md, not the descriptor limit, decide who gets in."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _redis_url(redis_url: str | None, data_dir: Path) -> str:
@@ -326,9 +346,12 @@ def token_revoke(
     async def revoke() -> None:
         redis = Redis.from_url(_redis_url(redis_url, data_dir))
         try:
-            await Revocations(redis).revoke(token_id, expires_at)
+            await Revocations(redis, leeway=Settings.from_env().auth_leeway).revoke(token_id, expires_at)
         finally:
             await redis.aclose()
 
-    asyncio.run(revoke())
+    try:
+        asyncio.run(revoke())
+    except AlreadyExpired as exc:
+        raise typer.BadParameter(str(exc), param_hint="--expires-at") from None
     typer.echo(f"revoked {token_id}")

@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from urllib.parse import urlsplit
+
+
+#: Upper bound of ``auth_leeway``: a token's expiry may be stretched, not ignored.
+MAX_AUTH_LEEWAY = 60.0
 
 
 @dataclass(frozen=True)
@@ -166,10 +171,35 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     #: Seconds between refreshes of the revoked-token list (and expiry checks).
     revocation_refresh: float = 2.0
+    #: Seconds a token is still accepted past its ``exp`` (clock skew between
+    #: the token's issuer and this server); revocations are kept that much
+    #: longer. At most ``MAX_AUTH_LEEWAY``.
+    auth_leeway: float = 5.0
+    #: The URL browsers load this server's own pages from (``https://relay.example.com``);
+    #: its origin is the one browser origin allowed besides ``allowed_origins``.
+    #: Never taken from the request's ``Host`` (DNS rebinding). ``yrelay serve``
+    #: defaults it to ``http://<host>:<port>`` (``localhost`` too on loopback).
+    public_url: str | None = None
+
+    #: Seconds a websocket has to send ``hello`` before it is closed (4408).
+    hello_timeout: float = 10.0
+    #: Seconds an HTTP connection has to deliver a complete request head (and
+    #: body) from its first byte or its connect, else it is closed (slowloris).
+    header_timeout: float = 10.0
+    #: Connections whose request head is not complete yet, per process; past
+    #: it the oldest of them is closed (0: no cap).
+    max_pending_connections: int = 1024
+    #: Largest request head (request line and headers), in bytes: 431 past it.
+    max_header_bytes: int = 16 * 1024
 
     def __post_init__(self) -> None:
         if self.gc_absolute_delta <= self.gc_relative_delta:
             raise ValueError("gc_absolute_delta must be larger than gc_relative_delta")
+        if self.public_url and (urlsplit(self.public_url).scheme not in ("http", "https")
+                                or not urlsplit(self.public_url).hostname):
+            raise ValueError(f"public_url must be an http(s) URL, got {self.public_url!r}")
+        if not 0 <= self.auth_leeway <= MAX_AUTH_LEEWAY:
+            raise ValueError(f"auth_leeway must be between 0 and {MAX_AUTH_LEEWAY:g} seconds")
 
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":
@@ -203,8 +233,13 @@ class Settings:
         ``ws_max_size`` bounds a message *after* permessage-deflate inflation
         (websockets stops inflating past it and closes with 1009), so a
         compression bomb costs at most this much memory. Frames between
-        ``max_frame_bytes`` and it are answered with ``frame_too_large``."""
-        return {"ws_max_size": self.max_frame_bytes * 4, "ws_ping_interval": 20, "ws_ping_timeout": 20}
+        ``max_frame_bytes`` and it are answered with ``frame_too_large``.
+        ``http`` is uvicorn's httptools protocol with the request-head
+        deadline and caps (:mod:`yrelay.app.http_guard`)."""
+        from .app.http_guard import guarded_protocol  # the app imports this module
+
+        return {"ws_max_size": self.max_frame_bytes * 4, "ws_ping_interval": 20, "ws_ping_timeout": 20,
+                "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes)}
 
 
 def _convert(name: str, raw: str) -> object:

@@ -14,6 +14,14 @@ carry a secret.
   (the ops and metrics tokens, the Redis password), then anything shaped like
   one (``Bearer <token>``, a JWT ``eyJ...``, the password of a URL,
   ``token=`` / ``password=`` query parameters).
+- **Escaping.** What a client sends (an ``Origin`` header, a path, a frame's
+  text) must not forge a log line or drive a terminal: U+0085 is a line break
+  to many log readers, U+009B a terminal escape. :func:`untrusted` escapes
+  every control character (C0, DEL, C1, line and paragraph separators,
+  bidirectional overrides) as ``\\xNN`` / ``\\uNNNN``; call it on client
+  strings logged outside these formatters. The formatters here apply it to
+  every string argument of every record (uvicorn's request lines too), and
+  escape control characters other than newline and tab in the whole line.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Mapping
 from typing import IO
 from urllib.parse import urlsplit
 
@@ -40,6 +49,38 @@ _PATTERNS = [
     (re.compile(r"(\b[a-zA-Z][\w+.-]*://[^/\s:@]*:)[^/\s@]+(@)"), rf"\1{REDACTED}\2"),  # scheme://user:PASSWORD@
     (re.compile(r"(?i)([?&;](?:token|access_token|auth|password|passwd|secret|key)=)[^&\s\"']+"), rf"\1{REDACTED}"),
 ]
+
+
+#: Control characters, line/paragraph separators and bidirectional controls.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: The same, less newline and tab (kept in tracebacks and multi-line messages).
+_UNSAFE_IN_LINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def untrusted(value: object, limit: int = 200) -> str:
+    """A client-controlled value, safe inside a log line: control characters
+    escaped, cut to ``limit`` characters (``...`` marks a cut)."""
+    text = str(value)
+    cut = text[:limit]
+    return _UNSAFE.sub(_escape_char, cut) + ("..." if len(text) > limit else "")
+
+
+def _escaped(record: logging.LogRecord) -> logging.LogRecord:
+    """A copy of ``record`` whose string arguments are escaped (not cut)."""
+    args = record.args
+    if not args:
+        return record
+    clean = logging.makeLogRecord(record.__dict__)
+    if isinstance(args, Mapping):
+        clean.args = {key: _UNSAFE.sub(_escape_char, v) if isinstance(v, str) else v for key, v in args.items()}
+    else:
+        clean.args = tuple(_UNSAFE.sub(_escape_char, a) if isinstance(a, str) else a for a in args)
+    return clean
 
 
 def add_secret(value: str | None) -> None:
@@ -82,7 +123,7 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = _UNSAFE_IN_LINE.sub(_escape_char, super().format(_escaped(record)))
         context = "".join(f" {name}={value}" for name in ("doc", "session")
                           if (value := getattr(record, name, None)) is not None)
         if context:
@@ -93,18 +134,19 @@ class TextFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        record = _escaped(record)
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": redact(record.getMessage()),
+            "message": redact(_UNSAFE_IN_LINE.sub(_escape_char, record.getMessage())),
             "doc": getattr(record, "doc", None),
             "session": getattr(record, "session", None),
         }
         if record.exc_info:
-            entry["exc"] = redact(self.formatException(record.exc_info))
+            entry["exc"] = redact(_UNSAFE_IN_LINE.sub(_escape_char, self.formatException(record.exc_info)))
         elif record.exc_text:
-            entry["exc"] = redact(record.exc_text)
+            entry["exc"] = redact(_UNSAFE_IN_LINE.sub(_escape_char, record.exc_text))
         return json.dumps(entry, ensure_ascii=False)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import itertools
 import json
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -253,6 +255,8 @@ def parse_client_frame(
     text: str | bytes,
 ) -> Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping | Awareness:
     """Decode and validate one client frame, or raise :class:`ProtocolError`."""
+    if _json_depth(text) > MAX_JSON_DEPTH:  # before json.loads, which recurses per level
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError):
@@ -268,6 +272,24 @@ def parse_client_frame(
         return _client_frame.validate_python(raw)
     except ValidationError as exc:
         raise _error_from_validation(exc, doc, clock) from None
+
+
+#: Deepest nesting of arrays and objects in a client frame (real frames nest 2 deep).
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+
+
+def _json_depth(text: str | bytes) -> int:
+    """The deepest nesting of ``text`` as JSON, at C speed (an upper bound
+    for text that is not JSON, which json.loads then refuses anyway)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # every real frame: nothing to scan
+        return 0
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).encode()
+    return max(itertools.accumulate(memoryview(brackets.translate(_BRACKET_STEP)).cast("b")), default=0)
 
 
 def _error_from_validation(exc: ValidationError, doc: str | None, clock: int | None) -> ProtocolError:

@@ -24,6 +24,7 @@ from ..admission import Needs, needs_of
 from ..store import NotAdmitted
 from ..update_format import Layout, MalformedUpdate, read_layout
 from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
+from ..auth.origins import own_origins
 from ..auth.authenticator import JwtAuthenticator
 from ..keys import subject_id
 from ..offsets import StreamId
@@ -55,6 +56,8 @@ TOKEN_SUBPROTOCOL_PREFIX = "yrelay.auth."
 #: Close code of a connection refused or ended for its credentials (missing,
 #: invalid, expired or revoked token): get a new token before reconnecting.
 CLOSE_UNAUTHORIZED = 4401
+#: Close code of a connection that sent no ``hello`` within ``hello_timeout``.
+CLOSE_HELLO_TIMEOUT = 4408
 
 
 class ConnectionState(enum.Enum):
@@ -120,9 +123,12 @@ class Connection:
             pass
 
     async def _serve(self) -> None:
-        headers = self.websocket.headers
-        if not origin_allowed(headers.get("origin"), headers.get("host"), self.ctx.settings.allowed_origins):
-            log.warning("refused a browser connection from origin %s", headers.get("origin", "")[:100])
+        headers, settings = self.websocket.headers, self.ctx.settings
+        own = own_origins(settings.public_url, settings.host, settings.port)
+        if not origin_allowed(headers.get("origin"), own, settings.allowed_origins):
+            log.warning("refused a browser connection from origin %s (allowed: %s and YRELAY_ALLOWED_ORIGINS; "
+                        "set YRELAY_PUBLIC_URL if that is this server's own address)",
+                        logs.untrusted(headers.get("origin", "")), ", ".join(sorted(own)))
             await self.websocket.close(code=4403)  # before accept: the handshake gets HTTP 403
             return
         offered = _offered_subprotocols(self.websocket)
@@ -254,20 +260,22 @@ class Connection:
                 "permission": principal.permission.value}
         await self.send(protocol.welcome(self.session, resumed, self.ctx.settings.client_limits(), auth))
 
-    async def _cut_off(self, reason: str) -> None:
-        """Refuse or end the session: say why, then close with 4401 (docs/security.md)."""
+    async def _cut_off(self, reason: str, code: ErrorCode = ErrorCode.UNAUTHORIZED,
+                       close_code: int = CLOSE_UNAUTHORIZED) -> None:
+        """Refuse or end the session: say why, then close (4401 by default; docs/security.md)."""
         self.state = ConnectionState.CLOSED
-        await self._safe_send(protocol.error(ProtocolError(ErrorCode.UNAUTHORIZED, reason)))
+        await self._safe_send(protocol.error(ProtocolError(code, reason)))
         with contextlib.suppress(Exception):
-            await self.websocket.close(code=CLOSE_UNAUTHORIZED, reason=reason[:120])
+            await self.websocket.close(code=close_code, reason=reason[:120])
 
     async def _check_token(self) -> None:
-        """Cut the connection off when its token expired or was revoked (the
-        revoked list itself is refreshed every ``revocation_refresh``)."""
+        """Cut the connection off when its token expired (``auth_leeway`` past
+        its expiry, as ``hello`` allows) or was revoked (the revoked list
+        itself is refreshed every ``revocation_refresh``)."""
         principal = self.principal
         if principal is None or self.state is not ConnectionState.OPEN:
             return
-        if principal.expires_at is not None and time.time() > principal.expires_at:
+        if principal.expires_at is not None and time.time() > principal.expires_at + self.ctx.settings.auth_leeway:
             await self._cut_off("the token has expired")
         elif self.ctx.revocations.is_revoked(principal.token_id):
             await self._cut_off("the token was revoked")
@@ -506,12 +514,27 @@ class Connection:
 
     async def _timer(self) -> None:
         """The connection's one periodic task (a task per connection costs
-        memory): resends of quiet documents, and the token's expiry and revocation."""
-        while True:
-            await asyncio.sleep(self.ctx.settings.resend_check_interval)
-            for subscription in list(self.subscriptions.values()):
-                subscription.check_resend()
-            await self._check_token()
+        memory): the ``hello`` deadline, resends of quiet documents, and the
+        token's expiry and revocation. A failing tick is logged and the next
+        one runs: these checks must not end silently."""
+        settings = self.ctx.settings
+        hello_by = time.monotonic() + settings.hello_timeout
+        while self.state is not ConnectionState.CLOSED:
+            await asyncio.sleep(settings.resend_check_interval)
+            if (self.state is ConnectionState.AWAITING_HELLO and settings.hello_timeout > 0
+                    and time.monotonic() >= hello_by):
+                await self._cut_off(f"no 'hello' within {settings.hello_timeout:g} s",
+                                    ErrorCode.HANDSHAKE_REQUIRED, CLOSE_HELLO_TIMEOUT)
+                return
+            try:
+                for subscription in list(self.subscriptions.values()):
+                    subscription.check_resend()
+            except Exception:
+                log.exception("the resend check failed; the token check and the next tick still run")
+            try:
+                await self._check_token()
+            except Exception:
+                log.exception("the token check failed; it runs again next tick")
 
 
 #: Updates up to this size are read causally on the event loop (a few us);

@@ -103,7 +103,7 @@ class ServerContext:
                               max_clients=settings.max_presence_clients_per_document,
                               greeting_bytes=settings.max_presence_greeting_bytes),
             authenticator=authenticator,
-            revocations=Revocations(redis, settings.revocation_refresh),
+            revocations=Revocations(redis, settings.revocation_refresh, leeway=settings.auth_leeway),
             metrics=metrics,
             limits=Limits(settings, SubjectQuotas(redis, store.scripts, settings)),
             validator=Validator(settings.validator_workers, settings.validate_timeout),

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response,
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
+from ..auth import AlreadyExpired
 from ..gc import DocReport, collect_documents
 from ..gc.blocked import drop_blocked
 from ..keys import InvalidDocumentId, documents_key, validate_doc_id
@@ -137,8 +138,9 @@ async def drop_blocked_entries(doc: str, request: Request) -> dict[str, Any]:
 
 class RevokeRequest(BaseModel):
     jti: str = Field(..., min_length=1, max_length=200, description="The token id (JWT 'jti') to revoke.")
-    expires_at: float | None = Field(None, description="When the token expires anyway (Unix seconds); "
-                                                        "the revocation is kept until then.")
+    expires_at: float | None = Field(None, allow_inf_nan=False,
+                                     description="The token's exp (Unix seconds); the revocation is kept until "
+                                                 "then plus auth_leeway. 422 when that has passed already.")
 
 
 @router.post("/tokens/revoke", status_code=status.HTTP_204_NO_CONTENT)
@@ -146,5 +148,8 @@ async def revoke_token(body: RevokeRequest, request: Request) -> Response:
     """Revoke a client token on every server process: its connections are
     closed with code 4401 within ``revocation_refresh`` + ``resend_check_interval`` seconds, and it is
     refused from then on."""
-    await _ctx(request).revocations.revoke(body.jti, body.expires_at)
+    try:
+        await _ctx(request).revocations.revoke(body.jti, body.expires_at)
+    except AlreadyExpired as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -4,11 +4,14 @@ operator endpoints (:mod:`yrelay.app.ops`) and the browser client
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 
-from fastapi import FastAPI, WebSocket
+from fastapi import Depends, FastAPI, WebSocket
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
@@ -22,6 +25,8 @@ from .web import mount_web_client
 
 #: The one websocket endpoint.
 WEBSOCKET_PATH = "/ws"
+
+_bearer = HTTPBearer(auto_error=False, description="YRELAY_OPS_TOKEN or YRELAY_METRICS_TOKEN: shows why not ready.")
 
 
 class _YrelayApp(FastAPI):
@@ -64,8 +69,10 @@ def create_app(settings: Settings, redis_url: str, authenticator: Authenticator 
         return {"status": "ok"}
 
     @app.get("/readyz")
-    async def readyz() -> JSONResponse:
-        """Redis answers and every script is loaded: ready for traffic."""
+    async def readyz(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> JSONResponse:
+        """Redis answers and every script is loaded: ready for traffic. Why
+        not (Redis's error text names hosts and ports) only with the ops or
+        metrics token."""
         ctx: ServerContext = app.state.ctx
         try:
             await ctx.redis.ping()
@@ -74,7 +81,19 @@ def create_app(settings: Settings, redis_url: str, authenticator: Authenticator 
                 for script in scripts:  # Redis restarted without its script cache
                     script.sha = await ctx.redis.script_load(script.script)
         except Exception as exc:
-            return JSONResponse({"status": "unavailable", "reason": str(exc)[:200]}, status_code=503)
+            body = {"status": "unavailable"}
+            if _operator(ctx.settings, credentials):
+                body["reason"] = str(exc)[:200]
+            return JSONResponse(body, status_code=503)
         return JSONResponse({"status": "ready", "process": ctx.process_id})
 
     return app
+
+
+def _operator(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> bool:
+    """The caller holds the ops or the metrics token."""
+    if credentials is None:
+        return False
+    given = credentials.credentials.encode()
+    return any(secrets.compare_digest(given, token.encode())
+               for token in (settings.ops_token, settings.metrics_token) if token)

@@ -5,13 +5,13 @@
 
 from .authenticator import (AuthConfigurationError, AuthError, Authenticator, JwtAuthenticator, NoAuthenticator,
                             authenticator_for)
-from .origins import origin_allowed
+from .origins import origin_allowed, own_origins
 from .principal import ANYONE, DocumentGrant, InvalidGrant, Permission, Principal
-from .revocation import Revocations
+from .revocation import AlreadyExpired, Revocations
 from .tokens import issue_token
 
 __all__ = [
-    "ANYONE", "AuthConfigurationError", "AuthError", "Authenticator", "DocumentGrant", "InvalidGrant",
+    "ANYONE", "AlreadyExpired", "AuthConfigurationError", "AuthError", "Authenticator", "DocumentGrant", "InvalidGrant",
     "JwtAuthenticator", "NoAuthenticator", "Permission", "Principal", "Revocations", "authenticator_for",
-    "issue_token", "origin_allowed",
+    "issue_token", "origin_allowed", "own_origins",
 ]

@@ -22,6 +22,10 @@ from ..config import Settings
 from .principal import ANYONE, InvalidGrant, Principal
 
 
+#: Longest ``jti`` accepted (the revocation endpoint takes ids up to this long).
+MAX_TOKEN_ID_LENGTH = 200
+
+
 class AuthError(Exception):
     """The client could not be authenticated; the message is safe to show it."""
 
@@ -43,7 +47,9 @@ class JwtAuthenticator:
     - ``sub``: the subject (a user id);
     - ``docs``: the documents allowed, exact ids or ``prefix*``;
     - ``perm``: ``read`` or ``write``;
-    - ``exp``: expiry (required); ``jti``: an id to revoke the token by.
+    - ``exp``: expiry (required), accepted ``leeway`` seconds past it (clock skew);
+    - ``jti``: an id to revoke the token by (required: a token that cannot be
+      revoked is refused, since revocation is always on).
     """
 
     def __init__(self, secret: str, algorithms: tuple[str, ...] = ("HS256",), *,
@@ -60,7 +66,7 @@ class JwtAuthenticator:
         try:
             claims = jwt.decode(token, self._secret, algorithms=self.algorithms, audience=self.audience,
                                 issuer=self.issuer, leeway=self.leeway,
-                                options={"require": ["exp", "sub"]})
+                                options={"require": ["exp", "sub", "jti"]})
         except jwt.ExpiredSignatureError:
             raise AuthError("the token has expired") from None
         except jwt.InvalidTokenError as exc:
@@ -70,12 +76,13 @@ class JwtAuthenticator:
 
 def principal_of(claims: Mapping[str, Any]) -> Principal:
     """The principal a verified token's claims describe."""
-    docs, perm = claims.get("docs"), claims.get("perm", "read")
+    docs, perm, jti = claims.get("docs"), claims.get("perm", "read"), claims.get("jti")
     if not isinstance(docs, list) or perm not in ("read", "write") or not isinstance(claims.get("sub"), str):
         raise AuthError("invalid token: needs 'sub', 'docs' (a list) and 'perm' (read or write)")
+    if not isinstance(jti, str) or not 0 < len(jti) <= MAX_TOKEN_ID_LENGTH:
+        raise AuthError(f"invalid token: 'jti' must be a string of 1 to {MAX_TOKEN_ID_LENGTH} characters")
     try:
-        return Principal.of(claims["sub"], docs, perm, expires_at=float(claims["exp"]),
-                            token_id=claims.get("jti") if isinstance(claims.get("jti"), str) else None)
+        return Principal.of(claims["sub"], docs, perm, expires_at=float(claims["exp"]), token_id=jti)
     except InvalidGrant as exc:
         raise AuthError(f"invalid token: {exc}") from None
 
@@ -92,8 +99,8 @@ def authenticator_for(settings: Settings) -> Authenticator:
     if settings.insecure_no_auth:
         return NoAuthenticator()
     if settings.auth_secret:
-        return JwtAuthenticator(settings.auth_secret, settings.auth_algorithms,
-                                audience=settings.auth_audience, issuer=settings.auth_issuer)
+        return JwtAuthenticator(settings.auth_secret, settings.auth_algorithms, audience=settings.auth_audience,
+                                issuer=settings.auth_issuer, leeway=settings.auth_leeway)
     raise AuthConfigurationError(
         "no authentication configured: set YRELAY_AUTH_SECRET (JWT), an --auth-hook, "
         "or --insecure-no-auth for development"

@@ -1,8 +1,10 @@
 """Revoked tokens, shared by every server process through Redis.
 
 A sorted set maps each revoked token id (the JWT ``jti``) to the time the
-token would have expired anyway, so entries purge themselves once they no
-longer matter. Every process keeps a copy, refreshed every few seconds, and
+token would be refused anyway (its ``exp`` plus the ``auth_leeway`` that
+``hello`` grants), so entries purge themselves once they no longer matter,
+and never earlier. A revocation of a token that is refused already is an
+error (:class:`AlreadyExpired`), not a silent no-op. Every process keeps a copy, refreshed every few seconds, and
 its connections check their token against it: a revoked session is cut off
 within about one refresh interval, without a Redis call per frame.
 """
@@ -25,18 +27,29 @@ log = logging.getLogger(__name__)
 DEFAULT_KEEP = 30 * 24 * 3600.0
 
 
+class AlreadyExpired(ValueError):
+    """The token's ``exp`` (plus the leeway) has passed: it is refused
+    already, and a revocation of it would be purged at once."""
+
+
 class Revocations:
-    def __init__(self, redis: Redis, refresh_interval: float = 2.0):
+    def __init__(self, redis: Redis, refresh_interval: float = 2.0, leeway: float = 5.0):
         self.redis = redis
         self.refresh_interval = refresh_interval
+        #: Seconds tokens are accepted past ``exp`` (``Settings.auth_leeway``).
+        self.leeway = leeway
         self._revoked: frozenset[str] = frozenset()
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
     async def revoke(self, token_id: str, expires_at: float | None = None) -> None:
-        """Revoke ``token_id`` everywhere (until ``expires_at``, when it would have expired)."""
+        """Revoke ``token_id`` everywhere, until ``expires_at`` (the token's
+        ``exp``) plus the leeway; without ``expires_at``, for ``DEFAULT_KEEP``."""
         now = time.time()
-        until = expires_at if expires_at is not None else now + DEFAULT_KEEP
+        until = expires_at + self.leeway if expires_at is not None else now + DEFAULT_KEEP
+        if until <= now:
+            raise AlreadyExpired(f"the token expired at {expires_at:.0f} (+{self.leeway:g} s leeway) "
+                                 "and is refused already; nothing to revoke")
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zadd(revoked_tokens_key(), {token_id: until})
             pipe.zremrangebyscore(revoked_tokens_key(), "-inf", now)
