@@ -252,3 +252,50 @@ async def test_a_page_opened_after_compaction_loads_snapshot_and_stream(redis_ur
             while not pydoc.text.endswith(" page."):
                 assert asyncio.get_running_loop().time() < deadline, pydoc.text
                 await asyncio.sleep(0.05)
+
+
+#: In a page: the same `size` characters every time (words of base-36 numbers), so two pages can compare.
+PASTE_JS = """(size) => {
+    let s = ''
+    for (let i = 0; s.length < size; i++) s += i.toString(36) + ' '
+    return s.slice(0, size)
+}"""
+
+
+async def test_a_5_mb_paste_arrives_intact_and_a_20_mb_one_is_refused_without_costing_the_socket(redis_url, chromium):
+    """Issue 15 in the browser: the 5 MB paste goes in parts; the 20 MB one
+    is refused by the page with an error naming the document, the clock and
+    the size, and another document on the same socket still syncs in a second."""
+    doc, other = new_doc(), new_doc()
+    async with running_server(redis_url) as url:
+        writer = await open_editor(chromium, http_of(url), doc, "writer")
+        reader = await open_editor(chromium, http_of(url), doc, "reader")
+        for page in (writer, reader):  # a second document on the page's socket
+            await page.evaluate("""(name) => {
+                const { provider, doc } = window.yrelay
+                const Provider = provider.constructor
+                window.other = new Provider(provider.client, name, new doc.constructor(), { awareness: null })
+                window.errors = []
+                provider.on('error', (e) => window.errors.push({code: e.code, doc: e.doc, clock: e.clock, size: e.size}))
+            }""", other)
+            await page.wait_for_function("window.other.synced")
+        five = 5 * 1024 * 1024
+        await writer.evaluate(f"window.yrelay.text.insert(0, ({PASTE_JS})({five}))")
+        await reader.wait_for_function(f"window.yrelay.text.length === {five}", timeout=60_000)
+        assert await reader.evaluate(f"window.yrelay.text.toString() === ({PASTE_JS})({five})")
+        await settled(writer, timeout=60_000)
+        socket = await writer.evaluate("window.socketBefore = window.yrelay.provider.client._ws, true")
+        assert socket
+        twenty = 20 * 1024 * 1024
+        await writer.evaluate(f"window.yrelay.text.insert(0, ({PASTE_JS})({twenty}))")
+        await writer.wait_for_function("window.errors.length > 0", timeout=60_000)
+        [error] = await writer.evaluate("window.errors")
+        assert error["code"] == "update_too_large" and error["doc"] == doc, error
+        assert isinstance(error["clock"], int) and error["size"] > twenty, error
+        assert await writer.evaluate("window.yrelay.provider.pending") == 0
+        started = await writer.evaluate("window.other.doc.getText('text').insert(0, 'still syncing'), Date.now()")
+        await reader.wait_for_function("window.other.doc.getText('text').toString() === 'still syncing'", timeout=5_000)
+        elapsed = await reader.evaluate("Date.now()") - started
+        assert elapsed < 1000, f"{elapsed} ms"
+        assert await writer.evaluate("window.yrelay.provider.client._ws === window.socketBefore")
+        assert writer.errors == [] and reader.errors == []  # type: ignore[attr-defined]

@@ -31,6 +31,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from yrelay import crdt
+from yrelay.awareness import AwarenessEntry, encode_update
+from yrelay.config import Settings
 from yrelay.client import YrelayClient
 from yrelay.testing.processes import ServerProcess
 
@@ -154,8 +156,17 @@ def mangled_text(draw) -> str:
     return json.dumps(draw(json_values))
 
 
+#: Awareness floods (issue 16): valid updates of up to 16 entries, clientIDs
+#: from a small range (so connections collide on them), states or removals.
+awareness_states = st.one_of(st.just("null"), st.dictionaries(st.text(max_size=5), json_scalars, max_size=3)
+                             .map(json.dumps))
+awareness_floods = st.fixed_dictionaries({
+    "op": st.just("awareness"), "doc": st.sampled_from(FUZZ_DOCS),
+    "update": st.lists(st.builds(AwarenessEntry, st.integers(0, 40), st.integers(0, 2**53 - 1), awareness_states),
+                       min_size=1, max_size=16).map(lambda entries: b64(encode_update(entries)))})
+
 frames = st.one_of(shaped.map(json.dumps), shaped.map(json.dumps), wrong_types().map(json.dumps), mangled_text(),
-                   st.text(max_size=30))
+                   st.text(max_size=30), awareness_floods.map(json.dumps))
 
 
 # ------------------------------------------------------------------ the peers
@@ -243,6 +254,20 @@ def assert_every_entry_is_valid(client: redis.Redis, docs: list[str]) -> int:
     return count
 
 
+def assert_presence_is_bounded(client: redis.Redis) -> int:
+    """The floods left at most what the limits allow in each presence hash:
+    the clientIDs of the fuzzer's live connections, and claims under the
+    per-document cap. Returns the largest presence hash."""
+    defaults = Settings()
+    largest = 0
+    for doc in FUZZ_DOCS:
+        states = client.hlen(f"yrelay:{{{doc}}}:presence")
+        assert states <= CONNECTIONS * defaults.max_presence_clients_per_connection, (doc, states)
+        assert client.hlen(f"yrelay:{{{doc}}}:presence:owners") <= defaults.max_presence_clients_per_document
+        largest = max(largest, states)
+    return largest
+
+
 def victim_sessions(client: redis.Redis) -> set[str]:
     return {fields[b"s"].decode() for _, fields in client.xrange(f"yrelay:{{{VICTIM}}}:stream")}
 
@@ -251,8 +276,10 @@ def victim_sessions(client: redis.Redis) -> set[str]:
 def fuzz_server(redis_url: str, tmp_path: Path):
     # Rate limits high: the fuzz is about what a frame does, not how many. GC off:
     # every update the server accepted stays in its stream, to be checked.
+    # The presence limits stay on: the awareness floods must meet them.
     server = ServerProcess(redis_url, tmp_path, env={"YRELAY_UPDATES_PER_SECOND": "1000000",
                                                      "YRELAY_UPDATE_BURST": "1000000",
+                                                     "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
                                                      "YRELAY_ADMISSION_RATE": "0",
                                                      "YRELAY_GC_INTERVAL": "0"}).start()
     yield server
@@ -308,6 +335,7 @@ def test_fuzz_frames_against_a_live_server(fuzz_server: ServerProcess, redis_url
     assert not seen.leaks, seen.leaks[:3]
     docs = assert_no_foreign_documents(client, seen.subscribed | {VICTIM})
     entries = assert_every_entry_is_valid(client, docs)
+    presence = assert_presence_is_bounded(client)
     assert victim_sessions(client) <= writers  # GC may have folded entries; none came from the fuzzer
     log = fuzz_server.log_path.read_text(errors="replace")
     assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
@@ -326,6 +354,58 @@ def test_fuzz_frames_against_a_live_server(fuzz_server: ServerProcess, redis_url
     assert asyncio.run(fresh_client_syncs()) in ("moresecret", "secretmore")  # two concurrent inserts at 0
     summary = {"frames": seen.frames, "seconds": round(elapsed, 1), "frames_per_s": round(seen.frames / elapsed),
                "answers": dict(seen.answers.most_common()), "closed_connections": seen.closed,
-               "documents": len(docs), "stored_entries": entries,
+               "documents": len(docs), "stored_entries": entries, "largest_presence_hash": presence,
                "rss_mib_before": round(rss_before / 2**20, 1), "rss_mib_after": round(rss_after / 2**20, 1)}
     print("FUZZ SUMMARY", json.dumps(summary))
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+def test_awareness_floods_against_a_live_server(fuzz_server: ServerProcess, redis_url: str):
+    """Issue 16's presence flood, fuzzed: connections that stay subscribed
+    send valid awareness updates of up to 16 entries as fast as the socket
+    takes them. The limits answer (rate, clientIDs per connection and per
+    document, ownership), the hashes stay bounded, and a newcomer's greeting
+    holds at most the fuzzers' own clientIDs."""
+    client = redis.Redis.from_url(redis_url)
+    seen = Seen()
+    peers = [FuzzPeer(fuzz_server.ws_url, seen) for _ in range(CONNECTIONS)]
+    turn = iter(range(10**9))
+
+    @settings(max_examples=max(FRAMES // 2 // BATCH, 20), deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(awareness_floods.map(json.dumps), min_size=BATCH, max_size=BATCH))
+    def flood(batch: list[str]) -> None:
+        peers[next(turn) % CONNECTIONS].send_batch(batch)
+        seen.frames += len(batch)
+
+    flood()
+    greeting = _greeting_of_a_newcomer(fuzz_server.ws_url, FUZZ_DOCS[0])
+    presence = assert_presence_is_bounded(client)  # while the fuzzers are still there
+    for peer in peers:
+        peer.stack.close()
+
+    assert fuzz_server.running and not seen.leaks and seen.closed == 0
+    assert httpx.get(f"http://127.0.0.1:{fuzz_server.port}/readyz", timeout=5).status_code == 200
+    assert {"rate_limited", "awareness_too_many_clients"} <= set(seen.answers), seen.answers
+    assert len(greeting) <= CONNECTIONS * Settings().max_presence_clients_per_connection, greeting
+    log = fuzz_server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
+    print("FLOOD SUMMARY", json.dumps({"frames": seen.frames, "answers": dict(seen.answers.most_common()),
+                                       "greeting_entries": len(greeting), "largest_presence_hash": presence}))
+
+
+def _greeting_of_a_newcomer(url: str, doc: str) -> list[AwarenessEntry]:
+    """The awareness entries a fresh connection is greeted with on ``doc``."""
+    from yrelay.awareness import decode_update
+
+    with connect(url, max_size=None) as ws:
+        ws.send(json.dumps({"op": "hello"}))
+        ws.send(json.dumps({"op": "subscribe", "doc": doc}))
+        entries: list[AwarenessEntry] = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                frame = json.loads(ws.recv(timeout=1))
+                if frame["op"] == "awareness":
+                    entries += decode_update(base64.b64decode(frame["update"]))
+        return entries

@@ -279,3 +279,143 @@ async def test_a_compression_bomb_is_cut_off_and_the_server_keeps_serving(redis_
         await peer.send({"op": "ping"})
         await peer.expect("pong")
         await peer.close()
+
+
+# ------------------------------------------------------------------ per subject, across sockets and processes (issue 16)
+
+
+async def hello_as(url: str, subject: str, perm: str = "write") -> RawPeer:
+    """A fresh session (hello without a session id) of ``subject``."""
+    from test_auth import token
+
+    peer = RawPeer(await websockets.connect(url, max_size=None))
+    await peer.send({"op": "hello", "token": token(["*"], perm, subject=subject)})
+    peer.session = (await peer.expect("welcome"))["session"]
+    return peer
+
+
+async def subscribed(peer: RawPeer, doc: str) -> dict:
+    await peer.send({"op": "subscribe", "doc": doc})
+    return await peer.recv()
+
+
+async def test_the_update_rate_holds_per_subject_across_sockets_and_processes(redis_url, redis_client):
+    """Issue 16: every hello without a session id got a fresh allowance.
+    Now one user's sockets on two processes share one bucket in Redis."""
+    from test_auth import AUTH
+
+    limits = {**AUTH, "subject_updates_per_second": 2, "subject_update_burst": 10}
+    async with running_server(redis_url, **limits) as one, running_server(redis_url, **limits) as two:
+        peers = [await hello_as(url, "alice") for url in (one, two, one, two)]
+        for peer in peers:
+            assert (await subscribed(peer, "s"))["op"] == "subscribed"
+        answers = []
+        for index, peer in enumerate(peers):  # 4 sockets x 5 updates, 2 processes, 4 sessions
+            for clock in range(1, 6):
+                answers.append(await peer.update("s", clock, update_from(index * 10 + clock, "x")))
+        stored = [a for a in answers if a["op"] == "appended"]
+        limited = [a for a in answers if a["op"] == "error"]
+        assert 10 <= len(stored) <= 12, answers  # the burst, and what refilled meanwhile (2/s)
+        assert all(a["code"] == "rate_limited" and a["retry_after_ms"] > 0 and "for this user" in a["message"]
+                   for a in limited), limited
+        assert await redis_client.xlen("yrelay:{s}:stream") == len(stored)
+        bob = await hello_as(two, "bob")  # another user is not held back
+        assert (await subscribed(bob, "s"))["op"] == "subscribed"
+        assert (await bob.update("s", 1, update_from(99, "bob")))["op"] == "appended"
+        await asyncio.sleep(max(a["retry_after_ms"] for a in limited) / 1000 + 0.1)
+        assert (await peers[3].update("s", 9, update_from(39, "later")))["op"] == "appended"
+
+
+async def test_live_subscriptions_are_capped_per_subject_across_processes(redis_url):
+    """Issue 16: 10,000 documents x 256 sockets per address (~6 KiB each).
+    Now a subject's live subscriptions are counted across processes."""
+    from test_auth import AUTH
+
+    limits = {**AUTH, "max_subscriptions_per_subject": 3}
+    async with running_server(redis_url, **limits) as one, running_server(redis_url, **limits) as two:
+        first, second = await hello_as(one, "alice", "read"), await hello_as(two, "alice", "read")
+        assert (await subscribed(first, "a"))["op"] == "subscribed"
+        assert (await subscribed(first, "b"))["op"] == "subscribed"
+        assert (await subscribed(second, "c"))["op"] == "subscribed"
+        assert (await subscribed(first, "a"))["op"] == "subscribed"  # subscribing again holds no more
+        refused = await subscribed(second, "d")
+        assert refused["op"] == "error" and refused["code"] == "too_many_subscriptions", refused
+        assert refused["doc"] == "d"
+        await first.send({"op": "ping"})  # the refused subscribe left nothing behind on that socket
+        other = await hello_as(one, "bob", "read")
+        assert (await subscribed(other, "d"))["op"] == "subscribed"  # another user has their own count
+        await first.send({"op": "unsubscribe", "doc": "b"})
+        await first.expect("pong")
+        await first.expect("unsubscribed")
+        await eventually_subscribed(second, "d")
+        await first.close()  # a closed socket gives its subscriptions back
+        await eventually_subscribed(second, "e")
+
+
+async def eventually_subscribed(peer: RawPeer, doc: str, timeout: float = 5.0) -> None:
+    """Subscribe, retrying while the subject's count (written on the next loop turn) has not dropped yet."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (answer := await subscribed(peer, doc))["op"] != "subscribed":
+        assert answer["code"] == "too_many_subscriptions", answer
+        assert asyncio.get_running_loop().time() < deadline, answer
+        await asyncio.sleep(0.05)
+
+
+async def test_a_crashed_process_cannot_hold_a_subjects_subscriptions_for_ever(redis_url, tmp_path):
+    from test_auth import SECRET
+
+    from yrelay.testing.processes import ServerProcess
+
+    env = {"YRELAY_INSECURE_NO_AUTH": "0", "YRELAY_AUTH_SECRET": SECRET, "YRELAY_MAX_SUBSCRIPTIONS_PER_SUBJECT": "2",
+           "YRELAY_SUBSCRIPTION_LEASE": "1.5"}
+    doomed = ServerProcess(redis_url, tmp_path, env=env).start()
+    try:
+        held = await hello_as(doomed.ws_url, "alice", "read")
+        for doc in ("a", "b"):
+            assert (await subscribed(held, doc))["op"] == "subscribed"
+        async with running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET,
+                                  max_subscriptions_per_subject=2, subscription_lease=1.5) as url:
+            await asyncio.sleep(2)  # past one lease: the live process renewed it
+            peer = await hello_as(url, "alice", "read")
+            assert (await subscribed(peer, "c"))["code"] == "too_many_subscriptions"
+            doomed.kill()  # no goodbye: its count stays in Redis until the lease lapses
+            assert (await subscribed(peer, "c"))["code"] == "too_many_subscriptions"
+            await asyncio.sleep(1.6)
+            assert (await subscribed(peer, "c"))["op"] == "subscribed"
+    finally:
+        doomed.stop()
+
+
+async def test_a_subject_bucket_is_taken_from_redis_in_chunks(redis_url):
+    """The update path stays cheap: one Redis call per chunk (a tenth of a
+    second of the rate), not per update, and the next chunk is fetched
+    before the current one runs out."""
+    from redis.asyncio import Redis
+
+    from yrelay.app.quotas import SubjectQuotas
+    from yrelay.config import Settings
+    from yrelay.scripts import Scripts
+
+    redis = Redis.from_url(redis_url)
+    settings = Settings(subject_updates_per_second=1000, subject_update_burst=1000)
+    quotas = SubjectQuotas(redis, Scripts(redis), settings)
+    buckets = quotas.acquire("s" * 32)
+    assert buckets.updates.chunk == 100
+    results = [await buckets.updates.take() for _ in range(1000)]
+    assert results.count(None) >= 1000 - 100  # the burst (the last prefetch may still be on its way)
+    assert quotas.bucket_calls <= 12, quotas.bucket_calls
+    refused = [await buckets.updates.take() for _ in range(300)]
+    assert any(wait is not None and wait > 0 for wait in refused)
+    assert quotas.bucket_calls <= 20, quotas.bucket_calls  # a refused take does not ask Redis again and again
+    await redis.aclose()
+
+
+async def test_without_auth_the_subject_is_the_client_address(redis_url):
+    """Development servers have no subjects: fresh sessions from one address
+    share the per-subject limits instead of getting a fresh allowance each."""
+    async with running_server(redis_url, max_subscriptions_per_subject=2) as url:
+        first, second = await RawPeer.connect(url), await RawPeer.connect(url)
+        assert first.session != second.session
+        assert (await subscribed(first, "a"))["op"] == "subscribed"
+        assert (await subscribed(second, "b"))["op"] == "subscribed"
+        assert (await subscribed(second, "c"))["code"] == "too_many_subscriptions"

@@ -281,7 +281,7 @@ async def test_readyz_checks_redis_and_every_script(redis_url, redis_client, tmp
         await redis_client.script_flush()  # as after a Redis restart without its script cache
         assert (await http.get("/readyz")).status_code == 200
         loaded = await redis_client.script_exists(*every_sha())
-        assert all(loaded) and len(loaded) == 12
+        assert all(loaded) and len(loaded) == len(NAMES) + 3  # every script in scripts.py, and presence's 3
     with RedisProcess(tmp_path / "redis") as private:
         async with running_server(private.url, gc_interval=0) as url:
             base = url.replace("ws://", "http://").removesuffix("/ws")

@@ -287,11 +287,13 @@ async def test_a_connection_cannot_speak_for_another_connections_client(redis_ur
         assert (await error_of(mallory))["code"] == "awareness_not_owner"
         await no_changes(alice, 0.3)
         await no_changes(bob, 0.1)
-        # once alice left, her clientID is free again
+        # once alice left, her clientID stays hers for the presence timeout
+        # (test_a_clientid_waits_for_its_user_after_leaving)
         await alice.close()
         await changes(bob)
         await announce(mallory, AwarenessEntry(11, 5, state("new owner")))
-        assert await changes(bob) == [AwarenessEntry(11, 5, state("new owner"))]
+        assert (await error_of(mallory))["code"] == "awareness_not_owner"
+        await no_changes(bob, 0.3)
 
 
 async def test_a_reconnecting_session_takes_its_client_over(server_url):
@@ -373,3 +375,157 @@ async def test_redis_going_away_costs_presence_but_not_the_connection(tmp_path):
             assert seen == [AwarenessEntry(11, clock, state("alice"))]
     finally:
         redis.stop()
+
+
+# ------------------------------------------------------------------ limits (issue 16)
+
+
+async def test_a_presence_flood_is_refused_and_newcomers_get_a_small_greeting(server_url, redis_client):
+    """The flood of issue 16: frames of 16 new clientIDs each, as fast as
+    the socket takes them. A browser speaks for one clientID: every one of
+    these frames is refused, nothing is relayed or stored."""
+    mallory, bob = await join(server_url), await join(server_url)
+    for frame in range(200):
+        await announce(mallory, *(AwarenessEntry(frame * 16 + i + 1, 1, state("x" * 100)) for i in range(16)))
+    codes = [(await error_of(mallory))["code"] for _ in range(200)]
+    assert set(codes) <= {"awareness_too_many_clients", "rate_limited"} and len(codes) == 200, codes
+    assert await redis_client.hlen("yrelay:{pad}:presence") == 0
+    await no_changes(bob, 0.3)
+    carol = await join(server_url)
+    await settled(carol)  # no greeting at all
+
+
+async def test_presence_rate_per_connection(redis_url):
+    async with running_server(redis_url, presence_per_second=5, presence_burst=5) as url:
+        alice, bob = await join(url), await join(url)
+        for clock in range(1, 21):
+            await announce(alice, AwarenessEntry(11, clock, state(f"alice {clock}")))
+        await alice.send({"op": "ping"})
+        errors = []
+        while (frame := await alice.recv())["op"] != "pong":
+            errors.append(frame)
+        assert all(e["code"] == "rate_limited" and e["retry_after_ms"] > 0 and e["doc"] == DOC for e in errors), errors
+        relayed = []
+        while True:
+            try:
+                relayed += await changes(bob, 0.3)
+            except asyncio.TimeoutError:
+                break
+        assert 5 <= len(relayed) <= 7 and len(relayed) + len(errors) == 20, (relayed, errors)
+        await asyncio.sleep(max(e["retry_after_ms"] for e in errors) / 1000)
+        await announce(alice, AwarenessEntry(11, 30, state("later")))  # refilled
+        assert await changes(bob) == [AwarenessEntry(11, 30, state("later"))]
+
+
+async def test_clientids_per_connection_and_per_document_are_capped(redis_url, redis_client):
+    async with running_server(redis_url, max_presence_clients_per_connection=2,
+                              max_presence_clients_per_document=5) as url:
+        peers = [await join(url) for _ in range(3)]
+        watcher = await join(url)
+        await announce(peers[0], *(AwarenessEntry(i, 1, state("a")) for i in (1, 2, 3)))
+        error = await error_of(peers[0])
+        assert error["code"] == "awareness_too_many_clients" and "2 clientIDs" in error["message"], error
+        await announce(peers[0], AwarenessEntry(1, 1, state("a")), AwarenessEntry(2, 1, state("a")))
+        await announce(peers[1], AwarenessEntry(3, 1, state("b")), AwarenessEntry(4, 1, state("b")))
+        assert len(await changes(watcher)) == 2 and len(await changes(watcher)) == 2
+        # a removal frees the connection's slot (but the document keeps the clientID reserved)
+        await announce(peers[0], AwarenessEntry(2, 2, "null"), AwarenessEntry(5, 1, state("a")))
+        assert len(await changes(watcher)) == 2
+        await announce(peers[2], AwarenessEntry(6, 1, state("c")))  # the document holds 1..5 already
+        error = await error_of(peers[2])
+        assert error["code"] == "awareness_too_many_clients" and "500" not in error["message"], error
+        await no_changes(watcher, 0.3)
+        assert await redis_client.hlen("yrelay:{pad}:presence:owners") == 5
+        assert await redis_client.hlen("yrelay:{pad}:presence") == 4  # 2 was removed
+
+
+async def test_the_greeting_carries_the_newest_states_up_to_its_size_cap(redis_url):
+    async with running_server(redis_url, max_presence_greeting_bytes=2_500) as url:
+        peers = [await join(url) for _ in range(5)]
+        for index, peer in enumerate(peers):
+            await announce(peer, AwarenessEntry(index + 1, 1, json.dumps({"name": str(index), "pad": "x" * 1000})))
+            await peer.send({"op": "ping"})
+            while (await peer.recv())["op"] != "pong":  # stored (the others' states arrive meanwhile)
+                pass
+            await asyncio.sleep(0.01)  # distinct milliseconds: "newest" is well defined
+        carol = await join(url)
+        greeting = await changes(carol)
+        assert sorted(entry.client_id for entry in greeting) == [4, 5]  # 2 x ~1.1 kB fit, 3 do not
+        await settled(carol)
+
+
+async def test_a_clientid_waits_for_its_user_after_leaving(redis_url):
+    """Issue 16: after alice left, mallory (another user) took her clientID
+    and alice, back a moment later, was refused it for 30 s. A clientID now
+    stays its user's for the presence timeout after leaving: another user is
+    refused it, the same user (any session, any process) gets it back."""
+    from test_auth import AUTH, token
+
+    async with running_server(redis_url, **AUTH) as one, running_server(redis_url, **AUTH) as two:
+        async def joined(url: str, subject: str) -> RawPeer:
+            peer = RawPeer(await websockets_connect(url))
+            await peer.send({"op": "hello", "token": token([DOC], "read", subject=subject)})
+            await peer.expect("welcome")
+            await peer.send({"op": "subscribe", "doc": DOC})
+            await peer.expect("subscribed")
+            peer.clocks = {}  # type: ignore[attr-defined]
+            return peer
+
+        alice, bob = await joined(one, "alice"), await joined(two, "bob")
+        await announce(alice, AwarenessEntry(11, 1, state("alice")))
+        await changes(bob)
+        await alice.close()
+        assert await changes(bob) == [AwarenessEntry(11, 2, "null")]
+        mallory = await joined(two, "mallory")
+        await announce(mallory, AwarenessEntry(11, 3, state("not alice")))
+        error = await error_of(mallory)
+        assert error["code"] == "awareness_not_owner" and "11" in error["message"], error
+        await no_changes(bob, 0.3)
+        back = await joined(two, "alice")  # a new session of the same user, on the other process
+        await announce(back, AwarenessEntry(11, 3, state("alice")))
+        assert await changes(bob) == [AwarenessEntry(11, 3, state("alice"))]
+        await settled(back)
+
+
+async def websockets_connect(url: str):
+    import websockets
+
+    return await websockets.connect(url, max_size=None)
+
+
+async def test_a_client_at_the_largest_clock_is_still_removed_when_it_leaves(server_url):
+    """Found by the awareness flood fuzz: clock 2^53 - 1 made the removal
+    (clock + 1) unencodable, and the leave raised out of the connection."""
+    alice, bob = await join(server_url), await join(server_url)
+    await announce(alice, AwarenessEntry(11, MAX_UINT, state("alice")))
+    await changes(bob)
+    await alice.close()
+    frame = await bob.recv()
+    assert received(frame) == [AwarenessEntry(11, MAX_UINT, "null")]
+
+
+async def test_presence_rate_per_subject_across_sockets_and_processes(redis_url):
+    from test_auth import AUTH
+    from test_limits import hello_as, subscribed
+
+    limits = {**AUTH, "subject_presence_per_second": 1, "subject_presence_burst": 4}
+    async with running_server(redis_url, **limits) as one, running_server(redis_url, **limits) as two:
+        peers = [await hello_as(url, "alice", "read") for url in (one, two)]
+        watcher = await hello_as(one, "bob", "read")
+        for peer in (*peers, watcher):
+            assert (await subscribed(peer, DOC))["op"] == "subscribed"
+            peer.clocks = {}  # type: ignore[attr-defined]
+        errors = []
+        for index, peer in enumerate(peers):  # 2 sockets x 4 updates, one user
+            for clock in range(1, 5):
+                await announce(peer, AwarenessEntry(10 + index, clock, state("alice")))
+            await peer.send({"op": "ping"})
+            while (frame := await peer.recv())["op"] != "pong":
+                if frame["op"] == "error":
+                    errors.append(frame)
+        assert 3 <= len(errors) <= 4, errors  # the burst of 4, and what refilled meanwhile
+        assert all(e["code"] == "rate_limited" and "for this user" in e["message"] for e in errors), errors
+        await announce(watcher, AwarenessEntry(99, 1, state("bob")))  # another user is not held back
+        await watcher.send({"op": "ping"})
+        while (frame := await watcher.recv())["op"] != "pong":
+            assert frame["op"] == "awareness", frame

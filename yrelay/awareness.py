@@ -41,8 +41,9 @@ class AwarenessEntry:
 
     def removal(self) -> "AwarenessEntry":
         """What a client that saw this entry accepts as "the client left":
-        a null state at a higher clock (y-protocols ignores older clocks)."""
-        return AwarenessEntry(self.client_id, self.clock + 1, REMOVED)
+        a null state at a higher clock (y-protocols ignores older clocks;
+        at the largest clock it takes a null state at the same one)."""
+        return AwarenessEntry(self.client_id, min(self.clock + 1, MAX_UINT), REMOVED)
 
     def encode(self) -> bytes:
         state = self.state.encode()

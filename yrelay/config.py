@@ -73,6 +73,33 @@ class Settings:
     #: A presence state not renewed for this many seconds is dropped
     #: (y-protocols' outdatedTimeout; browsers renew every 15 s).
     presence_timeout: float = 30.0
+    #: Awareness updates per second of one connection, all its documents
+    #: together (0: no cap) ...
+    presence_per_second: float = 30.0
+    #: ... with this many saved up (a browser sends one per cursor move).
+    presence_burst: int = 100
+    #: ClientIDs one connection may speak for on one document (a browser: 1).
+    max_presence_clients_per_connection: int = 4
+    #: ClientIDs claimed on one document at once, across the deployment;
+    #: bounds the presence hash and so every newcomer's greeting.
+    max_presence_clients_per_document: int = 500
+    #: Bytes of states one greeting carries at most (newest first).
+    max_presence_greeting_bytes: int = 1024 * 1024
+
+    #: Per subject (the token's ``sub``; with auth off, the client address),
+    #: across every socket and every server process, kept in Redis
+    #: (docs/operations.md#limits; 0: no cap). Updates per second ...
+    subject_updates_per_second: float = 500.0
+    #: ... with this many saved up.
+    subject_update_burst: int = 2_000
+    #: Awareness updates per second of one subject, and its burst.
+    subject_presence_per_second: float = 100.0
+    subject_presence_burst: int = 300
+    #: Live subscriptions (connection x document) of one subject.
+    max_subscriptions_per_subject: int = 2_000
+    #: A process's count of a subject's subscriptions lapses this many
+    #: seconds after the process last renewed it (a crashed process).
+    subscription_lease: float = 60.0
 
     #: Seconds between GC passes of this process (0 turns the loop off).
     gc_interval: float = 10.0
@@ -154,6 +181,9 @@ class Settings:
             "updates_per_second": self.updates_per_second,
             "update_burst": self.update_burst,
             "max_connections_per_address": self.max_connections_per_address,
+            "subject_updates_per_second": self.subject_updates_per_second,
+            "max_subscriptions_per_subject": self.max_subscriptions_per_subject,
+            "presence_per_second": self.presence_per_second,
         }
 
     def uvicorn_options(self) -> dict[str, object]:

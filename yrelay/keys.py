@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+import xxhash
+
 PREFIX = "yrelay"
 
 #: Allowed document ids: 1..200 characters of letters, digits and ``._-:/@``.
@@ -139,4 +141,32 @@ def documents_key() -> str:
 def document_keys(doc: str) -> list[str]:
     """Every key of one document (all on the same cluster slot)."""
     return [stream_key(doc), tracker_key(doc), meta_key(doc), snapshot_key(doc), dedup_key(doc), presence_key(doc),
-            clocks_key(doc), dropped_key(doc)]
+            clocks_key(doc), dropped_key(doc), presence_owners_key(doc)]
+
+
+def presence_owners_key(doc: str) -> str:
+    """Hash: awareness clientID -> ``<ms>|<owner>|<origin>``: who may speak
+    for the clientID. Kept ``presence_timeout`` past its owner's last word,
+    leaving included, so nobody else can take a clientID its user is about
+    to come back with; ``<origin>`` is empty once its connection left."""
+    return f"{PREFIX}:{{{doc}}}:presence:owners"
+
+
+def subject_id(identity: str) -> str:
+    """A fixed-length id for a subject (``sub:<jwt sub>``, or ``addr:<ip>``
+    with auth off): safe in a hash tag whatever characters the subject has."""
+    return xxhash.xxh3_128_hexdigest(identity.encode())
+
+
+def subject_bucket_key(subject: str, kind: str) -> str:
+    """Hash ``tokens``, ``at``: one token bucket of a subject (``kind``:
+    ``updates`` or ``presence``), shared by every process. ``subject`` is a
+    :func:`subject_id`; every key of one subject is on one cluster slot."""
+    return f"{PREFIX}:{{subject:{subject}}}:bucket:{kind}"
+
+
+def subject_subscriptions_key(subject: str) -> str:
+    """Hash: process instance -> ``<live subscriptions>|<lease expiry ms>``:
+    a subject's subscriptions, counted per process; a crashed process's
+    count expires with its lease."""
+    return f"{PREFIX}:{{subject:{subject}}}:subscriptions"

@@ -80,6 +80,7 @@ class ErrorCode(str, enum.Enum):
     NOT_SUBSCRIBED = "not_subscribed"
     AWARENESS_TOO_LARGE = "awareness_too_large"
     AWARENESS_NOT_OWNER = "awareness_not_owner"
+    AWARENESS_TOO_MANY_CLIENTS = "awareness_too_many_clients"
     DOCUMENT_UNAVAILABLE = "document_unavailable"
     UNAVAILABLE = "unavailable"
     INTERNAL_ERROR = "internal_error"
@@ -87,6 +88,7 @@ class ErrorCode(str, enum.Enum):
     RATE_LIMITED = "rate_limited"
     OVERLOADED = "overloaded"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"
 
 
 class ResyncReason(str, enum.Enum):

@@ -23,7 +23,7 @@ def source(name: str) -> str:
 
 
 NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release",
-         "digest_window", "digest_advance", "idset_update", "clocks_set")
+         "digest_window", "digest_advance", "idset_update", "clocks_set", "quota_take", "quota_subscriptions")
 
 
 class Scripts:
@@ -40,6 +40,8 @@ class Scripts:
         self.digest_advance = redis.register_script(source("digest_advance"))
         self.idset_update = redis.register_script(source("idset_update"))
         self.clocks_set = redis.register_script(source("clocks_set"))
+        self.quota_take = redis.register_script(source("quota_take"))
+        self.quota_subscriptions = redis.register_script(source("quota_subscriptions"))
 
     async def load(self, redis: Redis) -> None:
         """Load every script up front, so ``/readyz`` can report it and a

@@ -9,14 +9,18 @@
  * send buffer until the server says it is in the stream (`appended`), and is
  * resent on its backoff schedule and after every reconnect; when an update
  * has used up its attempts the client reconnects and resyncs every document
- * with a two-way state-vector exchange.
+ * with a two-way state-vector exchange. Per document, updates go out in
+ * clock order and a refused one holds back the later ones (SendBuffer); an
+ * update the server could never take is refused here with an `error` event
+ * (doc, clock, size), so it never costs the socket (update-frames.js).
  */
 import { ObservableV2 } from 'lib0/observable'
-import { toBase64 } from 'lib0/buffer'
+import { mergeUpdates } from 'yjs'
 import { Backoff } from './backoff.js'
 import { hashReady } from './digest.js'
 import { BrowserStore } from './persistence.js'
-import { SendBuffer } from './send-buffer.js'
+import { NEEDS_SYNC, SendBuffer } from './send-buffer.js'
+import { updateFrames } from './update-frames.js'
 
 /** Errors after which resending the same update can never succeed. */
 export const FATAL_UPDATE_ERRORS = new Set([
@@ -56,6 +60,8 @@ export class YrelayClient extends ObservableV2 {
     this.status = 'disconnected'
     /** Limits the server announced in `welcome`. */
     this.limits = null
+    /** Additive protocol features the server announced in `welcome` (docs/protocol.md#features). */
+    this.features = new Set()
     this.providers = new Map()
     this.buffer = new SendBuffer(this.backoff)
     this.pingInterval = pingInterval
@@ -132,7 +138,7 @@ export class YrelayClient extends ObservableV2 {
     this.providers.set(provider.name, provider)
     if (this.status === 'connected') {
       provider._connected()
-      for (const item of this.buffer.all()) if (item.doc === provider.name) this._sendUpdate(item)
+      this._pump()
     }
   }
 
@@ -143,14 +149,31 @@ export class YrelayClient extends ObservableV2 {
   }
 
   /**
-   * Queue an update for the stream; sent now when connected (and the document
-   * bound), else after the next handshake. Unacked updates of a document that
-   * is unbound stay queued and go out when it is bound again.
+   * Queue an update for the stream; sent when connected (and the document
+   * bound) and no earlier update of the document waits for a resend, else
+   * after the next handshake. Unacked updates of a document that is unbound
+   * stay queued and go out when it is bound again.
    */
   enqueue (doc, update) {
     const item = this.buffer.add(doc, update)
-    this.store?.putPending(this.url, this.session, item).catch((error) => this._storeFailed(error))
-    if (this.status === 'connected' && this.providers.has(doc)) this._sendUpdate(item)
+    this._persist(item)
+    this._pump()
+    return item
+  }
+
+  /**
+   * A two-way sync's diff (the document's state minus the server's, taken
+   * after every queued update of `doc` was applied to it) replaces the
+   * document's unacked updates: it holds all they carry that the server
+   * lacks. Sent as `update {sync: true}` when the server speaks `sync_push`
+   * (it then stores what the document can apply and names the rest); null
+   * `diff`: the server holds everything, nothing replaces them.
+   */
+  pushSync (doc, diff) {
+    const item = diff === null ? null : this.buffer.add(doc, diff, { sync: this.features.has('sync_push') })
+    if (item !== null) this._persist(item) // stored before what it covers is deleted
+    for (const covered of this.buffer.supersede(doc, item?.clock ?? Infinity)) this._forget(covered.clock)
+    this._pump()
     return item
   }
 
@@ -260,12 +283,13 @@ export class YrelayClient extends ObservableV2 {
   _welcome (frame) {
     this.session = frame.session
     this.limits = frame.limits || null
+    this.features = new Set(Array.isArray(frame.features) ? frame.features : [])
     this._attempt = 0
     this._setStatus('connected')
+    this.buffer.resetAttempts()
     for (const provider of this.providers.values()) provider._connected()
     this.store?.saveSession(this.url, this.session, this.buffer.clock).catch((error) => this._storeFailed(error))
-    this.buffer.resetAttempts()
-    for (const item of this._bound(this.buffer.all())) this._sendUpdate(item)
+    this._pump()
     clearInterval(this._ticker)
     this._ticker = setInterval(() => this._tick(), this.tickInterval)
     this.emit('session', [{ session: this.session, resumed: frame.resumed }])
@@ -274,16 +298,34 @@ export class YrelayClient extends ObservableV2 {
   _appended (frame) {
     const item = this._settle(frame.clock)
     this.providers.get(frame.doc)?._appended(frame, item)
+    this._pump() // an update refused behind this one may go now
   }
 
   _error (frame) {
-    if (Number.isInteger(frame.clock) && FATAL_UPDATE_ERRORS.has(frame.code)) {
+    const item = Number.isInteger(frame.clock) ? this.buffer.get(frame.clock) : undefined
+    // Every error about an update names its document.
+    if (item !== undefined && typeof frame.doc !== 'string') frame = { ...frame, doc: item.doc }
+    if (item === undefined) {
+      if (Number.isInteger(frame.retry_after_ms) && this.status !== 'connected') {
+        this._retryAfter = frame.retry_after_ms // refused: the close follows; reconnect no sooner
+      }
+    } else if (frame.code === 'malformed_frame' && item.parts > 1) {
+      this.buffer.hold(frame.clock) // its parts were discarded (one was refused): all again, from part 0
+    } else if (FATAL_UPDATE_ERRORS.has(frame.code)) {
       this._settle(frame.clock) // resending cannot help; the local edit stays in the document
-    } else if (Number.isInteger(frame.clock) && frame.code === 'rate_limited') {
+    } else if (frame.code === 'rate_limited') {
       this.buffer.defer(frame.clock, frame.retry_after_ms ?? 1000)
-    } else if (Number.isInteger(frame.retry_after_ms) && this.status !== 'connected') {
-      this._retryAfter = frame.retry_after_ms // refused: the close follows; reconnect no sooner
+    } else if (frame.code === 'missing_dependency') {
+      if (this.buffer.refuse(frame.clock) === NEEDS_SYNC) this.providers.get(item.doc)?._pushSync()
+    } else {
+      this.buffer.hold(frame.clock) // unavailable, internal_error, ...: resent on its schedule, in order
     }
+    this._emitError(frame)
+    this._pump()
+  }
+
+  /** An `error` event on the client and on the document's provider. */
+  _emitError (frame) {
     this.emit('error', [frame])
     if (typeof frame.doc === 'string') this.providers.get(frame.doc)?._receive(frame)
   }
@@ -291,13 +333,16 @@ export class YrelayClient extends ObservableV2 {
   /** An update is done with (acked, or rejected for good): out of the buffer and the store. */
   _settle (clock) {
     const item = this.buffer.pop(clock)
-    if (item !== undefined) this.store?.deletePending(this.url, clock).catch((error) => this._storeFailed(error))
+    if (item !== undefined) this._forget(clock)
     return item
   }
 
-  /** Updates of documents bound now (the others wait until theirs is bound). */
-  _bound (items) {
-    return items.filter((item) => this.providers.has(item.doc))
+  _persist (item) {
+    this.store?.putPending(this.url, this.session, item, this.buffer.clock).catch((error) => this._storeFailed(error))
+  }
+
+  _forget (clock) {
+    this.store?.deletePending(this.url, clock).catch((error) => this._storeFailed(error))
   }
 
   // ------------------------------------------------------------ persistence
@@ -321,9 +366,41 @@ export class YrelayClient extends ObservableV2 {
 
   // ------------------------------------------------------------ timers
 
+  /** Send what is due, in order (SendBuffer.due); nothing while the session is not open. */
+  _pump (now = Date.now()) {
+    if (this.status !== 'connected') return
+    for (const item of this.buffer.due(now, (doc) => this.providers.has(doc))) {
+      if (this.buffer.get(item.clock) === item) this._sendUpdate(item) // a local refusal may have dropped it
+    }
+  }
+
   _sendUpdate (item) {
+    this._coalesce(item)
+    const plan = updateFrames(item, this.limits, this.features)
+    if (plan.refused) {
+      this._settle(item.clock)
+      const { doc, clock } = item
+      this._emitError({ op: 'error', code: 'update_too_large', local: true, doc, clock, ...plan.refused })
+      this.providers.get(item.doc)?._emitPending()
+      return
+    }
     this.buffer.markSent(item)
-    this.send({ op: 'update', doc: item.doc, clock: item.clock, update: toBase64(item.update) })
+    item.parts = plan.frames.length
+    for (const frame of plan.frames) this.send(frame)
+  }
+
+  /** Merge never-sent updates of the document that follow `item` into it (fewer frames; never past half a frame). */
+  _coalesce (item) {
+    if (item.sent || item.sync) return
+    const merged = this.buffer.coalesce(item.doc, mergeUpdates, this._mergeBytes())
+    if (merged === null) return
+    this._persist(merged.item)
+    for (const removed of merged.removed) this._forget(removed.clock)
+  }
+
+  _mergeBytes () {
+    const frame = this.limits?.max_frame_bytes
+    return Number.isInteger(frame) ? Math.floor(frame / 2) : 512 * 1024
   }
 
   /** Resends on their backoff schedule, the keep-alive, and the give-up path. */
@@ -338,7 +415,7 @@ export class YrelayClient extends ObservableV2 {
       this._dropSocket()
       return
     }
-    for (const item of this._bound(this.buffer.due(now))) this._sendUpdate(item)
+    this._pump(now)
     if (now - this._lastSent > this.pingInterval) this.send({ op: 'ping' })
   }
 }

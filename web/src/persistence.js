@@ -45,12 +45,17 @@ export class BrowserStore {
     return idb.put(sessions, { session, clock }, url)
   }
 
-  /** The update and the clock it used, in one transaction. */
-  putPending (url, session, item) {
+  /**
+   * The update and the session's last clock (at least the update's), in one
+   * transaction. `item.sync`: a two-way sync's diff, resent as such. A merged
+   * update keeps an older clock, so the session's clock is passed apart.
+   */
+  putPending (url, session, item, clock = item.clock) {
     const [sessions, pending] = idb.transact(this.db, [SESSIONS, PENDING])
     return Promise.all([
-      idb.put(sessions, { session, clock: item.clock }, url),
-      idb.put(pending, { clock: item.clock, doc: item.doc, update: item.update }, [url, item.clock])
+      idb.put(sessions, { session, clock: Math.max(clock, item.clock) }, url),
+      idb.put(pending, { clock: item.clock, doc: item.doc, update: item.update, sync: item.sync === true },
+        [url, item.clock])
     ])
   }
 

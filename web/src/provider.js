@@ -8,9 +8,11 @@
  * sync replies, Nagle-like batching of local changes with Y.mergeUpdates,
  * and presence through a y-protocols Awareness.
  *
- * Events: 'status' ({status}), 'synced' (bool), 'pending' (count of local
- * updates not yet in the stream), 'offset' (the acked offset), 'drift',
- * 'error' (an error frame about this document).
+ * Events: 'status' ({status}), 'synced' (bool: the document holds the
+ * server's state), 'pending' (count of local updates not yet in the stream),
+ * 'offset' (the acked offset), 'drift', 'dropped' (ranges of a sync push the
+ * server could not store yet), 'error' (an error about this document; about
+ * an update: with its clock).
  */
 import * as Y from 'yjs'
 import * as awarenessProtocol from 'y-protocols/awareness'
@@ -57,6 +59,10 @@ export class YrelayProvider extends ObservableV2 {
     this.drifts = 0
     this.resyncs = 0
     this._subscribed = false
+    /** A `sync` is out and its reply not in yet. */
+    this._syncing = false
+    /** A sync push had ranges dropped: push again once this document's pending structs integrate. */
+    this._awaitingDependencies = false
     this._fresh = true // no offset was sent with the pending subscribe
     this._parts = []
     this._batch = []
@@ -140,9 +146,8 @@ export class YrelayProvider extends ObservableV2 {
   /** Load the saved state, place and held ids; a restored document resyncs (two-way) on subscribe. */
   async _restore () {
     const store = this.client.store
-    if (store === null) return
     try {
-      const record = await store.loadDocument(this.client.url, this.name)
+      const record = store === null ? undefined : await store.loadDocument(this.client.url, this.name)
       if (record !== undefined) {
         Y.applyUpdate(this.doc, record.state, this)
         this.offset = record.offset
@@ -153,8 +158,13 @@ export class YrelayProvider extends ObservableV2 {
     } catch (error) {
       this.emit('error', [{ code: 'persistence_failed', message: String(error?.message ?? error) }])
     }
-    for (const item of this.client.buffer.all()) {
-      if (item.doc === this.name) Y.applyUpdate(this.doc, item.update, this) // unacked edits, maybe newer than the saved state
+    // Unacked edits (maybe newer than the saved state, or of a doc bound
+    // earlier on this client): the bound doc holds all its queued updates,
+    // so a two-way sync's diff covers them (YrelayClient.pushSync).
+    for (const item of this.client.buffer.forDoc(this.name)) {
+      try {
+        Y.applyUpdate(this.doc, item.update, this)
+      } catch (error) {} // bytes Yjs cannot read: the server refuses them too (invalid_update)
     }
   }
 
@@ -179,6 +189,8 @@ export class YrelayProvider extends ObservableV2 {
 
   _connected () {
     this._subscribed = false
+    this._syncing = false
+    if (this.client.buffer.needsSync(this.name)) this.needsSync = true // refused updates wait for the two-way sync
     this._fresh = this.offset === null
     this.client.send(this._subscribeFrame())
   }
@@ -215,20 +227,43 @@ export class YrelayProvider extends ObservableV2 {
       case 'deliver': return this._onDeliver(frame)
       case 'resync_required': return this._onResyncRequired(frame)
       case 'sync_reply': return this._onSyncReply(frame)
+      case 'synced': return this._onSynced(frame)
       case 'awareness': return this._onAwareness(frame)
-      case 'error': return this.emit('error', [frame])
+      case 'error':
+        this.emit('error', [frame])
+        return this._emitPending()
     }
   }
 
   _appended (frame, item) {
-    this.held.add(frame.id) // also for a late or duplicate answer
+    if (typeof frame.id === 'string') this.held.add(frame.id) // also for a late or duplicate answer; null: nothing stored
     this._persistSoon()
+    if (frame.dropped && Object.keys(frame.dropped).length) {
+      // Content of the sync push the server cannot apply yet: it builds on
+      // content the server lacks, which this document lacks too (else the
+      // diff had carried it), so Yjs holds it as pending structs here. It
+      // is pushed again once they integrate (_applyRemote), or at the next
+      // subscribe.
+      this.needsSync = true
+      this._awaitingDependencies = this.doc.store.pendingStructs !== null
+      this.emit('dropped', [{ clock: frame.clock, ranges: frame.dropped }])
+    }
     if (item !== undefined) {
-      this.emit('appended', [{ clock: frame.clock, id: frame.id, update: item.update }])
+      const { clock, id, dropped } = frame
+      this.emit('appended', [{ clock, id, update: item.update, sync: item.sync, dropped }])
       if (this.client.buffer.countFor(this.name) === 0 && this._batch.length) this._flush()
     }
     this._emitPending()
   }
+
+  /** Our own update stays refused (`missing_dependency`) with nothing earlier unacked: push the two-way sync's diff. */
+  _pushSync () {
+    if (!this._subscribed) this.needsSync = true // done at the next `subscribed`
+    else if (!this._syncing) this._requestSync({ push: true })
+  }
+
+  /** With the `synced` feature only the server says when the document holds its state. */
+  get _serverSaysSynced () { return this.client.features.has('synced') }
 
   _onSubscribed (frame) {
     this._subscribed = true
@@ -242,7 +277,7 @@ export class YrelayProvider extends ObservableV2 {
     } else if (this.needsSync) {
       this.needsSync = false
       this._requestSync()
-    } else if (!(this._fresh && frame.offset !== ZERO)) {
+    } else if (!this._serverSaysSynced && !(this._fresh && frame.offset !== ZERO)) {
       this._setSynced(true) // else the snapshot that follows completes the state
     }
   }
@@ -261,7 +296,12 @@ export class YrelayProvider extends ObservableV2 {
     this._applyRemote(update)
     this.offset = maxId(this.offset, frame.offset)
     this._ack()
-    this._setSynced(true)
+    if (!this._serverSaysSynced) this._setSynced(true)
+  }
+
+  /** Everything the document had admitted when the subscribe (or sync) was answered is applied. */
+  _onSynced () {
+    if (!this._syncing) this._setSynced(true) // a sync still out: its own `synced` follows its reply
   }
 
   _onDeliver (frame) {
@@ -279,27 +319,32 @@ export class YrelayProvider extends ObservableV2 {
     this._requestSync()
   }
 
-  _requestSync () {
+  /** `push`: only to give the server what it lacks (the document still holds the server's state). */
+  _requestSync ({ push = false } = {}) {
     this.resyncs++
-    this._parts = []
-    this._setSynced(false)
+    this._syncing = true // (parts of a snapshot still arriving are kept: _collect starts over at a part 0)
+    if (!push) this._setSynced(false)
     this.client.send({ op: 'sync', doc: this.name, state_vector: toBase64(Y.encodeStateVector(this.doc)) })
   }
 
   _onSyncReply (frame) {
     const update = this._collect(frame)
     if (update === null) return
+    this._syncing = false
+    this._awaitingDependencies = false // the diff below carries whatever is pending again
     this._applyRemote(update)
     this.offset = frame.offset // may move back: the server's history is the reference
     this.held.reset(frame.offset)
+    // What the server lacks (with Yjs' pending structs); it replaces every
+    // queued update of the document, and the batched changes.
+    clearTimeout(this._flushTimer)
+    this._flushTimer = null
+    this._batch = []
     const missingOnServer = Y.encodeStateAsUpdate(this.doc, fromBase64(frame.state_vector))
-    if (missingOnServer.length > EMPTY_UPDATE_LENGTH) {
-      this._flush() // keep clock order: batched changes first
-      this.client.enqueue(this.name, missingOnServer)
-      this._emitPending()
-    }
+    this.client.pushSync(this.name, missingOnServer.length > EMPTY_UPDATE_LENGTH ? missingOnServer : null)
+    this._emitPending()
     this._ack()
-    this._setSynced(true)
+    if (!this._serverSaysSynced) this._setSynced(true)
   }
 
   /** Reassemble a chunked snapshot / sync reply; null until complete. */
@@ -314,6 +359,10 @@ export class YrelayProvider extends ObservableV2 {
 
   _applyRemote (update) {
     Y.applyUpdate(this.doc, update, this)
+    if (this._awaitingDependencies && this.doc.store.pendingStructs === null) {
+      this._awaitingDependencies = false // what the server refused can apply now: offer it again
+      this._pushSync()
+    }
   }
 
   _ack () {

@@ -1,23 +1,11 @@
 /** The provider against a live yrelay server (started by tests/test_web_provider.py). */
-import { test, after } from 'node:test'
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import * as Y from 'yjs'
 import { YrelayProvider } from '../src/index.js'
-import { eventually, newClient, once, uniqueDoc } from './helpers.js'
+import { bind, clientsOfThisFile, eventually, once, uniqueDoc } from './helpers.js'
 
-const clients = []
-function client (options) {
-  const created = newClient(options)
-  clients.push(created)
-  return created
-}
-after(() => { for (const created of clients) created.destroy() })
-
-function bind (server, name, options) {
-  const doc = new Y.Doc()
-  const provider = new YrelayProvider(server, name, doc, options)
-  return { doc, provider, text: doc.getText('text') }
-}
+const client = clientsOfThisFile()
 
 test('two clients on one document converge, and every change is acked', async () => {
   const name = uniqueDoc()

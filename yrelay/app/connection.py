@@ -25,6 +25,7 @@ from ..store import NotAdmitted
 from ..update_format import Layout, MalformedUpdate, read_layout
 from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
 from ..auth.authenticator import JwtAuthenticator
+from ..keys import subject_id
 from ..offsets import StreamId
 from ..protocol import (Ack, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe,
                         Sync, Unsubscribe, Update)
@@ -33,7 +34,8 @@ from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from .context import ServerContext
 from .limits import DeliveryBudget, Refusal, TokenBucket
-from .presence import Member, NotOwner
+from .presence import Member, NotOwner, PresenceFull
+from .quotas import SubjectBuckets
 from .appender import AppendResult
 from .subscription import Send, Subscription
 from .update_parts import UpdateParts, frame_identity
@@ -79,6 +81,10 @@ class Connection:
         self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
         #: The session's update rate (shared with its other connections here).
         self._rate: TokenBucket | None = None
+        #: Presence updates of this connection, all documents together.
+        self._presence_rate = TokenBucket(ctx.settings.presence_per_second, ctx.settings.presence_burst)
+        #: The subject's deployment-wide buckets (acquired on first use).
+        self._subject: SubjectBuckets | None = None
         #: Resolved once the last update received was submitted or rejected:
         #: updates are validated concurrently but appended in arrival order.
         self._turn: asyncio.Future[None] | None = None
@@ -98,6 +104,7 @@ class Connection:
             self.ctx.limits.close_connection(address)
             if self._rate is not None and self.session is not None:
                 self.ctx.limits.sessions.release(self.session)
+            self._release_subject()
 
     async def _refuse(self, refusal: Refusal) -> None:
         """Accept only to say why not and when to come back, then close:
@@ -267,6 +274,8 @@ class Connection:
         assert self.session is not None and self.principal is not None
         if not self.principal.can_read(frame.doc):
             raise ProtocolError(ErrorCode.FORBIDDEN, "this token does not allow this document", doc=frame.doc)
+        requested = StreamId.parse(frame.offset) if frame.offset is not None else None
+        claimed = _claimed(frame)
         old = self.subscriptions.pop(frame.doc, None)
         if old is not None:
             await old.close()
@@ -276,8 +285,10 @@ class Connection:
                 f"at most {self.ctx.settings.max_docs_per_connection} documents per connection",
                 doc=frame.doc,
             )
-        requested = StreamId.parse(frame.offset) if frame.offset is not None else None
-        claimed = _claimed(frame)
+        elif not await self.ctx.limits.subjects.open_subscription(self._subject_buckets().subject):
+            raise ProtocolError(ErrorCode.TOO_MANY_SUBSCRIPTIONS, f"at most "
+                                f"{self.ctx.settings.max_subscriptions_per_subject} live subscriptions per user, "
+                                "all connections together; unsubscribe from some", doc=frame.doc)
         self._join_presence(frame.doc)
         subscription = Subscription(self.ctx, frame.doc, self.session, self._document_sender(frame.doc), requested,
                                     claimed, budget=self.budget)
@@ -289,6 +300,7 @@ class Connection:
         subscription = self.subscriptions.pop(frame.doc, None)
         if subscription is not None:
             await subscription.close()
+            self.ctx.limits.subjects.close_subscription(self._subject_buckets().subject)
         member = self.presence.pop(frame.doc, None)
         if member is not None:
             await self.ctx.presence.leave(member)
@@ -299,7 +311,7 @@ class Connection:
         member = self.presence.get(doc)
         if member is None:
             assert self.session is not None
-            self.presence[doc] = self.ctx.presence.join(doc, self.session, self.send)
+            self.presence[doc] = self.ctx.presence.join(doc, self.session, self.send, self._presence_owner())
         else:
             member.listening = False  # subscribing again: greeted again once answered
 
@@ -320,18 +332,61 @@ class Connection:
         task.add_done_callback(self._tasks.discard)
 
     async def _awareness(self, frame: Awareness) -> None:
-        """Relay a presence update; never stored in the document's stream."""
+        """Relay a presence update; never stored in the document's stream.
+        Over a limit: an error, nothing stored or relayed."""
         self._subscription(frame.doc)
-        data = _decode_limited(frame.update, self.ctx.settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE,
+        settings = self.ctx.settings
+        if not self._presence_rate.take():
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {settings.presence_per_second:g} awareness updates/s "
+                                "on this connection", doc=frame.doc, retry_after_ms=self._presence_rate.retry_after_ms())
+        wait = await self._subject_buckets().presence.take()
+        if wait is not None:
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {settings.subject_presence_per_second:g} awareness "
+                                "updates/s for this user, all connections together", doc=frame.doc, retry_after_ms=wait)
+        data = _decode_limited(frame.update, settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE,
                                frame.doc, None)
         try:
             entries = awareness.decode_update(data)
         except awareness.AwarenessError as exc:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"awareness update: {exc}", doc=frame.doc) from None
+        member = self.presence[frame.doc]
+        if member.clients_after(entries) > settings.max_presence_clients_per_connection:
+            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, f"at most "
+                                f"{settings.max_presence_clients_per_connection} clientIDs per connection and document",
+                                doc=frame.doc)
         try:
-            await self.ctx.presence.update(self.presence[frame.doc], entries)
+            await self.ctx.presence.update(member, entries)
         except NotOwner as exc:
             raise ProtocolError(ErrorCode.AWARENESS_NOT_OWNER, str(exc), doc=frame.doc) from None
+        except PresenceFull as exc:
+            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, str(exc), doc=frame.doc) from None
+
+    def _subject_buckets(self) -> SubjectBuckets:
+        """The deployment-wide limits of who is connected: the token's
+        subject, or with auth off the client address (docs/operations.md#limits)."""
+        if self._subject is None:
+            if isinstance(self.ctx.authenticator, NoAuthenticator) or self.principal is None:
+                identity = "addr:" + (self.websocket.client.host if self.websocket.client else "")
+            else:
+                identity = "sub:" + self.principal.subject
+            self._subject = self.ctx.limits.subjects.acquire(subject_id(identity))
+        return self._subject
+
+    def _release_subject(self) -> None:
+        if self._subject is not None:
+            subjects = self.ctx.limits.subjects
+            if self.subscriptions:
+                subjects.close_subscription(self._subject.subject, len(self.subscriptions))
+            subjects.release(self._subject.subject)
+            self._subject = None
+
+    def _presence_owner(self) -> str:
+        """Who may take this connection's clientIDs over: its subject's
+        other connections, or with auth off its session's."""
+        assert self.session is not None and self.principal is not None
+        if isinstance(self.ctx.authenticator, NoAuthenticator):
+            return subject_id("session:" + self.session)
+        return subject_id("sub:" + self.principal.subject)
 
     async def _reconcile(self, frame: Reconcile) -> None:
         """Answer one range-reconciliation request over the documents that
@@ -356,6 +411,11 @@ class Connection:
         if not self._rate.take():  # not stored; the client resends after retry_after_ms
             raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {self.ctx.settings.updates_per_second:g} updates/s",
                                 doc=frame.doc, clock=frame.clock, retry_after_ms=self._rate.retry_after_ms())
+        wait = await self._subject_buckets().updates.take()  # no Redis call for most updates: quotas.py
+        if wait is not None:
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {self.ctx.settings.subject_updates_per_second:g} "
+                                "updates/s for this user, all connections together", doc=frame.doc, clock=frame.clock,
+                                retry_after_ms=wait)
         update = _decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
                                  frame.doc, frame.clock)
         update = await self._parts.feed(frame, update)  # None until the last part of an update in parts

@@ -26,6 +26,7 @@ from .appender import Appender
 from .fanout import Fanout
 from .limits import Limits
 from .presence import Presence
+from .quotas import SubjectQuotas
 from .sessions import SessionRegistry
 from .validator import Validator
 
@@ -92,11 +93,13 @@ class ServerContext:
             digests=StreamDigests(redis, store.scripts),
             events=events,
             presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
-                              timeout=settings.presence_timeout, process_id=process_name()),
+                              timeout=settings.presence_timeout, process_id=process_name(),
+                              max_clients=settings.max_presence_clients_per_document,
+                              greeting_bytes=settings.max_presence_greeting_bytes),
             authenticator=authenticator,
             revocations=Revocations(redis, settings.revocation_refresh),
             metrics=metrics,
-            limits=Limits(settings),
+            limits=Limits(settings, SubjectQuotas(redis, store.scripts, settings)),
             validator=Validator(settings.validator_workers, settings.validate_timeout),
         )
         metrics.watch(ctx)
@@ -108,6 +111,7 @@ class ServerContext:
         ctx.fanout.start()
         ctx.gc_loop.start()
         ctx.presence.start()
+        ctx.limits.subjects.start()
         ctx.revocations.start()
         await ctx.validator.start()
         return ctx
@@ -120,6 +124,7 @@ class ServerContext:
         await self.revocations.stop()
         await self.gc_loop.stop()
         await self.presence.stop()
+        await self.limits.subjects.stop()
         await self.fanout.stop()
         await self.appender.stop()
         await self.ack_writer.stop()

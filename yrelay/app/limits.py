@@ -10,6 +10,9 @@ hold when Redis is slow, and must cost nothing on the hot path.
   session's connections to this process.
 - :class:`DeliveryBudget`: entries sent and not yet acked, across every
   document of one connection.
+
+The limits of a subject across sockets and processes are kept in Redis
+(:mod:`.quotas`); :class:`Limits` holds both.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..protocol import ErrorCode, ProtocolError
 
 if TYPE_CHECKING:
     from ..config import Settings
+    from .quotas import SubjectQuotas
 
 #: Close codes of a refused connection (after its ``error`` frame).
 CLOSE_TRY_AGAIN_LATER = 1013
@@ -180,9 +184,10 @@ class Refusal:
 
 
 class Limits:
-    """The per-process limits one server context holds."""
+    """The limits one server context holds: per process, and (``subjects``) per subject."""
 
-    def __init__(self, settings: "Settings"):
+    def __init__(self, settings: "Settings", subjects: "SubjectQuotas"):
+        self.subjects = subjects
         self.admission = Admission(settings.admission_rate, settings.admission_burst)
         self.addresses = AddressCounts(settings.max_connections_per_address)
         self.sessions = SessionRates(settings.updates_per_second, settings.update_burst)

@@ -8,6 +8,11 @@ pub/sub connection listens to the channels of documents with a local
 member). A small per-document hash keeps each present client's last entry,
 so a newcomer sees everyone at once; entries not renewed within
 ``presence_timeout`` are neither sent nor kept.
+
+Limits (docs/operations.md#limits): a second hash holds who may speak for
+each clientID (its owner: the subject, or the session with auth off), at
+most ``max_clients`` of them per document, kept past the owner's leaving
+for the timeout; a greeting carries at most ``greeting_bytes`` of states.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from redis.asyncio.client import PubSub
 
 from .. import protocol
 from ..awareness import AwarenessEntry, encode_update, join_encoded
-from ..keys import doc_of_presence_channel, presence_channel, presence_key
+from ..keys import doc_of_presence_channel, presence_channel, presence_key, presence_owners_key
 from ..scripts import source
 
 log = logging.getLogger(__name__)
@@ -42,11 +47,19 @@ _REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
 class NotOwner(Exception):
-    """Entries for clientIDs another live connection speaks for."""
+    """Entries for clientIDs another owner (subject, or session with auth
+    off) spoke for within the timeout."""
 
     def __init__(self, client_ids: list[int]):
-        super().__init__(f"clientID {', '.join(map(str, client_ids))} belongs to another connection")
+        super().__init__(f"clientID {', '.join(map(str, client_ids))} belongs to another user")
         self.client_ids = client_ids
+
+
+class PresenceFull(Exception):
+    """The document already has ``max_clients`` clientIDs claimed."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the document has {limit} present clients, the most it keeps; retry later")
 
 
 class Member:
@@ -54,10 +67,12 @@ class Member:
     for (with their last clock, for the removal when it leaves) and an
     outbox so one slow socket never holds the relay up."""
 
-    def __init__(self, doc: str, session: str, origin: str, send: Send):
+    def __init__(self, doc: str, session: str, origin: str, send: Send, owner: str):
         self.doc = doc
         self.session = session
         self.origin = origin
+        #: Who may take this member's clientIDs over (keys.subject_id of the subject, or of the session).
+        self.owner = owner
         self.clocks: dict[int, int] = {}
         self.listening = False
         self._send = send
@@ -85,8 +100,15 @@ class Member:
             else:
                 self.clocks[entry.client_id] = max(entry.clock, self.clocks.get(entry.client_id, 0))
 
+    def clients_after(self, entries: list[AwarenessEntry]) -> int:
+        """How many clientIDs this member would speak for after ``entries``."""
+        live = set(self.clocks)
+        for entry in entries:
+            (live.discard if entry.removed else live.add)(entry.client_id)
+        return len(live)
+
     def removals(self) -> list[AwarenessEntry]:
-        return [AwarenessEntry(client, clock + 1, "null") for client, clock in self.clocks.items()]
+        return [AwarenessEntry(client, clock, "null").removal() for client, clock in self.clocks.items()]
 
     def stop(self) -> None:
         self.listening = False
@@ -94,10 +116,13 @@ class Member:
 
 
 class Presence:
-    def __init__(self, redis: Redis, listener: Redis, *, timeout: float, process_id: str):
+    def __init__(self, redis: Redis, listener: Redis, *, timeout: float, process_id: str,
+                 max_clients: int = 500, greeting_bytes: int = 1024 * 1024):
         self.redis = redis
         self.listener = listener  # its own client: the pub/sub connection stays subscribed
         self.timeout_ms = int(timeout * 1000)
+        self.max_clients = max_clients
+        self.greeting_bytes = greeting_bytes
         self.instance = f"{process_id}:{secrets.token_hex(4)}"  # unique even for two apps in one process
         self.members: dict[str, set[Member]] = {}
         self._channels: dict[str, asyncio.Event] = {}  # subscribed (event set once Redis confirmed)
@@ -125,8 +150,8 @@ class Presence:
 
     # ------------------------------------------------------------ members
 
-    def join(self, doc: str, session: str, send: Send) -> Member:
-        member = Member(doc, session, f"{self.instance}/{next(self._ids)}", send)
+    def join(self, doc: str, session: str, send: Send, owner: str) -> Member:
+        member = Member(doc, session, f"{self.instance}/{next(self._ids)}", send, owner)
         self.members.setdefault(doc, set()).add(member)
         return member
 
@@ -143,7 +168,7 @@ class Presence:
             except asyncio.TimeoutError:
                 pass
         try:
-            values = await self._read(keys=[presence_key(member.doc)], args=[self.timeout_ms])
+            values = await self._read(keys=[presence_key(member.doc)], args=[self.timeout_ms, self.greeting_bytes])
         except _REDIS_ERRORS as exc:
             log.debug("presence of %s not read: %s", member.doc, exc)
             return
@@ -152,18 +177,21 @@ class Presence:
             member.push(protocol.awareness(member.doc, join_encoded(entries)))
 
     async def update(self, member: Member, entries: list[AwarenessEntry]) -> None:
-        """Store and relay one client update, or raise :class:`NotOwner`."""
+        """Store and relay one client update, or raise :class:`NotOwner` or
+        :class:`PresenceFull` (nothing stored or relayed then)."""
         try:
-            refused = await self._put(keys=[presence_key(member.doc)], args=self._put_args(member, entries))
+            answer = await self._put(keys=self._keys(member.doc), args=self._put_args(member, entries))
         except _REDIS_ERRORS as exc:
             log.debug("presence of %s not stored: %s", member.doc, exc)
-            refused = self._refused_locally(member, entries)
-        if refused:
-            raise NotOwner(sorted({int(client) for client in refused}))
+            answer = [b"owner", *self._refused_locally(member, entries)]
+        if answer and answer[0] == b"full":
+            raise PresenceFull(self.max_clients)
+        if len(answer) > 1:
+            raise NotOwner(sorted({int(client) for client in answer[1:]}))
         member.claim(entries)
         self.updates += 1
         for other in self.members.get(member.doc, ()):
-            if other is not member and other.session == member.session:
+            if other is not member and other.owner == member.owner:
                 other.clocks = {c: k for c, k in other.clocks.items() if c not in member.clocks}  # taken over
         await self._relay(member, encode_update(entries))
 
@@ -182,8 +210,12 @@ class Presence:
             await self._relay(member, encode_update([entry for entry in removals if entry.client_id in gone]))
         await self._sync_channel(member.doc)
 
+    @staticmethod
+    def _keys(doc: str) -> list[str]:
+        return [presence_key(doc), presence_owners_key(doc)]
+
     def _put_args(self, member: Member, entries: list[AwarenessEntry]) -> list[Any]:
-        args: list[Any] = [member.session, member.origin, self.timeout_ms]
+        args: list[Any] = [member.session, member.origin, member.owner, self.timeout_ms, self.max_clients]
         for entry in entries:
             args += [entry.client_id, b"" if entry.removed else entry.encode()]
         return args
@@ -191,12 +223,12 @@ class Presence:
     def _refused_locally(self, member: Member, entries: list[AwarenessEntry]) -> list[int]:
         """Without Redis, at least this process's own members are protected."""
         owned = {client for other in self.members.get(member.doc, ())
-                 if other.session != member.session for client in other.clocks}
+                 if other.owner != member.owner for client in other.clocks}
         return [entry.client_id for entry in entries if entry.client_id in owned]
 
     async def _forget_owned(self, member: Member, clients: list[int]) -> set[int]:
         try:
-            gone = await self._forget(keys=[presence_key(member.doc)], args=[member.origin, *clients])
+            gone = await self._forget(keys=self._keys(member.doc), args=[member.origin, self.timeout_ms, *clients])
         except _REDIS_ERRORS as exc:
             log.debug("presence of %s not forgotten: %s", member.doc, exc)
             return set(clients)  # the entries expire by themselves
@@ -289,4 +321,4 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-__all__ = ["Member", "NotOwner", "Presence"]
+__all__ = ["Member", "NotOwner", "Presence", "PresenceFull"]

@@ -22,7 +22,9 @@ IN_MEMORY = "in memory, at most once"
 #: per-client limits (docs/operations.md#limits, tested in test_limits.py)
 #: would measure themselves; they are off (0) unless a target sets them.
 PER_CLIENT_LIMITS_OFF = {"YRELAY_UPDATES_PER_SECOND": "0", "YRELAY_ADMISSION_RATE": "0",
-                         "YRELAY_MAX_CONNECTIONS_PER_ADDRESS": "0"}
+                         "YRELAY_MAX_CONNECTIONS_PER_ADDRESS": "0", "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
+                         "YRELAY_MAX_SUBSCRIPTIONS_PER_SUBJECT": "0", "YRELAY_SUBJECT_PRESENCE_PER_SECOND": "0",
+                         "YRELAY_PRESENCE_PER_SECOND": "0"}
 
 
 class YrelayTarget(Target):

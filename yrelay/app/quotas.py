@@ -1,0 +1,240 @@
+"""Per-subject limits that hold for the whole deployment (docs/operations.md#limits).
+
+A subject (the token's ``sub``; with auth off, the client address) may hold
+many sockets on many server processes, so its limits live in Redis, under
+keys hash-tagged by the subject (one cluster slot per subject):
+
+- :class:`SharedBucket`: a token bucket of one subject (updates, or
+  presence) kept by ``quota_take.lua``. A process takes a *chunk* of tokens
+  at a time and spends it locally, fetching the next chunk in the
+  background once half is spent, so the update path makes no Redis call for
+  most updates (bench/quota_cost.py measures it). The deployment's rate is
+  exact to within one chunk (a tenth of a second of rate) per process.
+- :class:`SubjectQuotas`: those buckets per subject, shared by the subject's
+  connections to this process, and the subject's live subscriptions,
+  counted per process in Redis under a lease the process renews
+  (``quota_subscriptions.lua``), so a crashed process's count lapses.
+
+When Redis cannot be reached these limits let traffic through (a chunk at
+a time): the per-process limits (:mod:`.limits`) still hold, and the update
+path cannot store anything without Redis anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import redis.exceptions
+from redis.asyncio import Redis
+
+from ..eventlog import process_name
+from ..keys import subject_bucket_key, subject_subscriptions_key
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..scripts import Scripts
+
+log = logging.getLogger(__name__)
+
+#: A chunk is this many seconds of a bucket's rate.
+CHUNK_SECONDS = 0.1
+_REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+
+
+class SharedBucket:
+    """One subject's bucket of one kind, as seen by this process."""
+
+    def __init__(self, quotas: "SubjectQuotas", key: str, rate: float, burst: int):
+        self.rate = rate
+        self.burst = max(burst, 1)
+        self.chunk = max(1, min(self.burst, math.ceil(rate * CHUNK_SECONDS)))
+        self.tokens = 0
+        self._quotas = quotas
+        self._key = key
+        self._denied_until = 0.0
+        self._fetching: asyncio.Task[None] | None = None
+
+    async def take(self) -> int | None:
+        """None: one token taken. Otherwise the milliseconds until the
+        subject has tokens again (nothing taken)."""
+        if self.rate <= 0:
+            return None
+        if self.tokens < 1:
+            if self._denied_until > time.monotonic():
+                return self._wait_ms()
+            await self._refill()
+            if self.tokens < 1:
+                return self._wait_ms()
+        self.tokens -= 1
+        if self.tokens < self.chunk / 2 and self._fetching is None and self._denied_until <= time.monotonic():
+            self._fetching = asyncio.create_task(self._fetch())  # the next chunk, before it is needed
+        return None
+
+    def _wait_ms(self) -> int:
+        return max(1, math.ceil((self._denied_until - time.monotonic()) * 1000))
+
+    async def _refill(self) -> None:
+        if self._fetching is None:
+            self._fetching = asyncio.create_task(self._fetch())
+        await asyncio.shield(self._fetching)  # a closing connection must not cancel its siblings' fetch
+
+    async def _fetch(self) -> None:
+        try:
+            granted, wait_ms = await self._quotas.take(self._key, self.rate, self.burst, self.chunk)
+            self.tokens += granted
+            if granted == 0:
+                self._denied_until = time.monotonic() + wait_ms / 1000
+        except _REDIS_ERRORS as exc:
+            log.debug("subject bucket %s not reached (%s); allowing a chunk", self._key, exc)
+            self.tokens += self.chunk
+        finally:
+            self._fetching = None
+
+
+@dataclass
+class SubjectBuckets:
+    """What one subject's connections to this process share."""
+
+    subject: str
+    updates: SharedBucket
+    presence: SharedBucket
+    users: int = 0
+
+
+class SubjectQuotas:
+    """The per-subject limits of one server process (see the module doc)."""
+
+    def __init__(self, redis: Redis, scripts: "Scripts", settings: "Settings"):
+        self.redis = redis
+        self.settings = settings
+        self.instance = f"{process_name()}:{secrets.token_hex(4)}"
+        self._take = scripts.quota_take
+        self._count = scripts.quota_subscriptions
+        self._buckets: dict[str, SubjectBuckets] = {}
+        #: Live subscriptions of each subject on this process.
+        self.subscriptions: dict[str, int] = {}
+        self._dirty: set[str] = set()
+        self._flushing: asyncio.Task[None] | None = None
+        self._renewing: asyncio.Task[None] | None = None
+        #: Redis calls made for buckets (bench/quota_cost.py reports them per update).
+        self.bucket_calls = 0
+
+    # ------------------------------------------------------------ buckets
+
+    def acquire(self, subject: str) -> SubjectBuckets:
+        """The subject's buckets on this process; ``release`` when done."""
+        buckets = self._buckets.get(subject)
+        if buckets is None:
+            s = self.settings
+            buckets = self._buckets[subject] = SubjectBuckets(
+                subject,
+                SharedBucket(self, subject_bucket_key(subject, "updates"), s.subject_updates_per_second,
+                             s.subject_update_burst),
+                SharedBucket(self, subject_bucket_key(subject, "presence"), s.subject_presence_per_second,
+                             s.subject_presence_burst))
+        buckets.users += 1
+        return buckets
+
+    def release(self, subject: str) -> None:
+        buckets = self._buckets.get(subject)
+        if buckets is not None:
+            buckets.users -= 1
+            if buckets.users <= 0:
+                del self._buckets[subject]  # its unspent chunk is lost: at most a tenth of a second
+
+    async def take(self, key: str, rate: float, burst: int, want: int) -> tuple[int, int]:
+        self.bucket_calls += 1
+        granted, wait_ms = await self._take(keys=[key], args=[rate, burst, want])
+        return int(granted), int(wait_ms)
+
+    # ------------------------------------------------------------ subscriptions
+
+    async def open_subscription(self, subject: str) -> bool:
+        """Count one more live subscription of ``subject``, or False (and
+        nothing counted) when the subject holds the most it may."""
+        cap = self.settings.max_subscriptions_per_subject
+        count = self.subscriptions.get(subject, 0) + 1
+        self.subscriptions[subject] = count  # counted before the await: concurrent opens see it
+        if cap <= 0:
+            return True
+        try:
+            stored, _ = await self._count(keys=[subject_subscriptions_key(subject)],
+                                          args=self._count_args(subject, count, check=True))
+        except _REDIS_ERRORS as exc:
+            log.debug("subscriptions of a subject not counted in Redis: %s", exc)
+            stored = count <= cap  # this process's own count still holds
+        if not stored:
+            self.close_subscription(subject)
+        return bool(stored)
+
+    def close_subscription(self, subject: str, count: int = 1) -> None:
+        """Forget ``count`` subscriptions; Redis learns it on the next loop turn
+        (one pipeline for every subject that changed meanwhile)."""
+        left = self.subscriptions.get(subject, 0) - count
+        if left > 0:
+            self.subscriptions[subject] = left
+        else:
+            self.subscriptions.pop(subject, None)
+        if self.settings.max_subscriptions_per_subject > 0:
+            self._dirty.add(subject)
+            if self._flushing is None:
+                self._flushing = asyncio.create_task(self._flush())
+
+    def _count_args(self, subject: str, count: int, check: bool) -> list[object]:
+        lease_ms = int(self.settings.subscription_lease * 1000)
+        return [self.instance, count, self.settings.max_subscriptions_per_subject, lease_ms, int(check)]
+
+    async def _flush(self) -> None:
+        try:
+            await asyncio.sleep(0)  # let the rest of this turn's closes join the batch
+            dirty, self._dirty = self._dirty, set()
+            await self._store_counts(dirty)
+        finally:
+            self._flushing = None
+
+    async def _store_counts(self, subjects: set[str]) -> None:
+        """This process's count of each subject, written with a fresh lease."""
+        if not subjects:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for subject in subjects:
+                args = self._count_args(subject, self.subscriptions.get(subject, 0), check=False)
+                await self._count(keys=[subject_subscriptions_key(subject)], args=args, client=pipe)
+            try:
+                await pipe.execute()
+            except _REDIS_ERRORS as exc:
+                log.debug("subscription counts not stored: %s", exc)  # the next renewal tries again
+
+    def start(self) -> None:
+        if self.settings.max_subscriptions_per_subject > 0:
+            self._renewing = asyncio.create_task(self._renew(), name="yrelay-subject-leases")
+
+    async def _renew(self) -> None:
+        """Renew this process's leases three times per lease."""
+        while True:
+            await asyncio.sleep(self.settings.subscription_lease / 3)
+            try:
+                await self._store_counts(set(self.subscriptions))
+            except Exception:
+                log.exception("renewing the subscription leases failed; retrying")
+
+    async def stop(self) -> None:
+        """Give the counts back (a clean stop need not wait for the lease)."""
+        for task in (self._renewing, self._flushing):
+            if task is not None:
+                task.cancel()
+        subjects = set(self.subscriptions) | self._dirty
+        self.subscriptions.clear()
+        try:
+            await self._store_counts(subjects)
+        except Exception as exc:  # the leases lapse by themselves
+            log.debug("subscription counts not released: %s", exc)
+
+
+__all__ = ["SharedBucket", "SubjectBuckets", "SubjectQuotas"]
