@@ -33,7 +33,8 @@ async def test_node_provider_suite_passes_against_a_live_server(redis_url):
     tokens = {"write": issue_token(SECRET, "writer", ["auth-*"], "write"),
               "read": issue_token(SECRET, "reader", ["auth-*"], "read")}
     # The rate limits are off: a test seeds a document with 5,000 updates.
-    async with running_server(redis_url, ops_token=OPS_TOKEN, updates_per_second=1e6, update_burst=10**6) as url, \
+    async with running_server(redis_url, ops_token=OPS_TOKEN, updates_per_second=1e6, update_burst=10**6,
+                              subject_updates_per_second=1e6, subject_update_burst=10**6) as url, \
             running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET) as auth_url:
         process = await asyncio.create_subprocess_exec(
             # One file at a time: reliability.test.js makes the shared Redis refuse writes for a moment.

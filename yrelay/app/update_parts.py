@@ -8,7 +8,8 @@ between. The buffer never holds more than ``max_update_bytes``: a part that
 would cross it is refused before it is kept. A part out of order, a change
 of doc, clock or ``parts`` mid-way, or parts of another update while one is
 open discard what was buffered, with an ``error`` naming the discarded
-update's doc and clock, so the client knows to send it again from part 0.
+update's doc and clock, so the client knows to send it again from part 0
+(``unavailable`` when another update's part broke in: this one was fine).
 One error per broken update: its remaining parts, already on their way, are
 ignored until it starts again at part 0. All connections of a process together hold at most ``PROCESS_PARTS_BYTES``
 of parts: past it a part is refused with ``unavailable`` (resend later), so
@@ -159,11 +160,13 @@ class UpdateParts:
         return current
 
     async def discard(self, why: str) -> None:
-        """Drop the open update and tell the client it must send it again."""
+        """Drop the open update and tell the client to send it again: it was
+        not at fault (``unavailable``, which clients resend), the frame that
+        broke it in is answered on its own."""
         current = self._drop()
         if current is not None:
             await self._reject(ProtocolError(
-                ErrorCode.MALFORMED_FRAME, f"update in parts discarded after {current.received} of "
+                ErrorCode.UNAVAILABLE, f"update in parts discarded after {current.received} of "
                 f"{current.parts} parts: {why}; send it again from part 0", doc=current.doc, clock=current.clock))
 
     def close(self) -> None:
