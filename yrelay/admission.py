@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from . import update_format
-from .update_format import Layout, MalformedUpdate, Ranges
+from .update_format import Layout, MalformedUpdate, Ranges, merge_ranges
 
 Clocks = dict[int, int]  # Yjs client id -> the next clock the document expects
 
@@ -88,7 +88,7 @@ def needs_of(layout: Layout) -> Needs:
                 spans.append((struct.clock, struct.clock + struct.length))
             for client, clock in struct.refs:
                 refs[client] = max(refs.get(client, -1), clock)
-    return Needs({client: _merge(spans) for client, spans in ranges.items() if spans}, refs)
+    return Needs({client: merge_ranges(spans) for client, spans in ranges.items() if spans}, refs)
 
 
 def _plainly_ordered(layout: Layout) -> bool:
@@ -156,7 +156,7 @@ def ready_part(update: bytes, layout: Layout, clocks: Mapping[int, int]) -> Part
         left = [(s.clock, s.clock + s.length) for s in section.structs[count:] if not s.skip and s.length]
         if left:
             dropped.setdefault(section.client, []).extend(left)
-    dropped = {client: _merge(spans) for client, spans in dropped.items()}
+    dropped = {client: merge_ranges(spans) for client, spans in dropped.items()}
     if not any(kept.values()) and not layout.deletes:
         return Part(None, Needs(), dropped)
     part = update_format.encode_part(update, layout, kept) if dropped else update
@@ -194,16 +194,6 @@ def _ready_prefixes(layout: Layout, clocks: Clocks, *, skips_held: bool) -> dict
                 kept[index] += 1
                 changed = True
     return kept
-
-
-def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
 
 
 @dataclass

@@ -165,22 +165,27 @@ def answer(tag: int, items: list[bytes]) -> bytes:
         return encode_frame(REFUSED, [str(exc)[:200].encode()])
 
 
-def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
+def read_exact(stream: BinaryIO, size: int) -> bytes | None:
+    """``size`` bytes of a worker's stdin, or None once it is closed."""
     data = stream.read(size)
     return data if data is not None and len(data) == size else None
 
 
+def announce_ready(stdout: BinaryIO) -> None:
+    """Tell the server a worker's imports are done: its deadlines start here."""
+    stdout.write(READY)
+    stdout.flush()
+
 
 def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Answer request frames until stdin closes."""
-    stdout.write(READY)  # imports done: the server's deadlines start from here
-    stdout.flush()
-    while (head := _read_exact(stdin, _HEAD.size)) is not None:
+    announce_ready(stdout)
+    while (head := read_exact(stdin, _HEAD.size)) is not None:
         tag, count = _HEAD.unpack(head)
         items = []
         for _ in range(count):
-            length = _read_exact(stdin, _U32.size)
-            item = _read_exact(stdin, _U32.unpack(length)[0]) if length is not None else None
+            length = read_exact(stdin, _U32.size)
+            item = read_exact(stdin, _U32.unpack(length)[0]) if length is not None else None
             if item is None:
                 return
             items.append(item)

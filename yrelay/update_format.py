@@ -197,7 +197,7 @@ def _read_structs(reader: _Reader) -> Ranges:
             if ref != _SKIP and length:
                 ranges.append((clock, clock + length))
             clock += length
-    return {client: _merge(ranges) for client, ranges in structs.items() if ranges}
+    return {client: merge_ranges(ranges) for client, ranges in structs.items() if ranges}
 
 
 def _read_deletes(reader: _Reader) -> Ranges:
@@ -209,7 +209,7 @@ def _read_deletes(reader: _Reader) -> Ranges:
             clock, length = reader.uint(), reader.uint()
             if length:  # y-py writes empty deletes; they cover nothing
                 ranges.append((clock, clock + length))
-    return {client: _merge(ranges) for client, ranges in deletes.items() if ranges}
+    return {client: merge_ranges(ranges) for client, ranges in deletes.items() if ranges}
 
 
 def decode(update: bytes) -> Coverage:
@@ -221,7 +221,8 @@ def decode(update: bytes) -> Coverage:
     return coverage
 
 
-def _merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, overlapping or touching ``[start, end)`` ranges joined."""
     merged: list[tuple[int, int]] = []
     for start, end in sorted(ranges):
         if merged and start <= merged[-1][1]:
@@ -252,7 +253,7 @@ def union(coverages: Iterable[Coverage]) -> Coverage:
         for target, ranges in ((structs, coverage.structs), (deletes, coverage.deletes)):
             for client, client_ranges in ranges.items():
                 target.setdefault(client, []).extend(client_ranges)
-    return Coverage({c: _merge(r) for c, r in structs.items()}, {c: _merge(r) for c, r in deletes.items()})
+    return Coverage({c: merge_ranges(r) for c, r in structs.items()}, {c: merge_ranges(r) for c, r in deletes.items()})
 
 
 def covers(whole: Coverage, part: Coverage) -> bool:
@@ -298,7 +299,7 @@ def pending_deletes(whole: Coverage, parts: Iterable[Coverage]) -> Ranges:
             for start, end in ranges:
                 if end > limit:
                     pending.setdefault(client, []).append((max(start, limit), end))
-    return {client: _merge(ranges) for client, ranges in pending.items()}
+    return {client: merge_ranges(ranges) for client, ranges in pending.items()}
 
 
 def with_deletes(update: bytes, extra: Ranges) -> bytes:

@@ -19,7 +19,7 @@ import sys
 from typing import BinaryIO
 
 from . import crdt, engine
-from .engine import READY
+from .engine import announce_ready, read_exact
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -41,22 +41,16 @@ def check(update: bytes) -> str:
     return ""
 
 
-def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
-    data = stream.read(size)
-    return data if data is not None and len(data) == size else None
-
-
 def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
-    stdout.write(READY)  # imports done: the server's deadlines start from here
-    stdout.flush()
+    announce_ready(stdout)
     while True:
-        header = _read_exact(stdin, 4)
+        header = read_exact(stdin, 4)
         if header is None:
             return
         reasons = []
         for _ in range(_U32.unpack(header)[0]):
-            length = _read_exact(stdin, 4)
-            update = _read_exact(stdin, _U32.unpack(length)[0]) if length is not None else None
+            length = read_exact(stdin, 4)
+            update = read_exact(stdin, _U32.unpack(length)[0]) if length is not None else None
             if update is None:
                 return
             reasons.append(check(update).encode()[:400])

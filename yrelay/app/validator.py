@@ -30,7 +30,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .. import crdt
-from ..validation import READY, encode_request
+from ..engine import READY
+from ..validation import encode_request
 
 log = logging.getLogger(__name__)
 
