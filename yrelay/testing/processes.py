@@ -41,9 +41,12 @@ class ServerProcess:
     ``YRELAY_INSECURE_NO_AUTH=0`` and an auth secret."""
 
     def __init__(self, redis_url: str, log_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
-                 module: str = "yrelay"):
+                 module: str = "yrelay", cwd: Path | None = None):
         """``module``: what ``python -m`` runs; tests name a deliberately
-        broken build (:mod:`yrelay.testing.broken_server`) here."""
+        broken build (:mod:`yrelay.testing.broken_server`) here. ``cwd``:
+        where it runs; ``python -m`` imports from there first, ahead of
+        ``PYTHONPATH`` (how a benchmark runs another checkout)."""
+        self.cwd = cwd
         self.redis_url = redis_url
         self.module = module
         self.port = port or free_port()
@@ -62,7 +65,7 @@ class ServerProcess:
                    "--redis-url", self.redis_url, "--log-level", "warning"]
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**HARNESS_ENV, **os.environ, **self.env},
-                                        preexec_fn=preexec)
+                                        preexec_fn=preexec, cwd=self.cwd)
         self._wait_ready(timeout)
         return self
 

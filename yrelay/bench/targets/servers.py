@@ -40,6 +40,9 @@ class YrelayTarget(Target):
         compare two builds in one run (``--targets yrelay,yrelay@../main``)."""
         super().__init__(work_dir)
         self.env = {**(env or {}), **({"PYTHONPATH": str(Path(tree).resolve())} if tree else {})}
+        #: ``python -m`` imports from its working directory before PYTHONPATH:
+        #: without this, every tree ran the checkout the bench started in.
+        self.cwd = Path(tree).resolve() if tree else None
         if tree:
             self.name = f"yrelay@{tree}"
         self.redis: RedisProcess | None = None
@@ -49,7 +52,7 @@ class YrelayTarget(Target):
         self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync="always").start()
         self.server = ServerProcess(self.redis.url, self.work_dir, port=self.port,
                                     env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"),
-                                         **PER_CLIENT_LIMITS_OFF, **self.env})
+                                         **PER_CLIENT_LIMITS_OFF, **self.env}, cwd=self.cwd)
         self.server.start(timeout=60)
         self.process = self.server.process
         return self
