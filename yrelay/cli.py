@@ -36,12 +36,14 @@ def main() -> None:
 
 @cli.command()
 def serve(
-    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-    port: int = typer.Option(8000, help="Port to listen on."),
+    # Options that have a setting default to None: absent, YRELAY_* (or the
+    # setting's default) decides; given, they win over the environment.
+    host: Optional[str] = typer.Option(None, help="Interface to listen on. [default: YRELAY_HOST, else 127.0.0.1]"),
+    port: Optional[int] = typer.Option(None, help="Port to listen on. [default: YRELAY_PORT, else 8000]"),
     redis_url: Optional[str] = typer.Option(
         None, envvar="YRELAY_REDIS_URL", help="Redis to use. Without it an embedded redis-server is started."
     ),
-    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF)."),
+    data_dir: Optional[Path] = typer.Option(None, envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF). [default: data]"),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", envvar="YRELAY_LOG_FORMAT", help="text or json (one object a line)."),
     verify_digests: bool = typer.Option(
@@ -58,9 +60,13 @@ def serve(
 
     Clients authenticate with tokens signed by YRELAY_AUTH_SECRET (see
     `yrelay token issue`), or through --auth-hook."""
-    settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
-                                 verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
-                                 auth_hook=auth_hook)
+    try:
+        settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
+                                     verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
+                                     auth_hook=auth_hook)
+    except ValueError as exc:  # a bad YRELAY_* value: one line naming it, no traceback
+        typer.echo(f"yrelay: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         authenticator = authenticator_for(settings)  # refuse before anything starts
     except AuthConfigurationError as exc:
@@ -313,10 +319,6 @@ def bench(
         json_out.write_text(json.dumps(report.as_dict(), indent=1, default=str))
 
 
-if __name__ == "__main__":
-    cli()
-
-
 token_cli = typer.Typer(help="Client tokens for the built-in JWT authentication (YRELAY_AUTH_SECRET).",
                         no_args_is_help=True)
 cli.add_typer(token_cli, name="token")
@@ -355,3 +357,7 @@ def token_revoke(
     except AlreadyExpired as exc:
         raise typer.BadParameter(str(exc), param_hint="--expires-at") from None
     typer.echo(f"revoked {token_id}")
+
+
+if __name__ == "__main__":  # last, so every subcommand (token too) is registered first
+    cli()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -242,16 +243,41 @@ class Settings:
                 "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes)}
 
 
+#: Spellings a boolean variable accepts (case-insensitive); anything else
+#: is refused, so ``YRELAY_METRICS=on`` cannot quietly mean "off".
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
 def _convert(name: str, raw: str) -> object:
+    """``raw`` as the type of the field's default; a ValueError naming the
+    variable and what it expects otherwise (shown as is by ``yrelay serve``)."""
     default = getattr(Settings(), name)
     if isinstance(default, Path) or name == "data_dir":
         return Path(raw)
     if isinstance(default, bool):
-        return raw.lower() in {"1", "true", "yes"}
+        return _boolean(name, raw)
     if isinstance(default, tuple):
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     if isinstance(default, int):
-        return int(raw)
+        return _number(name, raw, int, "an integer")
     if isinstance(default, float):
-        return float(raw)
+        return _number(name, raw, float, "a number")
     return raw or None
+
+
+def _boolean(name: str, raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ValueError(f"YRELAY_{name.upper()}={raw!r}: expected a boolean (1/0, true/false, yes/no, on/off)")
+
+
+def _number(name: str, raw: str, kind: type[int] | type[float], expected: str) -> int | float:
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value):  # nan/inf would pass every later comparison wrongly
+        raise ValueError(f"YRELAY_{name.upper()}={raw!r}: expected {expected}")
+    return value
