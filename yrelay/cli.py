@@ -38,12 +38,12 @@ def main() -> None:
 def serve(
     # Options that have a setting default to None: absent, YRELAY_* (or the
     # setting's default) decides; given, they win over the environment.
-    host: Optional[str] = typer.Option(None, help="Interface to listen on. [default: YRELAY_HOST, else 127.0.0.1]"),
-    port: Optional[int] = typer.Option(None, help="Port to listen on. [default: YRELAY_PORT, else 8000]"),
+    host: Optional[str] = typer.Option(None, help="Interface to listen on (default: YRELAY_HOST, else 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, help="Port to listen on (default: YRELAY_PORT, else 8000)."),
     redis_url: Optional[str] = typer.Option(
         None, envvar="YRELAY_REDIS_URL", help="Redis to use. Without it an embedded redis-server is started."
     ),
-    data_dir: Optional[Path] = typer.Option(None, envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF). [default: data]"),
+    data_dir: Optional[Path] = typer.Option(None, envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF; default: data)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", envvar="YRELAY_LOG_FORMAT", help="text or json (one object a line)."),
     verify_digests: bool = typer.Option(
