@@ -4,6 +4,7 @@ test-artifacts/ for a human look."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from playwright.sync_api import sync_playwright
 from yrelay.spark_analytics.analysis import Options
 from yrelay.spark_analytics.dashboard import DASHBOARD
 from yrelay.spark_analytics.generator import Scenario, generate
+from yrelay.spark_analytics.tables import Status
 from yrelay.spark_analytics.job import JobConfig, run
 
 
@@ -20,9 +22,43 @@ from yrelay.spark_analytics.job import JobConfig, run
 @pytest.fixture(scope="module")
 def dashboard(spark, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dashboard")
-    generate(root / "events", Scenario(docs=3, readers=2, seconds=40))
+    scenario = Scenario(docs=3, readers=2, seconds=40)
+    generate(root / "events", scenario)
+    _never_acking_session(root / "events", scenario.start_ms + 20_000)
     run(spark, JobConfig(root / "events", root / "out", options=Options(bucket_seconds=5)))
     return root / "out" / DASHBOARD
+
+
+NEVER_ACKS = "never-acks"
+
+
+def _never_acking_session(events: Path, ts: int) -> None:
+    """A reader of d0 that was delivered to, evicted and told to resync, and
+    never acked: it has no lag, so it is in no lag chart or top-N table."""
+    lines = [{"v": 1, "ts": ts, "type": "connect", "process": "p-extra", "session": NEVER_ACKS, "resumed": False},
+             {"v": 1, "ts": ts + 5, "type": "evict", "process": "p-extra", "doc": "d0", "session": NEVER_ACKS,
+              "mode": "relative"},
+             {"v": 1, "ts": ts + 10, "type": "resync", "process": "p-extra", "doc": "d0", "session": NEVER_ACKS,
+              "reason": "evicted", "offset": "0-0"}]
+    (events / "events-extra-0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_every_session_not_ok_is_named_with_its_status(dashboard):
+    page = dashboard.read_text()
+    section = page[page.index("<h2>Sessions not OK"):]
+    section = section[:section.index("</section>")]
+    rows = [cells(row) for row in section.split("<tbody>")[1].split("</tr>") if "<td>" in row]
+    named = {row[1]: row for row in rows}  # columns: doc, session, status, lag ms, lag entries, acks, last ack, problem
+    assert named[NEVER_ACKS][2] == str(Status.ERR)  # never acked: no lag, still listed
+    assert named[NEVER_ACKS][5:7] == ["0", "-"]  # no acks, no last ack
+    statuses = {row[2] for row in rows}
+    assert {str(Status.WARN), str(Status.STALL), str(Status.STOP), str(Status.REWIND)} <= statuses
+    assert str(Status.OK) not in statuses
+    assert named["d0-stop"][6].startswith("2026-01-01T")  # the last ack, as a UTC time
+
+
+def cells(row: str) -> list[str]:
+    return [cell.split("</td>")[0].strip() for cell in row.split("<td>")[1:]]
 
 
 def test_the_page_is_self_contained(dashboard):
@@ -54,4 +90,5 @@ def test_the_dashboard_renders_in_headless_chromium(dashboard, tmp_path):
             browser.close()
     assert errors == []
     assert len(drawn) == 5 and all(svgs >= 1 and traces >= 1 for _, svgs, traces in drawn), drawn
-    assert len(tables) == 3 and all(rows > 1 for rows in tables)  # summary, top lagging, hottest documents
+    # summary, sessions not OK, top lagging, hottest documents
+    assert len(tables) == 4 and all(rows > 1 for rows in tables)

@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,11 +28,13 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from .. import crdt, protocol
+from ..awareness import AwarenessError
 from ..offsets import StreamId
 from ..reconciliation.digest import Digest
 from ..reconciliation.held_entries import HeldEntries
 from ..reconciliation import ReconciliationError
 from .backoff import Backoff
+from .presence import RemotePresence
 from .persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
 from .sendbuffer import PendingUpdate, SendBuffer
 from .subscription_check import SubscriptionCheck, compare_subscriptions
@@ -46,6 +49,12 @@ RETRY_UPDATE_ERRORS = {"unavailable", "internal_error", "missing_dependency"}
 #: Bytes of an update frame besides its base64 (op, doc id of at most 200
 #: characters, clock, sync, part, parts): a part's slice leaves room for them.
 FRAME_OVERHEAD = 512
+#: Entries ``acked`` and ``errors`` keep (the newest): a long-running client
+#: must not grow for ever; the totals are counted apart.
+KEEP_ACKED = 10_000
+KEEP_ERRORS = 1_000
+#: Server ops this client needs nothing from (answered elsewhere or informational).
+IGNORED_OPS = {"unsubscribed", "pong", "welcome"}
 
 
 class RetryLater(ConnectionError):
@@ -84,6 +93,15 @@ class ClientDocument:
     _batch: list[bytes] = field(default_factory=list)
     _batch_timer: asyncio.TimerHandle | None = None
     _replica: crdt.Replica | None = None
+    #: Other clients' presence on this document (docs/protocol.md#presence).
+    presence: RemotePresence = field(default_factory=RemotePresence)
+
+    @property
+    def awareness(self) -> dict[int, dict[str, Any]]:
+        """The other clients' current awareness states, by Yjs clientID
+        (outdated ones dropped first)."""
+        self.presence.expire()
+        return dict(self.presence.states)
 
     @property
     def replica(self) -> crdt.Replica:
@@ -130,8 +148,12 @@ class YrelayClient:
         self.on_event = on_event
         self.docs: dict[str, ClientDocument] = {}
         self.buffer = SendBuffer(backoff)
+        #: The newest acked updates and error frames (between KEEP_ACKED /
+        #: KEEP_ERRORS and twice that); the totals below count every one.
         self.acked: list[AckedUpdate] = []
         self.errors: list[dict[str, Any]] = []
+        self.acked_total = 0
+        self.error_codes: Counter[str] = Counter()
         self.resyncs = 0
         #: Resubscribes where the drift digests differed (either side noticed).
         self.drifts = 0
@@ -365,7 +387,7 @@ class YrelayClient:
                  "message": f"update of {len(item.update)} bytes to {item.doc!r} is over the server's limit of "
                             f"{limit} bytes: not sent"}
         log.warning("%s", frame["message"])
-        self.errors.append(frame)
+        self._record_error(frame)
         self._emit("error", frame)
 
     # ------------------------------------------------------------ connection
@@ -397,6 +419,7 @@ class YrelayClient:
             finally:
                 self._ws = None
                 self.connected.clear()
+                self._forget_presence()
             if self._closing:
                 return
             self._emit("disconnected", {})
@@ -459,6 +482,8 @@ class YrelayClient:
     # ------------------------------------------------------------ server frames
 
     def _handle(self, frame: dict[str, Any]) -> None:
+        if frame.get("op") in IGNORED_OPS:
+            return
         handler = getattr(self, f"_on_{frame.get('op')}", None)
         if handler is None:
             log.warning("unexpected frame %s", str(frame)[:200])
@@ -475,7 +500,8 @@ class YrelayClient:
         if item is not None and item.sync:
             self._pushed(item, frame)
         if item is not None and stored:
-            self.acked.append(AckedUpdate(item.doc, item.clock, frame["id"], item.update))
+            _keep_newest(self.acked, AckedUpdate(item.doc, item.clock, frame["id"], item.update), KEEP_ACKED)
+            self.acked_total += 1
         if item is not None:
             self._emit("appended", frame)
         if item is not None and item.sync:
@@ -582,16 +608,43 @@ class YrelayClient:
         """The server sent everything it had when it answered: the document
         holds the server's state (unless a sync of ours is still unanswered:
         its reply and its own synced come next)."""
-        doc = self.docs.get(frame["doc"])
+        doc = self.docs.get(frame.get("doc", ""))  # an older server path sends it too: harmless
         if doc is not None and not doc._sync_pending:
             self._mark_synced(doc)
+
+    def _on_awareness(self, frame: dict[str, Any]) -> None:
+        """Other clients' presence: kept per document, said as an
+        ``awareness`` event with the clientIDs added, updated and removed."""
+        doc = self.docs.get(frame.get("doc", ""))
+        if doc is None:
+            return
+        try:
+            changes = doc.presence.apply(protocol.b64decode(frame["update"]))
+        except (AwarenessError, KeyError, ValueError) as exc:
+            log.info("ignored an awareness frame for %s: %s", doc.name, exc)
+            return
+        if any(changes.values()):
+            self._emit("awareness", {"doc": doc.name, **changes})
 
     def _mark_synced(self, doc: ClientDocument) -> None:
         doc.synced.set()
         self._emit("synced", {"doc": doc.name, "offset": doc.offset})
 
+    def _forget_presence(self) -> None:
+        """Offline, remote states would freeze: dropped (and said); the
+        server sends them again after the next subscribe."""
+        for doc in self.docs.values():
+            removed = list(doc.presence.states)
+            doc.presence.clear()
+            if removed:
+                self._emit("awareness", {"doc": doc.name, "added": [], "updated": [], "removed": removed})
+
+    def _record_error(self, frame: dict[str, Any]) -> None:
+        _keep_newest(self.errors, frame, KEEP_ERRORS)
+        self.error_codes[str(frame.get("code"))] += 1
+
     def _on_error(self, frame: dict[str, Any]) -> None:
-        self.errors.append(frame)
+        self._record_error(frame)
         self._emit("error", frame)
         if "clock" in frame and frame.get("code") in FATAL_UPDATE_ERRORS:
             self.buffer.pop(frame["clock"])  # resending cannot help; keep the local edit
@@ -613,12 +666,6 @@ class YrelayClient:
         log.info("update %d of %s depends on content the server lacks (%s): two-way sync",
                  item.clock, doc.name, frame.get("missing"))
         self._request_sync(doc)
-
-    def _on_unsubscribed(self, frame: dict[str, Any]) -> None:
-        pass
-
-    def _on_pong(self, frame: dict[str, Any]) -> None:
-        pass
 
     # ------------------------------------------------------------ persistence
 
@@ -723,6 +770,14 @@ def _update_frames(item: PendingUpdate, part_bytes: int | None) -> list[dict[str
     slices = protocol.chunks(item.update, part_bytes)
     return [{**frame, "update": protocol.b64encode(piece), "part": index, "parts": len(slices)}
             for index, piece in enumerate(slices)]
+
+
+def _keep_newest(items: list[Any], item: Any, keep: int) -> None:
+    """Append, dropping the oldest in one go once there are twice ``keep``
+    (a list, not a deque: callers compare it with lists and slice it)."""
+    items.append(item)
+    if len(items) >= 2 * keep:
+        del items[:-keep]
 
 
 def _max_offset(current: str | None, new: str) -> str:

@@ -5,7 +5,9 @@ small, or filtered to the top sessions while reading), and inlines
 plotly.js once, so the page opens from ``file://`` on a machine with no
 network and no server. Charts: lag over time of the top lagging sessions,
 statuses, the ack latency distribution, evictions/resends/resyncs over
-time, the hottest documents; tables: the summary and the top-N lists.
+time, the hottest documents; tables: the summary, every session that is not
+OK (so one that never acked, absent from the lag charts, is named too) and
+the top-N lists.
 """
 
 from __future__ import annotations
@@ -45,14 +47,16 @@ def render(out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     top = read_table(out_dir, Table.TOP_LAGGING)
     summary = read_table(out_dir, Table.SUMMARY)
+    status = read_table(out_dir, Table.STATUS)
     figures = [
         lag_figure(out_dir, top),
-        status_figure(read_table(out_dir, Table.STATUS)),
+        status_figure(status),
         latency_figure(read_table(out_dir, Table.LATENCY_HISTOGRAM), summary),
         activity_figure(read_table(out_dir, Table.EVENTS_OVER_TIME)),
         hottest_figure(read_table(out_dir, Table.HOTTEST_DOCUMENTS)),
     ]
     sections = [_summary_section(summary), *(_figure_html(figure, i) for i, figure in enumerate(figures)),
+                _not_ok_section(status),
                 _table_section("Top lagging sessions (end of the log)", top, _TOP_LAGGING_COLUMNS),
                 _table_section("Hottest documents", read_table(out_dir, Table.HOTTEST_DOCUMENTS), _HOTTEST_COLUMNS)]
     current = read_table(out_dir, Table.CURRENT_LAG)
@@ -127,6 +131,10 @@ def _titled(figure: go.Figure, title: str) -> go.Figure:
 
 _TOP_LAGGING_COLUMNS = ["rank", "doc", "session", "status", "current_lag_ms", "current_lag_entries", "lag_ms",
                         "lag_entries", "acks", "last_problem"]
+_NOT_OK_COLUMNS = ["doc", "session", "status", "current_lag_ms", "current_lag_entries", "acks", "last_ack_ts",
+                   "last_problem"]
+#: Worst first: failed, then silent, then stuck, then merely behind.
+_SEVERITY = [Status.ERR, Status.STOP, Status.STALL, Status.REWIND, Status.WARN]
 _HOTTEST_COLUMNS = ["rank", "doc", "appends", "appends_per_s", "bytes_per_s", "deliveries", "resend_ratio",
                     "evictions", "resyncs", "trim_efficiency", "stream_length"]
 
@@ -156,6 +164,18 @@ def _table_section(title: str, frame: pd.DataFrame, columns: list[str]) -> str:
     shown = frame[[c for c in columns if c in frame.columns]] if not frame.empty else frame
     body = shown.map(_number).to_html(index=False, border=0) if not shown.empty else "<p>none</p>"
     return f"<section><h2>{html.escape(title)}</h2>{body}</section>"
+
+
+def _not_ok_section(status: pd.DataFrame) -> str:
+    """Every session whose status is not OK, worst first, with its lag and
+    last ack (a session that never acked has no lag figures: "-")."""
+    bad = status[status["status"] != str(Status.OK)].copy() if not status.empty else status
+    if not bad.empty:
+        bad["severity"] = bad["status"].map({str(s): rank for rank, s in enumerate(_SEVERITY)})
+        bad = bad.sort_values(["severity", "current_lag_ms", "doc", "session"], ascending=[True, False, True, True],
+                              na_position="first")
+        bad["last_ack_ts"] = [_summary_value("last_ack_ts", value) for value in bad["last_ack_ts"]]
+    return _table_section(f"Sessions not OK ({len(bad)})", bad, _NOT_OK_COLUMNS)
 
 
 def _summary_section(summary: pd.DataFrame) -> str:
