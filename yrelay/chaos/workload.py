@@ -32,7 +32,6 @@ import random
 import signal
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -187,13 +186,13 @@ class Workload:
             "edits": self.edits,
             "update_sends": self.client.buffer.sends,
             "update_resends": self.client.buffer.resends,
-            "acked": len(self.client.acked),
+            "acked": self.client.acked_total,  # the list keeps only the newest
             "resyncs": self.client.resyncs,
             "drift_repairs": self.client.drifts,
             "connections": self.reconnects,
             "answered_past_unacked": self.answered_past_unacked,
-            "errors": len(self.client.errors),
-            **{f"error:{code}": count for code, count in Counter(e.get("code") for e in self.client.errors).items()},
+            "errors": sum(self.client.error_codes.values()),
+            **{f"error:{code}": count for code, count in self.client.error_codes.items()},
         }
         return {key: self.base_counters.get(key, 0) + now.get(key, 0) for key in {*self.base_counters, *now}}
 
