@@ -1,4 +1,4 @@
-"""A document's state vector in Redis: read it, and rebuild it.
+"""A document's state vector in Redis, rebuilt when entries were written without it.
 
 The append script keeps ``yrelay:{doc}:clocks`` exact for every entry it
 appends and marks ``meta.clocks_through``. Entries written without it (by a
@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from .admission import Blocked, Clocks, StateBuilder
+from .admission import Blocked, StateBuilder
 from .keys import clocks_key, meta_key
 from .offsets import ZERO, StreamId
 from .replies import stream_id
@@ -24,12 +24,6 @@ if TYPE_CHECKING:
     from .store import DocumentStore
 
 log = logging.getLogger(__name__)
-
-
-async def read_clocks(store: "DocumentStore", doc: str) -> Clocks:
-    """The document's state vector as the append script sees it."""
-    raw = await store.redis.hgetall(clocks_key(doc))
-    return {int(client): int(clock) for client, clock in raw.items()}
 
 
 async def bring_clocks_up_to_date(store: "DocumentStore", doc: str, page_size: int = 500) -> list[Blocked]:

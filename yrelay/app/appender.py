@@ -59,14 +59,17 @@ class Appender:
         self._pending: list[_Item] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: State-vector rebuilds under way (kept: the loop holds tasks weakly).
+        self._catching_up: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="yrelay-appender")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [task for task in (self._task, *self._catching_up) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for item in self._pending:
             item.future.cancel()
 
@@ -108,7 +111,9 @@ class Appender:
             return
         for (doc, items), result in zip(by_doc.items(), results):
             if result == [b"stale"]:
-                asyncio.create_task(self._catch_up_then_retry(doc, items))
+                task = asyncio.create_task(self._catch_up_then_retry(doc, items))
+                self._catching_up.add(task)
+                task.add_done_callback(self._catching_up.discard)
             else:
                 self._resolve(doc, items, result)
 

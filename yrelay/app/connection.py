@@ -431,24 +431,30 @@ class Connection:
         update = await self._parts.feed(frame, update)  # None until the last part of an update in parts
         if update is None:
             return
+        # A small update is read struct by struct here (a few us): that read is
+        # also the layout check, so the validator skips its own in-loop one.
+        reading = _read_layout_and_needs(update) if len(update) <= _READ_IN_LOOP_BYTES else None
         try:
-            verdict = self.ctx.validator.submit(update)
+            if isinstance(reading, Exception):
+                raise reading
+            verdict = self.ctx.validator.submit(update, layout_checked=reading is not None)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
         received = self._received
         await self._inflight.acquire(len(update))
         previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
-        self._spawn(self._append_when_valid(frame, update, verdict, previous, self._turn, received))
+        self._spawn(self._append_when_valid(frame, update, verdict, reading, previous, self._turn, received))
 
     async def _append_when_valid(self, frame: Update, update: bytes, verdict: asyncio.Future[Exception | None],
-                                 previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
-                                 received: float) -> None:
-        """Wait for the validator and the causal reading of the update (while
-        the next frames are read), then for the update received before this
-        one, then append."""
+                                 reading: tuple[Layout, Needs] | None, previous: asyncio.Future[None] | None,
+                                 turn: asyncio.Future[None], received: float) -> None:
+        """Wait for the validator and, for a large update, its causal reading
+        in a thread (while the next frames are read), then for the update
+        received before this one, then append."""
         assert self.session is not None
         try:
-            reading = await _read_causally(update)
+            if reading is None:
+                reading = await asyncio.to_thread(_read_layout_and_needs, update)
             error = await verdict
             if error is None and isinstance(reading, Exception):
                 error = reading
@@ -537,20 +543,15 @@ class Connection:
                 log.exception("the token check failed; it runs again next tick")
 
 
-#: Updates up to this size are read causally on the event loop (a few us);
-#: larger ones in a thread, so a 16 MiB paste does not stall other sockets.
+#: Updates up to this size are read causally on the event loop (a few us,
+#: and the read doubles as the layout check); larger ones in a thread, so a
+#: 16 MiB paste does not stall other sockets.
 _READ_IN_LOOP_BYTES = 64 * 1024
 
 
-async def _read_causally(update: bytes) -> tuple[Layout, Needs] | Exception:
+def _read_layout_and_needs(update: bytes) -> tuple[Layout, Needs] | Exception:
     """The update's structs and what the document must hold to apply it, or
     why it can never apply (an ``InvalidUpdate``)."""
-    if len(update) <= _READ_IN_LOOP_BYTES:
-        return _read_layout_and_needs(update)
-    return await asyncio.to_thread(_read_layout_and_needs, update)
-
-
-def _read_layout_and_needs(update: bytes) -> tuple[Layout, Needs] | Exception:
     try:
         layout = read_layout(update)
         return layout, needs_of(layout)

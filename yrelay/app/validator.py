@@ -160,16 +160,18 @@ class Validator:
         for _, future in self._queue:
             future.cancel()
 
-    def submit(self, update: bytes) -> "asyncio.Future[Exception | None]":
+    def submit(self, update: bytes, layout_checked: bool = False) -> "asyncio.Future[Exception | None]":
         """Queue ``update``; the future resolves to None (valid) or the error
         to report (:class:`crdt.InvalidUpdate`, :class:`ValidatorUnavailable`).
-        Raises :class:`crdt.InvalidUpdate` at once when the in-loop check does."""
+        Raises :class:`crdt.InvalidUpdate` at once when the in-loop check does;
+        ``layout_checked``: the caller already read the whole layout (the
+        connection's causal read), so that check is not done twice."""
         future: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         if not self._workers:
             crdt.validate_update(update)
             future.set_result(None)
             return future
-        if len(update) <= PREFILTER_BYTES:
+        if len(update) <= PREFILTER_BYTES and not layout_checked:
             crdt.check_layout(update)
         self._queue.append((update, future))
         self._ready.set()
