@@ -10,6 +10,7 @@ GC's snapshot: acked, stored, and never visible to anyone.
 from __future__ import annotations
 
 import base64
+import dataclasses
 
 import pytest
 from conftest import running_server
@@ -229,3 +230,57 @@ def test_an_update_of_more_structs_than_any_document_encodes_to_is_refused():
     out += b"\x00\x01" * 10
     with pytest.raises(update_format.MalformedUpdate, match="structs"):
         update_format.read_layout(bytes(out))
+
+
+def hostile_chain(length: int) -> bytes:
+    """``length`` one-item sections, client ``i``'s item referring to client
+    ``i + 1``'s: listed in that order, a pass-per-change fixpoint admits one
+    section per pass (quadratic); the last one is a root item."""
+    out = bytearray()
+    _write_uint(out, length)
+    for index in range(length):
+        client = index + 1
+        for value in (1, client, 0):  # one struct, at clock 0
+            _write_uint(out, value)
+        if index < length - 1:
+            out.append(0x80 | 4)  # origin, ContentString
+            _write_uint(out, client + 1)
+            _write_uint(out, 0)
+        else:
+            out += b"\x04\x01\x01x"  # no origin: parent is the root type "x"
+        out += b"\x01a"
+    return bytes(out + b"\x00")
+
+
+class CountedRefs(tuple):
+    """A struct's refs that count how often any fixpoint looks at them."""
+
+    looks = 0
+
+    def __iter__(self):
+        CountedRefs.looks += 1
+        return super().__iter__()
+
+
+def test_a_chain_of_sections_is_integrated_in_one_pass_per_link():
+    """The fixpoint wakes a section only when what stops it arrives: a
+    hostile chain costs a few looks per section, not one pass per link
+    (2,000 links: a pass per change would look about 2,000,000 times)."""
+    chain = hostile_chain(2_000)
+    layout = update_format.read_layout(chain)
+    sections = tuple(
+        update_format.Section(section.client, tuple(
+            dataclasses.replace(struct, refs=CountedRefs(struct.refs)) for struct in section.structs))
+        for section in layout.sections)
+    layout = dataclasses.replace(layout, sections=sections)
+    CountedRefs.looks = 0
+    assert admission.missing(admission.needs_of(layout), {}) == {}
+    part = admission.ready_part(chain, layout, {})
+    assert part.dropped == {} and part.update == chain
+    assert CountedRefs.looks <= 4 * 2 * 2_000  # two fixpoints and the needs, a few looks per section each
+
+
+def test_an_update_involving_too_many_clients_is_refused():
+    layout = update_format.read_layout(hostile_chain(admission.MAX_CLIENTS + 1))
+    with pytest.raises(update_format.MalformedUpdate, match="Yjs clients"):
+        admission.needs_of(layout)

@@ -30,6 +30,11 @@ from .update_format import Layout, MalformedUpdate, Ranges, merge_ranges
 
 Clocks = dict[int, int]  # Yjs client id -> the next clock the document expects
 
+#: Yjs clients one update may involve: the append script reads the
+#: document's clock of each (a state vector this long is ~1 MB; 100,000
+#: reads keep Redis busy ~50 ms).
+MAX_CLIENTS = 100_000
+
 
 class InconsistentUpdate(MalformedUpdate):
     """The update's own structs refer to each other in a way no Yjs encoder
@@ -49,9 +54,6 @@ class Needs:
 
     ranges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     refs: dict[int, int] = field(default_factory=dict)
-
-    def clients(self) -> set[int]:
-        return set(self.ranges) | set(self.refs)
 
     def script_args(self) -> list[int]:
         """``n, (client, start, end)*n, m, (client, max ref)*m`` for ``append.lua``."""
@@ -88,6 +90,8 @@ def needs_of(layout: Layout) -> Needs:
                 spans.append((struct.clock, struct.clock + struct.length))
             for client, clock in struct.refs:
                 refs[client] = max(refs.get(client, -1), clock)
+    if len(ranges) + len(refs) > MAX_CLIENTS:  # the append script reads one field per client
+        raise MalformedUpdate(f"an update involving more than {MAX_CLIENTS:,} Yjs clients")
     return Needs({client: merge_ranges(spans) for client, spans in ranges.items() if spans}, refs)
 
 
@@ -168,32 +172,49 @@ def _ready_prefixes(layout: Layout, clocks: Clocks, *, skips_held: bool) -> dict
     next struct goes in when it starts at or below its client's clock and
     every id it refers to is below its client's clock. With ``skips_held``,
     the content a Skip leaves out is taken as held (the internal check) and
-    clients the update does not carry are held in full."""
-    in_update = {section.client for section in layout.sections}
-    kept = {index: 0 for index in range(len(layout.sections))}
+    clients the update does not carry are held in full.
 
-    def held(client: int, clock: int) -> bool:
-        if skips_held and client not in in_update:
-            return True
-        return clock < clocks.get(client, 0)
+    A blocked section waits in a heap under the one (client, clock) that
+    stops it and is woken only when that client's clock gets there, so a
+    hostile chain of sections costs O(n log n), not a pass per link."""
+    carried = {section.client for section in layout.sections} if skips_held else None
+    kept = [0] * len(layout.sections)
+    waiting: dict[int, list[tuple[int, int]]] = {}  # client -> heap of (clock it must reach, section)
+    work = list(range(len(layout.sections) - 1, -1, -1))
+    while work:
+        index = work.pop()
+        section = layout.sections[index]
+        before = clocks.get(section.client, 0)
+        while kept[index] < len(section.structs):
+            struct = section.structs[kept[index]]
+            stop = _stop(struct, section.client, clocks, carried)
+            if stop is not None:
+                heapq.heappush(waiting.setdefault(stop[0], []), (stop[1], index))
+                break
+            if not struct.skip or skips_held:
+                clocks[section.client] = max(clocks.get(section.client, 0), struct.clock + struct.length)
+            kept[index] += 1
+        reached = clocks.get(section.client, 0)
+        if reached != before:
+            heap = waiting.get(section.client, [])
+            while heap and heap[0][0] <= reached:
+                work.append(heapq.heappop(heap)[1])
+    return dict(enumerate(kept))
 
-    changed = True
-    while changed:
-        changed = False
-        for index, section in enumerate(layout.sections):
-            structs = section.structs
-            while kept[index] < len(structs):
-                struct = structs[kept[index]]
-                if struct.clock > clocks.get(section.client, 0):
-                    break
-                if not all(held(client, clock) for client, clock in struct.refs):
-                    break
-                if not struct.skip or skips_held:
-                    end = struct.clock + struct.length
-                    clocks[section.client] = max(clocks.get(section.client, 0), end)
-                kept[index] += 1
-                changed = True
-    return kept
+
+def _stop(struct: update_format.Struct, client: int, clocks: Clocks,
+          only: set[int] | None) -> tuple[int, int] | None:
+    """What keeps ``struct`` (of ``client``) out: the (client, clock) the
+    document must reach first; None when it can go in. With ``only``, ids of
+    clients outside it are taken as held (the update does not carry them)."""
+    if struct.clock > clocks.get(client, 0):
+        return client, struct.clock
+    for ref_client, ref_clock in struct.refs:
+        if only is not None and ref_client not in only:
+            continue
+        if ref_clock >= clocks.get(ref_client, 0):
+            return ref_client, ref_clock + 1
+    return None
 
 
 @dataclass
@@ -274,21 +295,6 @@ def _first_stop(layout: Layout, kept: dict[int, int], clocks: Clocks) -> tuple[i
     """The (client, clock the document must reach) that stops the first
     section not fully integrated; None when every struct is in."""
     for index, section in enumerate(layout.sections):
-        if kept.get(index, 0) == len(section.structs):
-            continue
-        struct = section.structs[kept[index]]
-        if struct.clock > clocks.get(section.client, 0):
-            return section.client, struct.clock
-        for client, clock in struct.refs:
-            if clock >= clocks.get(client, 0):
-                return client, clock + 1
-        return section.client, struct.clock  # not reached: _ready_prefixes stopped for a reason above
+        if kept.get(index, 0) < len(section.structs):
+            return _stop(section.structs[kept[index]], section.client, clocks, None)
     return None
-
-
-def snapshot_clocks(snapshot: bytes) -> Clocks:
-    """The state vector of a snapshot (a whole document's encoding)."""
-    builder = StateBuilder()
-    if snapshot:
-        builder.add("snapshot", snapshot)
-    return builder.clocks

@@ -455,9 +455,9 @@ def read_layout(update: bytes) -> Layout:
     total = 0
     for _ in range(reader.uint()):
         count, client, clock = reader.uint(), reader.uint(), reader.uint()
-        total += count
+        total += count + 1  # an empty section costs an object too
         if total > MAX_STRUCTS:
-            raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs in one update")
+            raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs and sections in one update")
         structs = []
         highest = 0  # the largest id value referred to in this section
         for _ in range(count):
