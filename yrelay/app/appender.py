@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
@@ -59,14 +61,15 @@ class Appender:
         self._pending: list[_Item] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        #: State-vector rebuilds under way (kept: the loop holds tasks weakly).
-        self._catching_up: set[asyncio.Task[None]] = set()
+        #: State-vector rebuilds and sync-push cuts under way (kept: the loop
+        #: holds tasks weakly).
+        self._side_tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="yrelay-appender")
 
     async def stop(self) -> None:
-        tasks = [task for task in (self._task, *self._catching_up) if task is not None]
+        tasks = [task for task in (self._task, *self._side_tasks) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -111,9 +114,7 @@ class Appender:
             return
         for (doc, items), result in zip(by_doc.items(), results):
             if result == [b"stale"]:
-                task = asyncio.create_task(self._catch_up_then_retry(doc, items))
-                self._catching_up.add(task)
-                task.add_done_callback(self._catching_up.discard)
+                self._side_task(self._catch_up_then_retry(doc, items))
             else:
                 self._resolve(doc, items, result)
 
@@ -140,15 +141,26 @@ class Appender:
             if code != 2:
                 _succeed(item, AppendResult(text(entry_id), bool(code), item.dropped))
             elif item.split is not None:
-                self._append_ready_part(item, flat_clocks(refusal[1]))
+                self._side_task(self._append_ready_part(item, flat_clocks(refusal[1])))
             else:
                 _fail(item, NotAdmitted(flat_clocks(refusal[0]), flat_clocks(refusal[1])))
 
-    def _append_ready_part(self, item: _Item, clocks: dict[int, int]) -> None:
+    def _side_task(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _append_ready_part(self, item: _Item, clocks: dict[int, int]) -> None:
         """A refused sync push: submit the part the document can apply (the
-        clocks only grow, so it is admitted unless Redis lost data meanwhile)."""
+        clocks only grow, so it is admitted unless Redis lost data meanwhile).
+        Cut in a thread: a push may be 16 MiB of structs."""
         assert item.split is not None
-        part = ready_part(item.update, item.split, clocks)
+        try:
+            part = await asyncio.to_thread(ready_part, item.update, item.split, clocks)
+        except Exception as exc:  # never leave the sender without an answer
+            log.warning("cutting a sync push of %s failed: %s", item.doc, exc, extra={"doc": item.doc})
+            _fail(item, exc)
+            return
         if part.update is None:
             _succeed(item, AppendResult(None, False, part.dropped))
             return
