@@ -19,7 +19,7 @@ from wsraw import RawPeer
 from yrelay import admission, crdt, update_format
 from yrelay.keys import clocks_key, meta_key, stream_key
 from yrelay.store import DocumentStore, NotAdmitted
-from yrelay.update_format import _write_uint
+from yrelay.lib0 import write_varuint as _write_uint
 
 
 def typed(client_id: int, words: list[str]) -> tuple[crdt.Doc, list[bytes]]:

@@ -4,9 +4,8 @@ relays them, but never applies them to anything.
 
 Wire format (``encodeAwarenessUpdate``): varuint count, then per entry
 varuint clientID, varuint clock, varstring state, where the state is the
-UTF-8 JSON text of the client's state and ``null`` means "removed". lib0
-varuints carry 7 bits per byte, low groups first, high bit = more follows;
-a varstring is a varuint byte length and the UTF-8 bytes.
+UTF-8 JSON text of the client's state and ``null`` means "removed" (the
+lib0 encoding: :mod:`yrelay.lib0`).
 """
 
 from __future__ import annotations
@@ -15,10 +14,12 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from . import lib0
+
 #: Entries one update may carry (a browser sends one: its own).
 MAX_ENTRIES = 16
 #: JavaScript numbers are exact below 2^53; lib0 reads nothing larger.
-MAX_UINT = 2**53 - 1
+MAX_UINT = lib0.MAX_SAFE_INTEGER
 
 REMOVED = "null"
 
@@ -46,8 +47,14 @@ class AwarenessEntry:
         return AwarenessEntry(self.client_id, min(self.clock + 1, MAX_UINT), REMOVED)
 
     def encode(self) -> bytes:
-        state = self.state.encode()
-        return _varuint(self.client_id) + _varuint(self.clock) + _varuint(len(state)) + state
+        out = bytearray()
+        try:
+            lib0.write_varuint(out, self.client_id)
+            lib0.write_varuint(out, self.clock)
+        except ValueError as exc:
+            raise AwarenessError(str(exc)) from None
+        lib0.write_varstring(out, self.state)
+        return bytes(out)
 
 
 def encode_update(entries: Iterable[AwarenessEntry]) -> bytes:
@@ -57,18 +64,18 @@ def encode_update(entries: Iterable[AwarenessEntry]) -> bytes:
 
 def join_encoded(encoded: list[bytes]) -> bytes:
     """An update from entries already encoded one by one (as they are stored)."""
-    return _varuint(len(encoded)) + b"".join(encoded)
+    return lib0.varuint(len(encoded)) + b"".join(encoded)
 
 
 def decode_update(data: bytes, max_entries: int = MAX_ENTRIES) -> list[AwarenessEntry]:
     """Every entry of ``data``, or :class:`AwarenessError`: trailing bytes,
     too many entries and states that are not a JSON object or null are
     refused, so nothing stored or relayed can break a browser's JSON.parse."""
-    reader = _Reader(data)
+    reader = lib0.Reader(data, AwarenessError)
     count = reader.varuint()
     if count > max_entries:
         raise AwarenessError(f"at most {max_entries} entries per awareness update, got {count}")
-    entries = [AwarenessEntry(reader.varuint(), reader.varuint(), _check_state(reader.varstring()))
+    entries = [AwarenessEntry(reader.varuint(), reader.varuint(), _check_state(reader.varstring("state")))
                for _ in range(count)]
     if not reader.done():
         raise AwarenessError("trailing bytes after the last entry")
@@ -89,51 +96,6 @@ def _check_state(text: str) -> str:
 
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")  # Python accepts NaN and Infinity; JSON.parse does not
-
-
-def _varuint(value: int) -> bytes:
-    if not 0 <= value <= MAX_UINT:
-        raise AwarenessError(f"{value} does not fit a lib0 varuint")
-    out = bytearray()
-    while value > 0x7F:
-        out.append(0x80 | (value & 0x7F))
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-class _Reader:
-    def __init__(self, data: bytes):
-        self.data = data
-        self.pos = 0
-
-    def done(self) -> bool:
-        return self.pos == len(self.data)
-
-    def varuint(self) -> int:
-        value, shift = 0, 0
-        while True:
-            if self.pos >= len(self.data):
-                raise AwarenessError("update ends inside a number")
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if value > MAX_UINT:
-                raise AwarenessError("number larger than 2^53 - 1")
-            if byte < 0x80:
-                return value
-            shift += 7
-
-    def varstring(self) -> str:
-        length = self.varuint()
-        end = self.pos + length
-        if end > len(self.data):
-            raise AwarenessError("update ends inside a state")
-        raw, self.pos = self.data[self.pos:end], end
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise AwarenessError("a state is not UTF-8") from None
 
 
 __all__ = ["MAX_ENTRIES", "AwarenessEntry", "AwarenessError", "decode_update", "encode_update", "join_encoded"]

@@ -24,6 +24,8 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from . import lib0
+
 Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
 
 _BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
@@ -36,78 +38,16 @@ class MalformedUpdate(ValueError):
     """The bytes do not follow the Yjs v1 update layout."""
 
 
-class _Reader:
-    """lib0 decoding: unsigned/signed varints, var-length strings and buffers."""
+def _reader(data: bytes) -> lib0.Reader:
+    return lib0.Reader(data, MalformedUpdate)
 
-    __slots__ = ("data", "pos")
 
-    def __init__(self, data: bytes):
-        self.data = data
-        self.pos = 0
-
-    def byte(self) -> int:
-        if self.pos >= len(self.data):
-            raise MalformedUpdate("unexpected end of update")
-        value = self.data[self.pos]
-        self.pos += 1
-        return value
-
-    def uint(self) -> int:
-        value, shift = 0, 0
-        while True:
-            byte = self.byte()
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value
-            shift += 7
-            if shift > 70:
-                raise MalformedUpdate("varint too long")
-
-    def skip_int(self) -> None:
-        while self.byte() >= 0x80:
-            pass
-
-    def raw(self, length: int) -> bytes:
-        end = self.pos + length
-        if end > len(self.data):
-            raise MalformedUpdate("unexpected end of update")
-        chunk = self.data[self.pos : end]
-        self.pos = end
-        return chunk
-
-    def buffer(self) -> bytes:
-        return self.raw(self.uint())
-
-    def string(self) -> str:
-        try:
-            return self.buffer().decode("utf-8", errors="surrogatepass")
-        except UnicodeDecodeError:
-            raise MalformedUpdate("string is not UTF-8") from None
-
-    def skip_any(self, depth: int = 0) -> None:
-        """Skip one lib0 ``any`` value (JSON-like, with binary and bigint)."""
-        if depth > 100:
-            raise MalformedUpdate("value nested too deeply")
-        kind = self.byte()
-        if kind in (127, 126, 121, 120):  # undefined, null, false, true
-            return
-        if kind == 125:  # varint
-            self.skip_int()
-        elif kind == 124:  # float32
-            self.raw(4)
-        elif kind in (123, 122):  # float64, bigint64
-            self.raw(8)
-        elif kind in (119, 116):  # string, Uint8Array
-            self.buffer()
-        elif kind == 118:  # object
-            for _ in range(self.uint()):
-                self.buffer()
-                self.skip_any(depth + 1)
-        elif kind == 117:  # array
-            for _ in range(self.uint()):
-                self.skip_any(depth + 1)
-        else:
-            raise MalformedUpdate(f"unknown value type {kind}")
+def _string(reader: lib0.Reader) -> str:
+    """A ContentString's text; lone surrogates pass (their UTF-16 length counts)."""
+    try:
+        return reader.varuint8array().decode("utf-8", errors="surrogatepass")
+    except UnicodeDecodeError:
+        raise MalformedUpdate("string is not UTF-8") from None
 
 
 def _utf16_length(text: str) -> int:
@@ -117,44 +57,44 @@ def _utf16_length(text: str) -> int:
     return len(text.encode("utf-16-le", errors="surrogatepass")) // 2
 
 
-def _content_length(reader: _Reader, ref: int) -> int:
+def _content_length(reader: lib0.Reader, ref: int) -> int:
     """Consume an Item's content and return how many clocks it spans."""
     if ref == 1:  # ContentDeleted
-        return reader.uint()
+        return reader.varuint()
     if ref == 2:  # ContentJSON: strings
-        count = reader.uint()
+        count = reader.varuint()
         for _ in range(count):
-            reader.buffer()
+            reader.varuint8array()
         return count
     if ref == 3:  # ContentBinary
-        reader.buffer()
+        reader.varuint8array()
         return 1
     if ref == 4:  # ContentString
-        return _utf16_length(reader.string())
+        return _utf16_length(_string(reader))
     if ref == 5:  # ContentEmbed: JSON text
-        reader.buffer()
+        reader.varuint8array()
         return 1
     if ref == 6:  # ContentFormat: key, JSON text
-        reader.buffer()
-        reader.buffer()
+        reader.varuint8array()
+        reader.varuint8array()
         return 1
     if ref == 7:  # ContentType
-        if reader.uint() in _TYPE_NEEDS_KEY:
-            reader.buffer()
+        if reader.varuint() in _TYPE_NEEDS_KEY:
+            reader.varuint8array()
         return 1
     if ref == 8:  # ContentAny
-        count = reader.uint()
+        count = reader.varuint()
         for _ in range(count):
             reader.skip_any()
         return count
     if ref == 9:  # ContentDoc: guid, options
-        reader.buffer()
+        reader.varuint8array()
         reader.skip_any()
         return 1
     raise MalformedUpdate(f"unknown content type {ref}")
 
 
-def _struct_length(reader: _Reader, info: int, refs: list[tuple[int, int]] | None = None) -> int:
+def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None) -> int:
     """Consume one Item (after its info byte) and return its length; the ids
     it refers to (origin, right origin, parent) go to ``refs`` when given."""
     if info & _BIT8:
@@ -162,17 +102,17 @@ def _struct_length(reader: _Reader, info: int, refs: list[tuple[int, int]] | Non
     if info & _BIT7:
         _ref(reader, refs)  # right origin id
     if not info & (_BIT7 | _BIT8):  # the parent cannot be copied from an origin
-        if reader.uint() == 1:
-            reader.buffer()  # a root type's name
+        if reader.varuint() == 1:
+            reader.varuint8array()  # a root type's name
         else:
             _ref(reader, refs)  # the parent item's id
         if info & _BIT6:
-            reader.buffer()  # parentSub: the map key
+            reader.varuint8array()  # parentSub: the map key
     return _content_length(reader, info & _BITS5)
 
 
-def _ref(reader: _Reader, refs: list[tuple[int, int]] | None) -> None:
-    client, clock = reader.uint(), reader.uint()
+def _ref(reader: lib0.Reader, refs: list[tuple[int, int]] | None) -> None:
+    client, clock = reader.varuint(), reader.varuint()
     if refs is not None:
         refs.append((client, clock))
 
@@ -185,28 +125,28 @@ class Coverage:
     deletes: Ranges = field(default_factory=dict)
 
 
-def _read_structs(reader: _Reader) -> Ranges:
+def _read_structs(reader: lib0.Reader) -> Ranges:
     structs: Ranges = {}
-    for _ in range(reader.uint()):
-        count, client, clock = reader.uint(), reader.uint(), reader.uint()
+    for _ in range(reader.varuint()):
+        count, client, clock = reader.varuint(), reader.varuint(), reader.varuint()
         ranges = structs.setdefault(client, [])
         for _ in range(count):
-            info = reader.byte()
+            info = reader.uint8()
             ref = info & _BITS5
-            length = reader.uint() if ref in (_GC, _SKIP) else _struct_length(reader, info)
+            length = reader.varuint() if ref in (_GC, _SKIP) else _struct_length(reader, info)
             if ref != _SKIP and length:
                 ranges.append((clock, clock + length))
             clock += length
     return {client: merge_ranges(ranges) for client, ranges in structs.items() if ranges}
 
 
-def _read_deletes(reader: _Reader) -> Ranges:
+def _read_deletes(reader: lib0.Reader) -> Ranges:
     deletes: Ranges = {}
-    for _ in range(reader.uint()):
-        client, count = reader.uint(), reader.uint()
+    for _ in range(reader.varuint()):
+        client, count = reader.varuint(), reader.varuint()
         ranges = deletes.setdefault(client, [])
         for _ in range(count):
-            clock, length = reader.uint(), reader.uint()
+            clock, length = reader.varuint(), reader.varuint()
             if length:  # y-py writes empty deletes; they cover nothing
                 ranges.append((clock, clock + length))
     return {client: merge_ranges(ranges) for client, ranges in deletes.items() if ranges}
@@ -214,7 +154,7 @@ def _read_deletes(reader: _Reader) -> Ranges:
 
 def decode(update: bytes) -> Coverage:
     """The ranges ``update`` inserts and deletes; raises :class:`MalformedUpdate`."""
-    reader = _Reader(update)
+    reader = _reader(update)
     coverage = Coverage(_read_structs(reader), _read_deletes(reader))
     if reader.pos != len(update):
         raise MalformedUpdate("trailing bytes after the delete set")
@@ -306,18 +246,18 @@ def with_deletes(update: bytes, extra: Ranges) -> bytes:
     """``update`` with ``extra`` added to its delete set."""
     if not extra:
         return update
-    reader = _Reader(update)
+    reader = _reader(update)
     _read_structs(reader)
     start = reader.pos
     merged = union([Coverage(deletes=_read_deletes(reader)), Coverage(deletes=extra)]).deletes
     out = bytearray(update[:start])
-    _write_uint(out, len(merged))
+    lib0.write_varuint(out, len(merged))
     for client, ranges in merged.items():
-        _write_uint(out, client)
-        _write_uint(out, len(ranges))
+        lib0.write_varuint(out, client)
+        lib0.write_varuint(out, len(ranges))
         for lo, hi in ranges:
-            _write_uint(out, lo)
-            _write_uint(out, hi - lo)
+            lib0.write_varuint(out, lo)
+            lib0.write_varuint(out, hi - lo)
     return bytes(out)
 
 
@@ -343,25 +283,17 @@ def decode_state_vector(data: bytes) -> dict[int, int]:
     count is bounded by the bytes present (a pair takes at least two), each
     varint by eight bytes, and no bytes may trail.
     """
-    reader = _Reader(data)
-    count = _bounded_uint(reader)
+    reader = _reader(data)
+    count = reader.varuint()
     if count > (len(data) - reader.pos) // 2:
         raise MalformedUpdate(f"state vector claims {count} clients in {len(data)} bytes")
     clocks: dict[int, int] = {}
     for _ in range(count):
-        client = _bounded_uint(reader)
-        clocks[client] = _bounded_uint(reader)
+        client = reader.varuint()
+        clocks[client] = reader.varuint()
     if reader.pos != len(data):
         raise MalformedUpdate("trailing bytes after the state vector")
     return clocks
-
-
-def _bounded_uint(reader: _Reader) -> int:
-    start = reader.pos
-    value = reader.uint()
-    if reader.pos - start > 8 or value > MAX_SAFE_INTEGER:
-        raise MalformedUpdate("number in state vector is 2**53 or more")
-    return value
 
 
 def causal_order(updates: Sequence[bytes]) -> list[bytes]:
@@ -406,7 +338,7 @@ def causal_order(updates: Sequence[bytes]) -> list[bytes]:
 
 #: Client ids and clocks above this cannot be exact in JavaScript (nor in
 #: Redis's Lua, which counts in doubles): no Yjs encoder writes them.
-MAX_SAFE_INTEGER = 2**53 - 1
+MAX_SAFE_INTEGER = lib0.MAX_SAFE_INTEGER
 
 
 #: Structs one update may carry (read_layout keeps an object per struct: a
@@ -450,11 +382,11 @@ class Layout:
 def read_layout(update: bytes) -> Layout:
     """Every struct of ``update`` with its refs and byte span, and its delete
     set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1)."""
-    reader = _Reader(update)
+    reader = _reader(update)
     sections = []
     total = 0
-    for _ in range(reader.uint()):
-        count, client, clock = reader.uint(), reader.uint(), reader.uint()
+    for _ in range(reader.varuint()):
+        count, client, clock = reader.varuint(), reader.varuint(), reader.varuint()
         total += count + 1  # an empty section costs an object too
         if total > MAX_STRUCTS:
             raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs and sections in one update")
@@ -462,10 +394,10 @@ def read_layout(update: bytes) -> Layout:
         highest = 0  # the largest id value referred to in this section
         for _ in range(count):
             start = reader.pos
-            info = reader.byte()
+            info = reader.uint8()
             ref = info & _BITS5
             if ref == _GC or ref == _SKIP:
-                length = reader.uint()
+                length = reader.varuint()
                 structs.append(Struct(clock, length, ref == _SKIP, (), start, reader.pos))
             else:
                 refs: list[tuple[int, int]] = []
@@ -498,18 +430,11 @@ def encode_part(update: bytes, layout: Layout, kept: dict[int, int]) -> bytes:
     out = bytearray()
     sections = [(section, kept.get(index, 0)) for index, section in enumerate(layout.sections)]
     sections = [(section, count) for section, count in sections if count]
-    _write_uint(out, len(sections))
+    lib0.write_varuint(out, len(sections))
     for section, count in sections:
-        _write_uint(out, count)
-        _write_uint(out, section.client)
-        _write_uint(out, section.structs[0].clock)
+        lib0.write_varuint(out, count)
+        lib0.write_varuint(out, section.client)
+        lib0.write_varuint(out, section.structs[0].clock)
         out += update[section.structs[0].start : section.structs[count - 1].end]
     out += update[layout.delete_start :]
     return bytes(out)
-
-
-def _write_uint(out: bytearray, value: int) -> None:
-    while value > 0x7F:
-        out.append(0x80 | (value & 0x7F))
-        value >>= 7
-    out.append(value)

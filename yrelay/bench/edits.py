@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from .. import crdt
-from ..awareness import _varuint
+from yrelay.lib0 import Reader, varuint
 
 WORDS = ("the ", "quick ", "brown ", "fox ", "jumps ", "over ", "a ", "lazy ", "dog ", "and ", "then ", "naps ")
 #: Share of updates that are corrections (a delete and a one-character insert).
@@ -42,29 +42,22 @@ def writer_edits(client_id: int, count: int, seed: int = 0) -> list[bytes]:
 
 def read_uint(data: bytes, pos: int) -> tuple[int, int]:
     """A lib0 varuint at ``pos``: (value, position after it)."""
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
+    reader = Reader(data, pos=pos)
+    return reader.varuint(), reader.pos
 
 
-#: A lib0 varuint (the codec presence already has).
-write_uint = _varuint
+#: A lib0 varuint.
+write_uint = varuint
 
 
 def update_key(update: bytes) -> int | None:
     """``client << 32 | clock`` of the update's first struct; None without structs."""
-    groups, pos = read_uint(update, 0)
-    if not groups:
+    reader = Reader(update)
+    if not reader.varuint():  # client sections
         return None
-    _, pos = read_uint(update, pos)  # structs in the group
-    client, pos = read_uint(update, pos)
-    clock, _ = read_uint(update, pos)
-    return client << 32 | clock
+    reader.varuint()  # structs in the section
+    client = reader.varuint()
+    return client << 32 | reader.varuint()
 
 
 def key_client(key: int) -> int:

@@ -16,6 +16,7 @@ the last entry.
                     each id prefix-compressed against the previous one (the
                     first against the entry's lower bound)
 
+A varint is a lib0 varuint (:mod:`yrelay.lib0`, at most 2**53 - 1).
 Bounds are :func:`~yrelay.reconciliation.storage.separator` prefixes and
 share a prefix with their predecessor, so one costs about three bytes and a
 fingerprint entry about thirteen. Decoding trusts nothing: every violation
@@ -30,11 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from ..lib0 import Reader, write_varuint
+
 VERSION = 1
 FINGERPRINT_BYTES = 8
 #: Longest bound or id accepted (document ids are at most 200 characters).
 MAX_ID_BYTES = 1024
-_MAX_VARINT_BYTES = 9  # 63 bits
 
 
 class Mode(IntEnum):
@@ -79,13 +81,6 @@ def fingerprint(hash_value: int) -> int:
     return hash_value >> (128 - 8 * FINGERPRINT_BYTES)
 
 
-def _varint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-
-
 def _shared(left: bytes, right: bytes) -> int:
     common = 0
     for a, b in zip(left, right):
@@ -97,8 +92,8 @@ def _shared(left: bytes, right: bytes) -> int:
 
 def _compressed(out: bytearray, previous: bytes, value: bytes) -> None:
     shared = _shared(previous, value)
-    _varint(out, len(value) - shared)
-    _varint(out, shared)
+    write_varuint(out, len(value) - shared)
+    write_varuint(out, shared)
     out += value[shared:]
 
 
@@ -132,12 +127,12 @@ class Encoder:
         self.entries += 1
         self._position = upper
         if upper is None:
-            _varint(self._out, int(mode))
+            write_varuint(self._out, int(mode))
             return
         value = upper.encode()
         shared = _shared(self._last, value)
-        _varint(self._out, int(mode) | (len(value) - shared + 1) << 2)
-        _varint(self._out, shared)
+        write_varuint(self._out, int(mode) | (len(value) - shared + 1) << 2)
+        write_varuint(self._out, shared)
         self._out += value[shared:]
         self._last = value
 
@@ -148,13 +143,13 @@ class Encoder:
     def fingerprint(self, lower: str, upper: str | None, count: int, hash_value: int) -> None:
         self._start(lower)
         self._bound(Mode.FINGERPRINT, upper)
-        _varint(self._out, count)
+        write_varuint(self._out, count)
         self._out += fingerprint(hash_value).to_bytes(FINGERPRINT_BYTES, "big")
 
     def ids(self, lower: str, upper: str | None, ids: Sequence[str]) -> None:
         self._start(lower)
         self._bound(Mode.IDS, upper)
-        _varint(self._out, len(ids))
+        write_varuint(self._out, len(ids))
         previous = lower.encode()
         for item in ids:
             value = item.encode()
@@ -192,37 +187,12 @@ def id_sizes(lower: str, ids: Sequence[str], room: int) -> list[int]:
     return sizes
 
 
-class _Reader:
-    def __init__(self, data: bytes):
-        self.data = data
-        self.pos = 0
-
-    def varint(self) -> int:
-        data, pos, value = self.data, self.pos, 0
-        for shift in range(0, 7 * _MAX_VARINT_BYTES, 7):
-            if pos >= len(data):
-                raise MalformedMessage("truncated varint")
-            byte = data[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                self.pos = pos
-                return value
-        raise MalformedMessage("varint too long")
-
-    def take(self, size: int) -> bytes:
-        if size > len(self.data) - self.pos:
-            raise MalformedMessage("truncated message")
-        self.pos += size
-        return self.data[self.pos - size:self.pos]
-
-    def prefixed(self, previous: bytes, suffix: int) -> bytes:
-        """``previous[:shared] + suffix``: a bound or an id (shared is next)."""
-        shared = self.varint()
-        if shared > len(previous) or shared + suffix > MAX_ID_BYTES:
-            raise MalformedMessage("bad prefix compression, or an id longer than allowed")
-        return previous[:shared] + self.take(suffix)
-
+def _prefixed(reader: Reader, previous: bytes, suffix: int) -> bytes:
+    """``previous[:shared] + suffix``: a bound or an id (shared is next)."""
+    shared = reader.varuint()
+    if shared > len(previous) or shared + suffix > MAX_ID_BYTES:
+        raise MalformedMessage("bad prefix compression, or an id longer than allowed")
+    return previous[:shared] + reader.uint8array(suffix)
 
 
 def _text(value: bytes) -> str:
@@ -237,29 +207,28 @@ def decode(data: bytes, modes: frozenset[Mode], max_entries: int) -> Message:
     entries (SKIPs included); MalformedMessage on anything wrong."""
     if not isinstance(data, (bytes, bytearray)) or not data or data[0] != VERSION:
         raise MalformedMessage("not a reconciliation message of this version")
-    reader, entries = _Reader(bytes(data)), []
-    reader.pos = 1  # past the version
+    reader, entries = Reader(bytes(data), MalformedMessage, pos=1), []  # past the version
     lower: str | None = ""
     last = b""
     count = 0
-    while reader.pos < len(reader.data):
+    while not reader.done():
         count += 1
         if count > max_entries or lower is None:
             raise MalformedMessage("too many entries, or an entry past +inf")
-        head = reader.varint()
+        head = reader.varuint()
         mode, size = head & 3, head >> 2
         if mode not in modes:
             raise MalformedMessage(f"mode {mode} not allowed here")
         upper: str | None = None
         if size:
-            last = reader.prefixed(last, size - 1)
+            last = _prefixed(reader, last, size - 1)
             upper = _text(last)
             if upper <= lower:
                 raise MalformedMessage("bounds must increase")
         entry = Entry(lower, upper, _MODES[mode])
         if mode == Mode.FINGERPRINT:
-            entry.count = reader.varint()
-            entry.fingerprint = int.from_bytes(reader.take(FINGERPRINT_BYTES), "big")
+            entry.count = reader.varuint()
+            entry.fingerprint = int.from_bytes(reader.uint8array(FINGERPRINT_BYTES), "big")
         elif mode == Mode.IDS:
             entry.ids = _ids(reader, entry)
         if mode != Mode.SKIP:
@@ -268,15 +237,15 @@ def decode(data: bytes, modes: frozenset[Mode], max_entries: int) -> Message:
     return Message(entries, lower)
 
 
-def _ids(reader: _Reader, entry: Entry) -> list[str]:
-    size = reader.varint()
-    if size > (len(reader.data) - reader.pos) // 2:  # every id takes >= 2 bytes
+def _ids(reader: Reader, entry: Entry) -> list[str]:
+    size = reader.varuint()
+    if size > reader.remaining() // 2:  # every id takes >= 2 bytes
         raise MalformedMessage("id count larger than the message")
     ids: list[str] = []
     previous = entry.lower.encode()
     lowest = entry.lower
     for _ in range(size):
-        previous = reader.prefixed(previous, reader.varint())
+        previous = _prefixed(reader, previous, reader.varuint())
         item = _text(previous)
         if item < lowest or (ids and item <= ids[-1]) or (entry.upper is not None and item >= entry.upper):
             raise MalformedMessage("ids must be sorted, distinct and inside their range")
