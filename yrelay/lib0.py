@@ -125,15 +125,8 @@ class Reader:
         return self._long_varuint(byte & 0x7F, 7, pos + 1)
 
     def varint(self) -> int:
-        data, pos = self.data, self.pos
-        try:
-            byte = data[pos]
-        except IndexError:
-            raise self.error("data ends inside a number") from None
-        if byte < 0x80:
-            self.pos = pos + 1
-            return -(byte & 0x3F) if byte & 0x40 else byte
-        magnitude = self._long_varuint(byte & 0x3F, 6, pos + 1)
+        byte = self.uint8()  # continue bit, sign bit, 6 bits
+        magnitude = byte & 0x3F if byte < 0x80 else self._long_varuint(byte & 0x3F, 6, self.pos)
         return -magnitude if byte & 0x40 else magnitude
 
     def _long_varuint(self, value: int, shift: int, pos: int) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from ..lib0 import Reader, write_varuint
+from .storage import common_prefix
 
 VERSION = 1
 FINGERPRINT_BYTES = 8
@@ -81,17 +82,8 @@ def fingerprint(hash_value: int) -> int:
     return hash_value >> (128 - 8 * FINGERPRINT_BYTES)
 
 
-def _shared(left: bytes, right: bytes) -> int:
-    common = 0
-    for a, b in zip(left, right):
-        if a != b:
-            break
-        common += 1
-    return common
-
-
 def _compressed(out: bytearray, previous: bytes, value: bytes) -> None:
-    shared = _shared(previous, value)
+    shared = common_prefix(previous, value)
     write_varuint(out, len(value) - shared)
     write_varuint(out, shared)
     out += value[shared:]
@@ -130,7 +122,7 @@ class Encoder:
             write_varuint(self._out, int(mode))
             return
         value = upper.encode()
-        shared = _shared(self._last, value)
+        shared = common_prefix(self._last, value)
         write_varuint(self._out, int(mode) | (len(value) - shared + 1) << 2)
         write_varuint(self._out, shared)
         self._out += value[shared:]

@@ -63,12 +63,17 @@ class IdSet(Protocol):
 def separator(before: str, after: str) -> str:
     """The shortest prefix ``p`` of ``after`` with ``before < p <= after``
     (given ``before < after``): a range bound between two neighbours."""
+    return after[: common_prefix(before, after) + 1]
+
+
+def common_prefix(left: Sequence[object], right: Sequence[object]) -> int:
+    """How many leading items (characters, bytes) ``left`` and ``right`` share."""
     common = 0
-    for left, right in zip(before, after):
-        if left != right:
+    for a, b in zip(left, right):
+        if a != b:
             break
         common += 1
-    return after[: common + 1]
+    return common
 
 
 def cut_ranks(count: int, parts: int) -> list[int]:
