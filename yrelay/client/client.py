@@ -562,12 +562,8 @@ class YrelayClient:
         return ours == Digest(count=server["count"], hash=int(server["hash"], 16))
 
     def _on_snapshot(self, frame: dict[str, Any]) -> None:
-        doc = self.docs.get(frame["doc"])
-        if doc is None:
-            return
-        update = self._collect(doc, frame)
-        if update is not None:
-            self._apply_remote(doc, update)
+        doc = self._apply_parts(frame)
+        if doc is not None:
             doc.offset = _max_offset(doc.offset, frame["offset"])
             self._ack(doc)
 
@@ -587,13 +583,9 @@ class YrelayClient:
         asyncio.ensure_future(self._send_quietly({"op": "sync", "doc": doc.name, "state_vector": vector}))
 
     def _on_sync_reply(self, frame: dict[str, Any]) -> None:
-        doc = self.docs.get(frame["doc"])
+        doc = self._apply_parts(frame)
         if doc is None:
             return
-        update = self._collect(doc, frame)
-        if update is None:
-            return
-        self._apply_remote(doc, update)
         doc._sync_pending = False
         doc.offset = frame["offset"]  # may move back: the server's history is the reference
         doc.held.reset(StreamId.parse(frame["offset"]))
@@ -725,16 +717,21 @@ class YrelayClient:
 
     # ------------------------------------------------------------ helpers
 
-    @staticmethod
-    def _collect(doc: ClientDocument, frame: dict[str, Any]) -> bytes | None:
-        """Reassemble a chunked snapshot / sync reply; None until complete."""
+    def _apply_parts(self, frame: dict[str, Any]) -> ClientDocument | None:
+        """Reassemble a chunked snapshot / sync reply and apply it once
+        complete; returns its document then (None before, or for a document
+        not subscribed)."""
+        doc = self.docs.get(frame["doc"])
+        if doc is None:
+            return None
         if frame["part"] == 0:
             doc._parts.clear()
         doc._parts.append(protocol.b64decode(frame["update"]))
         if frame["part"] + 1 < frame["parts"]:
             return None
-        data, doc._parts = b"".join(doc._parts), []
-        return data
+        update, doc._parts = b"".join(doc._parts), []
+        self._apply_remote(doc, update)
+        return doc
 
     def _apply_remote(self, doc: ClientDocument, update: bytes) -> None:
         self._applying_remote = True
