@@ -1,0 +1,123 @@
+"""The browser package as an app installs it (issue 21): `npm pack` of web/,
+then a fresh npm app runs `npm install <tarball> yjs ws` (a folder install
+would be a symlink still resolving web/node_modules/yjs). Importing the app's
+`yjs` and `@yrelay/client` must give one Yjs, so what a second provider
+receives from a real server is the app's `Y.Text` with the content. The app's
+Yjs is both the newest and the oldest release the peer range admits: with
+yjs as a plain dependency, an app on an older Yjs gets a second copy nested
+under the package. The declarations must type-check for a TypeScript app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from browser import WEB_DIR, require_web_build
+from conftest import running_server
+
+HERE = Path(__file__).parent / "web_package"
+NPM_FLAGS = ["--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"]
+# The app's own Yjs: the newest release, and the floor of the package's peer ranges.
+APP_DEPENDENCIES = {
+    "newest": ["yjs", "ws"],
+    "oldest": ["yjs@13.6.0", "y-protocols@1.0.6", "ws"],
+}
+DOUBLE_YJS = "Yjs was already imported"
+
+
+def _run(*command: str, cwd: Path) -> str:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """web/ packed exactly as `npm publish` would upload it."""
+    npm = shutil.which("npm")
+    assert npm, "npm is needed to pack the browser package"
+    out = tmp_path_factory.mktemp("pack")
+    name = json.loads(_run(npm, "pack", "--json", "--pack-destination", str(out), cwd=WEB_DIR))[0]["filename"]
+    return out / name
+
+
+@pytest.fixture(scope="session")
+def npm_app(tmp_path_factory: pytest.TempPathFactory, tarball: Path) -> Callable[[str], Path]:
+    """A fresh npm app with the tarball and the app's own dependencies, made once per kind per session."""
+    apps: dict[str, Path] = {}
+
+    def app(kind: str) -> Path:
+        if kind not in apps:
+            path = tmp_path_factory.mktemp(f"app-{kind}")
+            _run("npm", "init", "-y", cwd=path)
+            _run("npm", "install", *NPM_FLAGS, str(tarball), *APP_DEPENDENCIES[kind], cwd=path)
+            for script in HERE.iterdir():
+                shutil.copy(script, path / script.name)
+            apps[kind] = path
+        return apps[kind]
+
+    return app
+
+
+def test_the_tarball_holds_the_sources_types_and_readme_only(tarball: Path) -> None:
+    with tarfile.open(tarball) as packed:
+        names = {name.removeprefix("package/") for name in packed.getnames()}
+        manifest = json.load(packed.extractfile("package/package.json"))  # type: ignore[arg-type]
+    assert {"package.json", "README.md", "src/index.js", "src/index.d.ts", "src/provider.js"} <= names, names
+    assert not {name for name in names if name.split("/")[0] in {"test", "demo", "node_modules"}}, names
+    assert "src/bundle.js" not in names  # it bundles its own Yjs: the server's prebuilt file only
+    assert "private" not in manifest
+    assert manifest["exports"]["."]["types"] == "./src/index.d.ts"
+    # The app's Yjs is the one used: peers, never a dependency of their own.
+    assert {"yjs", "y-protocols"} <= set(manifest["peerDependencies"])
+    assert not {"yjs", "y-protocols"} & set(manifest["dependencies"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", sorted(APP_DEPENDENCIES))
+async def test_an_app_gets_one_yjs_and_the_synced_text(kind: str, npm_app, redis_url: str) -> None:
+    app = npm_app(kind)
+    nested = app / "node_modules" / "@yrelay" / "client" / "node_modules" / "yjs"
+    assert not nested.exists(), f"a second Yjs was installed under the package: {nested}"
+    async with running_server(redis_url) as url:
+        process = await asyncio.create_subprocess_exec(
+            "node", "sync.mjs", cwd=app, env={**os.environ, "YRELAY_WS_URL": url},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+        finally:
+            if process.returncode is None:  # timed out: never leave node behind
+                process.kill()
+                await process.wait()
+    errors = stderr.decode()
+    assert process.returncode == 0, errors[-3000:]
+    assert DOUBLE_YJS not in errors, errors
+    seen = json.loads(stdout.decode().strip().splitlines()[-1])
+    assert seen["text"] == "written through the packed client", seen
+    assert seen["textIsYText"] and seen["nestedIsYText"], seen
+    assert seen["nested"] == "a nested text", seen
+    declared = re.findall(r"^export (?:class|function|const) (\w+)", (nested.parent.parent / "src" / "index.d.ts")
+                          .read_text(), re.MULTILINE)
+    assert sorted(declared) == seen["exports"], "index.d.ts and src/index.js export different names"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("resolution", ["bundler", "nodenext"])
+def test_the_declarations_type_check_in_a_typescript_app(resolution: str, npm_app) -> None:
+    require_web_build()  # tsc is web/'s dev dependency (npm ci)
+    app = npm_app("newest")
+    module = "esnext" if resolution == "bundler" else "nodenext"
+    config = {"compilerOptions": {"strict": True, "noEmit": True, "target": "es2022", "module": module,
+                                  "moduleResolution": resolution, "lib": ["es2022", "dom"], "types": []},
+              "files": ["consumer.ts"]}
+    (app / f"tsconfig.{resolution}.json").write_text(json.dumps(config))
+    _run(str(WEB_DIR / "node_modules" / ".bin" / "tsc"), "-p", f"tsconfig.{resolution}.json", cwd=app)
