@@ -5,7 +5,9 @@ would be a symlink still resolving web/node_modules/yjs). Importing the app's
 receives from a real server is the app's `Y.Text` with the content. The app's
 Yjs is both the newest and the oldest release the peer range admits: with
 yjs as a plain dependency, an app on an older Yjs gets a second copy nested
-under the package. The declarations must type-check for a TypeScript app."""
+under the package. The declarations must type-check for a TypeScript app, a
+bundler must include one Yjs, and docs/web.md's `<script type="module">`
+example must sync in Chromium."""
 
 from __future__ import annotations
 
@@ -20,10 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from browser import WEB_DIR, require_web_build
+from browser import CHROMIUM, CHROMIUM_ARGS, WEB_DIR, require_web_build
 from conftest import running_server
+from playwright.async_api import async_playwright
 
 HERE = Path(__file__).parent / "web_package"
+DOCS = Path(__file__).parent.parent / "docs" / "web.md"
 NPM_FLAGS = ["--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"]
 # The app's own Yjs: the newest release, and the floor of the package's peer ranges.
 APP_DEPENDENCIES = {
@@ -129,3 +133,52 @@ def test_the_declarations_type_check_in_a_typescript_app(resolution: str, npm_ap
               "files": ["consumer.ts"]}
     (app / f"tsconfig.{resolution}.json").write_text(json.dumps(config))
     _run(str(WEB_DIR / "node_modules" / ".bin" / "tsc"), "-p", f"tsconfig.{resolution}.json", cwd=app)
+
+
+@pytest.mark.parametrize("kind", sorted(APP_DEPENDENCIES))
+def test_a_bundler_includes_one_yjs(kind: str, npm_app) -> None:
+    """esbuild resolves `yjs` from the app's node_modules for the app and the provider alike."""
+    require_web_build()  # esbuild is web/'s dev dependency
+    app = npm_app(kind)
+    _run(str(WEB_DIR / "node_modules" / ".bin" / "esbuild"), "sync.mjs", "--bundle", "--format=esm",
+         "--platform=node", "--external:ws", "--log-level=warning", "--outfile=bundle.mjs", cwd=app)
+    # Each copy of Yjs carries its double-import check once.
+    assert (app / "bundle.mjs").read_text().count(DOUBLE_YJS) == 1
+
+
+def script_tag_snippet() -> str:
+    """The `<script type="module">` example of docs/web.md, as the page's HTML."""
+    blocks = re.findall(r"```html\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    snippet = next(block for block in blocks if "yrelay-client.js" in block)
+    return snippet.replace("</script>", "  Object.assign(window, { Y, doc, provider })\n</script>")
+
+
+@pytest.mark.timeout(180)
+async def test_the_script_tag_example_syncs_in_chromium(redis_url: str) -> None:
+    """docs/web.md's page without a bundler, with the server's prebuilt bundle, in real Chromium."""
+    require_web_build()
+    async with running_server(redis_url) as url, async_playwright() as playwright:
+        base = url.replace("ws://", "http://").removesuffix("/ws")
+        html = script_tag_snippet().replace("https://sync.example.com", base).replace("wss://sync.example.com", url[:-3])
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            pages = []
+            for _ in range(2):  # two contexts: two "browsers", two sockets
+                page = await (await browser.new_context()).new_page()
+                messages: list[str] = []
+                page.on("console", lambda message, seen=messages: seen.append(message.text))
+                page.on("pageerror", lambda error, seen=messages: seen.append(str(error)))
+                # The page at the server's origin, as an app's own page would be (a real
+                # navigation: Chromium lets only a local page open a socket to 127.0.0.1).
+                await page.goto(f"{base}/static/demo.css")
+                await page.set_content(html)
+                await page.wait_for_function("window.provider && window.provider.synced", timeout=15_000)
+                pages.append((page, messages))
+            writer, reader = pages[0][0], pages[1][0]
+            await writer.evaluate("doc.getText('text').insert(0, 'typed on a page without a bundler')")
+            await reader.wait_for_function("doc.getText('text').toString() === 'typed on a page without a bundler'",
+                                           timeout=15_000)
+            assert await reader.evaluate("doc.share.get('text') instanceof Y.Text")
+            assert not [text for _, seen in pages for text in seen if DOUBLE_YJS in text]
+        finally:
+            await browser.close()
