@@ -11,9 +11,7 @@ example must sync in Chromium."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS, WEB_DIR, require_web_build
+from browser import CHROMIUM, CHROMIUM_ARGS, WEB_DIR, require_web_build, run_node
 from conftest import running_server
 from playwright.async_api import async_playwright
 
@@ -90,20 +88,10 @@ def test_the_tarball_holds_the_sources_types_and_readme_only(tarball: Path) -> N
 async def test_an_app_gets_one_yjs_and_the_synced_text(kind: str, npm_app, redis_url: str) -> None:
     app = npm_app(kind)
     async with running_server(redis_url) as url:
-        process = await asyncio.create_subprocess_exec(
-            "node", "sync.mjs", cwd=app, env={**os.environ, "YRELAY_WS_URL": url},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
-        finally:
-            if process.returncode is None:  # timed out: never leave node behind
-                process.kill()
-                await process.wait()
-    errors = stderr.decode()
-    assert process.returncode == 0, errors[-3000:]
+        returncode, stdout, errors = await run_node("sync.mjs", cwd=app, env={"YRELAY_WS_URL": url}, timeout=60)
+    assert returncode == 0, errors[-3000:]
     assert DOUBLE_YJS not in errors, errors
-    seen = json.loads(stdout.decode().strip().splitlines()[-1])
+    seen = json.loads(stdout.strip().splitlines()[-1])
     # What two copies broke: the text arrived empty and remote types were the package's classes.
     assert seen["text"] == "written through the packed client", seen
     assert seen["textIsYText"] and seen["nestedIsYText"], seen
