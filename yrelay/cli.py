@@ -256,8 +256,8 @@ def chaos(
     """
     from datetime import datetime, timezone
 
-    from .chaos.nemesis import Fault, parse_faults
-    from .chaos.run import ChaosConfig, run_chaos
+    from yrelay_tools.chaos.nemesis import Fault, parse_faults
+    from yrelay_tools.chaos.run import ChaosConfig, run_chaos
 
     try:
         kinds = tuple(parse_faults(faults))
@@ -301,7 +301,7 @@ def bench(
     import json
     import sys
 
-    from .bench import SCENARIOS, BenchConfig, run_bench
+    from yrelay_tools.bench import SCENARIOS, BenchConfig, run_bench
 
     chosen = tuple(scenario or SCENARIOS)
     unknown = set(chosen) - set(SCENARIOS)
