@@ -44,7 +44,9 @@ class Venv:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    """The environment minus what would point the venv's Python at this
+    checkout or another Redis (a developer's YRELAY_REDIS_URL)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "YRELAY_REDIS_URL")}
     return {**env, **extra}
 
 
