@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from .. import crdt
+from yrelay import crdt
 from yrelay.lib0 import Reader, varuint
 
 WORDS = ("the ", "quick ", "brown ", "fox ", "jumps ", "over ", "a ", "lazy ", "dog ", "and ", "then ", "naps ")
