@@ -6,7 +6,10 @@ same script measures any revision (run it before and after a codec change).
 
     .venv/bin/python bench/codec.py [--repeat 7]
 
-Prints, per workload, the best and the median of ``--repeat`` runs.
+Prints, per workload, the best and the median of ``--repeat`` runs. To
+compare with another revision, run it over that revision's package:
+
+    git archive REV yrelay | tar -x -C /tmp/base && PYTHONPATH=/tmp/base .venv/bin/python bench/codec.py
 """
 
 from __future__ import annotations
