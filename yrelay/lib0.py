@@ -14,7 +14,7 @@ reconciliation messages all use lib0's encoding (``lib0/encoding.js`` and
 
 Decoding trusts nothing: every read is bounds-checked and raises the error
 class the caller names (``Reader(data, MalformedUpdate)``), so each caller
-keeps its own error type and nothing leaks as IndexError or ValueError. A
+keeps its own error type and no IndexError or bare ValueError leaks. A
 number takes at most 8 bytes and must be at most 2**53 - 1: JavaScript
 numbers are exact only that far, so no lib0 encoder writes more, and
 anything larger is hostile. lib0 itself accepts non-minimal encodings (a
