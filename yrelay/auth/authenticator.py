@@ -102,8 +102,8 @@ def authenticator_for(settings: Settings) -> Authenticator:
         return JwtAuthenticator(settings.auth_secret, settings.auth_algorithms, audience=settings.auth_audience,
                                 issuer=settings.auth_issuer, leeway=settings.auth_leeway)
     raise AuthConfigurationError(
-        "no authentication configured: set YRELAY_AUTH_SECRET (JWT), an --auth-hook, "
-        "or --insecure-no-auth for development"
+        "no authentication configured: set YRELAY_AUTH_SECRET (JWT), an --auth-hook (embedded: "
+        "Relay(authenticate=...)), or --insecure-no-auth for development"
     )
 
 
