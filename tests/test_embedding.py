@@ -157,6 +157,33 @@ async def test_two_relays_in_one_app_each_serve_their_own_settings(redis_url):
             assert (await http.get("/a/ops/docs", headers={"Authorization": "Bearer one"})).status_code == 200
             assert (await http.get("/a/ops/docs", headers={"Authorization": "Bearer two"})).status_code == 403
             assert (await http.get("/b/ops/docs", headers={"Authorization": "Bearer two"})).status_code == 200
+        ws, welcome = await hello(base.replace("http://", "ws://") + "/b/ws")  # routed: include_router only
+        assert welcome["op"] == "welcome"
+        await ws.close()  # type: ignore[attr-defined]
+
+
+async def test_the_hosts_middleware_still_sees_the_installed_websocket(redis_url):
+    seen: list[str] = []
+
+    def tenant_middleware(app):
+        async def middleware(scope, receive, send):
+            if scope["type"] == "websocket":
+                seen.append(scope["path"])
+                scope.setdefault("state", {})["tenant"] = "acme"
+            await app(scope, receive, send)
+        return middleware
+
+    async def authenticate(connection, token):
+        return Principal.of(connection.state.tenant, [f"{connection.state.tenant}/*"], "write")
+
+    relay = Relay(Settings(), redis_url=redis_url, authenticate=authenticate)
+    app = FastAPI()
+    relay.install(app, prefix="/collab")
+    app.add_middleware(tenant_middleware)  # added after install: still outside the websocket
+    async with relay.lifespan(), serving(app) as base:
+        ws, welcome = await hello(base.replace("http://", "ws://") + "/collab/ws")
+        assert welcome["auth"]["subject"] == "acme" and seen == ["/collab/ws"]
+        await ws.close()  # type: ignore[attr-defined]
 
 
 async def test_the_hosts_function_refuses_with_auth_error_or_http_401_403():

@@ -90,7 +90,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(title="notes", lifespan=lifespan)
-app.include_router(relay.router, prefix="/collab")  # /collab/ws, /collab/ops/..., /collab/metrics, /collab/readyz
+# app.include_router(relay.router, prefix="/collab") plus the websocket taken before FastAPI's routing:
+# /collab/ws, /collab/ops/..., /collab/metrics, /collab/healthz, /collab/readyz
+relay.install(app, prefix="/collab")
 
 
 # ---------------------------------------------------------------- the host's own routes

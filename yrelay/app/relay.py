@@ -23,9 +23,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends
-from starlette.routing import WebSocketRoute
-from starlette.types import Receive, Scope, Send
+from fastapi import APIRouter, Depends, FastAPI
+from starlette.middleware import Middleware
+from starlette.routing import get_route_path
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from ..auth import Authenticator
@@ -81,6 +82,15 @@ class Relay:
             router.include_router(part)
         return router
 
+    def install(self, app: FastAPI, prefix: str = "") -> None:
+        """``app.include_router(self.router, prefix=prefix)``, and the
+        websocket served by an innermost middleware of ``app`` rather than
+        through its routers: the host's own middleware still applies to it,
+        FastAPI's exception middleware, exit stack and routing (~4 kB per
+        open connection, docs/embedding.md) do not. Call before the app starts."""
+        app.include_router(self.router, prefix=prefix)
+        app.user_middleware.append(Middleware(SyncShortcut, endpoint=self.endpoint, path=prefix + WEBSOCKET_PATH))
+
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[Relay]:
         """Start the relay's parts (Redis pools, fan-out, GC, ...) for the
@@ -117,4 +127,23 @@ class SyncEndpoint:
         await Connection(websocket, context).run()
 
 
-__all__ = ["Relay", "SyncEndpoint", "WEBSOCKET_PATH"]
+class SyncShortcut:
+    """ASGI middleware: websockets to ``path`` go straight to the endpoint;
+    everything else (and every other path) goes on to ``app``."""
+
+    def __init__(self, app: ASGIApp, endpoint: SyncEndpoint, path: str):
+        self.app, self.endpoint, self.path = app, endpoint, path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if is_sync(scope, self.path):
+            await self.endpoint(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def is_sync(scope: Scope, path: str) -> bool:
+    """A websocket to ``path`` (relative to the app's root path, so the app may be mounted)."""
+    return scope["type"] == "websocket" and get_route_path(scope) == path
+
+
+__all__ = ["Relay", "SyncEndpoint", "SyncShortcut", "WEBSOCKET_PATH", "is_sync"]

@@ -8,13 +8,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.routing import get_route_path
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from ..auth import Authenticator
 from ..config import Settings
-from .relay import WEBSOCKET_PATH, Relay
+from .relay import WEBSOCKET_PATH, Relay, is_sync
 from .web import mount_web_client
 
 
@@ -28,7 +27,7 @@ class _YrelayApp(FastAPI):
     relay: Relay
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and get_route_path(scope) == WEBSOCKET_PATH:
+        if is_sync(scope, WEBSOCKET_PATH):
             scope["app"] = self
             await self.relay.endpoint(scope, receive, send)
             return
