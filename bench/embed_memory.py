@@ -52,11 +52,12 @@ def build(mode: str, redis_url: str):
     from fastapi import FastAPI
     from fastapi.middleware.cors import CORSMiddleware
 
-    from yrelay import Relay
     from yrelay.app import create_app
 
-    if mode == "standalone":
+    if mode == "standalone":  # no Relay import: the same mode measures a build from before it (PYTHONPATH)
         return create_app(settings(), redis_url)
+    from yrelay import Relay
+
     relay = Relay(settings(), redis_url=redis_url)
 
     @asynccontextmanager

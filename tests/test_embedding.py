@@ -43,10 +43,11 @@ def load_example() -> ModuleType:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[str]:
+async def serving(app: FastAPI, **options: object) -> AsyncIterator[str]:
     """``app`` under uvicorn in this event loop; yields its http base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           **options))  # type: ignore[arg-type]
     task = asyncio.create_task(server.serve())
     await eventually(lambda: server.started or task.done())
     if task.done():
@@ -63,7 +64,8 @@ async def host(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
     monkeypatch.setenv("YRELAY_REDIS_URL", redis_url)
     monkeypatch.setenv("YRELAY_OPS_TOKEN", "ops-secret")
     monkeypatch.setenv("YRELAY_INSECURE_NO_AUTH", "0")  # as a deployed host: its own auth only
-    async with serving(load_example().app) as base:
+    example = load_example()
+    async with serving(example.app, **example.relay.settings.uvicorn_options()) as base:
         yield base
 
 
@@ -212,3 +214,10 @@ def test_a_relay_needs_a_redis_and_one_kind_of_auth(monkeypatch):
         Relay(Settings())
     with pytest.raises(ValueError, match="not both"):
         Relay(Settings(), redis_url="redis://x", authenticator=HostAuthenticator(None), authenticate=lambda c, t: None)  # type: ignore[arg-type]
+
+
+def test_docs_embedding_md_shows_the_example_that_runs():
+    """The walk-through's listing is this very file, so it cannot drift."""
+    doc = (EXAMPLE.parents[1] / "embedding.md").read_text()
+    listing = doc.split("<!-- example: docs/examples/embed_fastapi.py -->\n```python\n", 1)[1].split("```\n", 1)[0]
+    assert listing == EXAMPLE.read_text()

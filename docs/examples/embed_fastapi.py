@@ -4,7 +4,7 @@ mounting yrelay under ``/collab`` (docs/embedding.md walks through it).
 Run it (a Redis at YRELAY_REDIS_URL; the ops token is optional)::
 
     YRELAY_REDIS_URL=redis://localhost:6379/0 YRELAY_OPS_TOKEN=ops-secret \\
-        uvicorn docs.examples.embed_fastapi:app --port 8000
+        python docs/examples/embed_fastapi.py
 
 Then ``POST /login`` with ``{"name": "ada"}`` sets the session cookie; a
 browser on the same origin opens ``ws://localhost:8000/collab/ws`` with it.
@@ -117,3 +117,11 @@ async def login(body: Login, response: Response) -> dict[str, str]:
 async def me(user: Annotated[User, Depends(current_user)]) -> dict[str, object]:
     """Who is logged in, and the documents their editor may open."""
     return {"user": user.name, "documents": f"{user.team}/*", "editor": user.editor}
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    # yrelay's uvicorn options: the websocket message cap (compression bombs),
+    # keep-alive pings, the request-head deadline (docs/security.md).
+    uvicorn.run(app, host="127.0.0.1", port=8000, **relay.settings.uvicorn_options())  # type: ignore[arg-type]
