@@ -13,6 +13,10 @@ connection (tracemalloc off) and tracemalloc's traced growth per connection
 (a second run with it on).
 
     .venv/bin/python bench/embed_memory.py [--connections 1000] [--modes standalone,included,installed,installed+mw]
+        [--no-deflate]
+
+``--modes standalone`` with ``PYTHONPATH=<another checkout>`` measures that
+build's standalone server (mode ``standalone`` does not need Relay).
 """
 
 from __future__ import annotations
@@ -102,11 +106,12 @@ async def serve(mode: str, redis_url: str, port: int, trace: bool) -> None:
     await task
 
 
-async def hold(url: str, count: int, batch: int = 50) -> list:
+async def hold(url: str, count: int, batch: int = 50, deflate: bool = True) -> list:
     import websockets
 
     async def one(i: int):
-        ws = await websockets.connect(url, max_size=None)  # offers permessage-deflate, as browsers do
+        # permessage-deflate offered (and accepted by uvicorn) as browsers do, unless --no-deflate
+        ws = await websockets.connect(url, max_size=None, compression="deflate" if deflate else None)
         await ws.send(json.dumps({"op": "hello"}))
         await ws.send(json.dumps({"op": "subscribe", "doc": f"idle-{i % DOCS}"}))
         while json.loads(await ws.recv())["op"] != "subscribed":
@@ -119,7 +124,7 @@ async def hold(url: str, count: int, batch: int = 50) -> list:
     return sockets
 
 
-def measure(mode: str, redis_url: str, connections: int, trace: bool) -> dict[str, float]:
+def measure(mode: str, redis_url: str, connections: int, trace: bool, deflate: bool) -> dict[str, float]:
     from yrelay.redis_server import free_port
 
     port = free_port()
@@ -137,11 +142,11 @@ def measure(mode: str, redis_url: str, connections: int, trace: bool) -> dict[st
     url = f"ws://127.0.0.1:{port}{path}"
 
     async def run() -> tuple[dict[str, int], dict[str, int]]:
-        for ws in await hold(url, 100):  # warm-up: first-use allocations are not per connection
+        for ws in await hold(url, 100, deflate=deflate):  # warm-up: first-use allocations are not per connection
             await ws.close()
         await asyncio.sleep(0.5)
         before = sample()
-        sockets = await hold(url, connections)
+        sockets = await hold(url, connections, deflate=deflate)
         await asyncio.sleep(1.0)
         after = sample()
         for ws in sockets:
@@ -165,6 +170,7 @@ def main() -> None:
     parser.add_argument("--redis-url")
     parser.add_argument("--port", type=int)
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--no-deflate", action="store_true", help="clients that do not offer permessage-deflate")
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(args.serve, args.redis_url, args.port, args.trace))
@@ -179,8 +185,8 @@ def main() -> None:
         print(f"| server | connections | RSS per connection (kB) | traced per connection (kB) |")
         print("| --- | --- | --- | --- |")
         for mode in args.modes.split(","):
-            plain = measure(mode, redis.url, args.connections, trace=False)
-            traced = measure(mode, redis.url, args.connections, trace=True)
+            plain = measure(mode, redis.url, args.connections, trace=False, deflate=not args.no_deflate)
+            traced = measure(mode, redis.url, args.connections, trace=True, deflate=not args.no_deflate)
             print(f"| {mode} | {args.connections:,} | {plain['rss'] / 1024:.1f} | {traced['traced'] / 1024:.1f} |",
                   flush=True)
 

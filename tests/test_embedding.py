@@ -16,9 +16,9 @@ from types import ModuleType
 
 import httpx
 import pytest
-import uvicorn
 import websockets
 from conftest import FAST_BACKOFF, eventually
+from conftest import serving as serving_app
 from fastapi import FastAPI, HTTPException
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -46,17 +46,8 @@ def load_example() -> ModuleType:
 async def serving(app: FastAPI, **options: object) -> AsyncIterator[str]:
     """``app`` under uvicorn in this event loop; yields its http base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           **options))  # type: ignore[arg-type]
-    task = asyncio.create_task(server.serve())
-    await eventually(lambda: server.started or task.done())
-    if task.done():
-        task.result()
-    try:
+    async with serving_app(app, port, **options):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
 
 
 @pytest.fixture
