@@ -212,3 +212,10 @@ def test_docs_embedding_md_shows_the_example_that_runs():
     doc = (EXAMPLE.parents[1] / "embedding.md").read_text()
     listing = doc.split("<!-- example: docs/examples/embed_fastapi.py -->\n```python\n", 1)[1].split("```\n", 1)[0]
     assert listing == EXAMPLE.read_text()
+
+
+def test_install_refuses_an_app_that_started():
+    app = FastAPI()
+    app.middleware_stack = app.build_middleware_stack()  # what its first call does
+    with pytest.raises(RuntimeError, match="before the app starts"):
+        Relay(Settings(), redis_url="redis://unused").install(app, prefix="/collab")

@@ -88,6 +88,8 @@ class Relay:
         through its routers: the host's own middleware still applies to it,
         FastAPI's exception middleware, exit stack and routing (~4 kB per
         open connection, docs/embedding.md) do not. Call before the app starts."""
+        if app.middleware_stack is not None:
+            raise RuntimeError("install the relay before the app starts (its middleware stack is built then)")
         app.include_router(self.router, prefix=prefix)
         app.user_middleware.append(Middleware(SyncShortcut, endpoint=self.endpoint, path=prefix + WEBSOCKET_PATH))
 
@@ -97,14 +99,13 @@ class Relay:
         span of the block; stop them after it."""
         if self.context is not None:
             raise RuntimeError("this relay is running already")
-        self.context = await ServerContext.open(self.settings, self.redis_url, self.authenticator)
+        context = await ServerContext.open(self.settings, self.redis_url, self.authenticator)
+        self.context = context
         try:
             yield self
         finally:
-            try:
-                await self.context.close()
-            finally:
-                self.context = None
+            self.context = None  # new requests and websockets are refused while the parts stop
+            await context.close()
 
 
 class SyncEndpoint:

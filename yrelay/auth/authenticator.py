@@ -4,7 +4,8 @@ The hook for apps with their own user system is the :class:`Authenticator`
 protocol: one async method that gets the token the client sent (first frame
 or websocket subprotocol) and the connection's headers, and returns a
 Principal or raises :class:`AuthError`. Pass an instance to
-``create_app(..., authenticator=...)`` or name a factory with
+``create_app(..., authenticator=...)`` or ``Relay(..., authenticator=...)``
+(an embedding app may pass a plain function instead: :mod:`.host`), or name a factory with
 ``yrelay serve --auth-hook package.module:factory`` (called with the
 Settings). The built-in default, :class:`JwtAuthenticator`, verifies tokens
 signed with the server secret.
