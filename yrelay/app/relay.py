@@ -86,7 +86,7 @@ class Relay:
         """``app.include_router(self.router, prefix=prefix)``, and the
         websocket served by an innermost middleware of ``app`` rather than
         through its routers: the host's own middleware still applies to it,
-        FastAPI's exception middleware, exit stack and routing (~4 kB per
+        FastAPI's exception middleware, exit stack and routing (~4-5 kB per
         open connection, docs/embedding.md) do not. Call before the app starts."""
         if app.middleware_stack is not None:
             raise RuntimeError("install the relay before the app starts (its middleware stack is built then)")
