@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import json
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
@@ -219,3 +220,20 @@ def test_install_refuses_an_app_that_started():
     app.middleware_stack = app.build_middleware_stack()  # what its first call does
     with pytest.raises(RuntimeError, match="before the app starts"):
         Relay(Settings(), redis_url="redis://unused").install(app, prefix="/collab")
+
+
+async def test_a_plain_function_runs_in_the_thread_pool():
+    loop_thread = threading.get_ident()
+    ran_in: list[int] = []
+
+    def check(connection, token):  # a blocking user lookup, as a sync FastAPI dependency would do
+        ran_in.append(threading.get_ident())
+        if token != "ok":
+            raise HTTPException(401, "no such key")
+        return Principal.of("sync-user", ["*"], "read")
+
+    authenticator = HostAuthenticator(check)
+    assert (await authenticator.authenticate("ok", {})).subject == "sync-user"
+    with pytest.raises(AuthError, match="no such key"):
+        await authenticator.authenticate("bad", {})
+    assert ran_in and loop_thread not in ran_in

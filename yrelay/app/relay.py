@@ -51,7 +51,7 @@ class Relay:
     running parts (``lifespan()``, then ``context``) and how its clients
     authenticate.
 
-    ``authenticate`` is the host's own check, an async function
+    ``authenticate`` is the host's own check, a function (async or plain)
     ``(connection, token) -> Principal`` (:mod:`yrelay.auth.host`);
     ``authenticator`` an object of the Authenticator protocol. Without
     either, the settings choose (JWT with ``YRELAY_AUTH_SECRET``), and the

@@ -2,7 +2,8 @@
 app that embeds yrelay (``Relay(..., authenticate=fn)``) and already knows
 its users from a session cookie or a bearer header.
 
-``fn`` is an async function ``(connection, token) -> Principal``:
+``fn`` is a function ``(connection, token) -> Principal``, async or plain
+(a plain one runs in the thread pool, as FastAPI runs sync dependencies):
 ``connection`` is the websocket's :class:`starlette.requests.HTTPConnection`
 (headers, cookies, query parameters, client address, and ``session`` or
 ``user`` when the host's middleware sets them), ``token`` what the client
@@ -16,17 +17,19 @@ connection, at ``hello``.
 from __future__ import annotations
 
 import contextvars
+import inspect
 from collections.abc import Awaitable, Mapping
-from typing import Callable
+from typing import Callable, Union
 
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection
 
 from .authenticator import AuthError
 from .principal import Principal
 
-#: ``(connection, token) -> Principal``, the host's function.
-AuthenticateFn = Callable[[HTTPConnection, "str | None"], Awaitable[Principal]]
+#: ``(connection, token) -> Principal``, the host's function (async or plain).
+AuthenticateFn = Callable[[HTTPConnection, "str | None"], Union[Awaitable[Principal], Principal]]
 
 #: The websocket being served, set by the relay's endpoint for this
 #: connection's task: the Authenticator protocol passes only the headers.
@@ -38,11 +41,16 @@ class HostAuthenticator:
 
     def __init__(self, authenticate: AuthenticateFn):
         self.authenticate_fn = authenticate
+        self._is_async = inspect.iscoroutinefunction(authenticate) or inspect.iscoroutinefunction(
+            getattr(authenticate, "__call__", None))
 
     async def authenticate(self, token: str | None, headers: Mapping[str, str]) -> Principal:
         connection = current_connection.get(None) or _connection_of(headers)
         try:
-            principal = await self.authenticate_fn(connection, token)
+            if self._is_async:
+                principal = await self.authenticate_fn(connection, token)  # type: ignore[misc]
+            else:  # a blocking lookup must not stall every other connection
+                principal = await run_in_threadpool(self.authenticate_fn, connection, token)
         except HTTPException as exc:  # what a FastAPI dependency raises
             if exc.status_code not in (401, 403):
                 raise
