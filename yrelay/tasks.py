@@ -19,6 +19,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 Loop = Callable[[], Coroutine[Any, Any, None]]
+#: Seconds a cancelled loop has to end before it is cancelled again.
+RECANCEL_AFTER = 1.0
 
 
 class BackgroundTask:
@@ -44,12 +46,17 @@ class BackgroundTask:
         """Cancel the loop and wait until it has ended. ``cancel=False``:
         the service told its loop to return by itself, only wait (a cancel
         that lands inside a Redis call can be swallowed by redis-py). Called
-        from the loop itself, it only forgets the task (it is ending)."""
+        from the loop itself, it only forgets the task (it is ending).
+
+        A cancel is repeated every :data:`RECANCEL_AFTER` seconds until the
+        loop ends: redis-py swallows one that lands while it connects (seen
+        with a stop right after a start), and the loop would run on."""
         task, self._task = self._task, None
         if task is None or task is asyncio.current_task():
             return
-        if cancel:
+        while cancel and not task.done():
             task.cancel()
+            await asyncio.wait({task}, timeout=RECANCEL_AFTER)
         await asyncio.gather(task, return_exceptions=True)
 
     async def _guarded(self) -> None:
