@@ -1,10 +1,10 @@
 """The per-process parts every connection shares, built once at start-up.
 
-Every part that holds a connection, a task or a process is registered on
-one exit stack as soon as it exists, in the order that makes the stack's
-unwinding the order of a clean stop: a start-up that fails half way (Redis
-unreachable, a validator that cannot start) closes what it had opened
-instead of leaving tasks running and connections open.
+Every part that holds a connection, a task or a process has its stop on
+one exit stack before anything connects or starts, in the order that makes
+the stack's unwinding the order of a clean stop: a start-up that fails half
+way (Redis unreachable, a validator that cannot start) closes what it had
+opened instead of leaving tasks running and connections open.
 """
 
 from __future__ import annotations
