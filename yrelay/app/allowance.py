@@ -21,6 +21,8 @@ from .quotas import SubjectBuckets
 class Allowance:
     """One connection's rates and its share of its subject's quotas."""
 
+    __slots__ = ("_ctx", "_address", "_principal", "_session", "_rate", "_presence_rate", "_subject")
+
     def __init__(self, ctx: ServerContext, address: str):
         self._ctx = ctx
         self._address = address

@@ -30,6 +30,8 @@ class ConnectionPresence:
     """``send`` relays the others' states to this connection; ``spawn`` runs
     a greeting as a task the connection cancels when it closes."""
 
+    __slots__ = ("_ctx", "_allowance", "_send", "_spawn", "members")
+
     def __init__(self, ctx: ServerContext, allowance: Allowance, send: SendFrame, spawn: Spawn):
         self._ctx = ctx
         self._allowance = allowance

@@ -66,6 +66,8 @@ class Opened:
 class Handshake:
     """One connection's handshake and the later checks of its token."""
 
+    __slots__ = ("_ctx", "_headers", "subprotocol", "_token", "_hello_by", "principal")
+
     def __init__(self, ctx: ServerContext, headers: Headers):
         self._ctx = ctx
         self._headers = headers

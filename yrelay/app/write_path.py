@@ -51,6 +51,8 @@ class WritePath:
     error about an update in parts, ``spawn`` runs a task the connection
     cancels when it closes."""
 
+    __slots__ = ("ctx", "_allowance", "_send", "_spawn", "_inflight", "_turn", "_parts", "session")
+
     def __init__(self, ctx: ServerContext, allowance: Allowance, send: SendFrame, reject: Reject, spawn: Spawn):
         self.ctx = ctx
         self._allowance = allowance
