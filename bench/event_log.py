@@ -23,7 +23,7 @@ from pathlib import Path
 from yrelay import crdt
 from yrelay.client import Backoff, YrelayClient
 from yrelay.redis_server import RedisProcess
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.processes import ServerProcess
 
 BACKOFF = Backoff(base=0.05, max_delay=1.0, max_attempts=50)
 

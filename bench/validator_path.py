@@ -16,7 +16,7 @@ from pathlib import Path
 from event_log import load_arguments, one_round
 
 from yrelay.redis_server import RedisProcess
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.processes import ServerProcess
 
 MODES = {"in-loop (0 workers)": "0", "2 validator processes": "2"}
 

@@ -4,6 +4,8 @@ this machine's closed network needs, on a fresh profile every launch."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,3 +23,21 @@ def require_web_build() -> None:
     missing = [path for path in (WEB_DIR / "node_modules", STATIC_DIR / "demo.js") if not path.exists()]
     if missing:
         raise AssertionError(f"web client not built ({', '.join(map(str, missing))}): run `make web`")
+
+
+async def run_node(*args: str, cwd: Path, env: dict[str, str], timeout: float,
+                   merge_stderr: bool = False) -> tuple[int, str, str]:
+    """Run node (the tests' JavaScript side) next to a server in this event
+    loop; return its exit code, stdout and stderr. A node that outlives
+    `timeout` is killed, never left behind."""
+    process = await asyncio.create_subprocess_exec(
+        "node", *args, cwd=cwd, env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    return process.returncode, stdout.decode(), (stderr or b"").decode()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yrelay.bench import BenchConfig, run_bench
-from yrelay.bench.drivers import sync_message
-from yrelay.bench.edits import read_uint, update_key, writer_edits
+from yrelay_tools.bench import BenchConfig, run_bench
+from yrelay_tools.bench.drivers import sync_message
+from yrelay_tools.bench.edits import read_uint, update_key, writer_edits
 
 
 def test_edits_are_named_by_their_first_struct() -> None:

@@ -20,7 +20,7 @@ from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,17 +18,17 @@ import pytest
 from gcutil import append_all
 
 from yrelay import crdt, update_format
-from yrelay.chaos.checker import (DeliveryFigures, check_run, not_stored, server_documents, stream_states,
+from yrelay_tools.chaos.checker import (DeliveryFigures, check_run, not_stored, server_documents, stream_states,
                                   update_key)
-from yrelay.chaos.clients import AckRecord
-from yrelay.chaos.nemesis import NETWORK, Fault, parse_faults, schedule
-from yrelay.chaos.proxy import FaultProxy
-from yrelay.chaos.report import RunReport
-from yrelay.chaos.run import ChaosConfig, run_chaos
+from yrelay_tools.chaos.clients import AckRecord
+from yrelay_tools.chaos.nemesis import NETWORK, Fault, parse_faults, schedule
+from yrelay_tools.chaos.proxy import FaultProxy
+from yrelay_tools.chaos.report import RunReport
+from yrelay_tools.chaos.run import ChaosConfig, run_chaos
 from yrelay.gc import Collector, GcPolicy
 from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
-from yrelay.testing.checker import DeliveryViolation
+from yrelay_tools.testing.checker import DeliveryViolation
 
 
 @pytest.mark.timeout(420)
@@ -57,12 +57,12 @@ async def test_a_minute_of_every_fault_loses_no_acked_update(tmp_path):
 
 @pytest.mark.timeout(300)
 async def test_the_checker_catches_a_server_that_acks_before_appending(tmp_path):
-    """The same harness against yrelay.testing.broken_server (``appended`` is
+    """The same harness against yrelay_tools.testing.broken_server (``appended`` is
     sent before the append): updates acked while Redis is down are stored
     nowhere, and the checker must say so."""
     config = ChaosConfig(seed=3, duration=20, clients=3, docs=1, servers=1, faults=(Fault.REDIS_KILL,), replica=False,
                          mean_gap=4, edit_interval=0.05, quiet=10, settle_timeout=60,
-                         server_module="yrelay.testing.broken_server")
+                         server_module="yrelay_tools.testing.broken_server")
     report = await run_chaos(config, tmp_path)
     print(report.to_markdown())
     with pytest.raises(DeliveryViolation, match="acked updates missing"):

@@ -9,8 +9,8 @@ from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.redis_server import RedisProcess
 from yrelay.store import DocumentStore
-from yrelay.testing.checker import check_delivery
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.checker import check_delivery
+from yrelay_tools.testing.processes import ServerProcess
 
 
 async def edit(client_doc, rounds: int, tag: str, pause: float = 0.005) -> None:
@@ -93,7 +93,7 @@ async def test_checker_catches_a_missing_update():
     """The checker must fail when an acked update is absent somewhere."""
     import pytest
 
-    from yrelay.testing.checker import DeliveryViolation
+    from yrelay_tools.testing.checker import DeliveryViolation
 
     full, partial = crdt.new_doc(1), crdt.new_doc(2)
     updates: list[bytes] = []

@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from yrelay import crdt
 from yrelay.app.http_guard import EVICT_AFTER
 from yrelay.client import YrelayClient
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.processes import ServerProcess
 
 
 def _host_port(url: str) -> tuple[str, int]:

@@ -26,7 +26,7 @@ from yrelay import crdt, engine, update_format
 from yrelay.app.engine_pool import EngineFailed, EnginePool
 from yrelay.auth import issue_token
 from yrelay.store import DocumentStore
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.processes import ServerProcess
 
 #: y-py 0.6.2 sizes an allocation by this vector's count (~146 GB) and aborts.
 HOSTILE_VECTOR = base64.b64decode("/////w8=")
@@ -134,7 +134,7 @@ def test_the_sync_answer_holds_what_the_peer_lacks_and_where_the_stream_is_held(
 
 
 async def test_the_pool_cuts_off_a_hanging_or_dying_worker_and_serves_on():
-    pool = EnginePool(workers=1, timeout=0.5, module="yrelay.testing.hanging_engine")
+    pool = EnginePool(workers=1, timeout=0.5, module="yrelay_tools.testing.hanging_engine")
     updates = one_character_chain(3)
     try:
         with pytest.raises(EngineFailed):

@@ -36,7 +36,7 @@ from yrelay.awareness import AwarenessEntry, encode_update
 from yrelay.config import Settings
 from yrelay.client import YrelayClient
 from yrelay.protocol import MAX_JSON_DEPTH
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.processes import ServerProcess
 
 FRAMES = int(os.environ.get("YRELAY_FUZZ_FRAMES", "10000"))
 BATCH = 50  # frames per Hypothesis example, sent without waiting for answers

@@ -14,8 +14,8 @@ from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.keys import stream_key, tracker_key
 from yrelay.store import DocumentStore
-from yrelay.testing.checker import check_delivery
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.checker import check_delivery
+from yrelay_tools.testing.processes import ServerProcess
 
 
 

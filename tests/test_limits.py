@@ -364,7 +364,7 @@ async def eventually_subscribed(peer: RawPeer, doc: str, timeout: float = 5.0) -
 async def test_a_crashed_process_cannot_hold_a_subjects_subscriptions_for_ever(redis_url, tmp_path):
     from test_auth import SECRET
 
-    from yrelay.testing.processes import ServerProcess
+    from yrelay_tools.testing.processes import ServerProcess
 
     env = {"YRELAY_INSECURE_NO_AUTH": "0", "YRELAY_AUTH_SECRET": SECRET, "YRELAY_MAX_SUBSCRIPTIONS_PER_SUBJECT": "2",
            "YRELAY_SUBSCRIPTION_LEASE": "1.5"}

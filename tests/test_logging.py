@@ -21,7 +21,7 @@ import websockets
 from yrelay import logs
 from yrelay.auth import issue_token
 from yrelay.redis_server import RedisProcess, free_port
-from yrelay.testing.processes import wait_ready
+from yrelay_tools.testing.processes import wait_ready
 
 from conftest import running_server
 from wsraw import RawPeer

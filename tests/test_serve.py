@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from yrelay.redis_server import durability_warnings, free_port
-from yrelay.testing.processes import wait_ready
+from yrelay_tools.testing.processes import wait_ready
 
 
 def test_serve_starts_and_stops_an_embedded_durable_redis(tmp_path):

@@ -19,7 +19,7 @@ import websockets
 from wsraw import RawPeer
 
 from yrelay import crdt
-from yrelay.testing.processes import ServerProcess
+from yrelay_tools.testing.processes import ServerProcess
 
 DOC = "slow"
 WRITERS = 4

@@ -7,7 +7,7 @@ from wsraw import RawPeer
 
 from yrelay import crdt
 from yrelay.offsets import StreamId
-from yrelay.testing.checker import check_delivery
+from yrelay_tools.testing.checker import check_delivery
 
 
 def make_update(text: str, client_id: int = 1) -> bytes:

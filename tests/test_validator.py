@@ -44,7 +44,7 @@ async def test_a_crashing_update_is_rejected_and_its_batch_mates_pass():
 
 
 async def test_a_hanging_update_is_cut_off_at_the_deadline():
-    validator = Validator(workers=2, timeout=0.5, module="yrelay.testing.hanging_validator")
+    validator = Validator(workers=2, timeout=0.5, module="yrelay_tools.testing.hanging_validator")
     await validator.start()
     try:
         hang = good_update("HANG")

@@ -8,13 +8,11 @@ and causal refusals while Redis refuses writes, 5 MB and 20 MB pastes,
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import shutil
 
 import pytest
-from browser import WEB_DIR, require_web_build
+from browser import WEB_DIR, require_web_build, run_node
 from conftest import running_server
 
 from yrelay.auth import issue_token
@@ -26,8 +24,7 @@ OPS_TOKEN = "web-test-ops-token"
 @pytest.mark.timeout(300)
 async def test_node_provider_suite_passes_against_a_live_server(redis_url):
     require_web_build()
-    node = shutil.which("node")
-    assert node, "Node.js is needed for the provider tests"
+    assert shutil.which("node"), "Node.js is needed for the provider tests"
     tests = sorted(str(path.relative_to(WEB_DIR)) for path in (WEB_DIR / "test").glob("*.test.js"))
     assert len(tests) >= 2, tests
     tokens = {"write": issue_token(SECRET, "writer", ["auth-*"], "write"),
@@ -36,22 +33,12 @@ async def test_node_provider_suite_passes_against_a_live_server(redis_url):
     async with running_server(redis_url, ops_token=OPS_TOKEN, updates_per_second=1e6, update_burst=10**6,
                               subject_updates_per_second=1e6, subject_update_burst=10**6) as url, \
             running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET) as auth_url:
-        process = await asyncio.create_subprocess_exec(
-            # One file at a time: reliability.test.js makes the shared Redis refuse writes for a moment.
-            node, "--test", "--test-concurrency=1", "--test-reporter=tap", *tests, cwd=WEB_DIR,
-            env={**os.environ, "YRELAY_WS_URL": url, "YRELAY_AUTH_WS_URL": auth_url,
-                 "YRELAY_AUTH_TOKENS": json.dumps(tokens), "YRELAY_REDIS_URL": redis_url,
-                 "YRELAY_OPS_TOKEN": OPS_TOKEN},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            output, _ = await asyncio.wait_for(process.communicate(), 240)
-        finally:
-            if process.returncode is None:  # timed out: never leave node behind
-                process.kill()
-                await process.wait()
-    report = output.decode()
-    assert process.returncode == 0, report[-6000:]
+        # One file at a time: reliability.test.js makes the shared Redis refuse writes for a moment.
+        returncode, report, _ = await run_node(
+            "--test", "--test-concurrency=1", "--test-reporter=tap", *tests, cwd=WEB_DIR, timeout=240,
+            env={"YRELAY_WS_URL": url, "YRELAY_AUTH_WS_URL": auth_url, "YRELAY_AUTH_TOKENS": json.dumps(tokens),
+                 "YRELAY_REDIS_URL": redis_url, "YRELAY_OPS_TOKEN": OPS_TOKEN}, merge_stderr=True)
+    assert returncode == 0, report[-6000:]
     passed = [line for line in report.splitlines() if line.startswith("# pass ")]
     assert passed and int(passed[-1].split()[-1]) >= 40, report[-3000:]
     assert "# fail 0" in report and "# skipped 0" in report, report[-3000:]

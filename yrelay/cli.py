@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from . import logs
+from . import extras, logs
 from .app import create_app
 from .auth import AlreadyExpired, AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
 from .app.context import open_event_log
@@ -67,6 +67,8 @@ def serve(
     except ValueError as exc:  # a bad YRELAY_* value: one line naming it, no traceback
         typer.echo(f"yrelay: {exc}", err=True)
         raise typer.Exit(2) from None
+    if settings.redis_url is None:  # before anything is logged: the refusal is one line
+        extras.require_redis_server("serve without --redis-url")
     try:
         authenticator = authenticator_for(settings)  # refuse before anything starts
     except AuthConfigurationError as exc:
@@ -211,8 +213,12 @@ def analyze(
     window: int = typer.Option(10, min=2, help="Acks in a session's status window."),
     top: int = typer.Option(20, min=1, help="Rows of the top-lagging and hottest-document tables."),
 ) -> None:
-    """Analyse the event log with Spark: lag, statuses, ack latency, resends, GC; Parquet tables and an HTML dashboard."""
-    # pyspark is imported here, not at the top: `serve` and `gc` should not pay for it.
+    """Analyse the event log with Spark: lag, statuses, ack latency, resends, GC; Parquet tables and an HTML dashboard.
+
+    Needs the spark extra: pip install 'yrelay\\[spark]' (and a Java 17+ runtime)."""
+    # pyspark is imported here, not at the top: `serve` and `gc` should not pay
+    # for it, and a lean install (no spark extra) says what to install.
+    extras.require("spark", "analyze")
     from .spark_analytics.analysis import Options
     from .spark_analytics.events import event_files
     from .spark_analytics.job import JobConfig, run
@@ -253,11 +259,14 @@ def chaos(
 
     Exits 1 when an acked update is missing anywhere, the replicas did not
     converge, a stored entry can never apply, or a stream did not fold.
+
+    Needs the chaos extra: pip install 'yrelay\\[chaos]'.
     """
+    extras.require("chaos", "chaos")
     from datetime import datetime, timezone
 
-    from .chaos.nemesis import Fault, parse_faults
-    from .chaos.run import ChaosConfig, run_chaos
+    from yrelay_tools.chaos.nemesis import Fault, parse_faults
+    from yrelay_tools.chaos.run import ChaosConfig, run_chaos
 
     try:
         kinds = tuple(parse_faults(faults))
@@ -297,11 +306,14 @@ def bench(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write every figure as JSON here."),
 ) -> None:
     """Benchmark yrelay against pycrdt-websocket, the y-websocket Node server,
-    a bare uvicorn broadcast server and pipelined XADD (BENCHMARKS.md)."""
+    a bare uvicorn broadcast server and pipelined XADD (BENCHMARKS.md).
+
+    Needs the bench extra: pip install 'yrelay\\[bench]'."""
+    extras.require("bench", "bench")
     import json
     import sys
 
-    from .bench import SCENARIOS, BenchConfig, run_bench
+    from yrelay_tools.bench import SCENARIOS, BenchConfig, run_bench
 
     chosen = tuple(scenario or SCENARIOS)
     unknown = set(chosen) - set(SCENARIOS)

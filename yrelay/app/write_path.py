@@ -140,7 +140,7 @@ class WritePath:
     async def _confirm(self, frame: Update, future: asyncio.Future[AppendResult], size: int,
                        received: float) -> None:
         """Ack an update once (and only once) the append script returned.
-        (yrelay/testing/broken_server.py replaces this method.)"""
+        (yrelay_tools/testing/broken_server.py replaces this method.)"""
         try:
             result = await future
         except asyncio.CancelledError:

@@ -9,7 +9,7 @@ import time
 
 from redis.asyncio import Redis
 
-from ..redis_server import RedisProcess
+from yrelay.redis_server import RedisProcess
 from .edits import writer_edits
 
 

@@ -11,7 +11,7 @@
    changed for ``quiet`` seconds, or ``settle_timeout``).
 4. Last aggressive GC passes, until every stream has folded into its
    snapshot (or a few seconds passed); the clients write their final
-   documents and exit, and :func:`yrelay.chaos.checker.check_run` compares
+   documents and exit, and :func:`yrelay_tools.chaos.checker.check_run` compares
    everything, stuck and unfolded entries included.
 """
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from .. import crdt
-from ..gc import Collector, collect_documents
+from yrelay import crdt
+from yrelay.gc import Collector, collect_documents
 from ..testing.checker import DeliveryViolation
 from .checker import (DeliveryFigures, StreamState, UpdateKey, acked_updates, check_run, not_stored,
                       server_documents, server_event_counts, stored_updates, stream_states)

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from .. import engine
+from yrelay import engine
 
 _answer = engine.answer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import validation
+from yrelay import validation
 
 _check = validation.check
 

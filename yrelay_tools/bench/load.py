@@ -1,5 +1,5 @@
 """One measured run: a load shape at one offered rate against one target,
-driven by several generator processes (:mod:`yrelay.bench.worker`).
+driven by several generator processes (:mod:`yrelay_tools.bench.worker`).
 
 Writers are open loop: they send on a fixed schedule whatever the server
 does, so every target gets the same offered load, and a server that cannot

@@ -3,7 +3,7 @@
 message to every connection on the same path, sender included (as
 y-websocket does). It answers a y-websocket sync step 1 with an empty step 2,
 so the same driver speaks to it. Run as
-``python -m yrelay.bench.targets.broadcast --port N``."""
+``python -m yrelay_tools.bench.targets.broadcast --port N``."""
 
 from __future__ import annotations
 

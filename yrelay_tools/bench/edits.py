@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import random
 
-from .. import crdt
-from ..awareness import _varuint
+from yrelay import crdt
+from yrelay.awareness import _varuint
 
 WORDS = ("the ", "quick ", "brown ", "fox ", "jumps ", "over ", "a ", "lazy ", "dog ", "and ", "then ", "naps ")
 #: Share of updates that are corrections (a delete and a one-character insert).

@@ -1,5 +1,5 @@
 """The harness's side of a chaos client: its OS process, its proxy and the
-files it leaves (:mod:`yrelay.chaos.workload`)."""
+files it leaves (:mod:`yrelay_tools.chaos.workload`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..redis_server import _die_with_parent
+from yrelay.redis_server import _die_with_parent
 from ..testing.processes import terminate
 from .proxy import FaultProxy
 from .workload import WorkloadConfig
@@ -48,7 +48,7 @@ class ClientProcess:
         self.config.save(config_path)
         log = (self.dir / "client.log").open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "yrelay.chaos.workload", str(config_path)],
+            [sys.executable, "-m", "yrelay_tools.chaos.workload", str(config_path)],
             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
         )
 

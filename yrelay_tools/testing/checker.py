@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .. import crdt, update_format
+from yrelay import crdt, update_format
 
 
 class DeliveryViolation(AssertionError):

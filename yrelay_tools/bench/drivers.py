@@ -13,7 +13,7 @@ import base64
 import time
 from typing import Any
 
-from .. import protocol
+from yrelay import protocol
 from .edits import read_uint, update_key, write_uint
 from .wsclient import WsClient
 

@@ -17,7 +17,7 @@ and resends what was not acked. Without it, a restarted process is a new
 client, as a browser tab closed without IndexedDB would be: new session, empty
 documents, a new Yjs client id; what the killed one had not got acked is gone
 (the harness's own files above are kept).
-Run: ``python -m yrelay.chaos.workload CONFIG.json``.
+Run: ``python -m yrelay_tools.chaos.workload CONFIG.json``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import crdt
-from ..client import Backoff, YrelayClient
-from ..client.persistence import ClientStateFile
+from yrelay import crdt
+from yrelay.client import Backoff, YrelayClient
+from yrelay.client.persistence import ClientStateFile
 
 STATUS_INTERVAL = 0.25
 #: Retries fast and gives up on a silent server quickly (half-open links,

@@ -2,7 +2,7 @@
 proves the chaos checker catches a server that loses acknowledged updates
 (tests/test_chaos.py). Nothing else imports it; never deploy it.
 
-    python -m yrelay.testing.broken_server serve --port ... --redis-url ...
+    python -m yrelay_tools.testing.broken_server serve --port ... --redis-url ...
 
 runs the real command with one bug patched in, in this process only: the
 server sends ``appended`` *before* the append script ran (the id is made
@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .. import protocol
-from ..app.write_path import WritePath
-from ..cli import cli
+from yrelay import protocol
+from yrelay.app.write_path import WritePath
+from yrelay.cli import cli
 
 
 async def _ack_before_append(self: WritePath, frame, future: asyncio.Future[tuple[str, bool]], size: int,

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import protocol
-from ..app.appender import Appender
-from ..store import DocumentStore
+from yrelay import protocol
+from yrelay.app.appender import Appender
+from yrelay.store import DocumentStore
 from . import ceilings, load, metrics
 from .drivers import _dumps, _loads
 from .edits import writer_edits

@@ -1,6 +1,6 @@
 """pycrdt-websocket as the issue describes it: its ASGIServer under uvicorn
 (uvloop, like yrelay), one in-memory room per path. Run as
-``python -m yrelay.bench.targets.pycrdt_server --port N``."""
+``python -m yrelay_tools.bench.targets.pycrdt_server --port N``."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ...redis_server import RedisProcess
+from yrelay.redis_server import RedisProcess
 from ...testing.processes import ServerProcess
 from ..drivers import Y_WEBSOCKET, YRELAY
 from .base import Target
@@ -86,7 +86,7 @@ class PycrdtTarget(Target):
     parallel_connects = 1
 
     def start(self) -> "PycrdtTarget":
-        self._spawn([sys.executable, "-m", "yrelay.bench.targets.pycrdt_server", "--port", str(self.port)])
+        self._spawn([sys.executable, "-m", "yrelay_tools.bench.targets.pycrdt_server", "--port", str(self.port)])
         return self
 
 
@@ -115,7 +115,7 @@ class BroadcastTarget(Target):
     note = "relays bytes, keeps nothing (ceiling of the web stack)"
 
     def start(self) -> "BroadcastTarget":
-        self._spawn([sys.executable, "-m", "yrelay.bench.targets.broadcast", "--port", str(self.port)])
+        self._spawn([sys.executable, "-m", "yrelay_tools.bench.targets.broadcast", "--port", str(self.port)])
         return self
 
 

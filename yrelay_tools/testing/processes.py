@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from ..redis_server import _die_with_parent, free_port
+from yrelay.redis_server import _die_with_parent, free_port
 
 
 #: Defaults of harness servers, under whatever the environment says.
@@ -43,7 +43,7 @@ class ServerProcess:
     def __init__(self, redis_url: str, log_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
                  module: str = "yrelay", cwd: Path | None = None):
         """``module``: what ``python -m`` runs; tests name a deliberately
-        broken build (:mod:`yrelay.testing.broken_server`) here. ``cwd``:
+        broken build (:mod:`yrelay_tools.testing.broken_server`) here. ``cwd``:
         where it runs; ``python -m`` imports from there first, ahead of
         ``PYTHONPATH`` (how a benchmark runs another checkout)."""
         self.cwd = cwd

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from ..gc import Collector, GcPolicy, collect_documents
+from yrelay.gc import Collector, GcPolicy, collect_documents
 from .clients import ClientProcess
 from .cluster import Cluster
 

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ...redis_server import _die_with_parent, free_port
+from yrelay.redis_server import _die_with_parent, free_port
 from ...testing.processes import terminate
 
 

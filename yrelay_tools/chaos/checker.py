@@ -7,7 +7,7 @@ and again after a last GC pass); all of them must have the same content.
 Acked updates that Redis itself lost (a failover, a restart from an AOF
 missing its tail) and that clients gave back are *recovered*, not lost; one
 that is missing anywhere at the end is a loss, and the check raises
-:class:`~yrelay.testing.checker.DeliveryViolation`.
+:class:`~yrelay_tools.testing.checker.DeliveryViolation`.
 
 Stored is not enough either (issue 15): after the run's last GC pass every
 stream must have folded into its snapshot, no document may report an entry
@@ -28,11 +28,11 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from .. import crdt, update_format
-from ..admission import Blocked, StateBuilder
-from ..keys import meta_key, stream_key
-from ..replies import text
-from ..store import DocumentStore, Entry, HistoryTrimmed, Snapshot
+from yrelay import crdt, update_format
+from yrelay.admission import Blocked, StateBuilder
+from yrelay.keys import meta_key, stream_key
+from yrelay.replies import text
+from yrelay.store import DocumentStore, Entry, HistoryTrimmed, Snapshot
 from ..testing.checker import DeliveryViolation, absent_ranges, check_delivery, decode_updates, missing_from_state
 from .clients import AckRecord
 

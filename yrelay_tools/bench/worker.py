@@ -1,5 +1,5 @@
 """One load-generator process: its connections, its writers' schedule, and
-what its readers received. The parent (:mod:`yrelay.bench.load`) starts
+what its readers received. The parent (:mod:`yrelay_tools.bench.load`) starts
 several, so the generator is never one busy Python process.
 
 Talks to the parent over a pipe: ``prepared`` once its edits are made;
