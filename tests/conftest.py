@@ -73,16 +73,22 @@ async def running_server(redis_url: str, port: int | None = None, **overrides: o
     """An app served by uvicorn inside the test's event loop; yields its ws URL."""
     port = port or free_port()
     settings = Settings.from_env(**{"resend_after": 0.5, "resend_check_interval": 0.1, "port": port, **overrides})
-    config = uvicorn.Config(create_app(settings, redis_url), host="127.0.0.1", port=port, log_level="warning",
-                            **settings.uvicorn_options())  # type: ignore[arg-type]
-    server = uvicorn.Server(config)
+    async with serving(create_app(settings, redis_url), port, **settings.uvicorn_options()):
+        yield f"ws://127.0.0.1:{port}/ws"
+
+
+@contextlib.asynccontextmanager
+async def serving(app: object, port: int, **options: object) -> AsyncIterator[None]:
+    """Any ASGI app served by uvicorn on ``port`` inside the test's event loop."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           **options))  # type: ignore[arg-type]
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
             task.result()
         await asyncio.sleep(0.01)
     try:
-        yield f"ws://127.0.0.1:{port}/ws"
+        yield
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)

@@ -272,7 +272,7 @@ class _ServerState(Collector):
     def collect(self) -> Iterator[Any]:
         ctx = self.ctx
         feeds = list(ctx.fanout.feeds.values())
-        subscriptions = [subscriber for feed in feeds for subscriber in feed.subscribers]
+        subscriptions = list(ctx.subscriptions)
         yield GaugeMetricFamily("yrelay_documents_active", "Documents with a subscriber on this process.",
                                 value=len(feeds))
         yield GaugeMetricFamily("yrelay_subscriptions_open", "Subscriptions (connection x document) on this process.",

@@ -26,6 +26,7 @@ from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
 from ..replies import text
 from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks, mark_changed
+from ..tasks import BackgroundTask
 from ..update_format import Layout, Ranges
 
 log = logging.getLogger(__name__)
@@ -60,19 +61,19 @@ class Appender:
         self.store = store
         self._pending: list[_Item] = []
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask("yrelay-appender", self._run)
         #: State-vector rebuilds and sync-push cuts under way (kept: the loop
         #: holds tasks weakly).
         self._side_tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="yrelay-appender")
+        self._loop.start()
 
     async def stop(self) -> None:
-        tasks = [task for task in (self._task, *self._side_tasks) if task is not None]
-        for task in tasks:
+        for task in self._side_tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._loop.stop()
+        await asyncio.gather(*self._side_tasks, return_exceptions=True)
         for item in self._pending:
             item.future.cancel()
 

@@ -1,8 +1,16 @@
-"""The per-process parts every connection shares, built once at start-up."""
+"""The per-process parts every connection shares, built once at start-up.
+
+Every part that holds a connection, a task or a process has its stop on
+one exit stack before anything connects or starts, in the order that makes
+the stack's unwinding the order of a clean stop: a start-up that fails half
+way (Redis unreachable, a validator that cannot start) closes what it had
+opened instead of leaving tasks running and connections open.
+"""
 
 from __future__ import annotations
 
 import logging
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -22,9 +30,10 @@ from ..scripts import NAMES as SCRIPT_NAMES
 from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
+from .acks import SubscriptionRegistry
 from .appender import Appender
 from .engine_pool import EnginePool
-from .fanout import Fanout
+from .fanout import Fanout, Subscriber
 from .inflight import ByteBudget
 from .limits import Limits
 from .presence import Presence
@@ -47,6 +56,8 @@ class ServerContext:
     ack_writer: AckWriter
     appender: Appender
     fanout: Fanout
+    #: This process's subscriptions: fed by the fan-out, told of evictions by the ack writer.
+    subscriptions: SubscriptionRegistry[Subscriber]
     sessions: SessionRegistry
     collector: Collector
     gc_loop: GcLoop
@@ -62,36 +73,64 @@ class ServerContext:
     #: Bytes of updates between arrival and answer, all connections together.
     inflight_bytes: ByteBudget
     process_id: str = field(default_factory=process_name)
+    #: What ``close`` unwinds (see the module doc).
+    _stack: AsyncExitStack = field(default_factory=AsyncExitStack, repr=False)
 
     @classmethod
     async def open(cls, settings: Settings, redis_url: str,
                    authenticator: Authenticator | None = None) -> "ServerContext":
         authenticator = authenticator or authenticator_for(settings)  # refuse to start unconfigured
         announce_auth(settings, authenticator)
+        async with AsyncExitStack() as stack:  # unwound here if anything below fails
+            ctx = await cls._assemble(stack, settings, redis_url, authenticator)
+            await ctx.store.load_scripts()
+            for warning in await check_durability(ctx.redis):
+                log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
+            ctx.metrics.watch(ctx)
+            if settings.verify_digests:
+                await verify_digests(ctx.digests)
+            ctx.ack_writer.start()
+            ctx.appender.start()
+            ctx.fanout.start()
+            ctx.gc_loop.start()
+            ctx.presence.start()
+            ctx.limits.subjects.start()
+            ctx.revocations.start()
+            await ctx.validator.start()
+            ctx._stack = stack.pop_all()
+        return ctx
+
+    @classmethod
+    async def _assemble(cls, stack: AsyncExitStack, settings: Settings, redis_url: str,
+                        authenticator: Authenticator) -> "ServerContext":
+        """Every part, nothing started yet; each one's stop is on ``stack``
+        (stopping a part that never started only closes its connections)."""
+        metrics = Metrics() if settings.metrics else NullMetrics()
+        # The same emit calls feed the event log and the metrics.
+        events = Events(open_event_log(settings), *([metrics] if settings.metrics else []))
+        stack.callback(events.stop)
         # A burst of connections needs more Redis calls at once than redis-py's
         # default pool (100 in redis-py 8) allows; wait for a connection
         # rather than fail the frame with "Too many connections".
         redis = Redis.from_pool(BlockingConnectionPool.from_url(
             redis_url, max_connections=REDIS_POOL_SIZE, timeout=10, socket_timeout=10, health_check_interval=30))
+        stack.push_async_callback(redis.aclose)
         reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
         store = DocumentStore(redis)
-        await store.load_scripts()
-        metrics = Metrics() if settings.metrics else NullMetrics()
-        # The same emit calls feed the event log and the metrics.
-        events = Events(open_event_log(settings), *([metrics] if settings.metrics else []))
         engine = EnginePool(settings.engine_workers, settings.engine_timeout)
         collector = Collector(redis, GcPolicy.from_settings(settings), events=events, fold=engine.fold)
-        for warning in await check_durability(redis):
-            log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
+        # The registry exists before the ack writer and the fan-out that share it.
+        subscriptions: SubscriptionRegistry[Subscriber] = SubscriptionRegistry()
         ctx = cls(
             settings=settings,
             redis=redis,
             store=store,
             tracker=Tracker(redis, store.scripts),
-            ack_writer=AckWriter(redis),  # on_evicted is wired below
+            ack_writer=AckWriter(redis, on_evicted=subscriptions.session_evicted),
             appender=Appender(store),
-            fanout=Fanout(reader, store, block_ms=settings.block_ms, count=settings.page_size,
+            fanout=Fanout(reader, store, subscriptions, block_ms=settings.block_ms, count=settings.page_size,
                           max_bytes=settings.max_page_bytes),
+            subscriptions=subscriptions,
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,
             gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,
@@ -110,18 +149,11 @@ class ServerContext:
             engine=engine,
             inflight_bytes=ByteBudget(settings.max_inflight_bytes),
         )
-        metrics.watch(ctx)
-        if settings.verify_digests:
-            await verify_digests(ctx.digests)
-        ctx.ack_writer.on_evicted = ctx.fanout.session_evicted
-        ctx.ack_writer.start()
-        ctx.appender.start()
-        ctx.fanout.start()
-        ctx.gc_loop.start()
-        ctx.presence.start()
-        ctx.limits.subjects.start()
-        ctx.revocations.start()
-        await ctx.validator.start()
+        # Unwound last to first: the order of a clean stop.
+        for stop in (ctx.engine.stop, ctx.validator.stop, ctx.ack_writer.stop, ctx.appender.stop,
+                     ctx.fanout.stop, ctx.limits.subjects.stop, ctx.presence.stop, ctx.gc_loop.stop,
+                     ctx.revocations.stop):
+            stack.push_async_callback(stop)
         return ctx
 
     def scripts(self) -> list[Script]:
@@ -129,17 +161,8 @@ class ServerContext:
         return [getattr(self.store.scripts, name) for name in SCRIPT_NAMES] + list(self.presence.scripts)
 
     async def close(self) -> None:
-        await self.revocations.stop()
-        await self.gc_loop.stop()
-        await self.presence.stop()
-        await self.limits.subjects.stop()
-        await self.fanout.stop()
-        await self.appender.stop()
-        await self.ack_writer.stop()
-        await self.validator.stop()
-        await self.engine.stop()
-        await self.redis.aclose()
-        self.events.stop()
+        """Stop every service and close every connection (idempotent)."""
+        await self._stack.aclose()
 
 
 def announce_auth(settings: Settings, authenticator: Authenticator) -> None:

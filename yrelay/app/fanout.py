@@ -8,6 +8,12 @@ contiguous (each starts exactly where the previous one ended), which lets a
 subscription tell whether it can take a batch as is or must first read the
 gap from the stream.
 
+Whom to feed is the process's :class:`~.acks.SubscriptionRegistry`, shared
+with the ack path (evictions reach the same subscriptions). Subscriptions
+call :meth:`Fanout.register` and :meth:`Fanout.unregister`; the fan-out
+talks back only through the small :class:`Subscriber` protocol, so it never
+depends on the subscription's module.
+
 Isolation: if Redis rejects the multi-stream XREAD (a key of the wrong type,
 say), every document is probed on its own, the broken ones are set aside for a
 while and reported to their subscribers, and the rest carry on.
@@ -25,10 +31,13 @@ from typing import Protocol
 import redis.exceptions
 from redis.asyncio import Redis
 
+from ..backoff import Reconnect
 from ..keys import stream_key
 from ..offsets import StreamId
 from ..store import DocumentStore, Entry, to_entry
+from ..tasks import BackgroundTask
 from . import sizing
+from .acks import Member, SubscriptionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +66,14 @@ class Batch:
         return sum(len(entry.update) for entry in self.entries)
 
 
-class Subscriber(Protocol):
-    doc: str
-    session: str
+class Subscriber(Member, Protocol):
+    """What the fan-out calls on a subscription (synchronous, for every subscriber)."""
 
-    def offer(self, batch: Batch) -> None: ...
+    def offer(self, batch: Batch) -> None:
+        """New entries of the document."""
 
-    def document_failed(self, reason: str) -> None: ...
-
-    def evicted(self) -> None: ...
+    def document_failed(self, reason: str) -> None:
+        """The document's stream cannot be read (set aside for a while)."""
 
 
 @dataclass
@@ -73,15 +81,15 @@ class Feed:
     """Per-document fan-out state of this process."""
 
     cursor: StreamId
-    subscribers: set = field(default_factory=set)
     broken_until: float = 0.0
 
 
 class Fanout:
-    def __init__(self, url_redis: Redis, store: DocumentStore, *, block_ms: int, count: int,
-                 max_bytes: int = 1024 * 1024):
+    def __init__(self, url_redis: Redis, store: DocumentStore, subscribers: SubscriptionRegistry[Subscriber], *,
+                 block_ms: int, count: int, max_bytes: int = 1024 * 1024):
         self.reader = url_redis  # a single-connection client, owned by this loop
         self.store = store
+        self.subscribers = subscribers
         self.block_ms = block_ms
         #: Entries per stream per read, at most ``max_count``: fewer when they
         #: are large, so one read of a document stays near ``max_bytes``.
@@ -93,17 +101,15 @@ class Fanout:
         self._reader_id: int | None = None
         self._generation = 0  # bumped when the set of documents changes
         self._reading_generation = -1
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask("yrelay-fanout", self._run)
         #: doc -> (cursor, its stream key and cursor packed as RESP bulk strings)
         self._packed: dict[str, tuple[StreamId, bytes, bytes]] = {}
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="yrelay-fanout")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.stop()
         await self.reader.aclose()
 
     def cursor(self, doc: str) -> StreamId | None:
@@ -120,24 +126,12 @@ class Fanout:
             if feed is None:
                 feed = self.feeds[subscriber.doc] = Feed(cursor=last)
                 self._documents_changed()
-        feed.subscribers.add(subscriber)
+        self.subscribers.add(subscriber)
         return feed.cursor
 
-    def session_evicted(self, doc: str, session: str) -> None:
-        """Tell this process's subscriptions of ``session`` to ``doc`` that
-        the tracker dropped them (found by the ack writer)."""
-        feed = self.feeds.get(doc)
-        for subscriber in list(feed.subscribers) if feed else []:
-            if subscriber.session == session:
-                subscriber.evicted()
-
     def unregister(self, subscriber: Subscriber) -> None:
-        feed = self.feeds.get(subscriber.doc)
-        if feed is None:
-            return
-        feed.subscribers.discard(subscriber)
-        if not feed.subscribers:
-            del self.feeds[subscriber.doc]
+        if self.subscribers.discard(subscriber):  # the document's last one here
+            self.feeds.pop(subscriber.doc, None)
             self._packed.pop(subscriber.doc, None)
             self._generation += 1
 
@@ -160,21 +154,20 @@ class Fanout:
             await asyncio.sleep(0.005)
 
     async def _run(self) -> None:
-        backoff = 0.1
+        reconnect = Reconnect()
         while True:
             try:
                 await self._read_once()
-                backoff = 0.1
+                reconnect.succeeded()
             except asyncio.CancelledError:
                 raise
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                log.warning("fan-out reader lost Redis (%s); retrying in %.1fs", exc, backoff)
+                log.warning("fan-out reader lost Redis (%s); retrying in %.1fs", exc, reconnect.delay)
                 self._reader_id = None
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await reconnect.wait()
             except Exception:
                 log.exception("fan-out reader failed; retrying")
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(reconnect.delay)
 
     def _readable(self) -> dict[str, StreamId]:
         now = time.monotonic()
@@ -231,7 +224,7 @@ class Fanout:
                 continue
             batch = Batch(feed.cursor, entries)
             feed.cursor = batch.last
-            for subscriber in list(feed.subscribers):
+            for subscriber in self.subscribers.of(doc):
                 subscriber.offer(batch)
 
     async def _isolate_broken(self, readable: dict[str, StreamId]) -> None:
@@ -245,7 +238,7 @@ class Fanout:
                 log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS,
                           extra={"doc": doc})
                 feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
-                for subscriber in list(feed.subscribers):
+                for subscriber in self.subscribers.of(doc):
                     subscriber.document_failed(str(exc))
                 continue
             self._dispatch(reply or [])

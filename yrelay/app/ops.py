@@ -20,19 +20,15 @@ from ..gc import DocReport, collect_documents
 from ..gc.blocked import drop_blocked
 from ..keys import InvalidDocumentId, documents_key, validate_doc_id
 from ..tracker.lag import document_status
-from .context import ServerContext
+from .binding import relay_context as _ctx, relay_settings
 
 _bearer = HTTPBearer(auto_error=False, description="The ops token (YRELAY_OPS_TOKEN).")
-
-
-def _ctx(request: Request) -> ServerContext:
-    return request.app.state.ctx
 
 
 def require_ops_token(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
-    expected = _ctx(request).settings.ops_token
+    expected = relay_settings(request).ops_token
     if not expected:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "ops endpoints are disabled: set YRELAY_OPS_TOKEN")
     if credentials is None:

@@ -31,8 +31,10 @@ from redis.asyncio.client import PubSub
 
 from .. import protocol
 from ..awareness import AwarenessEntry, encode_update, join_encoded
+from ..backoff import Reconnect
 from ..keys import doc_of_presence_channel, presence_channel, presence_key, presence_owners_key
 from ..scripts import source
+from ..tasks import BackgroundTask
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +131,7 @@ class Presence:
         self._pubsub: PubSub | None = None
         self._channel_lock = asyncio.Lock()
         self._ids = itertools.count(1)
-        self._backoff = 0.1
+        self._reconnect = Reconnect()
         self._put = redis.register_script(source("presence_put"))
         self._forget = redis.register_script(source("presence_forget"))
         self._read = redis.register_script(source("presence_read"))
@@ -137,15 +139,13 @@ class Presence:
         #: Totals for the metrics: client updates stored, frames queued to local members.
         self.updates = 0
         self.relayed = 0
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask("yrelay-presence", self._run)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="yrelay-presence")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.stop()
         await self.listener.aclose()
 
     # ------------------------------------------------------------ members
@@ -278,9 +278,8 @@ class Presence:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("presence reader lost Redis (%s); retrying in %.1fs", exc, self._backoff)
-                await asyncio.sleep(self._backoff)
-                self._backoff = min(self._backoff * 2, 5.0)
+                log.warning("presence reader lost Redis (%s); retrying in %.1fs", exc, self._reconnect.delay)
+                await self._reconnect.wait()
 
     async def _listen(self) -> None:
         pubsub = self.listener.pubsub()
@@ -291,7 +290,7 @@ class Presence:
                 self._channels = {doc: asyncio.Event() for doc in self.members}
                 if self._channels:
                     await pubsub.subscribe(*map(presence_channel, self._channels))
-            self._backoff = 0.1
+            self._reconnect.succeeded()
             while True:
                 message = await pubsub.get_message(timeout=1.0)
                 if message is not None:

@@ -35,6 +35,7 @@ from redis.asyncio import Redis
 
 from ..eventlog import process_name
 from ..keys import subject_bucket_key, subject_subscriptions_key
+from ..tasks import BackgroundTask
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -121,7 +122,7 @@ class SubjectQuotas:
         self.subscriptions: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._flushing: asyncio.Task[None] | None = None
-        self._renewing: asyncio.Task[None] | None = None
+        self._renewal = BackgroundTask("yrelay-subject-leases", self._renew)
         #: Redis calls made for buckets (bench/quota_cost.py reports them per update).
         self.bucket_calls = 0
 
@@ -213,7 +214,7 @@ class SubjectQuotas:
 
     def start(self) -> None:
         if self.settings.max_subscriptions_per_subject > 0:
-            self._renewing = asyncio.create_task(self._renew(), name="yrelay-subject-leases")
+            self._renewal.start()
 
     async def _renew(self) -> None:
         """Renew this process's leases three times per lease."""
@@ -226,9 +227,9 @@ class SubjectQuotas:
 
     async def stop(self) -> None:
         """Give the counts back (a clean stop need not wait for the lease)."""
-        for task in (self._renewing, self._flushing):
-            if task is not None:
-                task.cancel()
+        if self._flushing is not None:
+            self._flushing.cancel()
+        await self._renewal.stop()
         subjects = set(self.subscriptions) | self._dirty
         self.subscriptions.clear()
         try:

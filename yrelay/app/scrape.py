@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
-from .context import ServerContext
+from .binding import relay_context, relay_settings
 
 _bearer = HTTPBearer(auto_error=False, description="YRELAY_METRICS_TOKEN or YRELAY_OPS_TOKEN.")
 
@@ -34,7 +34,7 @@ def _loopback(request: Request) -> bool:
 def may_scrape(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
-    settings = request.app.state.ctx.settings
+    settings = relay_settings(request)
     tokens = [token for token in (settings.metrics_token, settings.ops_token) if token]
     if not tokens:
         if _loopback(request):
@@ -56,7 +56,7 @@ router = APIRouter(tags=["monitoring"])
             responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format."}})
 async def metrics(request: Request) -> Response:
     """Counters, gauges and histograms of this server process (docs/operations.md#metrics)."""
-    ctx: ServerContext = request.app.state.ctx
+    ctx = relay_context(request)
     if not ctx.settings.metrics:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "metrics are off (YRELAY_METRICS=0)")
     await ctx.metrics.refresh(ctx.redis)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import struct
 import sys
@@ -31,6 +32,7 @@ from typing import TypeVar
 
 from .. import crdt
 from ..engine import READY
+from ..tasks import BackgroundTask
 from ..validation import encode_request
 
 log = logging.getLogger(__name__)
@@ -138,7 +140,8 @@ class Validator:
         self._workers = [WorkerProcess(module) for _ in range(workers)]
         self._queue: deque[_Item] = deque()
         self._ready = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = [BackgroundTask("yrelay-validator", functools.partial(self._serve, worker))
+                       for worker in self._workers]
         #: Updates rejected because they hung or crashed a worker.
         self.timeouts = 0
 
@@ -147,14 +150,12 @@ class Validator:
         return sum(worker.restarts for worker in self._workers)
 
     async def start(self) -> None:
-        for worker in self._workers:
+        for worker, loop in zip(self._workers, self._loops):
             await worker.start()
-            self._tasks.append(asyncio.create_task(self._serve(worker), name="yrelay-validator"))
+            loop.start()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(loop.stop() for loop in self._loops))
         for worker in self._workers:
             await worker.stop()
         for _, future in self._queue:

@@ -1,17 +1,20 @@
 """Authentication and authorization of websocket clients: who is connecting
-(:mod:`.authenticator`, pluggable), what they may read and write
+(:mod:`.authenticator`, pluggable; :mod:`.host` wraps an embedding app's
+own function), what they may read and write
 (:mod:`.principal`), revoked tokens (:mod:`.revocation`), browser origins
 (:mod:`.origins`) and issuing tokens (:mod:`.tokens`). See docs/security.md."""
 
 from .authenticator import (AuthConfigurationError, AuthError, Authenticator, JwtAuthenticator, NoAuthenticator,
                             authenticator_for)
+from .host import AuthenticateFn, HostAuthenticator
 from .origins import origin_allowed, own_origins
 from .principal import ANYONE, DocumentGrant, InvalidGrant, Permission, Principal
 from .revocation import AlreadyExpired, Revocations
 from .tokens import issue_token
 
 __all__ = [
-    "ANYONE", "AlreadyExpired", "AuthConfigurationError", "AuthError", "Authenticator", "DocumentGrant", "InvalidGrant",
+    "ANYONE", "AlreadyExpired", "AuthConfigurationError", "AuthError", "AuthenticateFn", "Authenticator",
+    "DocumentGrant", "HostAuthenticator", "InvalidGrant",
     "JwtAuthenticator", "NoAuthenticator", "Permission", "Principal", "Revocations", "authenticator_for",
     "issue_token", "origin_allowed", "own_origins",
 ]

@@ -4,7 +4,8 @@ The hook for apps with their own user system is the :class:`Authenticator`
 protocol: one async method that gets the token the client sent (first frame
 or websocket subprotocol) and the connection's headers, and returns a
 Principal or raises :class:`AuthError`. Pass an instance to
-``create_app(..., authenticator=...)`` or name a factory with
+``create_app(..., authenticator=...)`` or ``Relay(..., authenticator=...)``
+(an embedding app may pass a plain function instead: :mod:`.host`), or name a factory with
 ``yrelay serve --auth-hook package.module:factory`` (called with the
 Settings). The built-in default, :class:`JwtAuthenticator`, verifies tokens
 signed with the server secret.
@@ -102,8 +103,8 @@ def authenticator_for(settings: Settings) -> Authenticator:
         return JwtAuthenticator(settings.auth_secret, settings.auth_algorithms, audience=settings.auth_audience,
                                 issuer=settings.auth_issuer, leeway=settings.auth_leeway)
     raise AuthConfigurationError(
-        "no authentication configured: set YRELAY_AUTH_SECRET (JWT), an --auth-hook, "
-        "or --insecure-no-auth for development"
+        "no authentication configured: set YRELAY_AUTH_SECRET (JWT), an --auth-hook (embedded: "
+        "Relay(authenticate=...)), or --insecure-no-auth for development"
     )
 
 

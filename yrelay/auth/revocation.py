@@ -20,6 +20,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..keys import revoked_tokens_key
+from ..tasks import BackgroundTask
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Revocations:
         #: Seconds tokens are accepted past ``exp`` (``Settings.auth_leeway``).
         self.leeway = leeway
         self._revoked: frozenset[str] = frozenset()
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask("yrelay-revocations", self._run)
         self._stopping = asyncio.Event()
 
     async def revoke(self, token_id: str, expires_at: float | None = None) -> None:
@@ -64,14 +65,13 @@ class Revocations:
         self._revoked = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="yrelay-revocations")
+        self._loop.start()
 
     async def stop(self) -> None:
         """Let the loop finish its refresh and return (no cancel: a cancel that
         lands inside a Redis call can be swallowed by the client library)."""
         self._stopping.set()
-        if self._task is not None:
-            await self._task
+        await self._loop.stop(cancel=False)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():

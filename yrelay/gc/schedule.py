@@ -25,6 +25,7 @@ from ..keys import documents_key, gc_due_key
 from ..replies import text
 from ..scripts import Scripts
 from ..store import all_documents
+from ..tasks import BackgroundTask
 from .collector import Collector, DocReport
 
 log = logging.getLogger(__name__)
@@ -153,20 +154,18 @@ class GcLoop:
         self.lease_ms = round(lease * 1000)
         self.passes = 0
         self.last: PassSummary | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask("yrelay-gc", self._run)
         self._stopping = False
 
     def start(self) -> None:
         if self.interval > 0:
-            self._task = asyncio.create_task(self._run(), name="yrelay-gc")
+            self._loop.start()
 
     async def stop(self) -> None:
         """Cancel the loop; the flag ends it even when the cancel lands inside
         a Redis call that swallows it (seen with redis-py under load)."""
         self._stopping = True
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.stop()
 
     async def run_once(self) -> PassSummary:
         summary = await run_due_pass(

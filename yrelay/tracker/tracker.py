@@ -26,6 +26,7 @@ from ..keys import session_documents_digest_key, session_documents_key, tracker_
 from ..offsets import StreamId
 from ..reconciliation.redis_idset import RedisIdSet
 from ..scripts import Scripts
+from ..tasks import BackgroundTask
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +95,13 @@ class AckWriter:
         self.on_evicted = on_evicted
         self._pending: dict[tuple[str, str], StreamId] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask("yrelay-ack-writer", self._run)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="yrelay-ack-writer")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.stop()
         await self.flush()
 
     def submit(self, doc: str, session: str, offset: StreamId) -> None:

@@ -17,11 +17,11 @@ import asyncio
 import time
 
 from yrelay import protocol
-from yrelay.app.connection import Connection
+from yrelay.app.write_path import WritePath
 from yrelay.cli import cli
 
 
-async def _ack_before_append(self: Connection, frame, future: asyncio.Future[tuple[str, bool]], size: int,
+async def _ack_before_append(self: WritePath, frame, future: asyncio.Future[tuple[str, bool]], size: int,
                              received: float) -> None:
     try:
         made_up = f"{int(time.time() * 1000)}-0"
@@ -34,7 +34,7 @@ async def _ack_before_append(self: Connection, frame, future: asyncio.Future[tup
 
 
 def main() -> None:
-    Connection._confirm = _ack_before_append  # type: ignore[method-assign]
+    WritePath._confirm = _ack_before_append  # type: ignore[method-assign]
     cli()
 
 

@@ -1,0 +1,179 @@
+"""The ack path: what a subscription's client has acked, what the tracker
+was told it holds, and the one registry through which an eviction reaches
+the subscriptions.
+
+An ack moves one subscription's :class:`AckWindow`; when the window moves
+past what the tracker holds, the offset goes to the process's
+:class:`~yrelay.tracker.AckWriter`, which coalesces acks into one pipeline
+per event-loop turn. An ack the tracker refuses because GC (or an operator)
+evicted the session comes back from the ack writer as
+``on_evicted(doc, session)``, which is :meth:`SubscriptionRegistry.session_evicted`:
+the registry tells that session's subscriptions to this document, which
+then require a resync. The registry is built before the ack writer and the
+fan-out, and both get it at construction: the fan-out offers batches to the
+same subscriptions eviction reaches.
+
+Calls go one way: a subscription calls its window and the fan-out's
+register/unregister; the registry calls back only through :class:`Member`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+from ..offsets import StreamId
+from ..tracker import AckWriter
+from .limits import DeliveryBudget
+
+
+class Member(Protocol):
+    """What the registry needs of a subscription."""
+
+    doc: str
+    session: str
+
+    def evicted(self) -> None:
+        """The tracker no longer holds this session (an ack found it gone)."""
+
+
+M = TypeVar("M", bound=Member)
+
+
+class SubscriptionRegistry(Generic[M]):
+    """This process's subscriptions, by document."""
+
+    def __init__(self) -> None:
+        self._by_doc: dict[str, set[M]] = {}
+
+    def add(self, member: M) -> None:
+        self._by_doc.setdefault(member.doc, set()).add(member)
+
+    def discard(self, member: M) -> bool:
+        """Forget ``member``; True when its document has no subscription left."""
+        members = self._by_doc.get(member.doc)
+        if members is None or member not in members:
+            return False
+        members.discard(member)
+        if not members:
+            del self._by_doc[member.doc]
+            return True
+        return False
+
+    def of(self, doc: str) -> list[M]:
+        """The document's subscriptions (a copy: callbacks may unregister)."""
+        return list(self._by_doc.get(doc, ()))
+
+    def session_evicted(self, doc: str, session: str) -> None:
+        """The ack writer's ``on_evicted``: tell this process's subscriptions
+        of ``session`` to ``doc`` that the tracker dropped them."""
+        for member in self.of(doc):
+            if member.session == session:
+                member.evicted()
+
+    def __iter__(self) -> Iterator[M]:
+        return (member for members in list(self._by_doc.values()) for member in members)
+
+    def __len__(self) -> int:
+        return sum(len(members) for members in self._by_doc.values())
+
+
+class AckWindow:
+    """One subscription's entries in flight: sent and not acked yet (in
+    order), the client's cumulative ack, what the tracker was last told,
+    and since when the oldest unacked entry waits (the resend clock).
+
+    The connection's :class:`DeliveryBudget` counts the unacked entries of
+    all its documents; this window keeps its part of that count current."""
+
+    def __init__(self, doc: str, session: str, ack_writer: AckWriter, budget: DeliveryBudget):
+        self.doc = doc
+        self.session = session
+        self._ack_writer = ack_writer
+        self._budget = budget
+        #: The client's cumulative ack.
+        self.acked = StreamId(0, 0)
+        #: What the tracker was last told this session holds.
+        self.tracked = StreamId(0, 0)
+        self._sent: deque[StreamId] = deque()
+        self._counted = 0  # our part of the budget's count
+        self._unacked_since: float | None = None
+        self.resends = 0
+
+    def __len__(self) -> int:
+        return len(self._sent)
+
+    def restart(self, offset: StreamId) -> None:
+        """The session holds everything up to ``offset``, and the tracker
+        says so already (a subscribe or a sync answer recorded it)."""
+        self.acked = self.tracked = offset
+        self.drop()
+
+    def drop(self) -> None:
+        """Forget what was sent (it is sent again, or a resync replaces it)."""
+        self._sent.clear()
+        self._count()
+        self._unacked_since = None
+
+    def close(self) -> None:
+        self._sent.clear()
+        self._count()
+        self._budget.forget(id(self))
+
+    def sent(self, ids: list[StreamId]) -> None:
+        self._sent.extend(ids)
+        self._count()
+        if self._unacked_since is None:
+            self._unacked_since = time.monotonic()
+
+    def ack(self, offset: StreamId, cursor: StreamId) -> None:
+        """The client holds everything up to ``offset`` (at most ``cursor``)."""
+        if offset > self.acked:
+            self.acked = offset
+        while self._sent and self._sent[0] <= self.acked:
+            self._sent.popleft()
+        self._count()
+        if self._sent:
+            self._unacked_since = time.monotonic()  # progress: restart the resend clock
+            self.hold_through(self.acked)
+        else:
+            self._unacked_since = None
+            self.hold_through(cursor)  # the rest up to the cursor is its own
+
+    def hold_through(self, offset: StreamId) -> None:
+        """Tell the tracker (through the ack writer) the session holds ``offset``."""
+        if offset > self.tracked:
+            self.tracked = offset
+            self._ack_writer.submit(self.doc, self.session, offset)
+
+    def resend_due(self, resend_after: float) -> bool:
+        return self._unacked_since is not None and time.monotonic() - self._unacked_since >= resend_after
+
+    def rewind(self) -> StreamId:
+        """Everything after the ack is to be sent again: returns the ack."""
+        self.drop()
+        self.resends += 1
+        return self.acked
+
+    def paused(self, max_unacked: int, wake: Callable[[], None]) -> bool:
+        """True when sending must wait for acks: this window holds
+        ``max_unacked`` entries (the next ack wakes the sender), or the
+        connection's budget is spent (``wake`` is called when it has room)."""
+        if len(self._sent) >= max_unacked:
+            return True
+        if self._budget.spent:  # the connection's other documents hold it
+            self._budget.wait(id(self), wake)
+            return True
+        return False
+
+    def _count(self) -> None:
+        """Tell the connection's budget how many of ours are unacked now."""
+        delta = len(self._sent) - self._counted
+        if delta:
+            self._counted = len(self._sent)
+            self._budget.adjust(delta)
+
+
+__all__ = ["AckWindow", "Member", "SubscriptionRegistry"]

@@ -1,0 +1,94 @@
+"""One connection's presence: a member of the process's relay
+(:mod:`.presence`) per subscribed document, and the awareness updates it
+sends. Presence is never stored in a document's stream; an update over a
+limit (rates, ``max_awareness_bytes``, clientIDs per connection, clientIDs
+another subject owns) is an ``error`` frame and nothing is stored or relayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from .. import awareness
+from ..auth import NoAuthenticator, Principal
+from ..keys import subject_id
+from ..protocol import Awareness, ErrorCode, ProtocolError
+from .allowance import Allowance
+from .context import ServerContext
+from .payloads import decode_limited
+from .presence import Member, NotOwner, PresenceFull
+
+#: Frames that answer a subscribe; presence greets the connection after them.
+_ANSWERS = frozenset({"subscribed", "resync_required"})
+
+SendFrame = Callable[[dict[str, Any]], Awaitable[None]]
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class ConnectionPresence:
+    """``send`` relays the others' states to this connection; ``spawn`` runs
+    a greeting as a task the connection cancels when it closes."""
+
+    __slots__ = ("_ctx", "_allowance", "_send", "_spawn", "members")
+
+    def __init__(self, ctx: ServerContext, allowance: Allowance, send: SendFrame, spawn: Spawn):
+        self._ctx = ctx
+        self._allowance = allowance
+        self._send = send
+        self._spawn = spawn
+        self.members: dict[str, Member] = {}
+
+    def join(self, doc: str, session: str, principal: Principal) -> None:
+        """Subscribing to ``doc``: a member, greeted once the subscribe is answered."""
+        member = self.members.get(doc)
+        if member is None:
+            self.members[doc] = self._ctx.presence.join(doc, session, self._send, self._owner(session, principal))
+        else:
+            member.listening = False  # subscribing again: greeted again once answered
+
+    def sent(self, doc: str, frame: dict[str, Any] | str) -> None:
+        """A frame of ``doc``'s subscription went out: after the answer to
+        the subscribe come the states of the others, never before it."""
+        member = self.members.get(doc)
+        if member is not None and not member.listening and isinstance(frame, dict) and frame["op"] in _ANSWERS:
+            self._spawn(self._ctx.presence.greet(member))
+
+    async def leave(self, doc: str) -> None:
+        member = self.members.pop(doc, None)
+        if member is not None:
+            await self._ctx.presence.leave(member)
+
+    async def leave_all(self) -> None:
+        """The connection closed: its clientIDs are removed for the others."""
+        for member in list(self.members.values()):
+            await self._ctx.presence.leave(member)
+
+    async def receive(self, frame: Awareness) -> None:
+        """Relay a presence update of a subscribed document."""
+        settings = self._ctx.settings
+        await self._allowance.take_awareness(frame.doc)
+        data = decode_limited(frame.update, settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE,
+                              frame.doc, None)
+        try:
+            entries = awareness.decode_update(data)
+        except awareness.AwarenessError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"awareness update: {exc}", doc=frame.doc) from None
+        member = self.members[frame.doc]
+        if member.clients_after(entries) > settings.max_presence_clients_per_connection:
+            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, f"at most "
+                                f"{settings.max_presence_clients_per_connection} clientIDs per connection and document",
+                                doc=frame.doc)
+        try:
+            await self._ctx.presence.update(member, entries)
+        except NotOwner as exc:
+            raise ProtocolError(ErrorCode.AWARENESS_NOT_OWNER, str(exc), doc=frame.doc) from None
+        except PresenceFull as exc:
+            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, str(exc), doc=frame.doc) from None
+
+    def _owner(self, session: str, principal: Principal) -> str:
+        """Who may take this connection's clientIDs over: its subject's
+        other connections, or with auth off its session's."""
+        if isinstance(self._ctx.authenticator, NoAuthenticator):
+            return subject_id("session:" + session)
+        return subject_id("sub:" + principal.subject)

@@ -1,0 +1,166 @@
+"""A connection's credentials, from the websocket upgrade to the cut-off.
+
+A socket over a connection limit is accepted only to say why not, then
+closed. The upgrade is refused (HTTP 403) to a browser from a foreign origin; the
+client offers ``yrelay.v1`` and may carry its token in a subprotocol
+(browsers cannot set headers). Its first frame must be ``hello`` within
+``hello_timeout``; the token is authenticated (the pluggable hook, JWT by
+default) and checked against the revoked list, and the session opened. Later
+the connection's timer asks again: past the token's expiry (plus
+``auth_leeway``) or once it is revoked, the connection is cut off
+(docs/security.md). This module decides; the connection sends and closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.websockets import WebSocket
+
+from .. import logs, protocol
+from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
+from ..auth.authenticator import JwtAuthenticator
+from ..auth.origins import own_origins
+from ..protocol import ErrorCode, Hello, ProtocolError
+from .context import ServerContext
+from .limits import Refusal
+
+log = logging.getLogger(__name__)
+
+#: The websocket subprotocol of this protocol; a client that offers it gets it back.
+SUBPROTOCOL = "yrelay.v1"
+#: A subprotocol ``yrelay.auth.<token>`` carries the token (browsers cannot set headers).
+TOKEN_SUBPROTOCOL_PREFIX = "yrelay.auth."
+#: Close code of a connection refused or ended for its credentials (missing,
+#: invalid, expired or revoked token): get a new token before reconnecting.
+CLOSE_UNAUTHORIZED = 4401
+#: Close code of a connection that sent no ``hello`` within ``hello_timeout``.
+CLOSE_HELLO_TIMEOUT = 4408
+#: Close code of a browser connection from an origin not allowed (before
+#: accept: the upgrade gets HTTP 403).
+CLOSE_FORBIDDEN_ORIGIN = 4403
+
+
+@dataclass(frozen=True)
+class CutOff:
+    """Why the connection ends: an ``error`` frame, then this close code."""
+
+    reason: str
+    code: ErrorCode = ErrorCode.UNAUTHORIZED
+    close_code: int = CLOSE_UNAUTHORIZED
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A ``hello`` accepted: who it is, and the session it opened or resumed."""
+
+    principal: Principal
+    session: str
+    resumed: bool
+
+
+class Handshake:
+    """One connection's handshake and the later checks of its token."""
+
+    __slots__ = ("_ctx", "_headers", "subprotocol", "_token", "_hello_by", "principal")
+
+    def __init__(self, ctx: ServerContext, headers: Headers):
+        self._ctx = ctx
+        self._headers = headers
+        offered = offered_subprotocols(headers)
+        #: What the upgrade answers with (None: the client did not offer it).
+        self.subprotocol = SUBPROTOCOL if SUBPROTOCOL in offered else None
+        self._token = token_in(offered)
+        self._hello_by = 0.0
+        self.principal: Principal | None = None
+
+    def origin_refused(self) -> bool:
+        """A browser page from another site may not open the socket (logged)."""
+        settings, origin = self._ctx.settings, self._headers.get("origin")
+        own = own_origins(settings.public_url, settings.host, settings.port)
+        if origin_allowed(origin, own, settings.allowed_origins):
+            return False
+        log.warning("refused a browser connection from origin %s (allowed: %s and YRELAY_ALLOWED_ORIGINS; "
+                    "set YRELAY_PUBLIC_URL if that is this server's own address)",
+                    logs.untrusted(origin or ""), ", ".join(sorted(own)))
+        return True
+
+    def accepted(self) -> None:
+        """The socket is open: the ``hello`` deadline starts."""
+        self._hello_by = time.monotonic() + self._ctx.settings.hello_timeout
+
+    def hello_overdue(self) -> CutOff | None:
+        """No ``hello`` yet, past ``hello_timeout`` (0: no deadline)."""
+        timeout = self._ctx.settings.hello_timeout
+        if timeout > 0 and time.monotonic() >= self._hello_by:
+            return CutOff(f"no 'hello' within {timeout:g} s", ErrorCode.HANDSHAKE_REQUIRED, CLOSE_HELLO_TIMEOUT)
+        return None
+
+    async def hello(self, frame: Hello) -> Opened | CutOff:
+        """Authenticate ``hello`` and open its session; a bad token ends the connection."""
+        ctx = self._ctx
+        if frame.protocol != protocol.PROTOCOL_VERSION:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}")
+        try:
+            principal = await ctx.authenticator.authenticate(frame.token or self._token, self._headers)
+        except AuthError as exc:
+            return CutOff(str(exc))
+        if ctx.revocations.is_revoked(principal.token_id):
+            return CutOff("the token was revoked")
+        self.principal = principal
+        session, resumed = await ctx.sessions.open(frame.session, owner=principal.subject)
+        logs.session.set(session)  # the connection's context: every later line and task carries it
+        return Opened(principal, session, resumed)
+
+    def welcome(self, opened: Opened) -> dict[str, Any]:
+        ctx = self._ctx
+        auth = {"mode": _auth_mode(ctx.authenticator), "subject": opened.principal.subject,
+                "permission": opened.principal.permission.value}
+        return protocol.welcome(opened.session, opened.resumed, ctx.settings.client_limits(), auth)
+
+    def token_lapsed(self) -> CutOff | None:
+        """The token expired (``auth_leeway`` past its expiry, as ``hello``
+        allows) or was revoked (the revoked list itself is refreshed every
+        ``revocation_refresh``)."""
+        principal = self.principal
+        if principal is None:
+            return None
+        if principal.expires_at is not None and time.time() > principal.expires_at + self._ctx.settings.auth_leeway:
+            return CutOff("the token has expired")
+        if self._ctx.revocations.is_revoked(principal.token_id):
+            return CutOff("the token was revoked")
+        return None
+
+
+async def refuse(websocket: WebSocket, refusal: Refusal) -> None:
+    """A connection limit refused the socket: accept only to say why not and
+    when to come back, then close (browsers cannot read the status of a
+    refused upgrade, only frames and close codes)."""
+    try:
+        await websocket.accept()
+        await websocket.send_text(protocol.encode(protocol.error(refusal.error)))
+        await websocket.close(refusal.close_code)
+    except Exception:  # gone already
+        pass
+
+
+def offered_subprotocols(headers: Headers) -> list[str]:
+    raw = headers.get("sec-websocket-protocol", "")
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def token_in(offered: list[str]) -> str | None:
+    for protocol_name in offered:
+        if protocol_name.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return protocol_name[len(TOKEN_SUBPROTOCOL_PREFIX):] or None
+    return None
+
+
+def _auth_mode(authenticator: Authenticator) -> str:
+    if isinstance(authenticator, NoAuthenticator):
+        return "disabled"
+    return "jwt" if isinstance(authenticator, JwtAuthenticator) else "custom"

@@ -1,0 +1,150 @@
+"""yrelay as a part of another ASGI app: :class:`Relay`.
+
+A FastAPI host app includes ``relay.router`` under any prefix and enters
+``relay.lifespan()`` from its own lifespan::
+
+    relay = Relay(settings, redis_url="redis://localhost:6379/0", authenticate=my_auth)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        async with relay.lifespan():
+            yield
+
+    app = FastAPI(lifespan=lifespan)
+    app.include_router(relay.router, prefix="/collab")
+
+``yrelay serve`` is this with the demo page added (:mod:`yrelay.app.server`);
+``from yrelay import Relay`` is the public name.
+See docs/embedding.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI
+from starlette.middleware import Middleware
+from starlette.routing import get_route_path
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from ..auth import Authenticator
+from ..auth.host import AuthenticateFn, HostAuthenticator, current_connection
+from ..config import Settings
+from .binding import binder
+from .connection import Connection
+from .context import ServerContext
+from .health import router as health_router
+from .ops import router as ops_router
+from .scrape import router as scrape_router
+
+#: The websocket endpoint, relative to wherever the router is included.
+WEBSOCKET_PATH = "/ws"
+
+#: Close code of a websocket that arrives while the relay is not running.
+CLOSE_NOT_RUNNING = 1013  # "try again later"
+
+
+class Relay:
+    """One yrelay server inside a host app: its routes (``router``), its
+    running parts (``lifespan()``, then ``context``) and how its clients
+    authenticate.
+
+    ``authenticate`` is the host's own check, a function (async or plain)
+    ``(connection, token) -> Principal`` (:mod:`yrelay.auth.host`);
+    ``authenticator`` an object of the Authenticator protocol. Without
+    either, the settings choose (JWT with ``YRELAY_AUTH_SECRET``), and the
+    lifespan refuses to start when they name none.
+    """
+
+    def __init__(self, settings: Settings | None = None, *, redis_url: str | None = None,
+                 authenticator: Authenticator | None = None, authenticate: AuthenticateFn | None = None):
+        if authenticator is not None and authenticate is not None:
+            raise ValueError("pass authenticator or authenticate, not both")
+        self.settings = settings if settings is not None else Settings.from_env()
+        url = redis_url or self.settings.redis_url
+        if not url:
+            raise ValueError("a Relay needs a Redis: pass redis_url= or set YRELAY_REDIS_URL")
+        self.redis_url: str = url
+        self.authenticator = HostAuthenticator(authenticate) if authenticate is not None else authenticator
+        #: The running parts while the lifespan is entered, else None.
+        self.context: ServerContext | None = None
+        self.endpoint = SyncEndpoint(self)
+        self.router = self._router()
+
+    def _router(self) -> APIRouter:
+        """The websocket route and the HTTP routes; every HTTP route reads
+        this relay (:mod:`yrelay.app.binding`)."""
+        router = APIRouter(dependencies=[Depends(binder(self))])
+        router.add_websocket_route(WEBSOCKET_PATH, self.endpoint, name="yrelay_sync")
+        for part in (health_router, scrape_router, ops_router):
+            router.include_router(part)
+        return router
+
+    def install(self, app: FastAPI, prefix: str = "") -> None:
+        """``app.include_router(self.router, prefix=prefix)``, and the
+        websocket served by an innermost middleware of ``app`` rather than
+        through its routers: the host's own middleware still applies to it,
+        FastAPI's exception middleware, exit stack and routing (~4-5 kB per
+        open connection, docs/embedding.md) do not. Call before the app starts."""
+        if app.middleware_stack is not None:
+            raise RuntimeError("install the relay before the app starts (its middleware stack is built then)")
+        app.include_router(self.router, prefix=prefix)
+        app.user_middleware.append(Middleware(SyncShortcut, endpoint=self.endpoint, path=prefix + WEBSOCKET_PATH))
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[Relay]:
+        """Start the relay's parts (Redis pools, fan-out, GC, ...) for the
+        span of the block; stop them after it."""
+        if self.context is not None:
+            raise RuntimeError("this relay is running already")
+        context = await ServerContext.open(self.settings, self.redis_url, self.authenticator)
+        self.context = context
+        try:
+            yield self
+        finally:
+            self.context = None  # new requests and websockets are refused while the parts stop
+            await context.close()
+
+
+class SyncEndpoint:
+    """The websocket endpoint as a raw ASGI app: Starlette routes to it
+    without its per-connection ``websocket_session`` wrapper, and FastAPI
+    without dependencies or their exit stacks (docs/embedding.md, memory)."""
+
+    __slots__ = ("relay",)
+
+    def __init__(self, relay: Relay):
+        self.relay = relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        websocket = WebSocket(scope, receive, send)
+        context = self.relay.context
+        if context is None:  # the host did not enter relay.lifespan(): refuse the upgrade (HTTP 403)
+            await websocket.close(CLOSE_NOT_RUNNING)
+            return
+        current_connection.set(websocket)  # this connection's task only: for the host's authenticate
+        await Connection(websocket, context).run()
+
+
+class SyncShortcut:
+    """ASGI middleware: websockets to ``path`` go straight to the endpoint;
+    everything else (and every other path) goes on to ``app``."""
+
+    def __init__(self, app: ASGIApp, endpoint: SyncEndpoint, path: str):
+        self.app, self.endpoint, self.path = app, endpoint, path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if is_sync(scope, self.path):
+            await self.endpoint(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def is_sync(scope: Scope, path: str) -> bool:
+    """A websocket to ``path`` (relative to the app's root path, so the app may be mounted)."""
+    return scope["type"] == "websocket" and get_route_path(scope) == path
+
+
+__all__ = ["Relay", "SyncEndpoint", "SyncShortcut", "WEBSOCKET_PATH", "is_sync"]

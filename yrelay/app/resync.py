@@ -1,0 +1,88 @@
+"""A subscription's answers about where the client stands: where a
+resubscribing client resumes (or why it must resync), and the two-way
+state-vector exchange that brings a client back.
+
+Both only read and compute; the subscription applies the outcome to its
+state (:mod:`.subscription`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..offsets import StreamId
+from ..protocol import ResyncReason
+from ..reconciliation.stream_digest import WindowDigest
+from ..store import held_offset
+from .engine_pool import precheck_state_vector
+
+if TYPE_CHECKING:
+    from .context import ServerContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The client resumes at ``offset``; ``window``: the server's drift
+    digest for it (None for a client that keeps none)."""
+
+    offset: StreamId
+    window: WindowDigest | None = None
+
+
+async def resume_point(ctx: "ServerContext", doc: str, session: str, requested: StreamId,
+                       claimed: WindowDigest | None, last: StreamId) -> Resume | ResyncReason:
+    """Where a client that holds ``requested`` (with the drift digest
+    ``claimed`` over its window) continues, given the document's ``last``
+    id; or why it must resync first.
+
+    The server compares when its window starts where the client's does;
+    when GC trimmed past the client's ``since``, the client compares the
+    digest it gets in ``subscribed``. Either side that sees a difference
+    starts the two-way state-vector exchange."""
+    claimed_end = claimed.end if claimed else requested
+    if max(requested, claimed_end) > last:  # the client holds entries the server lost
+        return ResyncReason.AHEAD
+    if requested < await ctx.store.trimmed_through(doc):
+        return ResyncReason.TRIMMED
+    if claimed is None:  # a client that keeps no digest
+        return Resume(requested)
+    window = await ctx.digests.window(doc, claimed.since, requested, claimed.through, session)
+    if window is None or (window.since == claimed.since and window.digest != claimed.digest):
+        log.warning("document %s session %s: drift detected (client %s, server %s)", doc, session, claimed, window)
+        return ResyncReason.DRIFT
+    return Resume(requested, window)
+
+
+@dataclass(frozen=True)
+class SyncAnswer:
+    """What a client lacks (``diff``), the server's state vector, and the
+    offset up to which the stream is held in the answer (tracked already)."""
+
+    offset: StreamId
+    diff: bytes
+    state_vector: bytes
+
+
+async def answer_sync(ctx: "ServerContext", doc: str, session: str, state_vector: bytes) -> SyncAnswer:
+    """The server's side of the two-way state-vector exchange; the session
+    is tracked at the answer's offset. Raises :class:`crdt.InvalidUpdate`
+    for a bad state vector, :class:`.engine_pool.EngineFailed` when the
+    engine cannot compute the answer, Redis errors as they come.
+
+    The state vector is decoded and bounded (pure Python) before any CRDT
+    engine sees it, here when it is small; the answer is computed in an
+    engine worker (:mod:`.engine_pool`), so neither a hostile vector nor a
+    costly document can crash or stall this process."""
+    precheck_state_vector(state_vector)
+    snapshot, entries = await ctx.store.load_entries(doc, ctx.settings.page_size)
+    answer = await ctx.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])
+    offset = held_offset(snapshot, entries, answer.held)
+    await ctx.tracker.track(doc, session, offset)
+    return SyncAnswer(offset, answer.diff, answer.state_vector)
+
+
+__all__ = ["Resume", "SyncAnswer", "answer_sync", "resume_point"]

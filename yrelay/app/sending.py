@@ -1,0 +1,182 @@
+"""A subscription's sending side: its cursor, the fan-out batches waiting
+for its socket, the stream pages that fill the gaps, and the deliver frames.
+
+Entries come from two places: batches the process-wide fan-out offers
+(shared by all subscribers, encoded once), and pages read from the stream
+when the subscription is behind the fan-out (new subscriber, resend, slow
+consumer). Memory is bounded: pending batches are capped in number and
+bytes (on overflow they are dropped and read back from the stream), a
+catch-up page asks for fewer entries when they are large
+(``max_page_bytes``), and the :class:`~.acks.AckWindow` pauses sending
+while ``max_unacked_entries`` (or the connection's budget) are in flight.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import protocol
+from ..offsets import StreamId
+from ..store import Entry
+from . import sizing
+from .acks import AckWindow
+from .fanout import Batch
+
+if TYPE_CHECKING:
+    from .context import ServerContext
+
+MAX_PENDING_BATCHES = 64
+
+#: Sends a frame, or a frame already encoded (a deliver shared by many subscribers).
+Send = Callable[[dict[str, Any] | str], Awaitable[None]]
+#: Deliver frames of one fan-out batch, encoded once (see :meth:`Sender.deliver_frame`).
+Shared = dict[tuple[object, ...], str]
+
+
+class PendingBatches:
+    """Fan-out batches waiting for the socket, capped in number and bytes."""
+
+    def __init__(self, max_bytes: int, max_batches: int = MAX_PENDING_BATCHES):
+        self.max_bytes = max_bytes
+        self.max_batches = max_batches
+        self._batches: deque[Batch] = deque()
+        self.bytes = 0
+
+    def offer(self, batch: Batch) -> bool:
+        """Queue ``batch``; on overflow drop everything instead (False): the
+        subscription then reads what it missed back from the stream."""
+        if len(self._batches) >= self.max_batches or self.bytes + batch.nbytes > self.max_bytes:
+            self.clear()
+            return False
+        self._batches.append(batch)
+        self.bytes += batch.nbytes
+        return True
+
+    def popleft(self) -> Batch:
+        batch = self._batches.popleft()
+        self.bytes -= batch.nbytes
+        return batch
+
+    def appendleft(self, batch: Batch) -> None:
+        self._batches.appendleft(batch)
+        self.bytes += batch.nbytes
+
+    def clear(self) -> None:
+        self._batches.clear()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+
+class Sender:
+    """Sends one document's entries to one connection, from the cursor on."""
+
+    def __init__(self, ctx: "ServerContext", doc: str, session: str, send: Send, window: AckWindow):
+        self.ctx = ctx
+        self.doc = doc
+        self.session = session
+        self.send = send
+        self.window = window
+        #: Every entry up to the cursor was sent, or skipped as the session's own.
+        self.cursor = StreamId(0, 0)
+        #: A subscriber that holds nothing gets the session's own entries up
+        #: to here too (written before this subscribe, e.g. by an earlier
+        #: binding of the document); past it, never its own.
+        self.own_visible_through = StreamId(0, 0)
+        self.pending = PendingBatches(ctx.settings.max_pending_bytes)
+        #: Entries per catch-up read: grows while entries are small.
+        self._page_count = sizing.first_count(ctx.settings.page_size, ctx.settings.max_page_bytes)
+
+    def restart(self, offset: StreamId) -> None:
+        """Send from ``offset`` on; batches already queued are read again."""
+        self.cursor = offset
+        self.pending.clear()
+
+    def head(self) -> StreamId:
+        """The last id this process knows for the document (for lag figures)."""
+        return self.ctx.fanout.cursor(self.doc) or self.cursor
+
+    async def send_more(self, wake: Callable[[], None]) -> bool:
+        """Send one batch or page; False when there is nothing to send now
+        (``wake`` is called when the connection's budget has room again)."""
+        if self.window.resend_due(self.ctx.settings.resend_after):
+            self.rewind()
+        if self.window.paused(self.ctx.settings.max_unacked_entries, wake):
+            return False  # an ack wakes us
+        if self.pending:
+            batch = self.pending.popleft()
+            if batch.last <= self.cursor:
+                return True
+            if batch.after > self.cursor:  # a gap before this batch: read it first
+                self.pending.appendleft(batch)
+                return await self._send_page(until=batch.after)
+            await self._send_entries([entry for entry in batch.entries if entry.id > self.cursor], batch.frames)
+            return True
+        target = self.ctx.fanout.cursor(self.doc)
+        if target is not None and self.cursor < target:
+            return await self._send_page(until=target)
+        return False
+
+    def rewind(self) -> None:
+        """Send again everything after the client's ack, read from the stream."""
+        self.ctx.events.emit("resend", self.doc, self.session, offset=str(self.window.acked),
+                             entries=len(self.window))
+        self.restart(self.window.rewind())
+
+    async def _send_page(self, until: StreamId) -> bool:
+        page = await self.ctx.store.read_page(self.doc, self.cursor, self._page_count)
+        self._page_count = sizing.next_count(self._page_count, page, self.ctx.settings.page_size,
+                                             self.ctx.settings.max_page_bytes)
+        page = [entry for entry in page if entry.id <= until]
+        if not page:
+            return False
+        await self._send_entries(page)
+        return True
+
+    async def _send_entries(self, entries: list[Entry], shared: Shared | None = None) -> None:
+        if not entries:
+            return
+        visible = [entry for entry in entries
+                   if entry.session != self.session or entry.id <= self.own_visible_through]
+        if visible:
+            for frame in frames(visible, self.ctx.settings.max_page_bytes):
+                await self.send(self.deliver_frame(frame, len(visible) < len(entries), shared))
+            self.ctx.events.emit("deliver", self.doc, self.session, first=str(visible[0].id), last=str(visible[-1].id),
+                                 entries=len(visible), bytes=sum(len(entry.update) for entry in visible),
+                                 head=str(max(self.head(), entries[-1].id)))
+            self.window.sent([entry.id for entry in visible])
+        self.cursor = entries[-1].id
+        if not self.window:
+            self.window.hold_through(self.cursor)  # only its own entries: nothing to ack
+
+    def deliver_frame(self, visible: list[Entry], filtered: bool, shared: Shared | None) -> dict[str, Any] | str:
+        """The deliver frame of ``visible``; from a fan-out batch it is encoded
+        once and shared by every subscriber sending the same entries of it
+        (named by the first, the count, and whose own entries were left out)."""
+        if shared is None:
+            return protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible])
+        key = (visible[0].id, len(visible), *((self.session, self.own_visible_through) if filtered else ()))
+        text = shared.get(key)
+        if text is None:
+            text = shared[key] = protocol.encode(
+                protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible]))
+        return text
+
+
+def frames(entries: list[Entry], max_bytes: int) -> list[list[Entry]]:
+    """Split entries into deliver frames of about ``max_bytes`` of base64 each."""
+    result: list[list[Entry]] = [[]]
+    size = 0
+    for entry in entries:
+        if result[-1] and size + len(entry.b64) > max_bytes:
+            result.append([])
+            size = 0
+        result[-1].append(entry)
+        size += len(entry.b64)
+    return result
+
+
+__all__ = ["MAX_PENDING_BATCHES", "PendingBatches", "Send", "Sender", "frames"]

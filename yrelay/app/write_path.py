@@ -1,0 +1,186 @@
+"""One update, from its frame to its answer.
+
+Checked in this order, each refusal an ``error`` frame naming the update's
+doc and clock (nothing stored): the remaining parts of an update already
+refused are ignored; the rates (:mod:`.allowance`); the size and base64
+(:mod:`.payloads`); reassembly of an update sent in parts
+(:mod:`.update_parts`); the struct-by-struct read of its layout and causal
+needs (on the event loop up to 64 KiB, where it is also the layout check,
+else in a thread); the validator's verdict (y-py and pycrdt in worker
+processes). In flight it holds a slot and its bytes (:mod:`.inflight`: past
+a cap the connection stops reading its socket). Updates are validated
+concurrently but submitted to the appender in arrival order, and each is
+answered once: ``appended`` when the append script returned, else an error
+(``missing_dependency``, ``invalid_update``, ``unavailable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from .. import crdt, protocol
+from ..admission import Needs, needs_of
+from ..protocol import ErrorCode, ProtocolError, Update
+from ..store import NotAdmitted
+from ..update_format import Layout, MalformedUpdate, read_layout
+from .allowance import Allowance
+from .appender import AppendResult
+from .context import ServerContext
+from .inflight import InflightUpdates
+from .payloads import decode_limited
+from .update_parts import Reject, UpdateParts
+from .validator import ValidatorUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Updates up to this size are read causally on the event loop (a few us,
+#: and the read doubles as the layout check); larger ones in a thread, so a
+#: 16 MiB paste does not stall other sockets.
+READ_IN_LOOP_BYTES = 64 * 1024
+
+SendFrame = Callable[[dict[str, Any]], Awaitable[None]]
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class WritePath:
+    """One connection's updates: ``send`` answers them, ``reject`` sends an
+    error about an update in parts, ``spawn`` runs a task the connection
+    cancels when it closes."""
+
+    __slots__ = ("ctx", "_allowance", "_send", "_spawn", "_inflight", "_turn", "_parts", "session")
+
+    def __init__(self, ctx: ServerContext, allowance: Allowance, send: SendFrame, reject: Reject, spawn: Spawn):
+        self.ctx = ctx
+        self._allowance = allowance
+        self._send = send
+        self._spawn = spawn
+        self._inflight = InflightUpdates(ctx.settings.max_inflight_appends,
+                                         ctx.settings.max_inflight_bytes_per_connection, ctx.inflight_bytes)
+        #: Resolved once the last update received was submitted or rejected:
+        #: updates are validated concurrently but appended in arrival order.
+        self._turn: asyncio.Future[None] | None = None
+        #: An update larger than a frame, arriving in parts.
+        self._parts = UpdateParts(ctx.settings.max_update_bytes, reject)
+        #: Whose updates these are (set once ``hello`` opened the session).
+        self.session: str | None = None
+
+    def refused(self, error: ProtocolError) -> None:
+        """An error was sent: the rest of a refused update's parts is ignored."""
+        self._parts.refused(error)
+
+    def close(self) -> None:
+        self._parts.close()
+
+    async def receive(self, frame: Update, received: float) -> None:
+        """Check ``frame`` (raising :class:`ProtocolError`) and start its append;
+        ``received``: when its frame arrived (append latency)."""
+        if self._parts.ignored(frame):  # the rest of a refused update's parts
+            return
+        await self._allowance.take_update(frame)  # not stored; the client resends after retry_after_ms
+        update = decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
+                                frame.doc, frame.clock)
+        update = await self._parts.feed(frame, update)  # None until the last part of an update in parts
+        if update is None:
+            return
+        # A small update is read struct by struct here (a few us): that read is
+        # also the layout check, so the validator skips its own in-loop one.
+        reading = read_layout_and_needs(update) if len(update) <= READ_IN_LOOP_BYTES else None
+        try:
+            if isinstance(reading, Exception):
+                raise reading
+            verdict = self.ctx.validator.submit(update, layout_checked=reading is not None)
+        except crdt.InvalidUpdate as exc:
+            raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
+        await self._inflight.acquire(len(update))
+        previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
+        self._spawn(self._append_when_valid(frame, update, verdict, reading, previous, self._turn, received))
+
+    async def _append_when_valid(self, frame: Update, update: bytes, verdict: asyncio.Future[Exception | None],
+                                 reading: tuple[Layout, Needs] | Exception | None,
+                                 previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
+                                 received: float) -> None:
+        """Wait for the validator and, for a large update, its causal reading
+        in a thread (while the next frames are read), then for the update
+        received before this one, then append."""
+        assert self.session is not None
+        try:
+            if reading is None:
+                reading = await asyncio.to_thread(read_layout_and_needs, update)
+            error = await verdict
+            if error is None and isinstance(reading, Exception):
+                error = reading
+            if previous is not None:
+                await previous
+            if error is None:
+                assert not isinstance(reading, Exception)
+                layout, needs = reading
+                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update, needs,
+                                                  sync_layout=layout if frame.sync else None)
+        except BaseException:
+            self._inflight.release(len(update))
+            raise
+        finally:
+            if not turn.done():
+                turn.set_result(None)
+        if error is None:
+            await self._confirm(frame, future, len(update), received)
+            return
+        self._inflight.release(len(update))
+        if isinstance(error, ValidatorUnavailable):
+            error = ProtocolError(ErrorCode.UNAVAILABLE, "the update could not be checked; resend it",
+                                  doc=frame.doc, clock=frame.clock)
+        else:
+            error = ProtocolError(ErrorCode.INVALID_UPDATE, str(error), doc=frame.doc, clock=frame.clock)
+        await self._safe_send(protocol.error(error))
+
+    async def _confirm(self, frame: Update, future: asyncio.Future[AppendResult], size: int,
+                       received: float) -> None:
+        """Ack an update once (and only once) the append script returned.
+        (yrelay_tools/testing/broken_server.py replaces this method.)"""
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            raise
+        except NotAdmitted as refused:
+            await self._safe_send(protocol.error(ProtocolError(
+                ErrorCode.MISSING_DEPENDENCY,
+                "not stored: the document lacks content this update builds on; send earlier updates first",
+                doc=frame.doc, clock=frame.clock, missing=refused.lacking)))
+            self.ctx.events.emit("refuse", frame.doc, self.session, clock=frame.clock,
+                                 missing={str(c): k for c, k in refused.lacking.items()})
+            return
+        except Exception as exc:
+            log.warning("append of %s clock %s failed: %s", frame.doc, frame.clock, exc)
+            await self._safe_send(protocol.error(ProtocolError(
+                ErrorCode.UNAVAILABLE, "the update was not stored; resend it", doc=frame.doc, clock=frame.clock
+            )))
+            return
+        finally:
+            self._inflight.release(size)
+        entry_id, duplicate = result.entry_id, result.duplicate
+        await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
+        if entry_id is None:
+            return
+        self.ctx.metrics.appended(time.perf_counter() - received)
+        self.ctx.events.emit("append", frame.doc, self.session, offset=entry_id, clock=frame.clock,
+                             bytes=size, duplicate=duplicate)
+
+    async def _safe_send(self, frame: dict[str, Any]) -> None:
+        try:
+            await self._send(frame)
+        except Exception:  # the socket is gone; the client resends unacked updates
+            pass
+
+
+def read_layout_and_needs(update: bytes) -> tuple[Layout, Needs] | Exception:
+    """The update's structs and what the document must hold to apply it, or
+    why it can never apply (an ``InvalidUpdate``)."""
+    try:
+        layout = read_layout(update)
+        return layout, needs_of(layout)
+    except MalformedUpdate as exc:
+        return crdt.InvalidUpdate(f"not a Yjs update: {exc}")
