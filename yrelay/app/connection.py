@@ -3,8 +3,9 @@
 The flows are modules of their own, called one way from here:
 :mod:`.handshake` (origin, token, ``hello``, expiry and the cut-off
 decision), :mod:`.write_path` (one update from frame to answer),
-:mod:`.connection_presence` (awareness) and :mod:`.allowance` (rates and the
-subject's quotas); documents are delivered by :mod:`.subscription`.
+:mod:`.connection_documents` (subscribe, unsubscribe, the document a frame
+names), :mod:`.connection_presence` (awareness) and :mod:`.allowance` (rates
+and the subject's quotas); documents are delivered by :mod:`.subscription`.
 
 Every rejection becomes an ``error`` frame with a code and a plain message;
 nothing a client sends can raise out of this module, store anything invalid,
@@ -30,16 +31,13 @@ from ..auth import Principal
 from ..offsets import StreamId
 from ..protocol import (Ack, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe,
                         Sync, Unsubscribe, Update)
-from ..reconciliation.digest import Digest
-from ..reconciliation.stream_digest import WindowDigest
 from . import subscription_set
 from .allowance import Allowance
+from .connection_documents import ConnectionDocuments
 from .connection_presence import ConnectionPresence
 from .context import ServerContext
 from .handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened, refuse
-from .limits import DeliveryBudget
 from .payloads import decode_b64
-from .subscription import Send, Subscription
 from .update_parts import frame_identity
 from .write_path import WritePath
 
@@ -59,16 +57,14 @@ class Connection:
         self.state = ConnectionState.AWAITING_HELLO
         self.session: str | None = None
         self.handshake = Handshake(ctx, websocket.headers)
-        self.subscriptions: dict[str, Subscription] = {}
         self._send_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._received = 0.0  # when the frame being handled arrived (append latency)
-        #: Unacked deliveries of all this connection's documents.
-        self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
         self.address = websocket.client.host if websocket.client else ""
         self.allowance = Allowance(ctx, self.address)
         self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
         self.writes = WritePath(ctx, self.allowance, self.send, self._reject, self._spawn)
+        self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send)
 
     @property
     def principal(self) -> Principal | None:
@@ -85,7 +81,7 @@ class Connection:
             await self._serve()
         finally:
             self.ctx.limits.close_connection(self.address)
-            self.allowance.release(len(self.subscriptions))
+            self.allowance.release(len(self.documents))
 
     async def _serve(self) -> None:
         if self.handshake.origin_refused():
@@ -109,13 +105,10 @@ class Connection:
             timer.cancel()
             for task in list(self._tasks):
                 task.cancel()
-            # Unsubscribe locally only: the session stays tracked, so a quick
-            # reconnect resumes from its offset.
-            for subscription in list(self.subscriptions.values()):
-                await subscription.close()
+            await self.documents.close()
             await self.presence.leave_all()
             if self.session is not None:
-                self.ctx.events.emit("disconnect", session=self.session, docs=len(self.subscriptions),
+                self.ctx.events.emit("disconnect", session=self.session, docs=len(self.documents),
                                      duration_ms=int((time.monotonic() - opened) * 1000))
 
     async def send(self, frame: dict[str, Any] | str) -> None:
@@ -172,13 +165,14 @@ class Connection:
         if isinstance(frame, Update):
             await self._update(frame)
         elif isinstance(frame, Ack):
-            self._subscription(frame.doc).on_ack(StreamId.parse(frame.offset))
+            self.documents.get(frame.doc).on_ack(StreamId.parse(frame.offset))
         elif isinstance(frame, Subscribe):
-            await self._subscribe(frame)
+            assert self.principal is not None
+            await self.documents.subscribe(frame, self.session, self.principal)
         elif isinstance(frame, Unsubscribe):
-            await self._unsubscribe(frame)
+            await self.documents.unsubscribe(frame, self.session)
         elif isinstance(frame, Sync):
-            self._subscription(frame.doc).request_sync(decode_b64(frame.state_vector, frame.doc, None))
+            self.documents.get(frame.doc).request_sync(decode_b64(frame.state_vector, frame.doc, None))
         elif isinstance(frame, CheckSubscriptions):
             await self.send(await subscription_set.check(self.ctx, self.session, frame))
         elif isinstance(frame, Reconcile):
@@ -186,14 +180,8 @@ class Connection:
         elif isinstance(frame, Ping):
             await self.send(protocol.pong())
         elif isinstance(frame, Awareness):
-            self._subscription(frame.doc)
+            self.documents.get(frame.doc)
             await self.presence.receive(frame)
-
-    def _subscription(self, doc: str, clock: int | None = None) -> Subscription:
-        subscription = self.subscriptions.get(doc)
-        if subscription is None:
-            raise ProtocolError(ErrorCode.NOT_SUBSCRIBED, "subscribe to the document first", doc=doc, clock=clock)
-        return subscription
 
     async def _hello(self, frame: Hello) -> None:
         if self.state is not ConnectionState.AWAITING_HELLO:
@@ -224,50 +212,8 @@ class Connection:
         if not self.principal.can_write(frame.doc):
             raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
                                 doc=frame.doc, clock=frame.clock)
-        self._subscription(frame.doc, frame.clock)
+        self.documents.get(frame.doc, frame.clock)
         await self.writes.receive(frame, self._received)
-
-    async def _subscribe(self, frame: Subscribe) -> None:
-        assert self.session is not None and self.principal is not None
-        if not self.principal.can_read(frame.doc):
-            raise ProtocolError(ErrorCode.FORBIDDEN, "this token does not allow this document", doc=frame.doc)
-        requested = StreamId.parse(frame.offset) if frame.offset is not None else None
-        claimed = _claimed(frame)
-        old = self.subscriptions.pop(frame.doc, None)
-        if old is not None:
-            await old.close()
-        elif len(self.subscriptions) >= self.ctx.settings.max_docs_per_connection:
-            raise ProtocolError(
-                ErrorCode.MALFORMED_FRAME,
-                f"at most {self.ctx.settings.max_docs_per_connection} documents per connection",
-                doc=frame.doc,
-            )
-        else:
-            await self.allowance.open_subscription(frame.doc)
-        self.presence.join(frame.doc, self.session, self.principal)
-        subscription = Subscription(self.ctx, frame.doc, self.session, self._document_sender(frame.doc), requested,
-                                    claimed, budget=self.budget)
-        self.subscriptions[frame.doc] = subscription
-        subscription.start()
-
-    async def _unsubscribe(self, frame: Unsubscribe) -> None:
-        assert self.session is not None
-        subscription = self.subscriptions.pop(frame.doc, None)
-        if subscription is not None:
-            await subscription.close()
-            self.allowance.close_subscription()
-        await self.presence.leave(frame.doc)
-        await self.ctx.tracker.untrack(frame.doc, self.session)
-        await self.send(protocol.unsubscribed(frame.doc))
-
-    def _document_sender(self, doc: str) -> Send:
-        """The subscription's send, which greets the connection's presence
-        on ``doc`` once the subscribe is answered (the states of the others
-        follow `subscribed` or `resync_required`, never precede it)."""
-        async def send(frame: dict[str, Any] | str) -> None:
-            await self.send(frame)
-            self.presence.sent(doc, frame)
-        return send
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -286,8 +232,7 @@ class Connection:
                 await self._cut_off(overdue)
                 return
             try:
-                for subscription in list(self.subscriptions.values()):
-                    subscription.check_resend()
+                self.documents.check_resends()
             except Exception:
                 log.exception("the resend check failed; the token check and the next tick still run")
             try:
@@ -301,14 +246,3 @@ class Connection:
         if lapsed is not None:
             await self._cut_off(lapsed)
 
-
-def _claimed(frame: Subscribe) -> WindowDigest | None:
-    """The client's drift digest, meaningful only with an offset to end its window."""
-    if frame.digest is None or frame.offset is None:
-        return None
-    since, offset = StreamId.parse(frame.digest.since), StreamId.parse(frame.offset)
-    through = StreamId.parse(frame.digest.through) if frame.digest.through is not None else offset
-    if since > offset or through < offset:
-        raise ProtocolError(ErrorCode.INVALID_OFFSET, "digest needs since <= offset <= through", doc=frame.doc)
-    digest = Digest(count=frame.digest.count, hash=int(frame.digest.hash, 16))
-    return WindowDigest(since, offset, digest, through)

@@ -17,7 +17,7 @@ from ..protocol import Awareness, ErrorCode, ProtocolError
 from .allowance import Allowance
 from .context import ServerContext
 from .payloads import decode_limited
-from .presence import Member, NotOwner, PresenceFull
+from .presence_member import Member, NotOwner, PresenceFull
 
 #: Frames that answer a subscribe; presence greets the connection after them.
 _ANSWERS = frozenset({"subscribed", "resync_required"})

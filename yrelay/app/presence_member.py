@@ -1,0 +1,88 @@
+"""One connection's presence on one document (:class:`Member`), and the two
+refusals the relay gives a member: clientIDs another owner speaks for, and a
+document with as many present clients as it keeps. Kept apart from the relay
+(:mod:`.presence`) because a member is what a connection holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..awareness import AwarenessEntry
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: Frames queued for one slow socket before the oldest are dropped (every
+#: client renews its state, so a dropped one heals within 15 s).
+MAX_QUEUED = 64
+
+
+class NotOwner(Exception):
+    """Entries for clientIDs another owner (subject, or session with auth
+    off) spoke for within the timeout."""
+
+    def __init__(self, client_ids: list[int]):
+        super().__init__(f"clientID {', '.join(map(str, client_ids))} belongs to another user")
+        self.client_ids = client_ids
+
+
+class PresenceFull(Exception):
+    """The document already has ``max_clients`` clientIDs claimed."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the document has {limit} present clients, the most it keeps; retry later")
+
+
+class Member:
+    """One connection's presence on one document: the clientIDs it speaks
+    for (with their last clock, for the removal when it leaves) and an
+    outbox so one slow socket never holds the relay up."""
+
+    def __init__(self, doc: str, session: str, origin: str, send: Send, owner: str):
+        self.doc = doc
+        self.session = session
+        self.origin = origin
+        #: Who may take this member's clientIDs over (keys.subject_id of the subject, or of the session).
+        self.owner = owner
+        self.clocks: dict[int, int] = {}
+        self.listening = False
+        self._send = send
+        self._outbox: deque[dict[str, Any]] = deque(maxlen=MAX_QUEUED)
+        self._drain: asyncio.Task[None] | None = None
+
+    def push(self, frame: dict[str, Any]) -> None:
+        if not self.listening:
+            return  # not answered `subscribed` yet: the greeting will carry it
+        self._outbox.append(frame)
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.create_task(self._drain_outbox())
+
+    async def _drain_outbox(self) -> None:
+        try:
+            while self._outbox:
+                await self._send(self._outbox.popleft())
+        except Exception:  # the socket is gone; the connection cleans up
+            self._outbox.clear()
+
+    def claim(self, entries: list[AwarenessEntry]) -> None:
+        for entry in entries:
+            if entry.removed:
+                self.clocks.pop(entry.client_id, None)
+            else:
+                self.clocks[entry.client_id] = max(entry.clock, self.clocks.get(entry.client_id, 0))
+
+    def clients_after(self, entries: list[AwarenessEntry]) -> int:
+        """How many clientIDs this member would speak for after ``entries``."""
+        live = set(self.clocks)
+        for entry in entries:
+            (live.discard if entry.removed else live.add)(entry.client_id)
+        return len(live)
+
+    def removals(self) -> list[AwarenessEntry]:
+        return [AwarenessEntry(client, clock, "null").removal() for client, clock in self.clocks.items()]
+
+    def stop(self) -> None:
+        self.listening = False
+        self._outbox.clear()
