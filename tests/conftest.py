@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -43,6 +44,9 @@ def spark():
     """One local SparkSession for the whole test run (starting one costs seconds)."""
     from yrelay.spark_analytics.session import spark_session
 
+    # py4j logs each closed gateway connection at INFO, through a root handler
+    # a test that configured yrelay's logging left on a closed capture stream.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     session = spark_session("local[2]")
     yield session
     session.stop()
