@@ -195,3 +195,48 @@ async def test_the_query_token_never_reaches_a_log_line(redis_url, tmp_path):
     accepted = [line for line in text.splitlines() if "/yws/logged" in line and "[accepted]" in line]
     assert accepted and all("token" not in line for line in accepted), text[-3000:]
     assert any("/yws/logged?room=1" in line for line in accepted)
+
+
+async def test_a_trim_past_the_feeds_cursor_closes_the_connection(redis_url):
+    """GC trimmed entries this (untracked) connection was never sent: it
+    must close, so the client resyncs, never skip them silently."""
+    from yrelay.app.context import ServerContext
+    from yrelay.app.yws_feed import CLOSE_TRIMMED, YwsFeed
+    from yrelay.config import Settings
+    from yrelay.keys import meta_key
+    from yrelay.offsets import StreamId
+
+    ctx = await ServerContext.open(Settings.from_env(insecure_no_auth=True), redis_url)
+    try:
+        source = pycrdt.Doc(client_id=5)
+        text = source.get("text", type=pycrdt.Text)
+        ids = []
+        for word in ("a", "b", "c"):
+            state = source.get_state()
+            text += word
+            ids.append((await ctx.store.append("trimmed", "writer", len(ids), source.get_update(state)))[0])
+        sent: list[bytes] = []
+        closed: list[tuple[int, str]] = []
+
+        async def send(data: bytes) -> None:
+            sent.append(data)
+
+        async def close(code: int, reason: str) -> None:
+            closed.append((code, reason))
+
+        await ctx.redis.hset(meta_key("trimmed"), "trimmed_through", ids[1])  # as GC's trim leaves it
+        feed = YwsFeed(ctx, "trimmed", "reader", send, close)
+        await feed.start()
+        feed.answered(StreamId.parse(ids[0]))  # the client holds only the first entry
+        await eventually(lambda: closed)
+        assert closed[0][0] == CLOSE_TRIMMED and not sent
+        feed.stop()
+        # Not trimmed past the cursor: the rest is sent, in order.
+        ok = YwsFeed(ctx, "trimmed", "reader", send, close)
+        await ok.start()
+        ok.answered(StreamId.parse(ids[1]))
+        await eventually(lambda: sent)
+        assert yprotocol.decode(sent[0]).payload.endswith(b"c\x00") and len(closed) == 1
+        ok.stop()
+    finally:
+        await ctx.close()
