@@ -15,10 +15,10 @@ from yrelay.yprotocol import AuthMessage, AwarenessMessage, SyncMessage, SyncSte
 
 
 class YwsPeer:
-    def __init__(self, ws: Any):
+    def __init__(self, ws: Any, doc: pycrdt.Doc | None = None):
         self.ws = ws
         # 32-bit client ids, as Yjs picks them (y-py, under the Python client, truncates larger ones)
-        self.doc = pycrdt.Doc(client_id=random.getrandbits(32))
+        self.doc = doc if doc is not None else pycrdt.Doc(client_id=random.getrandbits(32))
         self.text = self.doc.get("text", type=pycrdt.Text)
         self.denied: list[str] = []
         self.awareness: list[bytes] = []
@@ -26,8 +26,9 @@ class YwsPeer:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def connect(cls, url: str, doc: str, **kwargs: Any) -> "YwsPeer":
-        peer = cls(await websockets.connect(f"{url}/yws/{doc}", max_size=None, **kwargs))
+    async def connect(cls, url: str, doc: str, ydoc: pycrdt.Doc | None = None, **kwargs: Any) -> "YwsPeer":
+        """Connect and sync, as a stock client does on every (re)connect; ``ydoc``: the document it kept."""
+        peer = cls(await websockets.connect(f"{url}/yws/{doc}", max_size=None, **kwargs), ydoc)
         await peer.ws.send(yprotocol.sync_step1(peer.doc.get_state()))
         await asyncio.wait_for(peer.synced.wait(), 10)
         return peer
@@ -53,7 +54,10 @@ class YwsPeer:
         """Insert ``chunk`` at the end and send the update, as a stock client does."""
         before = self.doc.get_state()
         self.text += chunk
-        await self.ws.send(yprotocol.sync_update(self.doc.get_update(before)))
+        try:
+            await self.ws.send(yprotocol.sync_update(self.doc.get_update(before)))
+        except websockets.ConnectionClosed:
+            pass  # offline: the edit stays in the document, the next connect's sync sends it
 
     @property
     def closed(self) -> tuple[int, str] | None:
