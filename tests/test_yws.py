@@ -155,7 +155,7 @@ async def test_hostile_messages_close_cleanly_and_store_nothing(redis_url):
 
 
 def test_the_token_parameter_is_taken_out_of_the_scope() -> None:
-    from yrelay.app.yws import take_token
+    from yrelay.app.yws_endpoint import take_token
     scope = {"query_string": b"a=1&token=eyJsecret&b=2"}
     assert take_token(scope) == "eyJsecret"
     assert scope["query_string"] == b"a=1&b=2"
@@ -240,3 +240,14 @@ async def test_a_trim_past_the_feeds_cursor_closes_the_connection(redis_url):
         ok.stop()
     finally:
         await ctx.close()
+
+
+async def test_a_connection_over_the_limit_is_closed_with_the_reason(redis_url):
+    async with running_server(redis_url, max_connections_per_address=1) as url:
+        first = await YwsPeer.connect(http(url), "limited")
+        async with websockets.connect(f"{http(url)}/yws/limited") as ws:
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 10)  # no JSON frame a stock client would choke on
+        assert ws.close_code == 1008 and "connections per address" in ws.close_reason
+        assert first.closed is None
+        await first.close()

@@ -38,7 +38,7 @@ from .context import ServerContext
 from .health import router as health_router
 from .ops import router as ops_router
 from .scrape import router as scrape_router
-from .yws import YWS_PREFIX, YwsEndpoint
+from .yws_endpoint import YWS_PREFIX, YwsEndpoint
 
 #: The websocket endpoint, relative to wherever the router is included.
 WEBSOCKET_PATH = "/ws"

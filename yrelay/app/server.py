@@ -15,7 +15,7 @@ from ..auth import Authenticator
 from ..config import Settings
 from .relay import WEBSOCKET_PATH, Relay, is_sync
 from .web import mount_web_client
-from .yws import yws_doc
+from .yws_endpoint import yws_doc
 
 
 class _YrelayApp(FastAPI):

@@ -6,7 +6,7 @@ One connection serves one document with binary y-protocols messages
 :class:`~.handshake.Handshake` as ``/ws`` (origin allowlist, token as a
 subprotocol ``yrelay.auth.<token>`` next to ``yrelay.yws``) and, for stock
 clients that can only add URL parameters, ``?token=``, taken out of the
-request before anything can log it (docs/security.md).
+request before anything can log it (:mod:`.yws_endpoint`, docs/security.md).
 
 * The client's sync step 1 is answered with step 2 = exactly what its state
   vector lacks, from snapshot + stream in an engine worker
@@ -34,10 +34,6 @@ import secrets
 import time
 from collections.abc import Coroutine
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
-
-from starlette.routing import get_route_path
-from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from .. import logs, yprotocol
@@ -50,19 +46,15 @@ from .allowance import Allowance
 from .connection_presence import ConnectionPresence
 from .context import ServerContext
 from .engine_pool import EngineFailed
-from .handshake import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, Handshake, refuse
+from .handshake import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, Handshake
 from .resync import sync_answer
 from .write_path import WritePath
 from .yws_feed import YwsFeed
 
 log = logging.getLogger(__name__)
 
-#: Where the endpoint is, relative to the relay's root: ``/yws/<doc>``.
-YWS_PREFIX = "/yws/"
 #: The subprotocol a client offers next to ``yrelay.auth.<token>``.
 YWS_SUBPROTOCOL = "yrelay.yws"
-#: The URL parameter a stock client's ``params: {token}`` becomes.
-TOKEN_PARAM = "token"
 #: The header of one message around its payload: type, step, length (at most 8 bytes).
 MESSAGE_OVERHEAD = 10
 
@@ -74,48 +66,6 @@ CLOSE_TRY_AGAIN = 1013
 CLOSE_NOT_STORED = 4500
 #: The token may not read this document, or the document id is not valid.
 CLOSE_FORBIDDEN = 4403
-
-
-def take_token(scope: Scope) -> str | None:
-    """The ``token`` URL parameter, removed from ``scope`` in place, so
-    uvicorn's ``WebSocket ... [accepted]`` line and every later reader of
-    the scope see the URL without it."""
-    raw = scope.get("query_string", b"")
-    if not raw:
-        return None
-    pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True)
-    tokens = [value for name, value in pairs if name == TOKEN_PARAM]
-    if tokens:
-        scope["query_string"] = urlencode([(n, v) for n, v in pairs if n != TOKEN_PARAM]).encode("latin-1")
-    return tokens[-1] if tokens else None
-
-
-def yws_doc(scope: Scope) -> str | None:
-    """The document of a ``/yws/<doc>`` websocket, or None for any other request."""
-    if scope["type"] != "websocket":
-        return None
-    routed = scope.get("path_params", {}).get("doc")
-    if routed is not None:
-        return routed
-    path = get_route_path(scope)
-    return path[len(YWS_PREFIX):] if path.startswith(YWS_PREFIX) else None
-
-
-class YwsEndpoint:
-    """The endpoint as a raw ASGI app (as :class:`~.relay.SyncEndpoint`);
-    ``context`` returns the running relay's parts, or None."""
-
-    def __init__(self, context: Any):
-        self._context = context
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        token = take_token(scope)  # first: nothing may log the URL with it
-        websocket = WebSocket(scope, receive, send)
-        ctx = self._context()
-        if ctx is None:
-            await websocket.close(CLOSE_TRY_AGAIN)
-            return
-        await YwsConnection(websocket, ctx, yws_doc(scope) or "", token).run()
 
 
 class YwsConnection:
@@ -141,8 +91,10 @@ class YwsConnection:
 
     async def run(self) -> None:
         refusal = self.ctx.limits.open_connection(self.address)
-        if refusal is not None:
-            await refuse(self.websocket, refusal)
+        if refusal is not None:  # accepted only to say why (no JSON error frame: this client reads y-protocols)
+            with contextlib.suppress(Exception):
+                await self.websocket.accept()
+                await self.websocket.close(refusal.close_code, refusal.error.message[:120])
             return
         try:
             await self._serve()
@@ -303,4 +255,4 @@ class YwsConnection:
         task.add_done_callback(self._tasks.discard)
 
 
-__all__ = ["TOKEN_PARAM", "YWS_PREFIX", "YWS_SUBPROTOCOL", "YwsConnection", "YwsEndpoint", "take_token", "yws_doc"]
+__all__ = ["CLOSE_NOT_STORED", "YWS_SUBPROTOCOL", "YwsConnection"]
