@@ -251,3 +251,16 @@ async def test_a_connection_over_the_limit_is_closed_with_the_reason(redis_url):
         assert ws.close_code == 1008 and "connections per address" in ws.close_reason
         assert first.closed is None
         await first.close()
+
+
+async def test_each_connection_counts_as_a_live_subscription_of_its_subject(redis_url):
+    async with running_server(redis_url, max_subscriptions_per_subject=1) as url:
+        first = await YwsPeer.connect(http(url), "counted-a")
+        async with websockets.connect(f"{http(url)}/yws/counted-b") as ws:
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 10)
+        assert ws.close_code == 1013 and "live subscriptions" in ws.close_reason
+        await first.close()
+        await asyncio.sleep(0.2)
+        again = await YwsPeer.connect(http(url), "counted-b")  # released with the connection
+        await again.close()

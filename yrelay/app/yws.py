@@ -84,6 +84,7 @@ class YwsConnection:
         self._send_lock = asyncio.Lock()
         self._clock = 0
         self._closed = False
+        self._subscriptions = 0  # counted against the subject's limit
         self.presence = ConnectionPresence(ctx, self.allowance, self._send_awareness, self._spawn)
         self.writes = WritePath(ctx, self.allowance, self._answer, self._refused, self._spawn)
         self.writes.session = self.session
@@ -100,7 +101,7 @@ class YwsConnection:
             await self._serve()
         finally:
             self.ctx.limits.close_connection(self.address)
-            self.allowance.release(0)
+            self.allowance.release(self._subscriptions)
 
     async def _serve(self) -> None:
         if self.handshake.origin_refused():
@@ -113,6 +114,8 @@ class YwsConnection:
         logs.session.set(self.session)
         logs.doc.set(self.doc)
         self.allowance.open(self.session, principal)
+        if not await self._count_subscription():
+            return
         timer = asyncio.create_task(self._check_token())
         try:
             await self.feed.start()
@@ -125,6 +128,9 @@ class YwsConnection:
                 await self._handle(message, principal)
         except (WebSocketDisconnect, WebSocketDisconnected):
             pass
+        except Exception as exc:  # the fan-out could not read the document (Redis down)
+            log.warning("/yws connection to %s failed: %s", self.doc, exc)
+            await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
         finally:
             self._closed = True
             timer.cancel()
@@ -133,6 +139,16 @@ class YwsConnection:
             for task in list(self._tasks):
                 task.cancel()
             await self.presence.leave_all()
+
+    async def _count_subscription(self) -> bool:
+        """The subject's live-subscription limit counts this connection as one."""
+        try:
+            await self.allowance.open_subscription(self.doc)
+        except ProtocolError as error:
+            await self.close(CLOSE_TRY_AGAIN, error.message)
+            return False
+        self._subscriptions = 1
+        return True
 
     async def _admit(self) -> Principal | None:
         """Authenticate and check the document; else say why and close."""
