@@ -264,3 +264,26 @@ async def test_each_connection_counts_as_a_live_subscription_of_its_subject(redi
         await asyncio.sleep(0.2)
         again = await YwsPeer.connect(http(url), "counted-b")  # released with the connection
         await again.close()
+
+
+async def test_an_update_while_redis_is_down_closes_and_the_reconnect_sync_stores_it(tmp_path):
+    from yrelay.redis_server import RedisProcess
+
+    redis = RedisProcess(tmp_path / "redis").start()
+    try:
+        async with running_server(redis.url) as url:
+            peer = await YwsPeer.connect(http(url), "down")
+            await asyncio.sleep(0.3)  # its feed's first read of the stream is done
+            redis.kill()
+            await peer.edit("while down")
+            await eventually(lambda: peer.closed is not None, timeout=30)
+            assert peer.closed[0] == 4500 and peer.closed[1].startswith("unavailable"), peer.closed
+            redis.start()  # same port, same AOF
+            again = await YwsPeer.connect(http(url), "down", ydoc=peer.doc)  # y-websocket's reconnect
+            reader = await YwsPeer.connect(http(url), "down")
+            await eventually(lambda: str(reader.text) == "while down", timeout=30)
+            assert await stored(redis.url, "down") == "while down"
+            await again.close()
+            await reader.close()
+    finally:
+        redis.stop()
