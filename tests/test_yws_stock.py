@@ -31,3 +31,33 @@ async def test_stock_y_websocket_client_suite(redis_url):
                  "YRELAY_REDIS_URL": redis_url}, merge_stderr=True)
     assert returncode == 0, report[-6000:]
     assert "# fail 0" in report and "# pass 4" in report, report[-3000:]
+
+
+@pytest.mark.timeout(120)
+async def test_stock_client_edits_survive_sigkill_of_server_and_redis(tmp_path):
+    """Once another stock client received an edit (so it was stored), a kill -9
+    of the server and of Redis (appendonly, appendfsync always) keeps it."""
+    from yrelay.redis_server import RedisProcess
+    from yrelay_tools.testing.processes import ServerProcess
+
+    require_web_build()
+    redis = RedisProcess(tmp_path / "redis").start()
+    server = ServerProcess(redis.url, tmp_path).start()
+    base = f"ws://127.0.0.1:{server.port}"
+
+    async def peer(*args: str) -> str:
+        code, out, err = await run_node("test-stock/peer.mjs", *args, cwd=WEB_DIR, env={}, timeout=40)
+        assert code == 0, out + err
+        return out.strip().splitlines()[-1]
+
+    try:
+        assert await peer("write", base, "killed", "first. ") == "stored"
+        assert await peer("write", base, "killed", "second.") == "stored"
+        server.kill()
+        redis.kill()
+        redis.start()  # same port, same AOF
+        server = ServerProcess(redis.url, tmp_path, port=server.port).start()
+        assert json.loads(await peer("read", base, "killed")) == "first. second."
+    finally:
+        server.stop()
+        redis.stop()
