@@ -43,3 +43,15 @@ def test_hot_scenario_delivers_every_acked_update_to_every_reader(tmp_path: Path
     markdown = report.markdown()
     for column in ("deliveries/s", "p99 ms", "server CPU s per 1k updates", "RSS per connection kB", "kept up"):
         assert column in markdown
+
+
+def test_hot_scenario_over_yws_delivers_every_update_to_every_reader(tmp_path: Path) -> None:
+    """yrelay driven with the y-websocket protocol on /yws (issue 19): no acks, every delivery."""
+    config = BenchConfig(scenarios=("hot",), targets=("yrelay-yws",), hot_rates=[40.0], duration=1.0, readers=3)
+    report = run_bench(config, "yrelay bench hot (smoke, /yws)", progress=lambda _: None, work_dir=tmp_path)
+    [ladder] = report.ladders
+    [run] = ladder.runs
+    assert run.target == "yrelay /yws" and run.updates == 40
+    assert run.expected_deliveries == run.updates * 3
+    assert run.deliveries == run.expected_deliveries
+    assert run.complete and run.errors == 0

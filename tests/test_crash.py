@@ -124,3 +124,39 @@ async def test_a_subscribe_while_redis_is_down_completes_when_it_is_back(tmp_pat
             assert frame["op"] == "subscribed" and frame["doc"] == "later"
     finally:
         redis.stop()
+
+
+async def test_yws_edits_survive_sigkill_of_server_and_redis_and_offline_edits_merge(tmp_path):
+    """A y-websocket peer's edit that another peer saw (so it was stored:
+    others see only the stream) survives kill -9 of the server and of Redis
+    (AOF always); edits made while both were down arrive with the peer's
+    reconnect sync (issue 19)."""
+    from ywspeer import YwsPeer
+
+    redis = RedisProcess(tmp_path / "redis").start()
+    server = ServerProcess(redis.url, tmp_path).start()
+    base = f"ws://127.0.0.1:{server.port}"
+    try:
+        writer = await YwsPeer.connect(base, "yws-durable")
+        reader = await YwsPeer.connect(base, "yws-durable")
+        for word in ("one ", "two "):
+            await writer.edit(word)
+        await eventually(lambda: str(reader.text) == "one two ")
+        server.kill()
+        redis.kill()
+        await writer.edit("offline ")  # the socket is gone: y-websocket keeps it in the document
+        await writer.close()
+        await reader.close()
+        redis.start()  # same port, same AOF
+        server = ServerProcess(redis.url, tmp_path, port=server.port).start()
+        fresh = await YwsPeer.connect(base, "yws-durable")
+        assert str(fresh.text) == "one two "  # stored before the kill: kept
+        again = await YwsPeer.connect(base, "yws-durable", ydoc=writer.doc)  # the reconnect sync sends it
+        await eventually(lambda: str(fresh.text) == "one two offline ")
+        await fresh.edit("back")
+        await eventually(lambda: str(again.text) == "one two offline back")
+        for peer in (fresh, again):
+            await peer.close()
+    finally:
+        server.stop()
+        redis.stop()

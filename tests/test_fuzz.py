@@ -31,7 +31,7 @@ from test_reconciliation import varint
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from yrelay import crdt
+from yrelay import crdt, yprotocol
 from yrelay.awareness import AwarenessEntry, encode_update
 from yrelay.config import Settings
 from yrelay.client import YrelayClient
@@ -451,3 +451,81 @@ def _greeting_of_a_newcomer(url: str, doc: str) -> list[AwarenessEntry]:
                 if frame["op"] == "awareness":
                     entries += decode_update(base64.b64decode(frame["update"]))
         return entries
+
+
+# ------------------------------------------------------------------ /yws (issue 19)
+
+YWS_MESSAGES = int(os.environ.get("YRELAY_FUZZ_YWS_MESSAGES", "3000"))
+YWS_BATCH = 20
+YWS_DOCS = [f"fz-yws-{i}" for i in range(2)]
+
+
+def _lib0(*parts: bytes | int) -> bytes:
+    return b"".join(varint(part) if isinstance(part, int) else part for part in parts)
+
+
+#: y-protocols messages: real shapes with hostile payloads, lengths that lie,
+#: unknown types and steps, truncated varints, hostile state vectors.
+yws_messages = st.one_of(
+    st.builds(lambda step, data: _lib0(0, step, len(data), data), st.sampled_from([1, 2]), update_bytes),
+    st.builds(lambda sv: _lib0(0, 0, len(sv), sv), state_vector_bytes),
+    st.builds(lambda kind, step, length, data: _lib0(kind, step, length, data),
+              st.integers(0, 2**64), st.integers(0, 2**64), st.integers(0, 2**64), st.binary(max_size=16)),
+    st.builds(lambda data: _lib0(1, len(data), data), st.binary(max_size=64)),  # awareness, garbage
+    st.builds(lambda reason: _lib0(2, 0, len(reason), reason), st.binary(max_size=16)),  # auth from a client
+    st.just(b"\x03"),  # query awareness
+    st.sampled_from([b"", b"\x80", b"\x00\x80", b"\x00\x00\xff", b"\xff" * 10]),  # truncated / overlong varints
+    st.binary(max_size=32),
+    st.builds(lambda message: message, st.sampled_from(VALID).map(lambda u: _lib0(0, 2, len(u), u)).flatmap(mutated)),
+)
+
+
+def _send_yws_batch(base: str, doc: str, batch: list[bytes], seen: Counter) -> None:
+    with connect(f"{base}/yws/{doc}", max_size=None, open_timeout=10) as ws:
+        try:
+            for message in batch:
+                ws.send(message)
+            while True:
+                ws.recv(timeout=0.2)
+                seen["answers"] += 1
+        except TimeoutError:
+            seen["open_after_batch"] += 1
+        except ConnectionClosed as closed:
+            seen[f"closed {closed.rcvd.code if closed.rcvd else None}"] += 1
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+def test_fuzz_yws_messages_against_a_live_server(fuzz_server: ServerProcess, redis_url: str):
+    client = redis.Redis.from_url(redis_url)
+    writers = {_write_victim(fuzz_server.ws_url, "secret")}
+    base = fuzz_server.ws_url.removesuffix("/ws")
+    seen: Counter = Counter()
+    turn = iter(range(10**9))
+
+    @settings(max_examples=YWS_MESSAGES // YWS_BATCH, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(yws_messages, min_size=YWS_BATCH, max_size=YWS_BATCH))
+    def fuzz(batch: list[bytes]) -> None:
+        _send_yws_batch(base, YWS_DOCS[next(turn) % len(YWS_DOCS)], batch, seen)
+        seen["messages"] += len(batch)
+
+    started = time.monotonic()
+    fuzz()
+    elapsed = time.monotonic() - started
+    assert fuzz_server.running, "the server process died"
+    assert httpx.get(f"http://127.0.0.1:{fuzz_server.port}/readyz", timeout=5).status_code == 200
+    docs = assert_no_foreign_documents(client, set(YWS_DOCS) | {VICTIM})
+    entries = assert_every_entry_is_valid(client, docs)
+    assert victim_sessions(client) <= writers
+    log = fuzz_server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
+    # A well-behaved y-websocket peer still gets the victim, exactly.
+    with connect(f"{base}/yws/{VICTIM}", open_timeout=10) as ws:
+        ws.send(_lib0(0, 0, 1, b"\x00"))
+        answer = ws.recv(timeout=10)
+    doc = crdt.new_doc()
+    crdt.apply_update(doc, yprotocol.decode(answer).payload)
+    assert crdt.text_of(doc) == "secret"
+    print("YWS FUZZ SUMMARY", json.dumps({"seconds": round(elapsed, 1), "documents": len(docs),
+                                          "stored_entries": entries, **seen}))

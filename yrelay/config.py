@@ -239,7 +239,8 @@ class Settings:
         deadline and caps (:mod:`yrelay.app.http_guard`)."""
         from .app.http_guard import guarded_protocol  # the app imports this module
 
-        return {"ws_max_size": self.max_frame_bytes * 4, "ws_ping_interval": 20, "ws_ping_timeout": 20,
+        # /yws takes one update per message (stock clients cannot split), up to max_update_bytes.
+        return {"ws_max_size": max(self.max_frame_bytes * 4, self.max_update_bytes + 64), "ws_ping_interval": 20, "ws_ping_timeout": 20,
                 "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes)}
 
 

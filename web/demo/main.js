@@ -4,17 +4,22 @@
  * from presence, and a status bar showing what the provider knows.
  * URL parameters: doc, user, server (a ws:// URL; default: this host's /ws),
  * persist=0 (do not keep the document in IndexedDB); and #token=<jwt> in the fragment.
+ * provider=y-websocket: the same editor on the stock y-websocket provider over
+ * /yws (an existing app's provider, unchanged), to edit one document side by side.
  */
 import * as Y from 'yjs'
 import { EditorView, basicSetup } from 'codemirror'
 import { yCollab } from 'y-codemirror.next'
+import { WebsocketProvider } from 'y-websocket'
 import { YrelayProvider } from '../src/index.js'
 
 const COLORS = ['#30bced', '#6eeb83', '#ffbc42', '#ee6352', '#9ac2c9', '#8acb88', '#1be7ff', '#e84855']
 
 const params = new URLSearchParams(window.location.search)
 const docName = params.get('doc') || 'demo'
-const serverUrl = params.get('server') || `${window.location.protocol === 'https:' ? 'wss' : 'ws'}://${window.location.host}/ws`
+const stock = params.get('provider') === 'y-websocket'
+const serverUrl = params.get('server') ||
+  `${window.location.protocol === 'https:' ? 'wss' : 'ws'}://${window.location.host}/${stock ? 'yws' : 'ws'}`
 const userName = params.get('user') || `guest-${Math.floor(Math.random() * 1000)}`
 const color = COLORS[Math.floor(Math.random() * COLORS.length)]
 
@@ -24,9 +29,9 @@ const text = doc.getText('text')
 // fragments never reach a server, so it stays out of access logs.
 const token = new URLSearchParams(window.location.hash.slice(1)).get('token')
 // Persisted in IndexedDB: a reload keeps the document and every edit not yet acked (?persist=0: off).
-const provider = new YrelayProvider(serverUrl, docName, doc, {
-  persist: params.get('persist') !== '0', clientOptions: { token }
-})
+const provider = stock
+  ? new WebsocketProvider(serverUrl, docName, doc, { protocols: token ? ['yrelay.yws', 'yrelay.auth.' + token] : [] })
+  : new YrelayProvider(serverUrl, docName, doc, { persist: params.get('persist') !== '0', clientOptions: { token } })
 provider.awareness.setLocalStateField('user', { name: userName, color, colorLight: color + '33' })
 
 new EditorView({ // eslint-disable-line no-new
@@ -37,7 +42,7 @@ new EditorView({ // eslint-disable-line no-new
 const show = (id, value) => { document.getElementById(id).textContent = value }
 const statusLabel = document.getElementById('status')
 const showStatus = (status) => { statusLabel.textContent = status; statusLabel.dataset.status = status }
-showStatus(provider.status)
+showStatus(provider.status || (provider.wsconnected ? 'connected' : 'connecting'))
 provider.on('status', ({ status }) => showStatus(status))
 provider.on('synced', (synced) => show('synced', synced ? 'yes' : 'no'))
 provider.on('pending', (count) => show('pending', String(count)))

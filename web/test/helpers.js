@@ -36,7 +36,7 @@ export function clientsOfThisFile () {
 export async function eventually (predicate, what = 'condition', timeout = 10000) {
   const deadline = Date.now() + timeout
   while (!predicate()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${typeof what === "function" ? what() : what}`)
     await new Promise((resolve) => setTimeout(resolve, 10))
   }
 }

@@ -70,21 +70,26 @@ class ConnectionPresence:
         await self._allowance.take_awareness(frame.doc)
         data = decode_limited(frame.update, settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE,
                               frame.doc, None)
+        await self.receive_update(frame.doc, data)
+
+    async def receive_update(self, doc: str, data: bytes) -> None:
+        """Relay the awareness update ``data`` (rates taken, size checked) of ``doc``."""
+        settings = self._ctx.settings
         try:
             entries = awareness.decode_update(data)
         except awareness.AwarenessError as exc:
-            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"awareness update: {exc}", doc=frame.doc) from None
-        member = self.members[frame.doc]
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"awareness update: {exc}", doc=doc) from None
+        member = self.members[doc]
         if member.clients_after(entries) > settings.max_presence_clients_per_connection:
             raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, f"at most "
                                 f"{settings.max_presence_clients_per_connection} clientIDs per connection and document",
-                                doc=frame.doc)
+                                doc=doc)
         try:
             await self._ctx.presence.update(member, entries)
         except NotOwner as exc:
-            raise ProtocolError(ErrorCode.AWARENESS_NOT_OWNER, str(exc), doc=frame.doc) from None
+            raise ProtocolError(ErrorCode.AWARENESS_NOT_OWNER, str(exc), doc=doc) from None
         except PresenceFull as exc:
-            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, str(exc), doc=frame.doc) from None
+            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, str(exc), doc=doc) from None
 
     def _owner(self, session: str, principal: Principal) -> str:
         """Who may take this connection's clientIDs over: its subject's

@@ -68,12 +68,12 @@ class Handshake:
 
     __slots__ = ("_ctx", "_headers", "subprotocol", "_token", "_hello_by", "principal")
 
-    def __init__(self, ctx: ServerContext, headers: Headers):
+    def __init__(self, ctx: ServerContext, headers: Headers, subprotocol: str = SUBPROTOCOL):
         self._ctx = ctx
         self._headers = headers
         offered = offered_subprotocols(headers)
         #: What the upgrade answers with (None: the client did not offer it).
-        self.subprotocol = SUBPROTOCOL if SUBPROTOCOL in offered else None
+        self.subprotocol = subprotocol if subprotocol in offered else None
         self._token = token_in(offered)
         self._hello_by = 0.0
         self.principal: Principal | None = None
@@ -105,16 +105,24 @@ class Handshake:
         ctx = self._ctx
         if frame.protocol != protocol.PROTOCOL_VERSION:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}")
+        principal = await self.authenticate(frame.token)
+        if isinstance(principal, CutOff):
+            return principal
+        session, resumed = await ctx.sessions.open(frame.session, owner=principal.subject)
+        logs.session.set(session)  # the connection's context: every later line and task carries it
+        return Opened(principal, session, resumed)
+
+    async def authenticate(self, token: str | None) -> Principal | CutOff:
+        """Who ``token`` (else the subprotocol's) is, unless it is invalid or revoked."""
+        ctx = self._ctx
         try:
-            principal = await ctx.authenticator.authenticate(frame.token or self._token, self._headers)
+            principal = await ctx.authenticator.authenticate(token or self._token, self._headers)
         except AuthError as exc:
             return CutOff(str(exc))
         if ctx.revocations.is_revoked(principal.token_id):
             return CutOff("the token was revoked")
         self.principal = principal
-        session, resumed = await ctx.sessions.open(frame.session, owner=principal.subject)
-        logs.session.set(session)  # the connection's context: every later line and task carries it
-        return Opened(principal, session, resumed)
+        return principal
 
     def welcome(self, opened: Opened) -> dict[str, Any]:
         ctx = self._ctx

@@ -38,6 +38,7 @@ from .context import ServerContext
 from .health import router as health_router
 from .ops import router as ops_router
 from .scrape import router as scrape_router
+from .yws_endpoint import YWS_PREFIX, YwsEndpoint
 
 #: The websocket endpoint, relative to wherever the router is included.
 WEBSOCKET_PATH = "/ws"
@@ -71,6 +72,8 @@ class Relay:
         #: The running parts while the lifespan is entered, else None.
         self.context: ServerContext | None = None
         self.endpoint = SyncEndpoint(self)
+        #: ``/yws/<doc>``: the y-websocket protocol for stock clients (:mod:`.yws`).
+        self.yws_endpoint = YwsEndpoint(lambda: self.context)
         self.router = self._router()
 
     def _router(self) -> APIRouter:
@@ -78,6 +81,7 @@ class Relay:
         this relay (:mod:`yrelay.app.binding`)."""
         router = APIRouter(dependencies=[Depends(binder(self))])
         router.add_websocket_route(WEBSOCKET_PATH, self.endpoint, name="yrelay_sync")
+        router.add_websocket_route(YWS_PREFIX + "{doc:path}", self.yws_endpoint, name="yrelay_yws")
         for part in (health_router, scrape_router, ops_router):
             router.include_router(part)
         return router

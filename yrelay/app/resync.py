@@ -77,12 +77,18 @@ async def answer_sync(ctx: "ServerContext", doc: str, session: str, state_vector
     engine sees it, here when it is small; the answer is computed in an
     engine worker (:mod:`.engine_pool`), so neither a hostile vector nor a
     costly document can crash or stall this process."""
+    answer = await sync_answer(ctx, doc, state_vector)
+    await ctx.tracker.track(doc, session, answer.offset)
+    return answer
+
+
+async def sync_answer(ctx: "ServerContext", doc: str, state_vector: bytes) -> SyncAnswer:
+    """:func:`answer_sync` without tracking anyone (``/yws`` connections
+    never pin a stream)."""
     precheck_state_vector(state_vector)
     snapshot, entries = await ctx.store.load_entries(doc, ctx.settings.page_size)
     answer = await ctx.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])
-    offset = held_offset(snapshot, entries, answer.held)
-    await ctx.tracker.track(doc, session, offset)
-    return SyncAnswer(offset, answer.diff, answer.state_vector)
+    return SyncAnswer(held_offset(snapshot, entries, answer.held), answer.diff, answer.state_vector)
 
 
-__all__ = ["Resume", "SyncAnswer", "answer_sync", "resume_point"]
+__all__ = ["Resume", "SyncAnswer", "answer_sync", "resume_point", "sync_answer"]

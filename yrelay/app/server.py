@@ -15,6 +15,7 @@ from ..auth import Authenticator
 from ..config import Settings
 from .relay import WEBSOCKET_PATH, Relay, is_sync
 from .web import mount_web_client
+from .yws_endpoint import yws_doc
 
 
 class _YrelayApp(FastAPI):
@@ -30,6 +31,10 @@ class _YrelayApp(FastAPI):
         if is_sync(scope, WEBSOCKET_PATH):
             scope["app"] = self
             await self.relay.endpoint(scope, receive, send)
+            return
+        if yws_doc(scope) is not None:  # /yws/<doc>: the same shortcut
+            scope["app"] = self
+            await self.relay.yws_endpoint(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 

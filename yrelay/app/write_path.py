@@ -84,8 +84,14 @@ class WritePath:
         update = decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
                                 frame.doc, frame.clock)
         update = await self._parts.feed(frame, update)  # None until the last part of an update in parts
-        if update is None:
-            return
+        if update is not None:
+            await self.submit(frame, update, received)
+
+    async def submit(self, frame: Update, update: bytes, received: float) -> None:
+        """Check the whole ``update`` (raising :class:`ProtocolError`) and
+        start its append; the answer goes to ``send``. The rest of the path
+        for updates that did not come in an ``update`` frame (``/yws``): only
+        ``frame.doc``, ``frame.clock`` and ``frame.sync`` are read."""
         # A small update is read struct by struct here (a few us): that read is
         # also the layout check, so the validator skips its own in-loop one.
         reading = read_layout_and_needs(update) if len(update) <= READ_IN_LOOP_BYTES else None

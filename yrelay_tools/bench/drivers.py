@@ -34,7 +34,9 @@ except ImportError:  # pragma: no cover
 
 YRELAY = "yrelay"
 Y_WEBSOCKET = "y-websocket"
-PROTOCOLS = (YRELAY, Y_WEBSOCKET)
+#: The y-websocket protocol on yrelay's /yws endpoint (same messages, another path).
+YWS = "yws"
+PROTOCOLS = (YRELAY, Y_WEBSOCKET, YWS)
 
 
 class Receipts:
@@ -158,10 +160,12 @@ class YWebsocketDriver(Driver):
     the server's step 1 with an empty step 2, then updates both ways."""
 
     protocol = Y_WEBSOCKET
+    #: Where the server takes rooms: ``<prefix>/<room>``.
+    path_prefix = ""
 
     async def open(self, host: str, port: int) -> None:
         self._ready = asyncio.get_running_loop().create_future()
-        self.ws = await WsClient.connect(host, port, "/" + self.doc, self._on_message)
+        self.ws = await WsClient.connect(host, port, f"{self.path_prefix}/{self.doc}", self._on_message)
         self.ws.send_binary(sync_message(0, b"\x00"))  # step 1: we hold nothing
         await self._wait_ready("sync step 2")
 
@@ -188,4 +192,11 @@ def sync_message(kind: int, payload: bytes) -> bytes:
     return bytes((0, kind)) + write_uint(len(payload)) + payload
 
 
-DRIVERS: dict[str, type[Driver]] = {YRELAY: YrelayDriver, Y_WEBSOCKET: YWebsocketDriver}
+class YwsDriver(YWebsocketDriver):
+    """The same client against yrelay's ``/yws/<doc>`` (issue 19)."""
+
+    protocol = YWS
+    path_prefix = "/yws"
+
+
+DRIVERS: dict[str, type[Driver]] = {YRELAY: YrelayDriver, Y_WEBSOCKET: YWebsocketDriver, YWS: YwsDriver}

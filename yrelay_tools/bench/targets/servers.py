@@ -9,7 +9,7 @@ from pathlib import Path
 
 from yrelay.redis_server import RedisProcess
 from ...testing.processes import ServerProcess
-from ..drivers import Y_WEBSOCKET, YRELAY
+from ..drivers import Y_WEBSOCKET, YRELAY, YWS
 from .base import Target
 
 #: Where bench/node (package.json, npm ci) lives in a checkout.
@@ -119,8 +119,18 @@ class BroadcastTarget(Target):
         return self
 
 
+class YrelayYwsTarget(YrelayTarget):
+    """The same server, driven with the y-websocket protocol on ``/yws``:
+    appends as durable, no acks (the client protocol has none)."""
+
+    name = "yrelay /yws"
+    protocol = YWS
+    note = "y-websocket protocol on /yws: durable appends, no acks"
+
+
 TARGETS: dict[str, type[Target]] = {
     "yrelay": YrelayTarget,
+    "yrelay-yws": YrelayYwsTarget,
     "pycrdt": PycrdtTarget,
     "node": NodeYWebsocketTarget,
     "broadcast": BroadcastTarget,
@@ -128,7 +138,7 @@ TARGETS: dict[str, type[Target]] = {
 
 
 def make_target(key: str, work_dir: Path) -> Target:
-    """``yrelay``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
+    """``yrelay``, ``yrelay-yws``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
     ``yrelay+<SETTING>=<value>``."""
     if key.startswith("yrelay@"):
         return YrelayTarget(work_dir, tree=key.split("@", 1)[1])

@@ -1,0 +1,71 @@
+"""A y-websocket peer for tests: a pycrdt document behind a raw websocket
+speaking y-protocols (yrelay.yprotocol), so a test controls every message."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pycrdt
+import websockets
+
+from yrelay import yprotocol
+from yrelay.yprotocol import AuthMessage, AwarenessMessage, SyncMessage, SyncStep
+
+
+class YwsPeer:
+    def __init__(self, ws: Any, doc: pycrdt.Doc | None = None):
+        self.ws = ws
+        # 32-bit client ids, as Yjs picks them (y-py, under the Python client, truncates larger ones)
+        self.doc = doc if doc is not None else pycrdt.Doc(client_id=random.getrandbits(32))
+        self.text = self.doc.get("text", type=pycrdt.Text)
+        self.denied: list[str] = []
+        self.awareness: list[bytes] = []
+        self.synced = asyncio.Event()
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(cls, url: str, doc: str, ydoc: pycrdt.Doc | None = None, **kwargs: Any) -> "YwsPeer":
+        """Connect and sync, as a stock client does on every (re)connect; ``ydoc``: the document it kept."""
+        peer = cls(await websockets.connect(f"{url}/yws/{doc}", max_size=None, **kwargs), ydoc)
+        await peer.ws.send(yprotocol.sync_step1(peer.doc.get_state()))
+        await asyncio.wait_for(peer.synced.wait(), 10)
+        return peer
+
+    async def _read(self) -> None:
+        try:
+            async for data in self.ws:
+                message = yprotocol.decode(data)
+                if isinstance(message, SyncMessage) and message.step is SyncStep.STEP1:
+                    await self.ws.send(yprotocol.sync_step2(self.doc.get_update(message.payload)))
+                elif isinstance(message, SyncMessage):
+                    self.doc.apply_update(message.payload)
+                    if message.step is SyncStep.STEP2:
+                        self.synced.set()
+                elif isinstance(message, AuthMessage):
+                    self.denied.append(message.reason)
+                elif isinstance(message, AwarenessMessage):
+                    self.awareness.append(message.update)
+        except websockets.ConnectionClosed:
+            pass
+
+    async def edit(self, chunk: str) -> None:
+        """Insert ``chunk`` at the end and send the update, as a stock client does."""
+        before = self.doc.get_state()
+        self.text += chunk
+        try:
+            await self.ws.send(yprotocol.sync_update(self.doc.get_update(before)))
+        except websockets.ConnectionClosed:
+            pass  # offline: the edit stays in the document, the next connect's sync sends it
+
+    @property
+    def closed(self) -> tuple[int, str] | None:
+        """(code, reason) once the server closed the socket."""
+        if self.ws.close_code is None:
+            return None
+        return self.ws.close_code, self.ws.close_reason
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        await self.ws.close()

@@ -1,0 +1,274 @@
+"""``/yws/{doc}``: the y-websocket protocol, so that an existing Yjs app's
+``new WebsocketProvider('wss://host/yws', doc, ydoc)`` works unchanged.
+
+One connection serves one document with binary y-protocols messages
+(:mod:`yrelay.yprotocol`). Its credentials go through the same
+:class:`~.handshake.Handshake` as ``/ws`` (origin allowlist, token as a
+subprotocol ``yrelay.auth.<token>`` next to ``yrelay.yws``) and, for stock
+clients that can only add URL parameters, ``?token=``, taken out of the
+request before anything can log it (:mod:`.yws_endpoint`, docs/security.md).
+
+* The client's sync step 1 is answered with step 2 = exactly what its state
+  vector lacks, from snapshot + stream in an engine worker
+  (:func:`.resync.sync_answer`), then the server's own step 1; after the
+  first answer, every later entry of the stream (:mod:`.yws_feed`).
+* Step 2 and update go through the same :class:`~.write_path.WritePath` as
+  ``/ws`` updates (rates, validation, causal admission, in-flight bytes,
+  the appender); others see them only from the stream. Such a client never
+  resends an update, so one that cannot be stored closes the socket: the
+  client's reconnect sync sends it again. A step 2 is a sync push (only its
+  causally ready part is stored, as for ``update {sync: true}``).
+* A read-only token's updates are answered with y-protocols' permission
+  denied and never stored; awareness goes through the presence relay, so
+  ``/ws`` and ``/yws`` clients see each other.
+* Nothing is tracked: these connections never pin a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Coroutine
+from typing import Any
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
+
+from .. import logs, yprotocol
+from ..auth import Principal
+from ..crdt import InvalidUpdate
+from ..keys import InvalidDocumentId, validate_doc_id
+from ..protocol import ProtocolError, Update
+from ..yprotocol import AwarenessMessage, QueryAwarenessMessage, SyncMessage, SyncStep, YProtocolError
+from .allowance import Allowance
+from .connection_presence import ConnectionPresence
+from .context import ServerContext
+from .engine_pool import EngineFailed
+from .handshake import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, Handshake
+from .resync import sync_answer
+from .write_path import WritePath
+from .yws_feed import YwsFeed
+
+log = logging.getLogger(__name__)
+
+#: The subprotocol a client offers next to ``yrelay.auth.<token>``.
+YWS_SUBPROTOCOL = "yrelay.yws"
+#: The header of one message around its payload: type, step, length (at most 8 bytes).
+MESSAGE_OVERHEAD = 10
+
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN = 1013
+#: An update was not stored (the reason names why): reconnect, and the sync sends it again.
+CLOSE_NOT_STORED = 4500
+#: The token may not read this document, or the document id is not valid.
+CLOSE_FORBIDDEN = 4403
+
+
+class YwsConnection:
+    """One y-websocket client on one document."""
+
+    def __init__(self, websocket: WebSocket, ctx: ServerContext, doc: str, token: str | None):
+        self.websocket = websocket
+        self.ctx = ctx
+        self.doc = doc
+        self._token = token
+        self.session = "yws-" + secrets.token_hex(8)  # dedup and presence identity; never tracked
+        self.address = websocket.client.host if websocket.client else ""
+        self.handshake = Handshake(ctx, websocket.headers, YWS_SUBPROTOCOL)
+        self.allowance = Allowance(ctx, self.address)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._send_lock = asyncio.Lock()
+        self._clock = 0
+        self._closed = False
+        self._subscriptions = 0  # counted against the subject's limit
+        self.presence = ConnectionPresence(ctx, self.allowance, self._send_awareness, self._spawn)
+        self.writes = WritePath(ctx, self.allowance, self._answer, self._refused, self._spawn)
+        self.writes.session = self.session
+        self.feed = YwsFeed(ctx, doc, self.session, self.send, self.close)
+
+    async def run(self) -> None:
+        refusal = self.ctx.limits.open_connection(self.address)
+        if refusal is not None:  # accepted only to say why (no JSON error frame: this client reads y-protocols)
+            with contextlib.suppress(Exception):
+                await self.websocket.accept()
+                await self.websocket.close(refusal.close_code, refusal.error.message[:120])
+            return
+        try:
+            await self._serve()
+        finally:
+            self.ctx.limits.close_connection(self.address)
+            self.allowance.release(self._subscriptions)
+
+    async def _serve(self) -> None:
+        if self.handshake.origin_refused():
+            await self.websocket.close(code=CLOSE_FORBIDDEN_ORIGIN)  # before accept: HTTP 403
+            return
+        await self.websocket.accept(subprotocol=self.handshake.subprotocol)
+        principal = await self._admit()
+        if principal is None:
+            return
+        logs.session.set(self.session)
+        logs.doc.set(self.doc)
+        self.allowance.open(self.session, principal)
+        if not await self._count_subscription():
+            return
+        timer = asyncio.create_task(self._check_token())
+        try:
+            await self.feed.start()
+            self.presence.join(self.doc, self.session, principal)
+            self._spawn(self.ctx.presence.greet(self.presence.members[self.doc]))
+            while not self._closed:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                await self._handle(message, principal)
+        except (WebSocketDisconnect, WebSocketDisconnected):
+            pass
+        except Exception as exc:  # the fan-out could not read the document (Redis down)
+            log.warning("/yws connection to %s failed: %s", self.doc, exc)
+            await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
+        finally:
+            self._closed = True
+            timer.cancel()
+            self.writes.close()
+            self.feed.stop()
+            for task in list(self._tasks):
+                task.cancel()
+            await self.presence.leave_all()
+
+    async def _count_subscription(self) -> bool:
+        """The subject's live-subscription limit counts this connection as one."""
+        try:
+            await self.allowance.open_subscription(self.doc)
+        except ProtocolError as error:
+            await self.close(CLOSE_TRY_AGAIN, error.message)
+            return False
+        self._subscriptions = 1
+        return True
+
+    async def _admit(self) -> Principal | None:
+        """Authenticate and check the document; else say why and close."""
+        principal = await self.handshake.authenticate(self._token)
+        if not isinstance(principal, Principal):
+            await self._deny(principal.reason, principal.close_code)
+            return None
+        try:
+            validate_doc_id(self.doc)
+        except InvalidDocumentId as exc:
+            await self._deny(str(exc), CLOSE_FORBIDDEN)
+            return None
+        if not principal.can_read(self.doc):
+            await self._deny("this token may not read this document", CLOSE_FORBIDDEN)
+            return None
+        return principal
+
+    async def _deny(self, reason: str, code: int) -> None:
+        with contextlib.suppress(Exception):
+            await self.websocket.send_bytes(yprotocol.permission_denied(reason))
+        await self.close(code, reason)
+
+    async def _handle(self, message: dict[str, Any], principal: Principal) -> None:
+        data = message.get("bytes")
+        if data is None:
+            await self.close(CLOSE_UNSUPPORTED_DATA, "y-websocket messages are binary")
+            return
+        if len(data) > self.ctx.settings.max_update_bytes + MESSAGE_OVERHEAD:
+            await self.close(CLOSE_TOO_BIG, f"message exceeds {self.ctx.settings.max_update_bytes} bytes")
+            return
+        received = time.perf_counter()
+        try:
+            parsed = yprotocol.decode(data)
+        except YProtocolError as exc:
+            await self.close(CLOSE_PROTOCOL_ERROR, f"not a y-protocols message: {exc}")
+            return
+        try:
+            if isinstance(parsed, SyncMessage):
+                await self._sync(parsed, principal, received)
+            elif isinstance(parsed, AwarenessMessage):
+                await self._awareness(parsed.update)
+            elif isinstance(parsed, QueryAwarenessMessage):
+                self._spawn(self.ctx.presence.greet(self.presence.members[self.doc]))
+        except ProtocolError as error:
+            await self._refused(error)
+        except InvalidUpdate as exc:
+            await self.close(CLOSE_PROTOCOL_ERROR, f"invalid state vector: {exc}")
+        except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError):
+            raise
+        except EngineFailed:
+            await self.close(CLOSE_TRY_AGAIN, "the document could not be read; reconnect")
+        except Exception as exc:  # Redis down, or a bug: never a trace to the client
+            log.warning("/yws message on %s failed: %s", self.doc, exc)
+            await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
+
+    async def _sync(self, message: SyncMessage, principal: Principal, received: float) -> None:
+        if message.step is SyncStep.STEP1:
+            answer = await sync_answer(self.ctx, self.doc, message.payload)
+            await self.send(yprotocol.sync_step2(answer.diff))
+            await self.send(yprotocol.sync_step1(answer.state_vector))  # the client answers with what we lack
+            self.feed.answered(answer.offset)
+            return
+        if message.payload == b"\x00\x00":  # an empty update (the usual answer to our step 1)
+            return
+        if not principal.can_write(self.doc):
+            await self.send(yprotocol.permission_denied("read-only: this token may not change this document"))
+            return
+        frame = Update.model_construct(op="update", doc=self.doc, clock=self._clock, update="",
+                                       sync=message.step is SyncStep.STEP2, part=None, parts=None)
+        self._clock += 1
+        await self.allowance.take_update(frame)
+        await self.writes.submit(frame, message.payload, received)
+
+    async def _awareness(self, update: bytes) -> None:
+        """Relay presence; one over a limit is dropped (a stock client
+        cannot read why, and renews its state anyway)."""
+        if len(update) > self.ctx.settings.max_awareness_bytes:
+            return
+        try:
+            await self.allowance.take_awareness(self.doc)
+            await self.presence.receive_update(self.doc, update)
+        except ProtocolError as error:
+            log.debug("awareness update dropped: %s", error.message)
+
+    async def _answer(self, frame: dict[str, Any]) -> None:
+        """The write path's answer: ``appended`` needs none; an error closes."""
+        if frame["op"] == "error":
+            await self.close(CLOSE_NOT_STORED, f"{frame['code']}: {frame['message']}")
+
+    async def _refused(self, error: ProtocolError) -> None:
+        await self.close(CLOSE_NOT_STORED, f"{error.code.value}: {error.message}")
+
+    async def _send_awareness(self, frame: dict[str, Any]) -> None:
+        await self.send(yprotocol.awareness(base64.b64decode(frame["update"])))
+
+    async def send(self, data: bytes) -> None:
+        async with self._send_lock:
+            await self.websocket.send_bytes(data)
+
+    async def close(self, code: int, reason: str) -> None:
+        """End the connection (once); the reason fits a close frame (123 bytes)."""
+        if self._closed:
+            return
+        self._closed = True
+        log.info("closing a /yws connection to %s: %s %s", self.doc, code, reason)
+        with contextlib.suppress(Exception):
+            await self.websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
+
+    async def _check_token(self) -> None:
+        """Close once the token expired or was revoked (as ``/ws`` does)."""
+        while not self._closed:
+            await asyncio.sleep(self.ctx.settings.resend_check_interval)
+            lapsed = self.handshake.token_lapsed()
+            if lapsed is not None:
+                await self.close(CLOSE_UNAUTHORIZED, lapsed.reason)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+__all__ = ["CLOSE_NOT_STORED", "YWS_SUBPROTOCOL", "YwsConnection"]

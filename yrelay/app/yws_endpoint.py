@@ -1,0 +1,68 @@
+"""The ``/yws/<doc>`` endpoint as a raw ASGI app (as :class:`~.relay.SyncEndpoint`
+for ``/ws``): which document a request names, and its ``?token=``, taken
+out of the request's scope before anything can log the URL with it
+(uvicorn's ``WebSocket ... [accepted]`` line reads the same scope). The
+connection itself is :mod:`.yws`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.routing import get_route_path
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from .context import ServerContext
+from .yws import CLOSE_TRY_AGAIN, YwsConnection
+
+#: Where the endpoint is, relative to the relay's root: ``/yws/<doc>``.
+YWS_PREFIX = "/yws/"
+#: The URL parameter a stock client's ``params: {token}`` becomes.
+TOKEN_PARAM = "token"
+
+
+def take_token(scope: Scope) -> str | None:
+    """The ``token`` URL parameter, removed from ``scope`` in place, so
+    uvicorn's ``WebSocket ... [accepted]`` line and every later reader of
+    the scope see the URL without it."""
+    raw = scope.get("query_string", b"")
+    if not raw:
+        return None
+    pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True)
+    tokens = [value for name, value in pairs if name == TOKEN_PARAM]
+    if tokens:
+        scope["query_string"] = urlencode([(n, v) for n, v in pairs if n != TOKEN_PARAM]).encode("latin-1")
+    return tokens[-1] if tokens else None
+
+
+def yws_doc(scope: Scope) -> str | None:
+    """The document of a ``/yws/<doc>`` websocket, or None for any other request."""
+    if scope["type"] != "websocket":
+        return None
+    routed = scope.get("path_params", {}).get("doc")
+    if routed is not None:
+        return routed
+    path = get_route_path(scope)
+    return path[len(YWS_PREFIX):] if path.startswith(YWS_PREFIX) else None
+
+
+class YwsEndpoint:
+    """The endpoint as a raw ASGI app (as :class:`~.relay.SyncEndpoint`);
+    ``context`` returns the running relay's parts, or None."""
+
+    def __init__(self, context: Callable[[], ServerContext | None]):
+        self._context = context
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        token = take_token(scope)  # first: nothing may log the URL with it
+        websocket = WebSocket(scope, receive, send)
+        ctx = self._context()
+        if ctx is None:
+            await websocket.close(CLOSE_TRY_AGAIN)
+            return
+        await YwsConnection(websocket, ctx, yws_doc(scope) or "", token).run()
+
+
+
+__all__ = ["TOKEN_PARAM", "YWS_PREFIX", "YwsEndpoint", "take_token", "yws_doc"]

@@ -1,0 +1,132 @@
+"""What a ``/yws`` connection is sent of its document after its sync
+answer: every stream entry past the answer's offset, from the process's
+fan-out, with the gaps read from the stream.
+
+Registered with the fan-out like a subscription, but never tracked: a stock
+y-websocket client does not ack, so nothing here pins the stream or holds GC
+back. The price: when GC trims past this feed's cursor (the connection fell
+that far behind), the entries it still needed are gone, and the feed asks
+its connection to close; the client's reconnect sync (step 1 / step 2) then
+brings it everything from the snapshot. Memory: fan-out batches waiting for
+the socket are capped (:class:`~.sending.PendingBatches`; on overflow they
+are dropped and read back from the stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from .. import yprotocol
+from ..offsets import StreamId
+from ..store import Entry, HistoryTrimmed
+from .context import ServerContext
+from .fanout import Batch
+from .sending import PendingBatches
+
+log = logging.getLogger(__name__)
+
+SendBytes = Callable[[bytes], Awaitable[None]]
+#: Ends the connection: (close code, reason).
+Close = Callable[[int, str], Awaitable[None]]
+
+#: Close code when GC trimmed entries this connection had not been sent.
+CLOSE_TRIMMED = 4410
+#: Close code when the document's stream cannot be read.
+CLOSE_DOCUMENT_FAILED = 1011
+
+
+class YwsFeed:
+    """The fan-out's :class:`~.fanout.Subscriber` for one ``/yws`` connection."""
+
+    def __init__(self, ctx: ServerContext, doc: str, session: str, send: SendBytes, close: Close):
+        self.ctx = ctx
+        self.doc = doc
+        self.session = session
+        self._send = send
+        self._close = close
+        #: Everything up to here was sent (None until the first sync answer).
+        self.cursor: StreamId | None = None
+        self._pending = PendingBatches(ctx.settings.max_pending_bytes)
+        #: Batches were dropped (overflow): read from the stream instead.
+        self._behind = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.ctx.fanout.register(self)
+
+    def stop(self) -> None:
+        self.ctx.fanout.unregister(self)
+        if self._task is not None:
+            self._task.cancel()
+
+    def answered(self, offset: StreamId) -> None:
+        """The first sync answer held the stream up to ``offset``: send what follows."""
+        if self.cursor is not None:
+            return
+        self.cursor = offset
+        self._behind = True  # entries past the answer may predate every batch offered from now on
+        self._task = asyncio.create_task(self._pump(), name=f"yws-feed {self.doc}")
+        self._wake.set()
+
+    # --- the fan-out's Subscriber protocol
+    def offer(self, batch: Batch) -> None:
+        if self.cursor is None:
+            return  # the sync answer and the catch-up after it cover it
+        if not self._pending.offer(batch):
+            self._behind = True
+        self._wake.set()
+
+    def document_failed(self, reason: str) -> None:
+        asyncio.get_running_loop().create_task(self._close(CLOSE_DOCUMENT_FAILED, "document unavailable; reconnect"))
+
+    def evicted(self) -> None:
+        """Never tracked, so never evicted."""
+
+    # --- sending
+    async def _pump(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if self._behind:
+                    self._behind = False
+                    self._pending.clear()
+                    await self._catch_up()
+                while len(self._pending):
+                    await self._take(self._pending.popleft())
+        except HistoryTrimmed:
+            await self._close(CLOSE_TRIMMED, "history trimmed past this connection; reconnect to resync")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis gone: the client's reconnect sync heals it
+            log.warning("/yws delivery of %s stopped: %s", self.doc, exc)
+            await self._close(CLOSE_DOCUMENT_FAILED, "storage unavailable; reconnect")
+
+    async def _catch_up(self, until: StreamId | None = None) -> None:
+        """Read and send the stream after the cursor (up to ``until``)."""
+        assert self.cursor is not None
+        async for page in self.ctx.store.iter_entries(self.doc, self.cursor, until, self.ctx.settings.page_size):
+            await self._deliver(page)
+
+    async def _take(self, batch: Batch) -> None:
+        assert self.cursor is not None
+        if batch.last <= self.cursor:
+            return
+        if batch.after > self.cursor:  # entries between the cursor and this batch: from the stream
+            await self._catch_up(batch.after)
+        await self._deliver([entry for entry in batch.entries if entry.id > self.cursor])
+
+    async def _deliver(self, entries: list[Entry]) -> None:
+        """Send ``entries`` as y-protocols updates (the connection's own skipped)."""
+        if not entries:
+            return
+        for entry in entries:
+            if entry.session != self.session:
+                await self._send(yprotocol.sync_update(entry.update))
+        self.cursor = entries[-1].id
+
+
+__all__ = ["CLOSE_DOCUMENT_FAILED", "CLOSE_TRIMMED", "YwsFeed"]
