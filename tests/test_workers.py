@@ -113,3 +113,33 @@ def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path):
             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "at start-up" in result.stderr
+
+
+def test_workers_from_the_environment_and_what_each_worker_is_told(monkeypatch):
+    """YRELAY_WORKERS starts the supervisor; each worker gets the resolved port
+    and data dir on its command line and the Redis URL in its environment."""
+    from typer.testing import CliRunner
+
+    from yrelay import cli as cli_module
+
+    seen: dict[str, object] = {}
+
+    class FakeSupervisor:
+        def __init__(self, commands, env):
+            seen.update(commands=commands, env=env)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(cli_module, "Supervisor", FakeSupervisor)
+    monkeypatch.setenv("YRELAY_WORKERS", "2")
+    monkeypatch.setenv("YRELAY_PORT", "9123")
+    monkeypatch.setenv("YRELAY_REDIS_URL", "redis://:secret@127.0.0.1:1/0")
+    result = CliRunner().invoke(cli_module.cli, ["serve", "--insecure-no-auth", "--verify-digests"])
+    assert result.exit_code == 0, result.output
+    first, second = seen["commands"]
+    assert first[first.index("--port") + 1] == "9123" and first[first.index("--workers") + 1] == "1"
+    assert "--reuse-port" in first and "--insecure-no-auth" in second
+    assert "--verify-digests" in first and "--verify-digests" not in second  # once is enough
+    assert seen["env"]["YRELAY_REDIS_URL"] == "redis://:secret@127.0.0.1:1/0"
+    assert not any("secret" in part for part in first), "the Redis password would show in the process list"

@@ -112,21 +112,25 @@ def serve(
             if code:
                 raise typer.Exit(code)
             return
-        config = uvicorn.Config(
-            create_app(settings, url, authenticator),
-            host=settings.host,
-            port=settings.port,
-            log_level=log_level,
-            log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
-            **settings.uvicorn_options(),  # type: ignore[arg-type]
-        )
-        server = uvicorn.Server(config)
-        server.run(sockets=[reuse_port_socket(settings.host, settings.port)] if reuse_port else None)
-        if not server.started:  # as uvicorn.run: a server that could not start is a failure
-            raise typer.Exit(3)
+        app = create_app(settings, url, authenticator)
+        options = dict(host=settings.host, port=settings.port, log_level=log_level,
+                       log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
+                       **settings.uvicorn_options())
+        if reuse_port:
+            _serve_on_shared_port(app, options)
+        else:
+            uvicorn.run(app, **options)  # type: ignore[arg-type]
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _serve_on_shared_port(app: object, options: dict[str, object]) -> None:
+    """uvicorn on its own ``SO_REUSEPORT`` socket: one of ``--workers``."""
+    server = uvicorn.Server(uvicorn.Config(app, **options))  # type: ignore[arg-type]
+    server.run(sockets=[reuse_port_socket(str(options["host"]), int(options["port"]))])  # type: ignore[arg-type]
+    if not server.started:  # as uvicorn.run: a server that could not start is a failure
+        raise typer.Exit(3)
 
 
 def _worker_commands(settings: Settings, log_level: str, log_format: str, verify_digests: bool,
