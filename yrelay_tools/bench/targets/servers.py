@@ -65,8 +65,12 @@ class YrelayTarget(Target):
         self.process = None
 
     def pids(self) -> dict[str, int]:
+        """The server, its ``--workers`` (YRELAY_WORKERS > 1: the server is
+        their supervisor, the workers do the work) and Redis."""
         assert self.server is not None and self.server.process and self.redis is not None and self.redis.process
-        return {"server": self.server.process.pid, "redis": self.redis.process.pid}
+        workers = _children(self.server.process.pid)
+        return {"server": self.server.process.pid, **{f"worker{i}": pid for i, pid in enumerate(workers)},
+                "redis": self.redis.process.pid}
 
     @property
     def redis_url(self) -> str | None:
@@ -125,6 +129,14 @@ TARGETS: dict[str, type[Target]] = {
     "node": NodeYWebsocketTarget,
     "broadcast": BroadcastTarget,
 }
+
+
+def _children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (Linux)."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def make_target(key: str, work_dir: Path) -> Target:
