@@ -65,11 +65,12 @@ class YrelayTarget(Target):
         self.process = None
 
     def pids(self) -> dict[str, int]:
-        """The server, its ``--workers`` (YRELAY_WORKERS > 1: the server is
-        their supervisor, the workers do the work) and Redis."""
+        """The server, its child processes (its validator workers; with
+        YRELAY_WORKERS > 1 the server is a supervisor and its children are the
+        worker servers, whose own validators are not counted) and Redis."""
         assert self.server is not None and self.server.process and self.redis is not None and self.redis.process
         workers = _children(self.server.process.pid)
-        return {"server": self.server.process.pid, **{f"worker{i}": pid for i, pid in enumerate(workers)},
+        return {"server": self.server.process.pid, **{f"child{i}": pid for i, pid in enumerate(workers)},
                 "redis": self.redis.process.pid}
 
     @property
