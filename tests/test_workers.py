@@ -3,11 +3,13 @@ embedded Redis; one document served to clients on both; all stopped on SIGTERM."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from yrelay.config import Settings
 from yrelay.keys import stream_key
 from yrelay.offsets import StreamId
 from yrelay.redis_server import free_port
+from yrelay.supervisor import START_GRACE
 from yrelay_tools.testing.processes import wait_ready
 
 
@@ -42,6 +45,7 @@ def _connect_processes(events: Path) -> dict[str, str]:
 async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_client):
     port = free_port()
     data = tmp_path / "data"
+    started = time.monotonic()
     server = subprocess.Popen(
         [sys.executable, "-m", "yrelay", "serve", "--workers", "2", "--port", str(port), "--data-dir", str(data)],
         cwd=Path(__file__).parent.parent, env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
@@ -83,10 +87,18 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
             assert f"<{i}>" in docs[0].text
         for client in clients:
             await client.close()
+        await asyncio.sleep(max(0.0, started + START_GRACE + 0.5 - time.monotonic()))  # past its start-up
+        os.kill(workers[0], signal.SIGKILL)  # a worker that dies is replaced
+        await eventually(lambda: len([p for p, n in _children(server.pid).items()
+                                      if n.startswith("python") and p not in workers]) == 1, timeout=20)
+        workers = [pid for pid, name in _children(server.pid).items() if name.startswith("python")]
+        assert len(workers) == 2
+        wait_ready(port, server)
     finally:
         server.send_signal(signal.SIGTERM)
         output, _ = server.communicate(timeout=60)
     assert server.returncode == 0, output[-3000:]
+    assert "restarting it" in output
     for pid in [*workers, *redises]:
         assert not os.path.exists(f"/proc/{pid}"), f"{children[pid]} {pid} outlived the supervisor"
 
