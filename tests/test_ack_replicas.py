@@ -93,3 +93,23 @@ def test_ack_replicas_timeout_is_bounded():
         Settings(ack_replicas=1, ack_replicas_timeout=0)
     with pytest.raises(ValueError, match="ack_replicas_timeout"):
         Settings(ack_replicas=1, ack_replicas_timeout=30)
+
+
+async def test_a_probe_waits_for_writes_of_other_connections(master_and_replica):
+    """The resend path's second round trip: on a connection that wrote
+    nothing, the probe's WAIT covers an entry another connection wrote."""
+    from redis.asyncio import Redis
+
+    from yrelay.app.replicas import ReplicaWait
+
+    master, replica = master_and_replica
+    wait = ReplicaWait(replicas=1, timeout=0.3)
+    assert replica.process is not None
+    async with Redis.from_url(master.url) as writer, Redis.from_url(master.url) as other:
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        try:
+            await writer.xadd(stream_key("probe"), {"u": b"x"})
+            assert not await wait.after_read_only(other, "probe")
+        finally:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        assert await wait.after_read_only(other, "probe")

@@ -8,10 +8,14 @@ per batch, whatever the batch holds. (In a Redis Cluster the batch is one
 pipeline per node, and each needs its own ``WAIT`` on that node's connection.)
 
 A batch that wrote nothing (only resends answered from the dedup) is the
-one case the batch's ``WAIT`` does not cover: Redis 7 waits for the offset of
-the connection's own last *write*, and the stored entry may have been written
-by another connection (the first attempt, perhaps in another process), so a
-probe key of the document is written and waited for in a second round trip.
+one case the documented guarantee does not cover: ``WAIT`` promises the
+writes of *its own connection*, and the stored entry may have been written
+by another (the first attempt, perhaps in another process). Redis 6.2.14
+and 7.0.15 in fact wait for the master's offset as of the connection's last
+command, reads included (measured: a ``WAIT`` after a ``GET`` waited for an
+``XADD`` of another connection; a first command ``WAIT`` on 6.2 did not),
+which would cover it; rather than rest on that, such a batch writes a probe
+key of the document and waits for it, in a second round trip.
 
 What it guarantees: the replicas hold the entry **in memory** (they
 acknowledged the replication stream), not that they fsynced it
