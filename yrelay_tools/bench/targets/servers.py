@@ -65,12 +65,13 @@ class YrelayTarget(Target):
         self.process = None
 
     def pids(self) -> dict[str, int]:
-        """The server, its child processes (its validator workers; with
-        YRELAY_WORKERS > 1 the server is a supervisor and its children are the
-        worker servers, whose own validators are not counted) and Redis."""
+        """The server and Redis; with YRELAY_WORKERS > 1 the server is a
+        supervisor, and its worker servers are counted too (their own
+        validators are not, as a single server's are not)."""
         assert self.server is not None and self.server.process and self.redis is not None and self.redis.process
-        workers = _children(self.server.process.pid)
-        return {"server": self.server.process.pid, **{f"child{i}": pid for i, pid in enumerate(workers)},
+        workers = self.env.get("YRELAY_WORKERS", os.environ.get("YRELAY_WORKERS", "1")) not in ("", "1")
+        children = _children(self.server.process.pid) if workers else []
+        return {"server": self.server.process.pid, **{f"worker{i}": pid for i, pid in enumerate(children)},
                 "redis": self.redis.process.pid}
 
     @property
