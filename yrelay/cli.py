@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from dataclasses import replace
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +27,7 @@ from .eventlog import EventLog, NullEventLog
 from .gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
 from .keys import documents_key
 from .redis_server import RedisProcess
+from .supervisor import Supervisor, reuse_port_socket
 
 cli = typer.Typer(help="yrelay: reliable Yjs sync over Redis streams.", no_args_is_help=True)
 
@@ -55,6 +58,11 @@ def serve(
     auth_hook: Optional[str] = typer.Option(
         None, help="package.module:factory returning an Authenticator (your own user system); see docs/security.md."
     ),
+    workers: Optional[str] = typer.Option(
+        None, help="Server processes on this port: a number or auto (one per core); default: YRELAY_WORKERS, else 1."
+    ),
+    reuse_port: bool = typer.Option(False, "--reuse-port", hidden=True,
+                                    help="Bind with SO_REUSEPORT (how --workers starts each worker)."),
 ) -> None:
     """Serve the websocket endpoint at /ws, the demo at /, /healthz, /readyz, /metrics and /ops.
 
@@ -63,7 +71,7 @@ def serve(
     try:
         settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
                                      verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
-                                     auth_hook=auth_hook)
+                                     auth_hook=auth_hook, workers=workers)
     except ValueError as exc:  # a bad YRELAY_* value: one line naming it, no traceback
         typer.echo(f"yrelay: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -97,17 +105,46 @@ def serve(
     else:
         logging.getLogger("yrelay").info("using Redis at %s", url)  # its password is redacted
     try:
-        uvicorn.run(
-            create_app(settings, url, authenticator),
-            host=settings.host,
-            port=settings.port,
-            log_level=log_level,
-            log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
-            **settings.uvicorn_options(),  # type: ignore[arg-type]
-        )
+        if settings.worker_count() > 1 and not reuse_port:
+            code = Supervisor(_worker_commands(settings, log_level, log_format, verify_digests, insecure_no_auth,
+                                               auth_hook),
+                              {**os.environ, "YRELAY_REDIS_URL": url}).run()
+            if code:
+                raise typer.Exit(code)
+            return
+        app = create_app(settings, url, authenticator)
+        options = dict(host=settings.host, port=settings.port, log_level=log_level,
+                       log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
+                       **settings.uvicorn_options())
+        if reuse_port:
+            _serve_on_shared_port(app, options)
+        else:
+            uvicorn.run(app, **options)  # type: ignore[arg-type]
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _serve_on_shared_port(app: object, options: dict[str, object]) -> None:
+    """uvicorn on its own ``SO_REUSEPORT`` socket: one of ``--workers``."""
+    server = uvicorn.Server(uvicorn.Config(app, **options))  # type: ignore[arg-type]
+    server.run(sockets=[reuse_port_socket(str(options["host"]), int(options["port"]))])  # type: ignore[arg-type]
+    if not server.started:  # as uvicorn.run: a server that could not start is a failure
+        raise typer.Exit(3)
+
+
+def _worker_commands(settings: Settings, log_level: str, log_format: str, verify_digests: bool,
+                     insecure_no_auth: bool, auth_hook: str | None) -> list[list[str]]:
+    """Each worker's ``yrelay serve``: one process, the resolved host, port and
+    data dir, the command-line switches given (the environment, inherited,
+    says the rest; the Redis URL goes there too, out of the process list).
+    Only the first worker verifies the digests: once is enough."""
+    base = [sys.executable, "-m", "yrelay", "serve", "--workers", "1", "--reuse-port", "--host", settings.host,
+            "--port", str(settings.port), "--data-dir", str(settings.data_dir), "--log-level", log_level,
+            "--log-format", log_format, *(["--insecure-no-auth"] if insecure_no_auth else []),
+            *(["--auth-hook", auth_hook] if auth_hook else [])]
+    count = settings.worker_count()
+    return [base + (["--verify-digests"] if verify_digests and index == 0 else []) for index in range(count)]
 
 
 def _raise_open_file_limit() -> None:

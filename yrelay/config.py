@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
@@ -11,6 +12,9 @@ from urllib.parse import urlsplit
 
 #: Upper bound of ``auth_leeway``: a token's expiry may be stretched, not ignored.
 MAX_AUTH_LEEWAY = 60.0
+#: Upper bound of ``ack_replicas_timeout``: the WAIT must end well before
+#: the Redis connection's socket timeout (10 s) gives up on it.
+MAX_ACK_REPLICAS_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,19 @@ class Settings:
     #: Largest request head (request line and headers), in bytes: 431 past it.
     max_header_bytes: int = 16 * 1024
 
+    #: Server processes of ``yrelay serve`` on one port (``auto``: one per
+    #: core); each has its own fan-out, GC loop and workers (yrelay/supervisor.py).
+    workers: str = "1"
+    #: Proxy addresses or networks (``10.0.0.0/8``) whose ``X-Forwarded-For``
+    #: names the client; from any other peer the header is ignored.
+    trusted_proxies: tuple[str, ...] = ()
+    #: Replicas that must hold an update before it is ``appended`` (Redis
+    #: ``WAIT`` after each append batch; 0: answer once the master has it) ...
+    ack_replicas: int = 0
+    #: ... and how long to wait for them (seconds); past it the client gets
+    #: ``replication_timeout`` (the entry is stored) and resends.
+    ack_replicas_timeout: float = 1.0
+
     def __post_init__(self) -> None:
         if self.gc_absolute_delta <= self.gc_relative_delta:
             raise ValueError("gc_absolute_delta must be larger than gc_relative_delta")
@@ -201,6 +218,27 @@ class Settings:
             raise ValueError(f"public_url must be an http(s) URL, got {self.public_url!r}")
         if not 0 <= self.auth_leeway <= MAX_AUTH_LEEWAY:
             raise ValueError(f"auth_leeway must be between 0 and {MAX_AUTH_LEEWAY:g} seconds")
+        self.worker_count()  # raises on a bad value
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxies: {proxy!r} is not an IP address or network") from None
+        if self.ack_replicas < 0 or not 0 < self.ack_replicas_timeout <= MAX_ACK_REPLICAS_TIMEOUT:
+            raise ValueError("ack_replicas must be 0 or more and ack_replicas_timeout between 0 (excluded) "
+                             f"and {MAX_ACK_REPLICAS_TIMEOUT:g} seconds")
+
+    def worker_count(self) -> int:
+        """``workers`` as a number: ``auto`` is the cores this process may use."""
+        if self.workers.strip().lower() == "auto":
+            return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        try:
+            count = int(self.workers)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ValueError(f"workers must be a positive integer or 'auto', got {self.workers!r}")
+        return count
 
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":
@@ -241,7 +279,18 @@ class Settings:
 
         # /yws takes one update per message (stock clients cannot split), up to max_update_bytes.
         return {"ws_max_size": max(self.max_frame_bytes * 4, self.max_update_bytes + 64), "ws_ping_interval": 20, "ws_ping_timeout": 20,
-                "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes)}
+                "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes),
+                **self.proxy_options()}
+
+    def proxy_options(self) -> dict[str, object]:
+        """uvicorn's ``X-Forwarded-For`` handling, from ``trusted_proxies``
+        only. uvicorn's own default trusts loopback peers, so any local
+        process could have named itself any client address: off unless set.
+        Its middleware rewrites the ASGI ``client`` of HTTP requests and
+        websockets alike, which is the address the per-address limits use."""
+        if not self.trusted_proxies:
+            return {"proxy_headers": False}
+        return {"proxy_headers": True, "forwarded_allow_ips": ",".join(self.trusted_proxies)}
 
 
 #: Spellings a boolean variable accepts (case-insensitive); anything else

@@ -170,3 +170,10 @@ def subject_subscriptions_key(subject: str) -> str:
     a subject's subscriptions, counted per process; a crashed process's
     count expires with its lease."""
     return f"{PREFIX}:{{subject:{subject}}}:subscriptions"
+
+
+def replication_probe_key(doc: str) -> str:
+    """String, short TTL: written only so that a ``WAIT`` after a resend
+    answered from the dedup (a batch that wrote nothing) covers every write
+    before it (:mod:`yrelay.app.replicas`); on the document's slot."""
+    return f"{PREFIX}:{{{doc}}}:replication-probe"

@@ -85,6 +85,9 @@ class ErrorCode(str, enum.Enum):
     AWARENESS_TOO_MANY_CLIENTS = "awareness_too_many_clients"
     DOCUMENT_UNAVAILABLE = "document_unavailable"
     UNAVAILABLE = "unavailable"
+    #: The update IS stored, but fewer than ``ack_replicas`` replicas confirmed
+    #: it in time: resend it (the resend is answered from the stored entry).
+    REPLICATION_TIMEOUT = "replication_timeout"
     INTERNAL_ERROR = "internal_error"
     # limits (docs/operations.md#limits); each carries retry_after_ms
     RATE_LIMITED = "rate_limited"

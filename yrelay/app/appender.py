@@ -28,6 +28,7 @@ from ..replies import text
 from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks, mark_changed
 from ..tasks import BackgroundTask
 from ..update_format import Layout, Ranges
+from .replicas import ReplicaWait, ReplicationTimeout
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,10 @@ class _Item:
 
 
 class Appender:
-    def __init__(self, store: DocumentStore):
+    def __init__(self, store: DocumentStore, replicas: ReplicaWait | None = None):
         self.store = store
+        #: ``ack_replicas``: each batch ends with a WAIT (:mod:`.replicas`).
+        self.replicas = replicas
         self._pending: list[_Item] = []
         self._wake = asyncio.Event()
         self._loop = BackgroundTask("yrelay-appender", self._run)
@@ -107,7 +110,10 @@ class Appender:
                     args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
                     await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
                 mark_changed(pipe, list(by_doc))
+                if self.replicas is not None:
+                    self.replicas.queue(pipe)  # on this connection, after its writes
                 results = await pipe.execute(raise_on_error=False)
+            replicated = await self._replicated(list(by_doc), results)
         except Exception as exc:  # Redis unreachable: every caller gets the error
             log.warning("append batch failed: %s", exc)
             for item in batch:
@@ -117,7 +123,21 @@ class Appender:
             if result == [b"stale"]:
                 self._side_task(self._catch_up_then_retry(doc, items))
             else:
-                self._resolve(doc, items, result)
+                self._resolve(doc, items, result, replicated)
+
+    async def _replicated(self, docs: list[str], results: list[Any]) -> bool:
+        """Whether ``ack_replicas`` replicas hold every entry of the batch
+        (the WAIT's reply is the pipeline's last); a batch of resends only
+        wrote nothing, so it waits again behind a probe write."""
+        if self.replicas is None:
+            return True
+        if not self.replicas.enough(results[-1]):
+            return False
+        codes = {entry[1] for result in results[:len(docs)] if isinstance(result, list)
+                 for entry in result if isinstance(entry, list) and len(entry) > 1}
+        if 1 in codes and 0 not in codes:
+            return await self.replicas.after_read_only(self.store.redis, docs[0])
+        return True
 
     async def _catch_up_then_retry(self, doc: str, items: list[_Item]) -> None:
         """The document holds entries its clocks do not account for yet
@@ -132,14 +152,16 @@ class Appender:
         for item in items:
             self._queue(item)
 
-    def _resolve(self, doc: str, items: list[_Item], result: object) -> None:
+    def _resolve(self, doc: str, items: list[_Item], result: object, replicated: bool = True) -> None:
         if isinstance(result, Exception):
             log.error("append to %s failed: %s", doc, result, extra={"doc": doc})
             for item in items:
                 _fail(item, result)
             return
         for item, (entry_id, code, *refusal) in zip(items, result):  # type: ignore[misc]
-            if code != 2:
+            if code != 2 and not replicated:  # stored, not confirmed: the client resends
+                _fail(item, ReplicationTimeout(text(entry_id)))
+            elif code != 2:
                 _succeed(item, AppendResult(text(entry_id), bool(code), item.dropped))
             elif item.split is not None:
                 self._side_task(self._append_ready_part(item, flat_clocks(refusal[1])))

@@ -38,6 +38,7 @@ from .inflight import ByteBudget
 from .limits import Limits
 from .presence import Presence
 from .quotas import SubjectQuotas
+from .replicas import ReplicaWait
 from .sessions import SessionRegistry
 from .validator import Validator
 
@@ -127,7 +128,7 @@ class ServerContext:
             store=store,
             tracker=Tracker(redis, store.scripts),
             ack_writer=AckWriter(redis, on_evicted=subscriptions.session_evicted),
-            appender=Appender(store),
+            appender=Appender(store, ReplicaWait.from_settings(settings)),
             fanout=Fanout(reader, store, subscriptions, block_ms=settings.block_ms, count=settings.page_size,
                           max_bytes=settings.max_page_bytes),
             subscriptions=subscriptions,

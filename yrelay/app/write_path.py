@@ -10,8 +10,10 @@ else in a thread); the validator's verdict (y-py and pycrdt in worker
 processes). In flight it holds a slot and its bytes (:mod:`.inflight`: past
 a cap the connection stops reading its socket). Updates are validated
 concurrently but submitted to the appender in arrival order, and each is
-answered once: ``appended`` when the append script returned, else an error
-(``missing_dependency``, ``invalid_update``, ``unavailable``).
+answered once: ``appended`` when the append script returned (and, with
+``ack_replicas``, the replicas confirmed it), else an error
+(``missing_dependency``, ``invalid_update``, ``unavailable``,
+``replication_timeout``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .appender import AppendResult
 from .context import ServerContext
 from .inflight import InflightUpdates
 from .payloads import decode_limited
+from .replicas import ReplicationTimeout
 from .update_parts import Reject, UpdateParts
 from .validator import ValidatorUnavailable
 
@@ -158,6 +161,11 @@ class WritePath:
                 doc=frame.doc, clock=frame.clock, missing=refused.lacking)))
             self.ctx.events.emit("refuse", frame.doc, self.session, clock=frame.clock,
                                  missing={str(c): k for c, k in refused.lacking.items()})
+            return
+        except ReplicationTimeout:  # stored on the master; the resend waits for the replicas again
+            await self._safe_send(protocol.error(ProtocolError(
+                ErrorCode.REPLICATION_TIMEOUT, "stored, but not confirmed by enough replicas in time; resend it",
+                doc=frame.doc, clock=frame.clock)))
             return
         except Exception as exc:
             log.warning("append of %s clock %s failed: %s", frame.doc, frame.clock, exc)

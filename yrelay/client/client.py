@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large",
                        "forbidden"}
 #: Errors that say the update was not stored for now: resent on its backoff.
-RETRY_UPDATE_ERRORS = {"unavailable", "internal_error", "missing_dependency"}
+#: (Any other code about an update is treated the same, as the web client does.)
+RETRY_UPDATE_ERRORS = {"unavailable", "internal_error", "missing_dependency", "replication_timeout"}
 #: Bytes of an update frame besides its base64 (op, doc id of at most 200
 #: characters, clock, sync, part, parts): a part's slice leaves room for them.
 FRAME_OVERHEAD = 512
@@ -642,9 +643,9 @@ class YrelayClient:
             self.buffer.pop(frame["clock"])  # resending cannot help; keep the local edit
         elif "clock" in frame and frame.get("code") == "rate_limited":
             self.buffer.defer(frame["clock"], frame.get("retry_after_ms", 1000) / 1000)
-        elif "clock" in frame and frame.get("code") in RETRY_UPDATE_ERRORS:
+        elif "clock" in frame:  # RETRY_UPDATE_ERRORS, and codes this client does not know yet
             self.buffer.refused(frame["clock"])
-            if frame["code"] == "missing_dependency":
+            if frame.get("code") == "missing_dependency":
                 self._missing_dependency(frame)
         log.info("server error: %s", frame)
 

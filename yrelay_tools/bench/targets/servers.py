@@ -65,8 +65,14 @@ class YrelayTarget(Target):
         self.process = None
 
     def pids(self) -> dict[str, int]:
+        """The server and Redis; with YRELAY_WORKERS > 1 the server is a
+        supervisor, and its worker servers are counted too (their own
+        validators are not, as a single server's are not)."""
         assert self.server is not None and self.server.process and self.redis is not None and self.redis.process
-        return {"server": self.server.process.pid, "redis": self.redis.process.pid}
+        workers = self.env.get("YRELAY_WORKERS", os.environ.get("YRELAY_WORKERS", "1")) not in ("", "1")
+        children = _children(self.server.process.pid) if workers else []
+        return {"server": self.server.process.pid, **{f"worker{i}": pid for i, pid in enumerate(children)},
+                "redis": self.redis.process.pid}
 
     @property
     def redis_url(self) -> str | None:
@@ -135,6 +141,14 @@ TARGETS: dict[str, type[Target]] = {
     "node": NodeYWebsocketTarget,
     "broadcast": BroadcastTarget,
 }
+
+
+def _children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (Linux)."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def make_target(key: str, work_dir: Path) -> Target:
