@@ -126,3 +126,14 @@ def test_python_dash_m_runs_the_token_subcommand(module):
                             capture_output=True, text=True, env=env, timeout=60, cwd=Path(__file__).parents[1])
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(".") == 2  # a JWT: header.payload.signature
+
+
+def test_a_socket_holds_few_unread_messages(monkeypatch):
+    """uvicorn's default queue (32 messages of up to ws_max_size, 16 MiB) let
+    one connection that stopped reading pin 512 MiB; the served options
+    carry the small queue, and the environment can change it."""
+    options = Settings.from_env().uvicorn_options()
+    assert options["ws_max_queue"] == 2
+    assert options["ws_max_queue"] * options["ws_max_size"] <= 40 * 1024 * 1024
+    monkeypatch.setenv("YRELAY_WS_MAX_QUEUE", "8")
+    assert Settings.from_env().uvicorn_options()["ws_max_queue"] == 8

@@ -31,6 +31,12 @@ class Settings:
     max_update_bytes: int = 16 * 1024 * 1024
     #: Largest websocket frame accepted, in bytes; checked before JSON decoding.
     max_frame_bytes: int = 1_500_000
+    #: Websocket messages one connection's socket may hold received but not
+    #: yet read by the server (uvicorn's ``ws_max_queue``, default 32). While a
+    #: connection waits for its in-flight budget it stops reading, and each
+    #: held message may be ``ws_max_size`` (16 MiB): 32 of them were 512 MiB
+    #: a hostile client could pin per connection (docs/security.md#frames).
+    ws_max_queue: int = 2
     #: Documents one connection may subscribe to.
     max_docs_per_connection: int = 10_000
     #: Updates of one connection being appended at once (more waits).
@@ -279,7 +285,7 @@ class Settings:
 
         # /yws takes one update per message (stock clients cannot split), up to max_update_bytes.
         return {"ws_max_size": max(self.max_frame_bytes * 4, self.max_update_bytes + 64), "ws_ping_interval": 20, "ws_ping_timeout": 20,
-                "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes),
+                "ws_max_queue": self.ws_max_queue, "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes),
                 **self.proxy_options()}
 
     def proxy_options(self) -> dict[str, object]:
