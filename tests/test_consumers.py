@@ -173,3 +173,29 @@ async def test_the_state_helper_keeps_each_documents_text(redis_client, store):
         task.cancel()
     assert states.text("doc-1") == text
     assert states.text("never-seen") == ""
+
+
+async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(redis_url, redis_client, store):
+    from test_metrics import scrape, scrape_until, served
+
+    docs = [f"doc-{i}" for i in range(4)]
+    await write(store, docs, 2)
+    processed: Counter = Counter()
+    a, b = [await Worker(redis_client, name, processed).start() for name in ("a", "b")]
+    a.acking = False  # a holds what it reads unacked: the group lags
+    await eventually(lambda: len(a.group.documents) == 2 and len(b.group.documents) == 2, timeout=10)
+    await write(store, docs, 1, word="late")
+    async with served(redis_url) as (_, http):
+        group = {"group": "idx"}
+        result = await scrape_until(http, lambda s: s["yrelay_consumer_group_unacked_entries", group] >= 2)
+        assert result["yrelay_consumer_group_members", group] == 2
+        assert result["yrelay_consumer_group_lag_seconds", group] > 0
+        assert result["yrelay_consumer_group_elections_total", group] == 1
+        rebalances = result["yrelay_consumer_group_rebalances_total", group]
+        assert rebalances >= 2  # a alone, then a and b
+        await a.kill()
+        result = await scrape_until(http, lambda s: s["yrelay_consumer_group_takeovers_total", group] == 2)
+        assert result["yrelay_consumer_group_members", group] == 1
+        assert result["yrelay_consumer_group_rebalances_total", group] == rebalances + 1
+        assert (await scrape(http))["yrelay_consumer_group_unacked_entries", group] == 0
+    await b.stop()

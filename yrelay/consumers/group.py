@@ -152,8 +152,8 @@ class ConsumerGroup:
         self._rev = rev
 
     async def _report_lag(self) -> None:
-        entries, lag_ms = self.reader.lag()
-        await self.redis.hset(group_meta_key(self.name), f"lag:{self.member}", f"{lag_ms}|{entries}")
+        entries, oldest_ms = self.reader.lag()
+        await self.redis.hset(group_meta_key(self.name), f"lag:{self.member}", f"{oldest_ms}|{entries}")
 
     async def _beat_loop(self) -> None:
         while True:

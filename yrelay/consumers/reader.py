@@ -50,8 +50,8 @@ class Held:
     restart: str | None = None
     #: The last offset the group acked.
     acked: StreamId | None = None
-    #: (last id, entries) of batches handed out and not acked yet.
-    unacked: deque[tuple[StreamId, int]] = field(default_factory=deque)
+    #: (first id, last id, entries) of batches handed out and not acked yet.
+    unacked: deque[tuple[StreamId, StreamId, int]] = field(default_factory=deque)
 
 
 class Reader:
@@ -82,12 +82,11 @@ class Reader:
         self._changed.set()
 
     def lag(self) -> tuple[int, int]:
-        """(entries handed out and not acked, ms between the oldest of them
-        and the newest read) over the documents held."""
-        entries = sum(n for held in self.held.values() for _, n in held.unacked)
-        lag_ms = max((held.unacked[-1][0].ms - (held.acked or held.unacked[0][0]).ms
-                      for held in self.held.values() if held.unacked), default=0)
-        return entries, max(0, lag_ms)
+        """(entries handed out and not acked, the time of the oldest of
+        them in ms, 0 when there is none) over the documents held."""
+        entries = sum(n for held in self.held.values() for _, _, n in held.unacked)
+        oldest = min((held.unacked[0][0].ms for held in self.held.values() if held.unacked), default=0)
+        return entries, oldest
 
     # ------------------------------------------------------------- acking
 
@@ -97,7 +96,7 @@ class Reader:
         mine = held is not None and held.version == batch.version
         if result is AckResult.ACKED and mine:
             held.acked = max(held.acked or batch.offset, batch.offset)  # type: ignore[union-attr]
-            while held.unacked and held.unacked[0][0] <= batch.offset:  # type: ignore[union-attr]
+            while held.unacked and held.unacked[0][1] <= batch.offset:  # type: ignore[union-attr]
                 held.unacked.popleft()  # type: ignore[union-attr]
         elif result is not AckResult.ACKED:
             self.refused += 1
@@ -149,7 +148,7 @@ class Reader:
                          offset=str(snapshot.offset))
         if reason == "new" and not snapshot.update:
             return None  # nothing folded yet: the stream holds the whole document
-        held.unacked.append((snapshot.offset, 0))
+        held.unacked.append((snapshot.offset, snapshot.offset, 0))
         return Batch(doc, [], held.version, snapshot.offset, snapshot.update, reason, self.ack)
 
     async def _read(self, cursors: dict[str, StreamId]) -> list[Batch]:
@@ -173,6 +172,6 @@ class Reader:
                 continue
             entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
             held.cursor = entries[-1].id
-            held.unacked.append((held.cursor, len(entries)))
+            held.unacked.append((entries[0].id, held.cursor, len(entries)))
             batches.append(Batch(doc, entries, held.version, held.cursor, _ack=self.ack))
         return batches
