@@ -136,7 +136,6 @@ class ConsumerGroup:
     async def _beat(self) -> None:
         sent = asyncio.get_running_loop().time()
         beat = await self.membership.beat()
-        self._valid_until = sent + self.lease
         if beat.leads and not self._leads:
             self.events.emit("consumer_elected", group=self.name, member=self.member)
         self._leads = beat.leads
@@ -144,6 +143,9 @@ class ConsumerGroup:
         if moved or beat.rev != self._rev or not self.reader.held:
             # After our own rebalance the revision moved past beat.rev: read again next beat.
             await self._read_assignment(-1 if moved else beat.rev)
+        # Valid again only now: a member waking from a pause must not read
+        # the documents it held before it has seen they are no longer its own.
+        self._valid_until = sent + self.lease
         await self._report_lag()
 
     async def _read_assignment(self, rev: int) -> None:

@@ -128,6 +128,9 @@ class Reader:
                     pass
                 continue
             for batch in await self._read(cursors):
+                if not self.valid():  # paused past our lease while reading: these may be another's now
+                    self.held.clear()
+                    break
                 yield batch
 
     async def _start(self, doc: str, held: Held) -> Batch | None:
