@@ -199,3 +199,21 @@ async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(red
         assert result["yrelay_consumer_group_rebalances_total", group] == rebalances + 1
         assert (await scrape(http))["yrelay_consumer_group_unacked_entries", group] == 0
     await b.stop()
+
+
+async def test_the_search_indexer_recipe_indexes_every_documents_text(redis_url, redis_client, store):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "search_indexer.py"
+    spec = importlib.util.spec_from_file_location("search_indexer", path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    for index, doc in enumerate(["notes/a", "notes/b"]):
+        updates, _ = text_updates(3, client_id=50 + index, word=doc[-1])
+        await append_all(store, doc, updates)
+    task = asyncio.create_task(recipe.main(redis_url))
+    await eventually(lambda: recipe.INDEX.get("a2") == {"notes/a"} and recipe.INDEX.get("b0") == {"notes/b"},
+                     timeout=10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
