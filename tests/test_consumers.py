@@ -5,7 +5,9 @@ helper, clean leaving."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from yrelay.store import DocumentStore
 from conftest import eventually
 from consumerutil import LEASE, Worker
 from gcutil import append_all, text_updates
+from test_metrics import scrape, scrape_until, served
 
 #: A dead member's documents move within its lease, plus one beat of the
 #: leader to notice and one of the others to read the new assignment (and
@@ -176,8 +179,6 @@ async def test_the_state_helper_keeps_each_documents_text(redis_client, store):
 
 
 async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(redis_url, redis_client, store):
-    from test_metrics import scrape, scrape_until, served
-
     docs = [f"doc-{i}" for i in range(4)]
     await write(store, docs, 2)
     processed: Counter = Counter()
@@ -202,9 +203,6 @@ async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(red
 
 
 async def test_the_search_indexer_recipe_indexes_every_documents_text(redis_url, redis_client, store):
-    import importlib.util
-    from pathlib import Path
-
     path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "search_indexer.py"
     spec = importlib.util.spec_from_file_location("search_indexer", path)
     recipe = importlib.util.module_from_spec(spec)
