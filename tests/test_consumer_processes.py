@@ -20,6 +20,7 @@ from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore
 
 from conftest import eventually
+from test_gc import store  # noqa: F401 - the fixture
 
 LEASE = 1.5
 #: Each member sleeps this long between processing a batch and acking it, so
@@ -95,13 +96,6 @@ class Writer:
         assert self._task is not None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-
-
-@pytest.fixture
-async def store(redis_client) -> DocumentStore:
-    store = DocumentStore(redis_client)
-    await store.load_scripts()
-    return store
 
 
 def unacked_of(member: Member) -> set[tuple[str, str]]:

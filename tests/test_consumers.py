@@ -16,6 +16,7 @@ from yrelay.consumers.assignment import assign, changes
 from yrelay.store import DocumentStore
 
 from conftest import eventually
+from test_gc import store  # noqa: F401 - the fixture
 from consumerutil import LEASE, Worker
 from gcutil import append_all, text_updates
 from test_metrics import scrape, scrape_until, served
@@ -24,13 +25,6 @@ from test_metrics import scrape, scrape_until, served
 #: leader to notice and one of the others to read the new assignment (and
 #: slack for a machine shared with other test runs).
 TAKEOVER_BOUND = LEASE + 2 * LEASE / 3 + 2.0
-
-
-@pytest.fixture
-async def store(redis_client) -> DocumentStore:
-    store = DocumentStore(redis_client)
-    await store.load_scripts()
-    return store
 
 
 async def write(store: DocumentStore, docs: list[str], count: int, word: str = "w") -> dict[str, list[str]]:

@@ -19,17 +19,11 @@ from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore
 
 from conftest import eventually
+from test_gc import store  # noqa: F401 - the fixture
 from consumerutil import LEASE, Worker
 from gcutil import append_all, append_at, text_updates
 
 POLICY = GcPolicy(relative_ms=10_000, absolute_ms=50_500, group_abandoned_ms=10_000, group_absolute_ms=50_500)
-
-
-@pytest.fixture
-async def store(redis_client) -> DocumentStore:
-    store = DocumentStore(redis_client)
-    await store.load_scripts()
-    return store
 
 
 async def stream_ids(redis, doc: str) -> list[StreamId]:

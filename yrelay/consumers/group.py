@@ -35,7 +35,7 @@ from ..scripts import Scripts
 from ..tasks import BackgroundTask
 from .batch import Batch
 from .leader import Leader
-from .membership import Membership
+from .membership import Membership, redis_now_ms
 from .progress import Progress
 from .reader import Reader
 
@@ -84,17 +84,13 @@ class ConsumerGroup:
         try:
             if self._leads:  # the lease is still ours for up to `lease`
                 await self.membership.drop_self()
-                now_ms = await self._redis_ms()
+                now_ms = await redis_now_ms(self.redis)
                 await self.leader.rebalance(now_ms, self.prefix)
             await self.membership.leave()
             await self.redis.hdel(group_meta_key(self.name), f"lag:{self.member}")
         except (redis.exceptions.RedisError, OSError) as exc:
             log.warning("consumer group %s: could not leave cleanly (%s); the lease will lapse", self.name, exc)
         self.events.emit("consumer_leave", group=self.name, member=self.member)
-
-    async def _redis_ms(self) -> int:
-        seconds, micros = await self.redis.time()
-        return int(seconds) * 1000 + int(micros) // 1000
 
     async def stop_without_leaving(self) -> None:
         """Stop beating but stay listed (what a crash looks like to the

@@ -20,6 +20,18 @@ from ..replies import text
 from ..scripts import Scripts
 
 
+async def redis_now_ms(redis: Redis) -> int:
+    """Redis's clock (ms): the one every member's lease is measured on."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def listed_groups(redis: Redis) -> tuple[list[str], int]:
+    """Every listed group, sorted, and Redis's clock to judge their members by."""
+    groups = sorted(text(group) for group in await redis.smembers(groups_key()))
+    return groups, await redis_now_ms(redis)
+
+
 @dataclass(frozen=True)
 class Beat:
     """One heartbeat's answer."""

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from ..keys import group_meta_key, group_members_key, groups_key
+from ..keys import group_meta_key, group_members_key
 from ..replies import text
+from .membership import listed_groups
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,7 @@ class GroupStats:
 
 
 async def group_stats(redis: Redis) -> list[GroupStats]:
-    groups = sorted(text(group) for group in await redis.smembers(groups_key()))
-    if not groups:
-        return []
-    seconds, micros = await redis.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    groups, now_ms = await listed_groups(redis)
     async with redis.pipeline(transaction=False) as pipe:
         for group in groups:
             pipe.zrangebyscore(group_members_key(group), now_ms, "+inf")

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 
 from ..events import EventSink
-from ..keys import group_leases_key, group_members_key, group_progress_key, groups_key, stream_key
+from ..consumers.membership import listed_groups
+from ..keys import group_leases_key, group_members_key, group_progress_key, stream_key
 from ..offsets import StreamId
 from ..replies import text
 from ..scripts import Scripts
@@ -28,11 +29,7 @@ from ..scripts import Scripts
 
 async def live_groups(redis: Redis) -> list[str]:
     """The listed groups with a member whose heartbeat has not lapsed."""
-    groups = sorted(text(group) for group in await redis.smembers(groups_key()))
-    if not groups:
-        return []
-    seconds, micros = await redis.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    groups, now_ms = await listed_groups(redis)
     async with redis.pipeline(transaction=False) as pipe:
         for group in groups:
             pipe.zcount(group_members_key(group), now_ms, "+inf")

@@ -16,12 +16,7 @@ local dry_run = ARGV[3] == '1'
 local live = {}
 for i = 4, #ARGV do live[ARGV[i]] = true end
 
-local function cutoff(t_ms)
-  if t_ms < 0 then return nil end
-  local newest = redis.call('XREVRANGE', stream, string.format('%.0f', t_ms), '-', 'COUNT', 1)
-  if #newest == 0 then return nil end
-  return id_score(newest[1][1])
-end
+local function cutoff(t_ms) return stream_cutoff(stream, t_ms) end
 
 local head = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
 local evicted = {}
