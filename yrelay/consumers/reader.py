@@ -19,8 +19,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import redis.exceptions
 from redis.asyncio import Redis
 
+from ..backoff import Reconnect
 from ..events import EventSink
 from ..keys import meta_key, stream_key
 from ..offsets import StreamId
@@ -111,27 +113,47 @@ class Reader:
     # ------------------------------------------------------------ reading
 
     async def batches(self) -> AsyncIterator[Batch]:
+        """Batches for as long as the caller iterates. Redis failing does not
+        end it: the loop waits (0.1 s doubling to 5 s) and reads on; past the
+        lease the member holds nothing until its heartbeat is back."""
+        reconnect = Reconnect()
         while True:
-            if not self.valid():  # our lease lapsed (a pause, Redis unreachable): hold nothing
-                self.held.clear()
-            for doc, held in list(self.held.items()):
-                if held.cursor is None:
-                    batch = await self._start(doc, held)
-                    if batch is not None:
-                        yield batch
-            cursors = {doc: held.cursor for doc, held in self.held.items() if held.cursor is not None}
-            if not cursors:
-                self._changed.clear()
-                try:
-                    await asyncio.wait_for(self._changed.wait(), self.block_ms / 1000)
-                except asyncio.TimeoutError:
-                    pass
+            try:
+                ready = await self._step()
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc,
+                            reconnect.delay)
+                await reconnect.wait()
                 continue
-            for batch in await self._read(cursors):
+            reconnect.succeeded()
+            for batch in ready:
                 if not self.valid():  # paused past our lease while reading: these may be another's now
                     self.held.clear()
                     break
-                yield batch
+                held = self.held.get(batch.doc)
+                if held is not None and held.version == batch.version:  # else moved away meanwhile
+                    yield batch
+
+    async def _step(self) -> list[Batch]:
+        """Claim the documents new to us (their snapshot batches, if any),
+        else one blocking read over every document held."""
+        if not self.valid():  # our lease lapsed (a pause, Redis unreachable): hold nothing
+            self.held.clear()
+        starts = []
+        for doc, held in list(self.held.items()):
+            if held.cursor is None and (batch := await self._start(doc, held)) is not None:
+                starts.append(batch)
+        if starts:
+            return starts
+        cursors = {doc: held.cursor for doc, held in self.held.items() if held.cursor is not None}
+        if cursors:
+            return await self._read(cursors)
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), self.block_ms / 1000)
+        except asyncio.TimeoutError:
+            pass
+        return []
 
     async def _start(self, doc: str, held: Held) -> Batch | None:
         """Claim ``doc``; the snapshot batch when the group starts from it."""
