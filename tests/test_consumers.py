@@ -193,6 +193,7 @@ async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(red
         assert result["yrelay_consumer_group_members", group] == 1
         assert result["yrelay_consumer_group_rebalances_total", group] == rebalances + 1
         assert (await scrape(http))["yrelay_consumer_group_unacked_entries", group] == 0
+        assert await redis_client.hget("yrelay:group:{idx}:meta", "lag:a") is None  # the leader forgot it
     await b.stop()
 
 

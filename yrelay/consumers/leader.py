@@ -50,11 +50,20 @@ class Leader:
         self.events = events
         self.scripts = scripts
 
+    async def _forget_lapsed_lag(self, members: list[str]) -> None:
+        """Drop the lag reports of members that lapsed without leaving."""
+        meta = group_meta_key(self.membership.group)
+        fields = [text(field) for field in await self.membership.redis.hkeys(meta)]
+        lapsed = [field for field in fields if field.startswith("lag:") and field[4:] not in members]
+        if lapsed:
+            await self.membership.redis.hdel(meta, *lapsed)
+
     async def rebalance(self, now_ms: int, prefix: str) -> Rebalance | None:
         """Write a new assignment if it changed; None when nothing moved or
         the lease was lost."""
         redis, group = self.membership.redis, self.membership.group
         members = await self.membership.live_members(now_ms)
+        await self._forget_lapsed_lag(members)
         docs = [doc async for page in documents(redis, prefix) for doc in page]
         current = {doc: assigned.member for doc, assigned in (await self.membership.assignment()).items()}
         moved = changes(assign(docs, members, current), current)
