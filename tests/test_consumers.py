@@ -87,6 +87,7 @@ async def test_a_killed_member_is_resumed_from_its_last_ack_within_the_lease(red
     killed_at = asyncio.get_running_loop().time()
     await eventually(lambda: set(victims) <= set(b.group.documents), timeout=TAKEOVER_BOUND + 5)
     took = asyncio.get_running_loop().time() - killed_at
+    print(f"\ntakeover after the kill: {took:.2f} s (lease {LEASE} s)")
     assert took <= TAKEOVER_BOUND, took
     after = await write(store, docs, 2, word="z")
     await eventually(lambda: set(processed) >= every(ids) | every(unacked) | every(after), timeout=15)
