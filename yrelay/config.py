@@ -142,6 +142,12 @@ class Settings:
     gc_max_fold_entries: int = 10_000
     #: A claimed document is handed to another process after this (seconds).
     gc_lease: float = 60.0
+    #: Evict a consumer group none of whose members heartbeats once it lacks
+    #: an entry this many seconds older than the document's newest ...
+    gc_group_abandoned_delta: float = 600.0
+    #: ... and a live group only once it lacks an entry this many seconds
+    #: older than now (docs/consumers.md).
+    gc_group_absolute_delta: float = 86_400.0
 
     #: Write the event log (docs/events.md) under ``data_dir/events``.
     event_log: bool = True

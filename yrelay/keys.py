@@ -141,7 +141,7 @@ def documents_key() -> str:
 def document_keys(doc: str) -> list[str]:
     """Every key of one document (all on the same cluster slot)."""
     return [stream_key(doc), tracker_key(doc), meta_key(doc), snapshot_key(doc), dedup_key(doc), presence_key(doc),
-            clocks_key(doc), dropped_key(doc), presence_owners_key(doc)]
+            clocks_key(doc), dropped_key(doc), presence_owners_key(doc), group_progress_key(doc), group_leases_key(doc)]
 
 
 def presence_owners_key(doc: str) -> str:
@@ -177,3 +177,56 @@ def replication_probe_key(doc: str) -> str:
     answered from the dedup (a batch that wrote nothing) covers every write
     before it (:mod:`yrelay.app.replicas`); on the document's slot."""
     return f"{PREFIX}:{{{doc}}}:replication-probe"
+
+
+# ------------------------------------------------------------ consumer groups
+
+#: Group names: 1..100 characters of letters, digits and ``._-:``.
+GROUP_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._\-:]{1,100}$")
+
+
+def validate_group_name(group: object) -> str:
+    """Return ``group`` if it is a valid consumer group name, else raise ValueError."""
+    if not isinstance(group, str) or not GROUP_NAME_PATTERN.fullmatch(group):
+        raise ValueError("group names are 1-100 characters of letters, digits and ._-:")
+    return group
+
+
+def group_progress_key(doc: str) -> str:
+    """Sorted set: consumer group -> the offset it acked on this document
+    (score as in the tracker). GC holds trimming back to its minimum, like
+    the tracker's (yrelay/consumers/, yrelay/gc/groups.py)."""
+    return f"{PREFIX}:{{{doc}}}:groups"
+
+
+def group_leases_key(doc: str) -> str:
+    """Hash: group -> the assignment version of the member that last claimed
+    the document (progress is written only with it: the fence);
+    ``<group>:evicted`` = 1 once GC evicted the group from the document."""
+    return f"{PREFIX}:{{{doc}}}:groups:leases"
+
+
+def groups_key() -> str:
+    """Set: every consumer group name (what GC asks for liveness)."""
+    return f"{PREFIX}:groups"
+
+
+def group_members_key(group: str) -> str:
+    """Sorted set: member id -> when its heartbeat lapses (Redis ms)."""
+    return f"{PREFIX}:group:{{{group}}}:members"
+
+
+def group_leader_key(group: str) -> str:
+    """String with a TTL: the member id leading the group (its lease)."""
+    return f"{PREFIX}:group:{{{group}}}:leader"
+
+
+def group_assignment_key(group: str) -> str:
+    """Hash: document -> ``<member>|<version>`` (written only by the leader)."""
+    return f"{PREFIX}:group:{{{group}}}:assignment"
+
+
+def group_meta_key(group: str) -> str:
+    """Hash: ``version`` (assignment versions handed out), ``rev`` (bumped
+    on every assignment change), ``prefix``, ``rebalances``, ``elections``."""
+    return f"{PREFIX}:group:{{{group}}}:meta"

@@ -31,6 +31,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .consumers.stats import GroupStats, group_stats
 from .keys import documents_key, gc_due_key
 from .protocol import ErrorCode, ResyncReason
 
@@ -138,8 +139,14 @@ class Metrics:
             "connect": self._connect, "disconnect": self._disconnect, "append": self._append,
             "deliver": self._deliver, "ack": self._ack, "resend": self._resend, "resync": self._resync,
             "evict": self._evict, "snapshot": self._snapshot, "trim": self._trim,
+            "consumer_evict": self._group_evict,
         }
+        group_evictions = Counter("yrelay_consumer_group_evictions",
+                                  "Consumer groups GC evicted from a document, by rule.", ["mode"], registry=registry)
+        self._group_evictions = {mode: group_evictions.labels(mode) for mode in ("abandoned", "live")}
         self._failed = False
+        self._groups = _GroupState()
+        registry.register(self._groups)
 
     # --------------------------------------------------------- event sink
 
@@ -193,6 +200,9 @@ class Metrics:
     def _trim(self, fields: dict[str, Any]) -> None:
         self.gc_trimmed.inc(fields["entries"])
 
+    def _group_evict(self, fields: dict[str, Any]) -> None:
+        self._group_evictions[fields["mode"]].inc()
+
     # ------------------------------------------------------- direct calls
 
     def appended(self, seconds: float) -> None:
@@ -232,6 +242,10 @@ class Metrics:
         self.documents.set(documents)
         self.gc_due.set(due)
         self.redis_up.set(1)
+        try:
+            self._groups.stats = await group_stats(redis)
+        except Exception as exc:  # noqa: BLE001 - the rest of the scrape stands
+            log.debug("metrics: consumer groups not read: %s", exc)
 
     def render(self) -> bytes:
         """The Prometheus text format."""
@@ -258,6 +272,35 @@ class NullMetrics(Metrics):
 
     def watch(self, ctx: "ServerContext") -> None:
         pass
+
+
+class _GroupState(Collector):
+    """Consumer groups (docs/consumers.md), as read by the last refresh."""
+
+    def __init__(self) -> None:
+        self.stats: list[GroupStats] = []
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        families = [
+            (GaugeMetricFamily, "yrelay_consumer_group_members", "Live members of a consumer group.", "members"),
+            (GaugeMetricFamily, "yrelay_consumer_group_unacked_entries",
+             "Entries handed to a group's members and not acked yet.", "unacked_entries"),
+            (GaugeMetricFamily, "yrelay_consumer_group_lag_seconds",
+             "Age of the oldest entry a group's members hold unacked.", "lag_seconds"),
+            (CounterMetricFamily, "yrelay_consumer_group_rebalances", "Assignments a group's leaders wrote.",
+             "rebalances"),
+            (CounterMetricFamily, "yrelay_consumer_group_takeovers",
+             "Documents moved from a member that lapsed or left.", "takeovers"),
+            (CounterMetricFamily, "yrelay_consumer_group_elections", "Leader leases taken.", "elections"),
+        ]
+        for kind, name, doc, attribute in families:
+            family = kind(name, doc, labels=["group"])
+            for stats in self.stats:
+                family.add_metric([stats.group], getattr(stats, attribute))
+            yield family
 
 
 class _ServerState(Collector):

@@ -23,7 +23,8 @@ def source(name: str) -> str:
 
 
 NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release",
-         "digest_window", "digest_advance", "idset_update", "clocks_set", "quota_take", "quota_subscriptions")
+         "digest_window", "digest_advance", "idset_update", "clocks_set", "quota_take", "quota_subscriptions",
+         "consumer_claim", "consumer_ack", "consumer_heartbeat", "consumer_assign", "gc_groups")
 
 
 class Scripts:
@@ -42,6 +43,11 @@ class Scripts:
         self.clocks_set = redis.register_script(source("clocks_set"))
         self.quota_take = redis.register_script(source("quota_take"))
         self.quota_subscriptions = redis.register_script(source("quota_subscriptions"))
+        self.consumer_claim = redis.register_script(source("consumer_claim"))
+        self.consumer_ack = redis.register_script(source("consumer_ack"))
+        self.consumer_heartbeat = redis.register_script(source("consumer_heartbeat"))
+        self.consumer_assign = redis.register_script(source("consumer_assign"))
+        self.gc_groups = redis.register_script(source("gc_groups"))
 
     async def load(self, redis: Redis) -> None:
         """Load every script up front, so ``/readyz`` can report it and a

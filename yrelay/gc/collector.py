@@ -49,6 +49,7 @@ from ..eventlog import NullEventLog
 from ..events import EventSink
 from ..store import Entry, to_entry
 from ..tracker.tracker import session_documents
+from .groups import evict_groups
 from .policy import GcPolicy
 
 
@@ -182,7 +183,23 @@ class Collector:
             await self._forget_evicted(reports)
         for report in reports:
             del report.evicted_sessions[policy.max_reported_sessions:]
-        return plans
+        return await self._hold_for_groups(plans, dry_run)
+
+    async def _hold_for_groups(self, plans: list[_Plan], dry_run: bool) -> list[_Plan]:
+        """Consumer groups hold the target back to their lowest position
+        (after evicting those that lag too far: yrelay/gc/groups.py)."""
+        if not plans:
+            return plans
+        lowest = await evict_groups(self.redis, self.scripts, [plan.doc for plan in plans],
+                                    abandoned_ms=self.policy.group_abandoned_ms,
+                                    absolute_ms=self.policy.group_absolute_ms, dry_run=dry_run, events=self.events)
+        for plan in plans:
+            position = lowest[plan.doc]
+            if isinstance(position, Exception):
+                plan.report.error = str(position)[:200]
+            elif position is not None:
+                plan.target = min(plan.target, position)
+        return [plan for plan in plans if plan.report.error is None]
 
     async def _forget_evicted(self, reports: list[DocReport]) -> None:
         """Take the documents out of the evicted sessions' document sets, so

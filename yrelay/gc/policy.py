@@ -17,6 +17,10 @@ class GcPolicy:
     max_fold_entries: int = 10_000
     #: Evicted session ids reported per document (the count is always exact).
     max_reported_sessions: int = 20
+    #: Evict a consumer group with no live member lacking an entry this much
+    #: older than the newest (ms); a live group lacking one this old (ms).
+    group_abandoned_ms: int = 600_000
+    group_absolute_ms: int = 86_400_000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "GcPolicy":
@@ -24,4 +28,6 @@ class GcPolicy:
             relative_ms=round(settings.gc_relative_delta * 1000),
             absolute_ms=round(settings.gc_absolute_delta * 1000),
             max_fold_entries=settings.gc_max_fold_entries,
+            group_abandoned_ms=round(settings.gc_group_abandoned_delta * 1000),
+            group_absolute_ms=round(settings.gc_group_absolute_delta * 1000),
         )

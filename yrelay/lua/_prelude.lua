@@ -22,6 +22,15 @@ local function now_ms()
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 
+-- The score of the newest entry of `stream` at or before T (ms), or nil:
+-- whoever scores below it lacks an entry from before T (GC's eviction rules).
+local function stream_cutoff(stream, t_ms)
+  if t_ms < 0 then return nil end
+  local newest = redis.call('XREVRANGE', stream, string.format('%.0f', t_ms), '-', 'COUNT', 1)
+  if #newest == 0 then return nil end
+  return id_score(newest[1][1])
+end
+
 -- 128-bit set hashes travel as 32 lowercase hex digits; XOR them as four
 -- 32-bit words (Redis Lua numbers are doubles; the bit library is 32-bit).
 local ZERO_HASH = string.rep('0', 32)

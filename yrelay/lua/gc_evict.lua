@@ -18,12 +18,7 @@ local tracker, stream, meta = KEYS[1], KEYS[2], KEYS[3]
 local relative_ms, absolute_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local dry_run, max_names = ARGV[3] == '1', tonumber(ARGV[4])
 
-local function cutoff(t_ms)
-  if t_ms < 0 then return nil end
-  local newest = redis.call('XREVRANGE', stream, string.format('%.0f', t_ms), '-', 'COUNT', 1)
-  if #newest == 0 then return nil end
-  return id_score(newest[1][1])
-end
+local function cutoff(t_ms) return stream_cutoff(stream, t_ms) end
 
 local meta_fields = redis.call('HMGET', meta, 'last_id', 'snapshot_offset', 'trimmed_through')
 local leader = redis.call('ZREVRANGE', tracker, 0, 0, 'WITHSCORES')

@@ -1,0 +1,169 @@
+"""Consumer groups with real member processes on a real redis-server:
+kill -9 one under steady edits (nothing missed, duplicates only what it had
+not acked), SIGSTOP one past its lease (refused when it acks, nothing twice
+after it woke), a new member gets a share."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from yrelay.keys import group_leader_key, group_meta_key
+from yrelay.offsets import StreamId
+from yrelay.store import DocumentStore
+
+from conftest import eventually
+from test_gc import store  # noqa: F401 - the fixture
+
+LEASE = 1.5
+#: Each member sleeps this long between processing a batch and acking it, so
+#: the kill and the pause land while it holds unacked entries.
+ACK_DELAY = 0.1
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Member:
+    def __init__(self, redis_url: str, name: str, tmp: Path):
+        self.name = name
+        self.out = tmp / f"{name}.lines"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "consumer_process.py"), redis_url, "procs", name, str(self.out),
+             str(LEASE), str(ACK_DELAY)], env=env)
+
+    def lines(self) -> list[list[str]]:
+        return [line.split() for line in self.out.read_text().splitlines()] if self.out.exists() else []
+
+    def processed(self) -> list[tuple[str, str]]:
+        return [(doc, entry_id) for kind, doc, entry_id, *_ in (l for l in self.lines() if len(l) >= 3) if kind == "P"]
+
+    def batches(self) -> list[tuple[list[tuple[str, str]], str]]:
+        """Each batch's entries and its ack's result ('none': never acked)."""
+        result, keys = [], []
+        for line in self.lines():
+            if line[0] == "P":
+                keys.append((line[1], line[2]))
+            elif line[0] == "A":
+                result.append((keys, line[3]))
+                keys = []
+        if keys:
+            result.append((keys, "none"))
+        return result
+
+    def acked(self) -> dict[str, StreamId]:
+        """Per document, the highest offset this member's acks stored."""
+        offsets: dict[str, StreamId] = {}
+        for line in self.lines():
+            if line[0] == "A" and line[3] == "ok":
+                offsets[line[1]] = max(offsets.get(line[1], StreamId(0, 0)), StreamId.parse(line[2]))
+        return offsets
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+        self.process.wait()
+
+
+class Writer:
+    """Steady edits: one small entry at a time, round robin over the documents."""
+
+    def __init__(self, store: DocumentStore, docs: list[str]):
+        self.store, self.docs = store, docs
+        self.appended: list[tuple[str, str, float]] = []
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        clock = 0
+        while True:
+            doc = self.docs[clock % len(self.docs)]
+            entry_id, _ = await self.store.append(doc, "writer", clock, b"not a yjs update: consumers do not care")
+            self.appended.append((doc, entry_id, asyncio.get_running_loop().time()))
+            clock += 1
+            await asyncio.sleep(0.002)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+def unacked_of(member: Member) -> set[tuple[str, str]]:
+    """What ``member`` processed beyond its last accepted ack of each document."""
+    acked = member.acked()
+    return {(doc, entry_id) for doc, entry_id in member.processed()
+            if StreamId.parse(entry_id) > acked.get(doc, StreamId(0, 0))}
+
+
+def union(members: list[Member]) -> Counter:
+    return Counter(key for member in members for key in member.processed())
+
+
+async def test_kill_9_and_sigstop_under_steady_edits(redis_url, store, tmp_path):
+    docs = [f"doc-{i:03d}" for i in range(60)]
+    writer = Writer(store, docs)
+    for doc in docs:  # every document exists before the members start
+        await store.append(doc, "seed", 0, b"seed")
+    members = [Member(redis_url, f"m{i}", tmp_path) for i in range(3)]
+    try:
+        writer.start()
+        await eventually(lambda: all(member.processed() for member in members), timeout=30)
+        # kill -9 the leader: another takes the lease, and the others resume
+        # its documents from its last acks.
+        leader = (await store.redis.get(group_leader_key("procs"))).decode()
+        victim = next(member for member in members if member.name == leader)
+        victim.process.kill()
+        victim.process.wait()
+        await asyncio.sleep(3 * LEASE)
+        # SIGSTOP another past its lease, then let it go on.
+        paused = next(member for member in members if member is not victim)
+        paused.process.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(3 * LEASE)
+        paused.process.send_signal(signal.SIGCONT)
+        await asyncio.sleep(3 * LEASE)
+        # A new member gets a share within a rebalance.
+        members.append(Member(redis_url, "m3", tmp_path))
+        await eventually(lambda: members[3].processed(), timeout=4 * LEASE + 5)
+        await writer.stop()
+
+        seeded = {(doc, entry_id.decode()) for doc in docs for entry_id, _ in await store.redis.xrange(
+            f"yrelay:{{{doc}}}:stream", count=1)}
+        every = {(doc, entry_id) for doc, entry_id, _ in writer.appended} | seeded
+        await eventually(lambda: set(union(members)) >= every, timeout=30)  # else: the missed ones, below
+
+        processed = union(members)
+        missed = sorted(every - set(processed))
+        assert not missed, (len(missed), missed[:5])
+        duplicates = {key for key, count in processed.items() if count > 1}
+        # At least once, never more than that: an entry is processed again only
+        # when the batch it was processed in was not acked (the killed member,
+        # the paused one, one whose document moved): at most one accepted ack each.
+        outcomes: dict[tuple[str, str], list[str]] = {}
+        for member in members:
+            for keys, result in member.batches():
+                for key in keys:
+                    outcomes.setdefault(key, []).append(result)
+        acked_twice = sorted(key for key, results in outcomes.items() if results.count("ok") > 1)
+        assert not acked_twice, (len(acked_twice), acked_twice[:5])
+        unacked_by_victim = {key for keys, result in victim.batches() if result != "ok" for key in keys}
+        refused = [line for line in paused.lines() if line[0] == "A" and line[3] != "ok"]
+        assert refused, "the paused member acked after its lease was taken over, and was not refused"
+        assert unacked_by_victim
+        # Killing the leader made another take the lease.
+        assert int(await store.redis.hget(group_meta_key("procs"), "elections")) >= 2
+        print(f"\nentries {len(every)}, duplicates {len(duplicates)} "
+              f"(victim's unacked {len(unacked_by_victim)}), refused acks of the paused member: "
+              f"{sum(1 for line in paused.lines() if line[0] == 'A' and line[3] != 'ok')}")
+    finally:
+        for member in members:
+            member.stop()

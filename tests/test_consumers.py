@@ -1,0 +1,213 @@
+"""Consumer groups against a real redis-server: shared documents, takeover
+after a member dies, fencing of stale members, new documents, the state
+helper, clean leaving."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
+from yrelay.consumers.assignment import assign, changes
+from yrelay.store import DocumentStore
+
+from conftest import eventually
+from test_gc import store  # noqa: F401 - the fixture
+from consumerutil import LEASE, Worker
+from gcutil import append_all, text_updates
+from test_metrics import scrape, scrape_until, served
+
+#: A dead member's documents move within its lease, plus one beat of the
+#: leader to notice and one of the others to read the new assignment (and
+#: slack for a machine shared with other test runs).
+TAKEOVER_BOUND = LEASE + 2 * LEASE / 3 + 2.0
+
+
+async def write(store: DocumentStore, docs: list[str], count: int, word: str = "w") -> dict[str, list[str]]:
+    ids = {}
+    for index, doc in enumerate(docs):
+        updates, _ = text_updates(count, client_id=100 + index, word=word)
+        # A session per word: the append script answers a known (session, clock) with its old id.
+        ids[doc] = [str(entry_id) for entry_id in await append_all(store, doc, updates, session=f"writer-{word}")]
+    return ids
+
+
+def every(ids: dict[str, list[str]]) -> set[tuple[str, str]]:
+    return {(doc, entry_id) for doc, entries in ids.items() for entry_id in entries}
+
+
+def test_assignment_is_balanced_and_sticky():
+    docs = [f"d{i}" for i in range(20)]
+    three = assign(docs, ["a", "b", "c"], {})
+    assert sorted(Counter(three.values()).values()) == [6, 7, 7]
+    two = assign(docs, ["a", "b"], three)
+    assert sorted(Counter(two.values()).values()) == [10, 10]
+    # Only the dead member's documents moved.
+    assert set(changes(two, three)) == {doc for doc, member in three.items() if member == "c"}
+    four = assign(docs + ["d20"], ["a", "b", "c", "d"], two)
+    assert max(Counter(four.values()).values()) - min(Counter(four.values()).values()) <= 1
+    # Only what the two new members take (5 each), the new document among them.
+    assert len(changes(four, two)) == 10
+
+
+async def test_three_members_share_the_documents_and_process_each_entry_once(redis_client, store):
+    docs = [f"doc-{i}" for i in range(12)]
+    ids = await write(store, docs, 5)
+    processed: Counter = Counter()
+    workers = [await Worker(redis_client, f"m{i}", processed).start() for i in range(3)]
+    await eventually(lambda: set(processed) == every(ids), timeout=15)
+    await eventually(lambda: sorted(len(w.group.documents) for w in workers) == [4, 4, 4], timeout=10)
+    more = await write(store, docs, 3, word="x")
+    await eventually(lambda: set(processed) == every(ids) | every(more), timeout=15)
+    owners = {doc: [w.group.member for w in workers if doc in w.group.documents] for doc in docs}
+    assert all(len(members) == 1 for members in owners.values()), owners
+    assert max(processed.values()) == 1  # nobody died: no entry twice
+    assert sum(1 for w in workers if w.group.leads) == 1
+    for worker in workers:
+        await worker.stop()
+
+
+async def test_a_killed_member_is_resumed_from_its_last_ack_within_the_lease(redis_client, store):
+    docs = [f"doc-{i}" for i in range(6)]
+    ids = await write(store, docs, 3)
+    processed: Counter = Counter()
+    a, b = [await Worker(redis_client, name, processed).start() for name in ("a", "b")]
+    await eventually(lambda: set(processed) == every(ids) and len(a.group.documents) == 3, timeout=15)
+    await eventually(lambda: len(a.acks) >= 3, timeout=5)
+    # a now processes without acking, then dies: what it did not ack is redone by b.
+    a.acking = False
+    victims = a.group.documents
+    unacked = await write(store, victims, 2, word="u")
+    await eventually(lambda: every(unacked) <= set(processed), timeout=10)
+    await a.kill()
+    killed_at = asyncio.get_running_loop().time()
+    await eventually(lambda: set(victims) <= set(b.group.documents), timeout=TAKEOVER_BOUND + 5)
+    took = asyncio.get_running_loop().time() - killed_at
+    print(f"\ntakeover after the kill: {took:.2f} s (lease {LEASE} s)")
+    assert took <= TAKEOVER_BOUND, took
+    after = await write(store, docs, 2, word="z")
+    await eventually(lambda: set(processed) >= every(ids) | every(unacked) | every(after), timeout=15)
+    # Nothing missed; duplicates are exactly what a processed and never acked.
+    duplicates = {key for key, count in processed.items() if count > 1}
+    assert duplicates == every(unacked)
+    assert all(processed[key] == 2 for key in duplicates)
+    await b.stop()
+
+
+async def test_a_stale_members_ack_is_refused_after_a_takeover(redis_client, store):
+    ids = await write(store, ["doc-1"], 3)
+    processed: Counter = Counter()
+    a = await Worker(redis_client, "a", processed).start()
+    a.acking = False
+    await eventually(lambda: set(processed) == every(ids), timeout=10)
+    stale_batch = a.batches[-1]
+    await a.kill()  # paused past its lease, as far as the group can tell
+    b = await Worker(redis_client, "b", processed).start()
+    await eventually(lambda: processed[("doc-1", ids["doc-1"][-1])] == 2, timeout=TAKEOVER_BOUND + 5)
+    await eventually(lambda: AckResult.ACKED in b.acks, timeout=5)
+    assert await stale_batch.ack() is AckResult.STALE
+    # The refused member holds nothing any more; b's progress stands.
+    assert a.group.documents == []
+    offsets = await b.group.progress.offsets(["doc-1"])
+    assert str(offsets["doc-1"]) == ids["doc-1"][-1]
+    await b.stop()
+
+
+async def test_new_documents_are_picked_up(redis_client, store):
+    await write(store, ["old"], 1)
+    processed: Counter = Counter()
+    a = await Worker(redis_client, "a", processed).start()
+    await eventually(lambda: ("old" in {doc for doc, _ in processed}), timeout=10)
+    ids = await write(store, ["brand-new"], 2)
+    await eventually(lambda: every(ids) <= set(processed), timeout=10)
+    await a.stop()
+
+
+async def test_a_prefix_limits_the_groups_documents(redis_client, store):
+    await write(store, ["team-a/1", "team-b/1"], 1)
+    processed: Counter = Counter()
+    a = await Worker(redis_client, "a", processed, prefix="team-a/").start()
+    await eventually(lambda: {doc for doc, _ in processed} == {"team-a/1"}, timeout=10)
+    await asyncio.sleep(LEASE)
+    assert a.group.documents == ["team-a/1"]
+    await a.stop()
+
+
+async def test_leaving_hands_documents_over_without_waiting_for_the_lease(redis_client, store):
+    docs = [f"doc-{i}" for i in range(4)]
+    await write(store, docs, 1)
+    processed: Counter = Counter()
+    a, b = [await Worker(redis_client, name, processed).start() for name in ("a", "b")]
+    await eventually(lambda: len(a.group.documents) == 2 and len(b.group.documents) == 2, timeout=10)
+    leaver, stayer = (a, b) if a.group.leads else (b, a)  # the leader leaves: the harder case
+    await leaver.stop()
+    left_at = asyncio.get_running_loop().time()
+    await eventually(lambda: stayer.group.documents == docs, timeout=10)
+    # One beat of the stayer (it takes the leader lease once it is free), not a lease.
+    assert asyncio.get_running_loop().time() - left_at < LEASE
+    await stayer.stop()
+
+
+async def test_the_state_helper_keeps_each_documents_text(redis_client, store):
+    updates, text = text_updates(6, client_id=7)
+    await append_all(store, "doc-1", updates[:3])
+    states = DocumentStates(redis_client)
+    seen = asyncio.Event()
+    async with ConsumerGroup(redis_client, "texts", member="only", lease=LEASE) as group:
+        async def consume() -> None:
+            async for batch in group.batches():
+                await states.apply(batch)
+                await batch.ack()
+                if states.text("doc-1") == text:
+                    seen.set()
+
+        task = asyncio.create_task(consume())
+        await append_all(store, "doc-1", updates[3:], session="writer-2")
+        await asyncio.wait_for(seen.wait(), 10)
+        task.cancel()
+    assert states.text("doc-1") == text
+    assert states.text("never-seen") == ""
+
+
+async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(redis_url, redis_client, store):
+    docs = [f"doc-{i}" for i in range(4)]
+    await write(store, docs, 2)
+    processed: Counter = Counter()
+    a, b = [await Worker(redis_client, name, processed).start() for name in ("a", "b")]
+    a.acking = False  # a holds what it reads unacked: the group lags
+    await eventually(lambda: len(a.group.documents) == 2 and len(b.group.documents) == 2, timeout=10)
+    await write(store, docs, 1, word="late")
+    async with served(redis_url) as (_, http):
+        group = {"group": "idx"}
+        result = await scrape_until(http, lambda s: s["yrelay_consumer_group_unacked_entries", group] >= 2)
+        assert result["yrelay_consumer_group_members", group] == 2
+        assert result["yrelay_consumer_group_lag_seconds", group] > 0
+        assert result["yrelay_consumer_group_elections_total", group] == 1
+        rebalances = result["yrelay_consumer_group_rebalances_total", group]
+        assert rebalances >= 2  # a alone, then a and b
+        await a.kill()
+        result = await scrape_until(http, lambda s: s["yrelay_consumer_group_takeovers_total", group] == 2)
+        assert result["yrelay_consumer_group_members", group] == 1
+        assert result["yrelay_consumer_group_rebalances_total", group] == rebalances + 1
+        assert (await scrape(http))["yrelay_consumer_group_unacked_entries", group] == 0
+        assert await redis_client.hget("yrelay:group:{idx}:meta", "lag:a") is None  # the leader forgot it
+    await b.stop()
+
+
+async def test_the_search_indexer_recipe_indexes_every_documents_text(redis_url, redis_client, store):
+    path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "search_indexer.py"
+    spec = importlib.util.spec_from_file_location("search_indexer", path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    for index, doc in enumerate(["notes/a", "notes/b"]):
+        updates, _ = text_updates(3, client_id=50 + index, word=doc[-1])
+        await append_all(store, doc, updates)
+    task = asyncio.create_task(recipe.main(redis_url))
+    await eventually(lambda: recipe.INDEX.get("a2") == {"notes/a"} and recipe.INDEX.get("b0") == {"notes/b"},
+                     timeout=10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

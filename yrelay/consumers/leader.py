@@ -1,0 +1,87 @@
+"""The leader's one job: keep every document of the group assigned to a
+live member (balanced, sticky), with a new version for each one that moves.
+
+Runs inside the heartbeat loop of whichever member holds the leader lease,
+once per beat: drop lapsed members, list the documents (the same registry
+GC pages, ``yrelay:docs``, by the group's prefix), compute the assignment
+(:func:`~yrelay.consumers.assignment.assign`) and write what changed. The
+write is refused when the lease was lost meanwhile. A document whose member
+lapsed and that now goes to another is a *takeover*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from ..events import EventSink
+from ..keys import documents_key, group_assignment_key, group_leader_key, group_meta_key, group_members_key
+from ..replies import text
+from ..scripts import Scripts
+from .assignment import assign, changes
+from .membership import Membership
+
+
+@dataclass
+class Rebalance:
+    version: int
+    members: list[str]
+    moved: dict[str, str]
+    #: Documents taken from a member that lapsed or left.
+    takeovers: list[str] = field(default_factory=list)
+
+
+async def documents(redis: Redis, prefix: str, page: int = 1000) -> AsyncIterator[list[str]]:
+    """The registered documents whose id starts with ``prefix``, a page at a time."""
+    start, end = f"[{prefix}", f"[{prefix}\xff"
+    while True:
+        docs = [text(doc) for doc in await redis.zrangebylex(documents_key(), start, end, 0, page)]
+        if not docs:
+            return
+        yield docs
+        start = f"({docs[-1]}"
+
+
+class Leader:
+    def __init__(self, membership: Membership, events: EventSink, scripts: Scripts):
+        self.membership = membership
+        self.events = events
+        self.scripts = scripts
+
+    async def _forget_lapsed_lag(self, members: list[str]) -> None:
+        """Drop the lag reports of members that lapsed without leaving."""
+        meta = group_meta_key(self.membership.group)
+        fields = [text(field) for field in await self.membership.redis.hkeys(meta)]
+        lapsed = [field for field in fields if field.startswith("lag:") and field[4:] not in members]
+        if lapsed:
+            await self.membership.redis.hdel(meta, *lapsed)
+
+    async def rebalance(self, now_ms: int, prefix: str) -> Rebalance | None:
+        """Write a new assignment if it changed; None when nothing moved or
+        the lease was lost."""
+        redis, group = self.membership.redis, self.membership.group
+        members = await self.membership.live_members(now_ms)
+        await self._forget_lapsed_lag(members)
+        docs = [doc async for page in documents(redis, prefix) for doc in page]
+        current = {doc: assigned.member for doc, assigned in (await self.membership.assignment()).items()}
+        moved = changes(assign(docs, members, current), current)
+        if not moved:
+            return None
+        args: list[object] = [self.membership.member]
+        for doc, member in moved.items():
+            args += [doc, member]
+        version = int(await self.scripts.consumer_assign(
+            keys=[group_leader_key(group), group_meta_key(group), group_assignment_key(group),
+                  group_members_key(group)], args=args))
+        if version < 0:
+            return None
+        live = set(members)
+        takeovers = [doc for doc, member in moved.items() if member and current.get(doc) not in (None, *live)]
+        if takeovers:
+            await redis.hincrby(group_meta_key(group), "takeovers", len(takeovers))
+        result = Rebalance(version, members, moved, takeovers)
+        self.events.emit("consumer_rebalance", group=group, version=version, members=len(members),
+                         moved=len(moved), takeovers=len(takeovers))
+        return result

@@ -1,0 +1,64 @@
+"""The current state of each document a member reads, for services that
+want text rather than updates.
+
+::
+
+    states = DocumentStates(redis)
+    async for batch in group.batches():
+        doc = await states.apply(batch)
+        index(batch.doc, states.text(batch.doc))
+        await batch.ack()
+
+A snapshot batch replaces the document. A document seen for the first time
+mid-stream (taken over from another member, or after this process
+restarted) is loaded first from Redis (snapshot + stream): that may already
+hold the batch's updates and later ones, which Yjs applies idempotently, so
+the state is never behind the batch. Documents are pycrdt documents (the
+server's engine), which integrate updates in any order.
+"""
+
+from __future__ import annotations
+
+import pycrdt
+from redis.asyncio import Redis
+
+from ..store import DocumentStore
+from .batch import Batch
+
+
+def _apply_all(doc: pycrdt.Doc, updates: list[bytes]) -> None:
+    for update in updates:
+        if update:
+            doc.apply_update(update)
+
+
+class DocumentStates:
+    def __init__(self, redis: Redis, text_name: str = "text"):
+        """``text_name``: the shared text :meth:`text` reads (the demo
+        editor's and the Python client's is ``text``)."""
+        self.store = DocumentStore(redis)
+        self.text_name = text_name
+        self.documents: dict[str, pycrdt.Doc] = {}
+
+    async def apply(self, batch: Batch) -> pycrdt.Doc:
+        """The document with ``batch`` applied."""
+        doc = self.documents.get(batch.doc)
+        if batch.snapshot is not None:
+            doc = pycrdt.Doc()
+            _apply_all(doc, [batch.snapshot])
+        elif doc is None:
+            snapshot, entries = await self.store.load_entries(batch.doc)
+            doc = pycrdt.Doc()
+            _apply_all(doc, [snapshot.update, *(entry.update for entry in entries)])
+        _apply_all(doc, batch.updates)
+        self.documents[batch.doc] = doc
+        return doc
+
+    def text(self, doc: str) -> str:
+        """The document's text ('' for a document not seen)."""
+        if doc not in self.documents:
+            return ""
+        return str(self.documents[doc].get(self.text_name, type=pycrdt.Text))
+
+    def forget(self, doc: str) -> None:
+        self.documents.pop(doc, None)
