@@ -46,7 +46,8 @@ class Receiver:
     """Stores what it is sent; fails half the requests with a 500, half of
     those after storing (the sender cannot tell: it must send again)."""
 
-    def __init__(self, seed: int = 18):
+    def __init__(self, fail_rate: float = 0.5, seed: int = 18):
+        self.fail_rate = fail_rate
         self.random = random.Random(seed)
         self.requests: list[Request_] = []
         self.stored: dict[str, list[str]] = defaultdict(list)
@@ -56,7 +57,7 @@ class Receiver:
         body = await request.body()
         verified = verify_signature(SECRET, request.headers.get(HEADER), body)
         data = json.loads(body)
-        fail = self.random.random() < 0.5
+        fail = self.random.random() < self.fail_rate
         if not fail or self.random.random() < 0.5:
             self.stored[data["doc"]].extend(data["ids"])
         status = 500 if fail else 204
@@ -130,3 +131,31 @@ def test_a_wrong_secret_a_changed_body_or_an_old_timestamp_is_refused():
     # Rotation: the receiver's secret matches one of two signatures.
     rotated = header + "," + sign("next", body).split(",")[1]
     assert verify_signature("next", rotated, body) and verify_signature(SECRET, rotated, body)
+
+
+async def test_the_cli_delivers_and_leaves_the_group_on_sigterm(redis_url, redis_client, store):
+    import os
+    import signal
+    import sys
+
+    from yrelay.keys import group_members_key
+
+    written = await write(store, ["doc-cli"], 3)
+    port = free_port()
+    receiver = Receiver(fail_rate=0.0)  # the CLI path, not the retries, is under test here
+    env = {**os.environ, "HOOK_SECRET": SECRET}
+    async with serving(receiver.app, port):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "yrelay.cli", "webhook", "--group", "cli-hooks", "--url",
+            f"http://127.0.0.1:{port}/hook", "--secret-env", "HOOK_SECRET", "--redis-url", redis_url,
+            "--lease", "1.2", env=env, stderr=asyncio.subprocess.PIPE)
+        try:
+            await eventually(lambda: receiver.accepted("doc-cli") == written["doc-cli"], timeout=20)
+            assert await redis_client.zcard(group_members_key("cli-hooks")) == 1
+        finally:
+            process.send_signal(signal.SIGTERM)
+            _, stderr = await asyncio.wait_for(process.communicate(), 15)
+    assert process.returncode == 0, stderr.decode()
+    assert await redis_client.zcard(group_members_key("cli-hooks")) == 0  # left, not lapsed
+    assert all(r.verified for r in receiver.requests)
+    assert SECRET not in stderr.decode()
