@@ -159,3 +159,28 @@ async def test_the_cli_delivers_and_leaves_the_group_on_sigterm(redis_url, redis
     assert await redis_client.zcard(group_members_key("cli-hooks")) == 0  # left, not lapsed
     assert all(r.verified for r in receiver.requests)
     assert SECRET not in stderr.decode()
+
+
+async def test_a_4xx_is_retried_not_skipped_and_retry_after_is_honoured(redis_client, store):
+    written = await write(store, ["doc-4xx"], 2)
+    answers = [Response(status_code=400), Response(status_code=400),
+               Response(status_code=429, headers={"Retry-After": "1"})]
+    seen: list[tuple[float, list[str]]] = []
+    loop = asyncio.get_running_loop()
+
+    async def hook(request: Request) -> Response:
+        seen.append((loop.time(), json.loads(await request.body())["ids"]))
+        return answers.pop(0) if answers else Response(status_code=200)
+
+    port = free_port()
+    async with serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port):
+        async with ConsumerGroup(redis_client, "hooks-4xx", member="w1", lease=LEASE) as group:
+            webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET,
+                              backoff=Backoff(base=0.05, max_delay=0.2))
+            task = asyncio.create_task(webhook.run())
+            await eventually(lambda: webhook.stats.delivered == 1, timeout=15)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert [ids for _, ids in seen] == [written["doc-4xx"]] * 4  # the same batch until accepted
+    assert (webhook.stats.rejected, webhook.stats.failed) == (2, 1)
+    assert seen[3][0] - seen[2][0] >= 0.9  # waited as told, not the backoff's 0.2 s
