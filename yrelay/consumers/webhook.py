@@ -19,9 +19,9 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import httpx
 from redis.asyncio import Redis
 
 from ..backoff import Backoff, Reconnect
@@ -29,6 +29,9 @@ from .batch import Batch
 from .group import ConsumerGroup
 from .progress import AckResult
 from .signature import DELIVERY_HEADER, HEADER, sign, verify_signature
+
+if TYPE_CHECKING:  # httpx is the webhooks extra: imported when a Webhook is made, so a lean install imports this module
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,9 @@ class Webhook:
         """``max_queued``: batches read and not yet delivered, over all
         documents; past it the member stops reading until some are delivered
         (memory stays bounded however long a receiver is down)."""
+        import httpx
+
+        self._errors = httpx.HTTPError
         self.group = group
         self.url = url
         self.secret = secret
@@ -175,7 +181,7 @@ class Webhook:
         try:
             async with self._sending:
                 response = await self.client.post(self.url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
+        except self._errors as exc:
             self.stats.failed += 1
             log.warning("webhook %s: delivery %s failed (%s), attempt %d", self.group.name, delivery,
                         type(exc).__name__, attempt + 1)
