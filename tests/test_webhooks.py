@@ -184,3 +184,32 @@ async def test_a_4xx_is_retried_not_skipped_and_retry_after_is_honoured(redis_cl
     assert [ids for _, ids in seen] == [written["doc-4xx"]] * 4  # the same batch until accepted
     assert (webhook.stats.rejected, webhook.stats.failed) == (2, 1)
     assert seen[3][0] - seen[2][0] >= 0.9  # waited as told, not the backoff's 0.2 s
+
+
+async def test_a_failing_document_waits_while_the_others_are_delivered(redis_client, store):
+    written = await write(store, ["stuck", "ok-1", "ok-2"], 2)
+    broken = {"stuck"}
+    statuses: dict[str, list[int]] = defaultdict(list)
+
+    async def hook(request: Request) -> Response:
+        doc = json.loads(await request.body())["doc"]
+        statuses[doc].append(503 if doc in broken else 204)
+        return Response(status_code=statuses[doc][-1])
+
+    port = free_port()
+    async with serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port):
+        async with ConsumerGroup(redis_client, "hooks-slow", member="w1", lease=LEASE) as group:
+            webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET, concurrency=2,
+                              backoff=Backoff(base=0.05, max_delay=0.2))
+            task = asyncio.create_task(webhook.run())
+            await eventually(lambda: webhook.stats.delivered == 2 and len(statuses["stuck"]) >= 3, timeout=15)
+            more = await write(store, ["ok-1"], 1, word="more")  # still flowing while "stuck" fails
+            await eventually(lambda: webhook.stats.delivered == 3, timeout=10)
+            assert 204 not in statuses["stuck"]
+            broken.clear()
+            await eventually(lambda: webhook.stats.delivered == 4, timeout=10)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert statuses["ok-1"] == [204, 204] and statuses["ok-2"] == [204]
+    assert await group.progress.offsets(["stuck", "ok-1"]) == {
+        "stuck": StreamId.parse(written["stuck"][-1]), "ok-1": StreamId.parse(more["ok-1"][-1])}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+import redis.exceptions
 from redis.asyncio import Redis
 
 from ..backoff import Backoff, Reconnect
@@ -168,12 +169,24 @@ class Webhook:
                 await asyncio.sleep(wait)
             else:
                 await attempts.wait()
-        result = await batch.ack()
+        result = await self._ack(batch)
         if result is not AckResult.ACKED:
             self.stats.refused_acks += 1
             return False
         self.stats.delivered += 1
         return True
+
+    async def _ack(self, batch: Batch) -> AckResult:
+        """Ack, retrying while Redis fails: the receiver has the batch, and
+        giving up would leave the document waiting with nothing to wake it."""
+        reconnect = Reconnect()
+        while True:
+            try:
+                return await batch.ack()
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("webhook %s: ack of %s failed (%s); again in %.1fs", self.group.name,
+                            delivery_id(batch), exc, reconnect.delay)
+                await reconnect.wait()
 
     async def _attempt(self, delivery: str, body: bytes, attempt: int) -> float | None:
         """One POST: None on 2xx, else how long to wait (0: the backoff's delay)."""
