@@ -128,6 +128,11 @@ def test_a_wrong_secret_a_changed_body_or_an_old_timestamp_is_refused():
     assert not verify_signature(SECRET, old, body, tolerance=60, now=1_000_100)
     assert not verify_signature(SECRET, None, body)
     assert not verify_signature(SECRET, "t=abc,v1=00", body)
+    # A hostile header is refused, never an exception out of the receiver's
+    # handler: int() takes "²" (isdigit), compare_digest raises on non-ASCII str.
+    stamp = header.split(",")[0]
+    assert not verify_signature(SECRET, "t=²,v1=00", body)
+    assert not verify_signature(SECRET, stamp + ",v1=é" + "0" * 63, body)
     # Rotation: the receiver's secret matches one of two signatures.
     rotated = header + "," + sign("next", body).split(",")[1]
     assert verify_signature("next", rotated, body) and verify_signature(SECRET, rotated, body)

@@ -43,7 +43,7 @@ def verify_signature(secret: str | bytes, header: str | None, body: bytes,
     candidates: list[str] = []
     for part in header.split(","):
         key, _, value = part.strip().partition("=")
-        if key == "t" and value.isdigit():
+        if key == "t" and value.isascii() and value.isdigit():  # int() takes "²" and "١" too
             stamp = int(value)
         elif key == "v1":
             candidates.append(value)
@@ -53,7 +53,9 @@ def verify_signature(secret: str | bytes, header: str | None, body: bytes,
         return False
     key = secret.encode() if isinstance(secret, str) else secret
     expected = _digest(key, stamp, body)
-    return any(hmac.compare_digest(expected, candidate) for candidate in candidates)
+    # As bytes: compare_digest raises on str with non-ASCII characters.
+    return any(hmac.compare_digest(expected.encode(), candidate.encode(errors="replace"))
+               for candidate in candidates)
 
 
 __all__ = ["DEFAULT_TOLERANCE", "DELIVERY_HEADER", "HEADER", "sign", "verify_signature"]
