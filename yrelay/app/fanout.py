@@ -101,6 +101,9 @@ class Fanout:
         self._reader_id: int | None = None
         self._generation = 0  # bumped when the set of documents changes
         self._reading_generation = -1
+        #: The one task waking the reader for new documents (a burst of
+        #: subscribes shares it: it retries until the read covers the newest).
+        self._interrupting: asyncio.Task[None] | None = None
         self._loop = BackgroundTask("yrelay-fanout", self._run)
         #: doc -> (cursor, its stream key and cursor packed as RESP bulk strings)
         self._packed: dict[str, tuple[StreamId, bytes, bytes]] = {}
@@ -109,6 +112,8 @@ class Fanout:
         self._loop.start()
 
     async def stop(self) -> None:
+        if self._interrupting is not None:
+            self._interrupting.cancel()
         await self._loop.stop()
         await self.reader.aclose()
 
@@ -138,17 +143,19 @@ class Fanout:
     def _documents_changed(self) -> None:
         self._generation += 1
         self._changed.set()
-        asyncio.create_task(self._interrupt_read())
+        if self._interrupting is None or self._interrupting.done():
+            self._interrupting = asyncio.create_task(self._interrupt_read())
 
     async def _interrupt_read(self) -> None:
-        """Wake the blocking XREAD so it picks up a new document now, not after
-        ``block_ms``. Retried briefly: the reader may be between two reads."""
+        """Wake the blocking XREAD so it picks up new documents now, not after
+        ``block_ms``: until the reader has started a read that covers the
+        newest change (it may be between two reads, or start one that
+        misses a document added meanwhile), for at most 50 tries."""
         for _ in range(50):
             if self._reading_generation >= self._generation or self._reader_id is None:
                 return
             try:
-                if await self.store.redis.client_unblock(self._reader_id):
-                    return
+                await self.store.redis.client_unblock(self._reader_id)
             except redis.exceptions.RedisError:
                 return
             await asyncio.sleep(0.005)
