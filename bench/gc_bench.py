@@ -28,7 +28,8 @@ from redis.asyncio import Redis
 from yrelay import crdt
 from yrelay.app.appender import Appender
 from yrelay.gc import Collector, DueSet, GcPolicy, run_due_pass
-from yrelay.keys import gc_due_key, snapshot_key, stream_key, tracker_key
+from yrelay.keys import snapshot_key, stream_key, tracker_key
+from yrelay.listing import registry_counts
 from yrelay.offsets import StreamId
 from yrelay.redis_server import RedisProcess
 from yrelay.store import DocumentStore
@@ -65,7 +66,7 @@ async def gc_pass(docs: int, changed: int, entries: int) -> None:
             for c in range(entries, entries * 2):
                 await appender.submit(name, "w", c, updates[c])
             await redis.zadd(tracker_key(name), {"reader": (await store.last_id(name)).score()})
-        pending = await redis.zcard(gc_due_key())
+        pending = (await registry_counts(redis))[1]
         rounds = []
         for _ in range(3):
             started = time.perf_counter()

@@ -122,19 +122,46 @@ def session_documents_digest_key(session: str) -> str:
     return f"{PREFIX}:session:{{{session}}}:docs:digest"
 
 
-def gc_due_key() -> str:
-    """Sorted set: document -> when its next GC is due (ms; 0 = changed).
+#: Buckets the document registry and the GC due set are split into (fixed:
+#: changing it moves every document to another bucket). Each bucket has its
+#: own hash tag, so in a Redis Cluster the buckets spread over the shards and
+#: no key is written by every append of every document (yrelay/listing.py).
+DOCUMENT_BUCKETS = 16
+
+
+def document_bucket(doc: str) -> int:
+    """The bucket of ``doc``: a stable hash of its id (the same in every
+    process and release)."""
+    return xxhash.xxh3_64_intdigest(doc.encode()) % DOCUMENT_BUCKETS
+
+
+def bucket_gc_due_key(bucket: int) -> str:
+    """Sorted set: document -> when its next GC is due (ms; 0 = changed), for
+    the documents of one bucket.
 
     Appends reset a document to 0; a collection pushes it to its next check or
-    drops it when nothing is left to collect. A GC pass reads only this set,
+    drops it when nothing is left to collect. A GC pass reads only these sets,
     never the keyspace.
     """
+    return f"{PREFIX}:{{bucket:{bucket:02d}}}:gc:due"
+
+
+def bucket_documents_key(bucket: int) -> str:
+    """Sorted set (all scores 0, ordered by id): every document of one bucket
+    ever appended to. Pages the ops listing and ``yrelay gc`` over all
+    documents, merged across buckets (yrelay/listing.py)."""
+    return f"{PREFIX}:{{bucket:{bucket:02d}}}:docs"
+
+
+def gc_due_key() -> str:
+    """The GC due set before it was split into buckets (layout 2 and older):
+    read only to fold it into the buckets (yrelay/listing.py)."""
     return f"{PREFIX}:gc:due"
 
 
 def documents_key() -> str:
-    """Sorted set (all scores 0, ordered by id): every document ever appended
-    to. Pages the ops listing and ``yrelay gc`` over all documents."""
+    """The document registry before it was split into buckets: read only to
+    fold it into the buckets (yrelay/listing.py)."""
     return f"{PREFIX}:docs"
 
 

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .consumers.stats import GroupStats, group_stats
-from .keys import documents_key, gc_due_key
+from .listing import registry_counts
 from .protocol import ErrorCode, ResyncReason
 
 if TYPE_CHECKING:
@@ -231,10 +231,7 @@ class Metrics:
     async def refresh(self, redis: "Redis") -> None:
         """Read the counts that live in Redis (before rendering a scrape)."""
         try:
-            async with redis.pipeline(transaction=False) as pipe:
-                pipe.zcard(documents_key())
-                pipe.zcard(gc_due_key())
-                documents, due = await pipe.execute()
+            documents, due = await registry_counts(redis)
         except Exception as exc:  # the scrape still shows everything else
             log.debug("metrics: Redis counts not read: %s", exc)
             self.redis_up.set(0)

@@ -16,7 +16,8 @@ from . import crdt
 from .admission import Needs, needs_of
 from .clocks import bring_clocks_up_to_date
 from .update_format import MalformedUpdate, read_layout
-from .keys import clocks_key, dedup_key, documents_key, gc_due_key, meta_key, snapshot_key, stream_key
+from .keys import clocks_key, dedup_key, meta_key, snapshot_key, stream_key
+from .listing import mark_changed
 from .offsets import ZERO, StreamId
 from .protocol import b64encode
 from .replies import stream_id, text
@@ -222,26 +223,3 @@ def needs_or_nothing(update: bytes) -> Needs:
         return needs_of(read_layout(update))
     except MalformedUpdate:
         return Needs()
-
-
-def mark_changed(pipe, docs: list[str]) -> None:
-    """Queue the GC bookkeeping of an append on ``pipe``: the documents become
-    due for collection and are listed in the document registry.
-
-    Outside the append script on purpose: those two keys are global, and the
-    script must touch only one document's keys (one cluster slot). Losing the
-    mark in a crash costs a late GC, never data: the next append marks again.
-    """
-    pipe.zadd(gc_due_key(), dict.fromkeys(docs, 0))
-    pipe.zadd(documents_key(), dict.fromkeys(docs, 0), nx=True)
-
-
-async def all_documents(redis: Redis, page: int = 1000) -> AsyncIterator[list[str]]:
-    """Every registered document, in id order, a page at a time."""
-    start = "-"
-    while True:
-        docs = [text(doc) for doc in await redis.zrangebylex(documents_key(), start, "+", 0, page)]
-        if not docs:
-            return
-        yield docs
-        start = f"({docs[-1]}"

@@ -4,7 +4,7 @@ goes out together, one append-script call per document, in one pipeline.
 On this machine batching is the difference between ~10k and ~60k XADD/s. Order
 is kept: updates of one document are appended in the order they were submitted.
 A failing document (say, a key of the wrong type) fails only its own updates.
-The same pipeline marks the documents as changed for GC (``store.mark_changed``).
+The same pipeline marks the documents as changed for GC (``listing.mark_changed``).
 
 The script admits an update only if the document can apply it (causal
 admission, :mod:`yrelay.admission`). A refused update fails with
@@ -25,7 +25,8 @@ from typing import Any
 from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
 from ..replies import text
-from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks, mark_changed
+from ..listing import mark_changed
+from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks
 from ..tasks import BackgroundTask
 from ..update_format import Layout, Ranges
 from .replicas import ReplicaWait, ReplicationTimeout

@@ -23,6 +23,7 @@ from ..events import Events
 from ..gc import Collector, GcLoop, GcPolicy
 from ..reconciliation.stream_digest import StreamDigests
 from ..keys import session_documents_key, session_of_documents_key
+from ..listing import fold_unbucketed
 from ..metrics import Metrics, NullMetrics
 from ..redis_server import check_durability
 from ..replies import text
@@ -85,6 +86,7 @@ class ServerContext:
         async with AsyncExitStack() as stack:  # unwound here if anything below fails
             ctx = await cls._assemble(stack, settings, redis_url, authenticator)
             await ctx.store.load_scripts()
+            await fold_unbucketed(ctx.redis)
             for warning in await check_durability(ctx.redis):
                 log.warning("ACKS MAY NOT BE DURABLE: %s", warning)
             ctx.metrics.watch(ctx)

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 from ..auth import AlreadyExpired
 from ..gc import DocReport, collect_documents
 from ..gc.blocked import drop_blocked
-from ..keys import InvalidDocumentId, documents_key, validate_doc_id
+from ..keys import InvalidDocumentId, validate_doc_id
+from ..listing import documents_page
 from ..tracker.lag import document_status
 from .binding import relay_context as _ctx, relay_settings
 
@@ -92,8 +93,7 @@ async def list_docs(
     """Documents in id order, a page at a time: stream length, first and last
     id, snapshot offset, tracked sessions, worst lag."""
     ctx = _ctx(request)
-    start = f"({_doc_id(cursor)}" if cursor else "-"
-    docs = [raw.decode() for raw in await ctx.redis.zrangebylex(documents_key(), start, "+", 0, limit + 1)]
+    docs = await documents_page(ctx.redis, _doc_id(cursor) if cursor else None, limit + 1)
     page, more = docs[:limit], len(docs) > limit
     statuses = [asdict(await document_status(ctx.redis, doc, count_cap=10_000)) for doc in page]
     for item in statuses:

@@ -3,7 +3,7 @@ live member (balanced, sticky), with a new version for each one that moves.
 
 Runs inside the heartbeat loop of whichever member holds the leader lease,
 once per beat: drop lapsed members, list the documents (the same registry
-GC pages, ``yrelay:docs``, by the group's prefix), compute the assignment
+GC pages, :mod:`yrelay.listing`, by the group's prefix), compute the assignment
 (:func:`~yrelay.consumers.assignment.assign`) and write what changed. The
 write is refused when the lease was lost meanwhile. A document whose member
 lapsed and that now goes to another is a *takeover*.
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from ..events import EventSink
-from ..keys import documents_key, group_assignment_key, group_leader_key, group_meta_key, group_members_key
+from ..keys import group_assignment_key, group_leader_key, group_meta_key, group_members_key
+from ..listing import all_documents
 from ..replies import text
 from ..scripts import Scripts
 from .assignment import assign, changes
@@ -35,13 +36,8 @@ class Rebalance:
 
 async def documents(redis: Redis, prefix: str, page: int = 1000) -> AsyncIterator[list[str]]:
     """The registered documents whose id starts with ``prefix``, a page at a time."""
-    start, end = f"[{prefix}", f"[{prefix}\xff"
-    while True:
-        docs = [text(doc) for doc in await redis.zrangebylex(documents_key(), start, end, 0, page)]
-        if not docs:
-            return
+    async for docs in all_documents(redis, page, prefix):
         yield docs
-        start = f"({docs[-1]}"
 
 
 class Leader:

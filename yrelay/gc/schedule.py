@@ -1,10 +1,10 @@
 """Which documents a GC pass looks at, and the loop that runs passes.
 
-Appends mark documents as changed in one sorted set (see
-:func:`yrelay.app.appender.mark_changed`); a pass claims due documents from
-it under a lease (``gc_claim.lua``), collects them, and hands them back
-(``gc_release.lua``): settled ones leave the set, the rest come due again after
-one interval. A pass never scans the keyspace, and processes running passes
+Appends mark documents as changed in the due set, split into buckets (see
+:mod:`yrelay.listing`); a pass claims due documents from it, bucket by
+bucket, under a lease (``gc_claim.lua``, one bucket key per call: one cluster
+slot), collects them, and hands them back (``gc_release.lua``): settled ones
+leave the set, the rest come due again after one interval. A pass never scans the keyspace, and processes running passes
 at the same time claim disjoint documents. Correctness does not depend on the
 lease: the collector's compare-and-set makes overlapping collections safe.
 """
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import redis.exceptions
 from redis.asyncio import Redis
 
-from ..keys import documents_key, gc_due_key
+from ..keys import DOCUMENT_BUCKETS, bucket_gc_due_key
+from ..listing import all_documents, by_bucket, fold_unbucketed, registry_counts
 from ..replies import text
 from ..scripts import Scripts
-from ..store import all_documents
 from ..tasks import BackgroundTask
 from .collector import Collector, DocReport
 
@@ -60,31 +60,50 @@ class PassSummary:
 
 @dataclass(frozen=True)
 class Claim:
-    lease: str
+    #: bucket -> the lease score of the documents claimed from it
+    leases: dict[int, str]
     docs: list[str]
 
 
 class DueSet:
-    """The set of documents waiting for GC, with leases."""
+    """The set of documents waiting for GC, in buckets, with leases."""
 
     def __init__(self, redis: Redis):
         self.redis = redis
         self.scripts = Scripts(redis)
+        #: The bucket the next claim starts from: passes that stop early
+        #: (``limit`` reached) still get round to every bucket.
+        self._next_bucket = random.randrange(DOCUMENT_BUCKETS)
 
     async def claim(self, limit: int, lease_ms: int) -> Claim:
-        lease, *docs = await self.scripts.gc_claim(keys=[gc_due_key()], args=[limit, lease_ms])
-        return Claim(text(lease), [text(doc) for doc in docs])
+        """Up to ``limit`` due documents, taken bucket after bucket."""
+        leases: dict[int, str] = {}
+        docs: list[str] = []
+        for step in range(DOCUMENT_BUCKETS):
+            bucket = (self._next_bucket + step) % DOCUMENT_BUCKETS
+            lease, *claimed = await self.scripts.gc_claim(keys=[bucket_gc_due_key(bucket)],
+                                                          args=[limit - len(docs), lease_ms])
+            if claimed:
+                leases[bucket] = text(lease)
+                docs += [text(doc) for doc in claimed]
+            if len(docs) >= limit:
+                self._next_bucket = bucket
+                break
+        return Claim(leases, docs)
 
     async def release(self, claim: Claim, settled: dict[str, bool], next_due_ms: int) -> None:
         """Hand documents back: settled ones leave the set, the others come
         due ``next_due_ms`` from now (unless appended to meanwhile)."""
-        args: list[object] = [claim.lease, next_due_ms]
-        for doc, done in settled.items():
-            args += [doc, "drop" if done else "keep"]
-        await self.scripts.gc_release(keys=[gc_due_key()], args=args)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for bucket, docs in by_bucket(settled).items():
+                args: list[object] = [claim.leases[bucket], next_due_ms]
+                for doc in docs:
+                    args += [doc, "drop" if settled[doc] else "keep"]
+                await self.scripts.gc_release(keys=[bucket_gc_due_key(bucket)], args=args, client=pipe)
+            await pipe.execute()
 
     async def pending(self) -> int:
-        return await self.redis.zcard(gc_due_key())
+        return (await registry_counts(self.redis))[1]
 
 
 async def collect_documents(
@@ -168,6 +187,7 @@ class GcLoop:
         await self._loop.stop()
 
     async def run_once(self) -> PassSummary:
+        await fold_unbucketed(self.collector.redis)  # what servers of an older release still write
         summary = await run_due_pass(
             self.collector, self.due, batch_size=self.batch_size, lease_ms=self.lease_ms,
             next_due_ms=round(self.interval * 1000),

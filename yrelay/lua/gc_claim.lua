@@ -1,6 +1,6 @@
 -- Claim documents whose GC is due, for one collector, for a while.
 --
--- KEYS[1] the due set (member = document, score = due time in ms; 0 = changed)
+-- KEYS[1] one bucket of the due set (member = document, score = due time in ms; 0 = changed)
 -- ARGV[1] how many, ARGV[2] lease (ms)
 --
 -- Claimed documents are pushed to now + lease: another process's pass skips

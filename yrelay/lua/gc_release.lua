@@ -1,6 +1,6 @@
 -- Hand claimed documents back to the due set after a collection.
 --
--- KEYS[1] the due set
+-- KEYS[1] the bucket of the due set the documents were claimed from
 -- ARGV[1] the lease score of the claim, ARGV[2] next due time (ms from now)
 -- ARGV[3..] pairs: document, 'drop' (nothing left to collect) or 'keep'
 --

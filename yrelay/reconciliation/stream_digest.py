@@ -35,7 +35,7 @@ from ..keys import meta_key, stream_key
 from ..offsets import ZERO, StreamId
 from ..replies import stream_id, text
 from ..scripts import Scripts
-from ..store import all_documents
+from ..listing import all_documents
 from .digest import Digest, hash_hex, item_hash, xor_hashes
 
 log = logging.getLogger(__name__)

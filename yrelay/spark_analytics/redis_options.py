@@ -40,7 +40,7 @@ class SourceOptions:
 
     url: str
     kind: Kind = Kind.ENTRIES
-    #: None: every document in the registry (``yrelay:docs``).
+    #: None: every document in the registry (yrelay/listing.py).
     docs: tuple[str, ...] | None = None
     docs_per_partition: int = DEFAULT_DOCS_PER_PARTITION
     #: entries: also ship the Yjs update bytes (column ``update``).

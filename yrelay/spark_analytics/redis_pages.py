@@ -1,7 +1,7 @@
 """Paging through yrelay's Redis keys with a sync client, a bounded reply at a time.
 
 Three keys are walked, each in its own order: the document registry by id
-(ZRANGE BYLEX, exclusive start after the last id seen), a document's stream by
+(ZRANGE BYLEX in each bucket, merged; exclusive start after the last id seen), a document's stream by
 entry id (XRANGE with COUNT, exclusive start ``(<last id>``), and a tracker by
 rank (ZRANGE WITHSCORES). None of the walks is a snapshot: an entry appended or
 a session acking during the walk may or may not be seen, as with SCAN.
@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import redis
 
-from ..keys import documents_key, stream_key, tracker_key
+from ..keys import stream_key, tracker_key
+from ..listing import BucketMerge
 from ..offsets import StreamId
 from ..replies import text
 
@@ -29,14 +30,16 @@ RawEntry = tuple[bytes, dict[bytes, bytes]]
 
 
 def registered_documents(client: redis.Redis, page: int = REGISTRY_PAGE) -> Iterator[str]:
-    """Every document of the registry (``yrelay:docs``), in id order."""
-    start = "-"
-    while True:
-        docs = [text(doc) for doc in client.zrange(documents_key(), start, "+", bylex=True, offset=0, num=page)]
-        yield from docs
-        if len(docs) < page:
-            return
-        start = f"({docs[-1]}"
+    """Every document of the registry (its buckets merged: yrelay/listing.py), in id order."""
+    merge = BucketMerge(page)
+    while not merge.done:
+        wanted = merge.wanted()
+        pipe = client.pipeline(transaction=False)
+        for _, key, start, end in wanted:
+            pipe.zrange(key, start, end, bylex=True, offset=0, num=page)
+        raw = pipe.execute() if wanted else []
+        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw)}):
+            yield from chunk
 
 
 def stream_pages(client: redis.Redis, doc: str, after: str = "-", page: int = STREAM_PAGE) -> Iterator[list[RawEntry]]:

@@ -4,7 +4,7 @@
 
     spark.read.format("yrelay").option("url", "redis://localhost:6379/0")
         .option("kind", "entries")          # or "tracker"
-        .option("docs", "a,b")              # default: every document in yrelay:docs
+        .option("docs", "a,b")              # default: every registered document
         .option("docsPerPartition", "100")
         .load()
 
