@@ -59,6 +59,19 @@ def redis_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisPro
         yield process
 
 
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["LocalCluster"]:
+    """A Redis Cluster (3 masters, a replica each) for a test module; its
+    tests flush it (tests/clusterutil.py)."""
+    from clusterutil import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def redis_url(redis_process: RedisProcess) -> str:
     redis.Redis.from_url(redis_process.url).flushall()

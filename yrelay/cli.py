@@ -25,7 +25,8 @@ from .app.context import open_event_log
 from .config import Settings
 from .eventlog import EventLog, NullEventLog
 from .gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
-from .keys import documents_key
+from .listing import fold_unbucketed, registry_counts
+from .redis_client import open_redis
 from .redis_server import RedisProcess
 from .supervisor import Supervisor, reuse_port_socket
 
@@ -47,6 +48,9 @@ def serve(
         None, envvar="YRELAY_REDIS_URL", help="Redis to use. Without it an embedded redis-server is started."
     ),
     data_dir: Optional[Path] = typer.Option(None, envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF; default: data)."),
+    redis_cluster: bool = typer.Option(
+        False, "--redis-cluster", help="--redis-url is one seed node of a Redis Cluster (default: YRELAY_REDIS_CLUSTER)."
+    ),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", envvar="YRELAY_LOG_FORMAT", help="text or json (one object a line)."),
     verify_digests: bool = typer.Option(
@@ -71,11 +75,14 @@ def serve(
     try:
         settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
                                      verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
-                                     auth_hook=auth_hook, workers=workers)
+                                     auth_hook=auth_hook, workers=workers, redis_cluster=redis_cluster or None)
     except ValueError as exc:  # a bad YRELAY_* value: one line naming it, no traceback
         typer.echo(f"yrelay: {exc}", err=True)
         raise typer.Exit(2) from None
     if settings.redis_url is None:  # before anything is logged: the refusal is one line
+        if settings.redis_cluster:
+            typer.echo("yrelay: --redis-cluster needs --redis-url (a seed node of the cluster)", err=True)
+            raise typer.Exit(2)
         extras.require_redis_server("serve without --redis-url")
     try:
         authenticator = authenticator_for(settings)  # refuse before anything starts
@@ -108,7 +115,8 @@ def serve(
         if settings.worker_count() > 1 and not reuse_port:
             code = Supervisor(_worker_commands(settings, log_level, log_format, verify_digests, insecure_no_auth,
                                                auth_hook),
-                              {**os.environ, "YRELAY_REDIS_URL": url}).run()
+                              {**os.environ, "YRELAY_REDIS_URL": url,
+                               **({"YRELAY_REDIS_CLUSTER": "1"} if settings.redis_cluster else {})}).run()
             if code:
                 raise typer.Exit(code)
             return
@@ -178,6 +186,8 @@ def gc(
     dry_run: bool = typer.Option(False, "--dry-run", help="Report what would be folded, trimmed and evicted; change nothing."),
     redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis to collect. Default: the embedded one of `yrelay serve`."),
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
+    redis_cluster: bool = typer.Option(False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER",
+                                       help="--redis-url is one seed node of a Redis Cluster."),
     batch_size: int = typer.Option(500, min=1, help="Documents per round trip."),
     rows: int = typer.Option(20, min=0, help="Documents listed in the table (those with most work)."),
 ) -> None:
@@ -190,7 +200,8 @@ def gc(
     policy = GcPolicy.from_settings(settings)
     events = open_event_log(replace(settings, data_dir=data_dir)) if not dry_run else NullEventLog()
     try:
-        summary = asyncio.run(_gc(_redis_url(redis_url, data_dir), docs or None, policy, dry_run, batch_size, events))
+        summary = asyncio.run(_gc(_redis_url(redis_url, data_dir), redis_cluster, docs or None, policy, dry_run,
+                                  batch_size, events))
     finally:
         events.stop()
     _print_summary(summary, dry_run, rows)
@@ -199,11 +210,14 @@ def gc(
 
 
 async def _gc(
-    url: str, docs: list[str] | None, policy: GcPolicy, dry_run: bool, batch_size: int, events: EventLog
+    url: str, cluster: bool, docs: list[str] | None, policy: GcPolicy, dry_run: bool, batch_size: int,
+    events: EventLog,
 ) -> PassSummary:
-    redis = Redis.from_url(url)
+    redis = open_redis(url, cluster)
     try:
-        total = len(docs) if docs is not None else await redis.zcard(documents_key())
+        if not dry_run:
+            await fold_unbucketed(redis)
+        total = len(docs) if docs is not None else (await registry_counts(redis))[0]
         with Progress(transient=True) as progress:
             task = progress.add_task("dry run" if dry_run else "collecting", total=total)
             return await collect_documents(

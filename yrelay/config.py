@@ -23,6 +23,8 @@ class Settings:
 
     #: ``None`` starts an embedded redis-server under ``data_dir``.
     redis_url: str | None = None
+    #: ``redis_url`` is one seed node of a Redis Cluster (docs/operations.md#redis-cluster).
+    redis_cluster: bool = False
     data_dir: Path = field(default_factory=lambda: Path("data"))
     host: str = "127.0.0.1"
     port: int = 8000

@@ -153,6 +153,14 @@ def bucket_documents_key(bucket: int) -> str:
     return f"{PREFIX}:{{bucket:{bucket:02d}}}:docs"
 
 
+def bucket_changes_key(bucket: int) -> str:
+    """Stream (capped): on a Redis Cluster only, one entry per append batch
+    naming the documents of this bucket it appended to (field ``d``,
+    newline-separated): what wakes the fan-out there
+    (yrelay/app/fanout_cluster.py)."""
+    return f"{PREFIX}:{{bucket:{bucket:02d}}}:changes"
+
+
 def gc_due_key() -> str:
     """The GC due set before it was split into buckets (layout 2 and older):
     read only to fold it into the buckets (yrelay/listing.py)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,10 +59,14 @@ class _Item:
 
 
 class Appender:
-    def __init__(self, store: DocumentStore, replicas: ReplicaWait | None = None):
+    def __init__(self, store: DocumentStore, replicas: ReplicaWait | None = None,
+                 announce: Callable[[list[str]], Coroutine[Any, Any, None]] | None = None):
         self.store = store
         #: ``ack_replicas``: each batch ends with a WAIT (:mod:`.replicas`).
         self.replicas = replicas
+        #: Told of each batch's documents once it is stored (the cluster
+        #: fan-out's wake-up: :mod:`.fanout_cluster`).
+        self.announce = announce
         self._pending: list[_Item] = []
         self._wake = asyncio.Event()
         self._loop = BackgroundTask("yrelay-appender", self._run)
@@ -111,28 +115,31 @@ class Appender:
                     args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
                     await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
                 mark_changed(pipe, list(by_doc))
-                if self.replicas is not None:
-                    self.replicas.queue(pipe)  # on this connection, after its writes
+                waits = 0
+                if self.replicas is not None:  # on the connection(s) of the writes, after them
+                    waits = self.replicas.queue(pipe, [append_keys(doc)[0] for doc in by_doc])
                 results = await pipe.execute(raise_on_error=False)
-            replicated = await self._replicated(list(by_doc), results)
+            replicated = await self._replicated(list(by_doc), results, waits)
         except Exception as exc:  # Redis unreachable: every caller gets the error
             log.warning("append batch failed: %s", exc)
             for item in batch:
                 _fail(item, exc)
             return
+        if self.announce is not None:
+            self._side_task(self.announce(list(by_doc)))
         for (doc, items), result in zip(by_doc.items(), results):
             if result == [b"stale"]:
                 self._side_task(self._catch_up_then_retry(doc, items))
             else:
                 self._resolve(doc, items, result, replicated)
 
-    async def _replicated(self, docs: list[str], results: list[Any]) -> bool:
+    async def _replicated(self, docs: list[str], results: list[Any], waits: int) -> bool:
         """Whether ``ack_replicas`` replicas hold every entry of the batch
-        (the WAIT's reply is the pipeline's last); a batch of resends only
-        wrote nothing, so it waits again behind a probe write."""
+        (the WAITs' replies are the pipeline's last ``waits``); a batch of
+        resends only wrote nothing, so it waits again behind a probe write."""
         if self.replicas is None:
             return True
-        if not self.replicas.enough(results[-1]):
+        if not self.replicas.enough(results[-waits:]):
             return False
         codes = {entry[1] for result in results[:len(docs)] if isinstance(result, list)
                  for entry in result if isinstance(entry, list) and len(entry) > 1}

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from functools import partial
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.commands.core import AsyncScript as Script
 
 from ..auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
@@ -25,6 +26,7 @@ from ..reconciliation.stream_digest import StreamDigests
 from ..keys import session_documents_key, session_of_documents_key
 from ..listing import fold_unbucketed
 from ..metrics import Metrics, NullMetrics
+from ..redis_client import open_redis
 from ..redis_server import check_durability
 from ..replies import text
 from ..scripts import NAMES as SCRIPT_NAMES
@@ -35,6 +37,7 @@ from .acks import SubscriptionRegistry
 from .appender import Appender
 from .engine_pool import EnginePool
 from .fanout import Fanout, Subscriber
+from .fanout_cluster import ClusterFanout, announce
 from .inflight import ByteBudget
 from .limits import Limits
 from .presence import Presence
@@ -115,10 +118,9 @@ class ServerContext:
         # A burst of connections needs more Redis calls at once than redis-py's
         # default pool (100 in redis-py 8) allows; wait for a connection
         # rather than fail the frame with "Too many connections".
-        redis = Redis.from_pool(BlockingConnectionPool.from_url(
-            redis_url, max_connections=REDIS_POOL_SIZE, timeout=10, socket_timeout=10, health_check_interval=30))
+        redis = open_redis(redis_url, settings.redis_cluster, pool_size=REDIS_POOL_SIZE, socket_timeout=10,
+                           health_check_interval=30)
         stack.push_async_callback(redis.aclose)
-        reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
         store = DocumentStore(redis)
         engine = EnginePool(settings.engine_workers, settings.engine_timeout)
         collector = Collector(redis, GcPolicy.from_settings(settings), events=events, fold=engine.fold)
@@ -130,9 +132,9 @@ class ServerContext:
             store=store,
             tracker=Tracker(redis, store.scripts),
             ack_writer=AckWriter(redis, on_evicted=subscriptions.session_evicted),
-            appender=Appender(store, ReplicaWait.from_settings(settings)),
-            fanout=Fanout(reader, store, subscriptions, block_ms=settings.block_ms, count=settings.page_size,
-                          max_bytes=settings.max_page_bytes),
+            appender=Appender(store, ReplicaWait.from_settings(settings),
+                              announce=partial(announce, redis) if settings.redis_cluster else None),
+            fanout=open_fanout(settings, redis_url, redis, store, subscriptions),
             subscriptions=subscriptions,
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,
@@ -140,6 +142,8 @@ class ServerContext:
                            lease=settings.gc_lease, on_pass=metrics.gc_pass),
             digests=StreamDigests(redis, store.scripts),
             events=events,
+            # Its pub/sub connection: in a cluster, to the seed node (classic
+            # pub/sub reaches every node: docs/architecture.md#redis-cluster).
             presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
                               timeout=settings.presence_timeout, process_id=process_name(),
                               max_clients=settings.max_presence_clients_per_document,
@@ -166,6 +170,17 @@ class ServerContext:
     async def close(self) -> None:
         """Stop every service and close every connection (idempotent)."""
         await self._stack.aclose()
+
+
+def open_fanout(settings: Settings, redis_url: str, redis: Redis, store: DocumentStore,
+                subscriptions: SubscriptionRegistry[Subscriber]) -> Fanout:
+    """The single-Redis fan-out (its own connection, blocking in XREAD), or
+    the cluster's (woken per bucket, on the shared client)."""
+    options = dict(block_ms=settings.block_ms, count=settings.page_size, max_bytes=settings.max_page_bytes)
+    if settings.redis_cluster:
+        return ClusterFanout(redis, store, subscriptions, **options)
+    reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
+    return Fanout(reader, store, subscriptions, **options)
 
 
 def announce_auth(settings: Settings, authenticator: Authenticator) -> None:

@@ -239,16 +239,20 @@ class Fanout:
             try:
                 reply = await self.store.redis.xread({stream_key(doc): str(cursor)}, count=self.count)
             except redis.exceptions.ResponseError as exc:
-                feed = self.feeds.get(doc)
-                if feed is None:
-                    continue
-                log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS,
-                          extra={"doc": doc})
-                feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
-                for subscriber in self.subscribers.of(doc):
-                    subscriber.document_failed(str(exc))
+                self._set_aside(doc, exc)
                 continue
             self._dispatch(reply or [])
+
+    def _set_aside(self, doc: str, exc: Exception) -> None:
+        """``doc``'s stream cannot be read: skip it for a while, tell its subscribers."""
+        feed = self.feeds.get(doc)
+        if feed is None:
+            return
+        log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS,
+                  extra={"doc": doc})
+        feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
+        for subscriber in self.subscribers.of(doc):
+            subscriber.document_failed(str(exc))
 
 
 def _bulk(value: bytes) -> bytes:

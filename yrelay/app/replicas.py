@@ -5,7 +5,7 @@ Redis's ``WAIT n timeout`` blocks until n replicas acknowledged every write
 *of the connection it is sent on*, so it rides at the end of the appender's
 pipeline, on the connection that carried the append scripts: one ``WAIT``
 per batch, whatever the batch holds. (In a Redis Cluster the batch is one
-pipeline per node, and each needs its own ``WAIT`` on that node's connection.)
+pipeline per node, and each gets its own ``WAIT`` on that node's connection.)
 
 A batch that wrote nothing (only resends answered from the dedup) is the
 one case the documented guarantee does not cover: ``WAIT`` promises the
@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 
 from ..config import Settings
 from ..keys import replication_probe_key
+from ..redis_client import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +60,24 @@ class ReplicaWait:
         """None when acks need no replica (``ack_replicas`` 0)."""
         return cls(settings.ack_replicas, settings.ack_replicas_timeout) if settings.ack_replicas > 0 else None
 
-    def queue(self, pipe) -> None:  # type: ignore[no-untyped-def]
-        """The ``WAIT`` at the end of a pipeline, after its writes."""
-        pipe.execute_command("WAIT", self.replicas, max(int(self.timeout * 1000), 1))
+    def queue(self, pipe, keys: list[str]) -> int:  # type: ignore[no-untyped-def]
+        """The ``WAIT`` at the end of a pipeline, after its writes to ``keys``;
+        the number of WAITs queued. In a cluster, one per node holding one
+        of ``keys``: it rides that node's connection, after that node's
+        writes (a command that a resharding sent to another node meanwhile
+        is not covered: docs/operations.md#redis-cluster)."""
+        args = ("WAIT", self.replicas, max(int(self.timeout * 1000), 1))
+        if not is_cluster(pipe):
+            pipe.execute_command(*args)
+            return 1
+        nodes = {node.name: node for node in map(pipe.cluster_client.get_node_from_key, keys)}
+        for node in nodes.values():
+            pipe.execute_command(*args, target_nodes=node)
+        return len(nodes)
 
-    def enough(self, reply: object) -> bool:
-        """Did the ``WAIT`` reply count enough replicas? (An error reply does not.)"""
-        return isinstance(reply, int) and reply >= self.replicas
+    def enough(self, replies: list[object]) -> bool:
+        """Did every ``WAIT`` reply count enough replicas? (An error reply does not.)"""
+        return all(isinstance(reply, int) and reply >= self.replicas for reply in replies)
 
     async def after_read_only(self, redis: Redis, doc: str) -> bool:
         """Write a probe of ``doc`` and wait for it on the same connection:
@@ -73,9 +85,9 @@ class ReplicaWait:
         try:
             async with redis.pipeline(transaction=False) as pipe:
                 pipe.set(replication_probe_key(doc), b"1", px=PROBE_TTL_MS)
-                self.queue(pipe)
-                _, reply = await pipe.execute()
+                self.queue(pipe, [replication_probe_key(doc)])
+                _, *replies = await pipe.execute()
         except Exception as exc:  # the entry is stored: the client resends either way
             log.warning("waiting for replicas after a resend failed: %s", exc)
             return False
-        return self.enough(reply)
+        return self.enough(replies)

@@ -26,14 +26,18 @@ class RedisUnreachable(ConnectionError):
 
 
 @contextlib.contextmanager
-def connected(url: str) -> Iterator[redis.Redis]:
-    """A checked (PINGed) sync client for ``url``, closed on exit.
+def connected(url: str, cluster: bool = False) -> Iterator[redis.Redis]:
+    """A checked (PINGed) sync client for ``url`` (a seed node of a Redis
+    Cluster with ``cluster``), closed on exit.
 
     Connection failures inside the block are re-raised as
     :class:`RedisUnreachable` without their chain of causes.
     """
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=REPLY_TIMEOUT)
+        kind = redis.RedisCluster if cluster else redis.Redis
+        client = kind.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=REPLY_TIMEOUT)
+    except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as error:
+        raise RedisUnreachable(f"cannot reach Redis at {redacted(url)}: {error}") from None
     except ValueError as error:
         raise SourceOptionError(f"option 'url' is not a Redis URL ({redacted(url)}): {error}") from None
     try:

@@ -48,6 +48,8 @@ class SourceOptions:
     #: tracker: at most this many stream entries are walked per document to
     #: count ``lag_entries`` (the cap of the /ops figures; a lower bound past it).
     lag_cap: int = COUNT_CAP
+    #: ``url`` is a seed node of a Redis Cluster (option ``cluster``).
+    cluster: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
@@ -59,6 +61,7 @@ class SourceOptions:
             docs_per_partition=_positive_int(options, "docsPerPartition", DEFAULT_DOCS_PER_PARTITION),
             with_updates=_boolean(options, "withUpdates"),
             lag_cap=_positive_int(options, "lagCap", COUNT_CAP),
+            cluster=_boolean(options, "cluster"),
         )
 
 

@@ -6,6 +6,7 @@
         .option("kind", "entries")          # or "tracker"
         .option("docs", "a,b")              # default: every registered document
         .option("docsPerPartition", "100")
+        .option("cluster", "true")          # url is a seed node of a Redis Cluster
         .load()
 
 Planning (listing the documents, cutting them into groups) runs once in a
@@ -77,7 +78,7 @@ class YrelayReader(DataSourceReader):
         Connects even when the documents are given, so an unreachable Redis is
         reported while planning, not as a failed task.
         """
-        with connected(self.source.url) as client:
+        with connected(self.source.url, self.source.cluster) as client:
             docs = list(self.source.docs if self.source.docs is not None else registered_documents(client))
         size = self.source.docs_per_partition
         return [DocumentGroup(tuple(docs[start:start + size])) for start in range(0, len(docs), size)] or [
@@ -88,7 +89,7 @@ class YrelayReader(DataSourceReader):
         docs = getattr(partition, "docs", None)
         if not docs:
             return
-        with connected(self.source.url) as client:
+        with connected(self.source.url, self.source.cluster) as client:
             yield from table_batches(client, self.source, docs)
 
 
@@ -117,7 +118,8 @@ def _registered(spark: SparkSession) -> bool:
         return False
 
 
-def redis_tables(spark: SparkSession, url: str, docs: list[str] | None = None) -> tuple[DataFrame, DataFrame]:
+def redis_tables(spark: SparkSession, url: str, docs: list[str] | None = None,
+                 cluster: bool = False) -> tuple[DataFrame, DataFrame]:
     """The (entries, tracker) DataFrames of yrelay's Redis at ``url``.
 
     ``docs``: those documents only (``[]`` reads none); None: every registered
@@ -125,8 +127,10 @@ def redis_tables(spark: SparkSession, url: str, docs: list[str] | None = None) -
     driver, so mistakes raise a plain Python error rather than a Spark one.
     """
     options = {"url": url} if docs is None else {"url": url, "docs": ",".join(docs)}
+    if cluster:
+        options["cluster"] = "true"
     SourceOptions.parse(options)
-    with connected(url):
+    with connected(url, cluster):
         pass
     register(spark)
     return _load(spark, options, Kind.ENTRIES), _load(spark, options, Kind.TRACKER)

@@ -1,0 +1,132 @@
+"""A real Redis Cluster on loopback for tests: 3 masters with a replica each,
+made of the same redis-server binary as the other fixtures (cluster mode),
+joined by ``redis-cli --cluster create``. Starts in a few seconds."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from yrelay.redis_server import RedisProcess, find_redis_server
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10,000) is free too."""
+    while True:
+        port = random.randrange(20_000, 55_000)
+        try:
+            for candidate in (port, port + 10_000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+
+
+def cluster_node(data_dir: Path) -> RedisProcess:
+    return RedisProcess(data_dir, cluster_port(), fsync="everysec", extra_config={
+        "cluster-enabled": "yes",
+        "cluster-config-file": str(data_dir / "nodes.conf"),
+        "cluster-node-timeout": "2000",
+        # A replica of a lost master may take over even if it lagged a while.
+        "cluster-replica-validity-factor": "0",
+    })
+
+
+@dataclass
+class LocalCluster:
+    """``masters`` masters, each with one replica, under ``data_dir``."""
+
+    data_dir: Path
+    masters: int = 3
+    nodes: list[RedisProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """A seed node's URL (what ``--redis-url`` gets with ``--redis-cluster``)."""
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 30.0) -> "LocalCluster":
+        self.nodes = [cluster_node(self.data_dir / f"node{i}").start() for i in range(2 * self.masters)]
+        cli = str(Path(find_redis_server()).with_name("redis-cli"))
+        subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                        "--cluster-replicas", "1", "--cluster-yes"],
+                       check=True, capture_output=True, timeout=timeout)
+        self.wait_healthy(timeout)
+        return self
+
+    def client(self, node: RedisProcess) -> redis.Redis:
+        return redis.Redis(port=node.port, socket_timeout=5)
+
+    def topology(self) -> dict[int, int | None]:
+        """master port -> the port of its replica (None when it has none), as
+        every node agrees on it; raises if the nodes disagree or the cluster
+        is not ok."""
+        views = []
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            with self.client(node) as client:
+                if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    raise RuntimeError(f"node {node.port} does not see the cluster ok")
+                views.append(parse_nodes(client.execute_command("CLUSTER NODES")))
+        if any(view != views[0] for view in views):
+            raise RuntimeError("nodes disagree on the topology")
+        return views[0]
+
+    def wait_healthy(self, timeout: float = 30.0) -> dict[int, int | None]:
+        """Wait until every live node sees the same topology, every master
+        has slots and a replica in sync (``master_link_status:up``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                topology = self.topology()
+                if len(topology) == self.masters and all(topology.values()) and self._replicas_linked(topology):
+                    return topology
+            except (RuntimeError, redis.RedisError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cluster did not become healthy")
+            time.sleep(0.1)
+
+    def _replicas_linked(self, topology: dict[int, int | None]) -> bool:
+        for replica in topology.values():
+            with redis.Redis(port=replica, socket_timeout=5) as client:
+                if client.info("replication").get("master_link_status") != "up":
+                    return False
+        return True
+
+    def node(self, port: int) -> RedisProcess:
+        return next(node for node in self.nodes if node.port == port)
+
+    def master_of_slot(self, slot: int) -> int:
+        with self.client(self.nodes[0]) as client:
+            for start, end, master, *_ in client.execute_command("CLUSTER SLOTS"):
+                if start <= slot <= end:
+                    return int(master[1])
+        raise LookupError(slot)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def parse_nodes(nodes: dict[str, dict]) -> dict[int, int | None]:
+    """CLUSTER NODES (as redis-py parses it) -> master port (of masters
+    with slots) -> replica port."""
+    ports = {info["node_id"]: int(address.rsplit(":", 1)[1]) for address, info in nodes.items()}
+    topology: dict[int, int | None] = {}
+    for info in nodes.values():
+        if "master" in info["flags"] and "fail" not in info["flags"] and info["slots"]:
+            topology.setdefault(ports[info["node_id"]], None)
+    for info in nodes.values():
+        master = ports.get(info["master_id"])
+        if "slave" in info["flags"] and "fail" not in info["flags"] and master in topology:
+            topology[master] = ports[info["node_id"]]
+    return topology

@@ -1,0 +1,161 @@
+"""yrelay on a real Redis Cluster (3 masters, a replica each, on loopback):
+documents on every master, two servers, sync, resend and resume, GC, ops,
+drift check, the Spark data source, a failover and a resharding during edits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import pytest
+import redis
+from redis.crc import key_slot
+
+from yrelay import crdt
+from yrelay.keys import snapshot_key, stream_key
+from yrelay.listing import all_documents
+from yrelay.redis_client import YrelayCluster
+from yrelay.redis_server import free_port
+from yrelay.store import DocumentStore
+from yrelay_tools.testing.checker import check_delivery
+
+from conftest import eventually, running_server
+
+TOKEN = "ops-token-for-cluster-tests"
+DOCS = [f"team/doc-{i:02d}" for i in range(12)]
+
+
+@pytest.fixture
+async def cluster_url(redis_cluster) -> str:
+    client = redis.RedisCluster.from_url(redis_cluster.url)
+    client.flushall()  # every master
+    client.close()
+    return redis_cluster.url
+
+
+@pytest.fixture
+async def cluster_client(cluster_url):
+    client = YrelayCluster.from_url(cluster_url)
+    yield client
+    await client.aclose()
+
+
+def cluster_server(url: str, port: int | None = None, **overrides: object):
+    return running_server(url, port, redis_cluster=True, ops_token=TOKEN, **overrides)
+
+
+def master_of(cluster, doc: str) -> int:
+    return cluster.master_of_slot(key_slot(stream_key(doc).encode()))
+
+
+async def test_two_servers_sync_documents_spread_over_every_master(redis_cluster, cluster_url, cluster_client,
+                                                                   make_client, caplog):
+    caplog.set_level(logging.WARNING)
+    assert len({master_of(redis_cluster, doc) for doc in DOCS}) == 3
+    async with cluster_server(cluster_url) as first, cluster_server(cluster_url) as second:
+        alice, bob = await make_client(first), await make_client(second)
+        docs_a = [await alice.subscribe(doc) for doc in DOCS]
+        docs_b = [await bob.subscribe(doc) for doc in DOCS]
+        for round_ in range(3):
+            for a, b in zip(docs_a, docs_b):
+                crdt.insert_text(a.ydoc, 0, f"a{round_} ")
+                crdt.insert_text(b.ydoc, 0, f"b{round_} ")
+        await alice.wait_idle(), await bob.wait_idle()
+        for a, b in zip(docs_a, docs_b):
+            await eventually(lambda a=a, b=b: a.text == b.text and len(a.text) == 18)
+        assert len(alice.acked) == len(bob.acked) == 3 * len(DOCS)
+        listed = [doc async for page in all_documents(cluster_client, 5) for doc in page]
+        assert listed == sorted(DOCS)
+    for doc in DOCS:  # every entry on its document's master
+        assert await cluster_client.xlen(stream_key(doc)) == 6
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_resend_and_resume_across_a_server_restart(cluster_url, make_client):
+    port = free_port()
+    async with cluster_server(cluster_url) as steady:
+        writer = await make_client(steady)
+        async with cluster_server(cluster_url, port) as moving:
+            mover = await make_client(moving)
+            shared, other = await mover.subscribe("shared"), await writer.subscribe("shared")
+            crdt.insert_text(shared.ydoc, 0, "one ")
+            await mover.wait_idle()
+        # the mover's server is gone: edits on both sides meanwhile
+        crdt.insert_text(shared.ydoc, 0, "two ")
+        crdt.insert_text(other.ydoc, 0, "three ")
+        await writer.wait_idle()
+        async with cluster_server(cluster_url, port):  # it comes back: the mover resumes and resends
+            await mover.wait_idle()
+            await eventually(lambda: shared.text == other.text and len(shared.text) == 14)
+    report = check_delivery({"mover": shared.ydoc, "writer": other.ydoc},
+                            [u.update for u in mover.acked + writer.acked])
+    assert report.acked_updates == 3
+
+
+async def test_gc_ops_and_drift_check(cluster_url, cluster_client, make_client, tmp_path):
+    async with cluster_server(cluster_url, gc_interval=0) as url:
+        client = await make_client(url)
+        docs = [await client.subscribe(doc) for doc in DOCS]
+        for i in range(10):
+            for doc in docs:
+                crdt.insert_text(doc.ydoc, 0, f"{i}")
+        await client.wait_idle()
+        base = url.replace("ws://", "http://").removesuffix("/ws")
+        async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as ops:
+            first = (await ops.get("/ops/docs", params={"limit": 5})).json()
+            rest = (await ops.get("/ops/docs", params={"limit": 50, "cursor": first["next_cursor"]})).json()
+            listed = [item["doc"] for item in first["documents"] + rest["documents"]]
+            assert listed == sorted(DOCS) and rest["next_cursor"] is None
+            one = (await ops.get(f"/ops/docs/{DOCS[3]}")).json()
+            assert one["stream_length"] == 10 and len(one["sessions"]) == 1
+            gc = await ops.post("/ops/gc", json={})
+            assert gc.status_code == 200, gc.text
+        texts = {doc.name: doc.text for doc in docs}
+    lengths = [await cluster_client.xlen(stream_key(doc)) for doc in DOCS]
+    assert max(lengths) < 10, lengths  # folded into snapshots and trimmed on every master
+    # a second server checks every digest at start-up (scans every master)
+    async with cluster_server(cluster_url, verify_digests=True) as url:
+        reader = await make_client(url)
+        for doc in DOCS:
+            assert (await reader.subscribe(doc)).text == texts[doc]
+
+
+async def test_yrelay_gc_command_on_the_cluster(cluster_url, cluster_client):
+    from typer.testing import CliRunner
+
+    from yrelay.cli import cli
+
+    await fill(cluster_url, entries=5)
+    assert [await cluster_client.xlen(stream_key(doc)) for doc in DOCS] == [5] * len(DOCS)
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["gc", "--redis-url", cluster_url, "--redis-cluster"])
+    assert result.exit_code == 0, result.output
+    assert f"GC of {len(DOCS)} documents" in result.output
+    # no session holds them back: folded and trimmed on every master
+    assert [await cluster_client.xlen(stream_key(doc)) for doc in DOCS] == [0] * len(DOCS)
+    assert all([await cluster_client.exists(snapshot_key(doc)) for doc in DOCS])
+
+
+def test_spark_data_source_reads_every_master(spark, cluster_url):
+    from yrelay.spark_analytics.redis_source import redis_tables
+
+    asyncio.run(fill(cluster_url, entries=3))
+    entries, _ = redis_tables(spark, cluster_url, cluster=True)
+    counts = {row["doc"]: row["count"] for row in entries.groupBy("doc").count().collect()}
+    assert counts == dict.fromkeys(DOCS, 3)
+
+
+async def fill(url: str, entries: int) -> None:
+    """``entries`` updates in each of :data:`DOCS`, appended with no session tracking them."""
+    client = YrelayCluster.from_url(url)
+    store = DocumentStore(client)
+    for doc in DOCS:
+        for clock in range(entries):
+            await store.append(doc, "filler", clock, crdt.encode_state(_doc_with(doc, clock)))
+    await client.aclose()
+
+
+def _doc_with(name: str, clock: int) -> crdt.Doc:
+    doc = crdt.new_doc(1000 + clock)
+    crdt.insert_text(doc, 0, f"{name}-{clock}")
+    return doc
