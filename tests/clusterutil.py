@@ -39,6 +39,19 @@ def cluster_node(data_dir: Path) -> RedisProcess:
     })
 
 
+def start_node(data_dir: Path, attempts: int = 5) -> RedisProcess:
+    """A started node, on another port when the one picked was taken meanwhile."""
+    for attempt in range(attempts):
+        node = cluster_node(data_dir)
+        try:
+            return node.start()
+        except RuntimeError:
+            node.stop()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 @dataclass
 class LocalCluster:
     """``masters`` masters, each with one replica, under ``data_dir``."""
@@ -53,7 +66,7 @@ class LocalCluster:
         return self.nodes[0].url
 
     def start(self, timeout: float = 30.0) -> "LocalCluster":
-        self.nodes = [cluster_node(self.data_dir / f"node{i}").start() for i in range(2 * self.masters)]
+        self.nodes = [start_node(self.data_dir / f"node{i}") for i in range(2 * self.masters)]
         cli = str(Path(find_redis_server()).with_name("redis-cli"))
         subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{node.port}" for node in self.nodes),
                         "--cluster-replicas", "1", "--cluster-yes"],
@@ -72,10 +85,13 @@ class LocalCluster:
         for node in self.nodes:
             if node.process is None:
                 continue
-            with self.client(node) as client:
-                if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
-                    raise RuntimeError(f"node {node.port} does not see the cluster ok")
-                views.append(parse_nodes(client.execute_command("CLUSTER NODES")))
+            try:
+                with self.client(node) as client:
+                    if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                        raise RuntimeError(f"node {node.port} does not see the cluster ok")
+                    views.append(parse_nodes(client.execute_command("CLUSTER NODES")))
+            except redis.ConnectionError as exc:
+                raise RuntimeError(f"node {node.port} unreachable ({exc}): {node.log_tail()}") from None
         if any(view != views[0] for view in views):
             raise RuntimeError("nodes disagree on the topology")
         return views[0]
@@ -111,6 +127,74 @@ class LocalCluster:
                 if start <= slot <= end:
                     return int(master[1])
         raise LookupError(slot)
+
+    def node_id(self, port: int) -> str:
+        with redis.Redis(port=port, socket_timeout=5) as client:
+            return client.execute_command("CLUSTER MYID").decode()
+
+    def failover(self, master: int, timeout: float = 30.0) -> int:
+        """``CLUSTER FAILOVER`` on ``master``'s replica (a coordinated
+        switch: the replica catches up, then takes the slots); returns the
+        new master's port once the cluster is healthy again."""
+        replica = self.topology()[master]
+        assert replica is not None
+        with redis.Redis(port=replica, socket_timeout=5) as client:
+            client.execute_command("CLUSTER FAILOVER")
+        deadline = time.monotonic() + timeout
+        while self.wait_healthy(timeout).get(replica) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{replica} did not take over from {master}")
+            time.sleep(0.1)
+        return replica
+
+    def kill_master(self, master: int, timeout: float = 30.0) -> int:
+        """SIGKILL ``master`` and wait until its replica took over (after
+        ``cluster-node-timeout``); returns the new master's port. Start the
+        killed node again with :meth:`restart` (from the main thread: a
+        node started from a worker thread gets SIGTERM when that thread
+        ends, by its parent-death signal)."""
+        replica = self.topology()[master]
+        assert replica is not None
+        self.node(master).kill()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with redis.Redis(port=replica, socket_timeout=5) as client:
+                    if client.execute_command("ROLE")[0] == b"master":
+                        break
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{replica} did not take over from {master}")
+            time.sleep(0.1)
+        return replica
+
+    def restart(self, port: int, timeout: float = 30.0) -> None:
+        """Start a killed node again (it rejoins as a replica); wait until healthy."""
+        self.node(port).start()
+        self.wait_healthy(timeout)
+
+    def migrate_slot(self, slot: int, target: int, timeout: float = 30.0) -> None:
+        """Move ``slot`` and its keys to master ``target`` as redis-cli's
+        resharding does: IMPORTING/MIGRATING, MIGRATE of the keys (all of a
+        slot's keys in one call when they fit: a script over them never sees
+        half of them moved), then the slot's new owner told to every node."""
+        source = self.master_of_slot(slot)
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with redis.Redis(port=source, socket_timeout=timeout) as src, \
+                redis.Redis(port=target, socket_timeout=timeout) as dst:
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000):
+                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, int(timeout * 1000), "KEYS", *keys)
+            for port in (target, source):
+                with redis.Redis(port=port, socket_timeout=5) as client:
+                    client.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+        deadline = time.monotonic() + timeout
+        while self.master_of_slot(slot) != target:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"slot {slot} not moved to {target}")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -155,6 +155,79 @@ async def fill(url: str, entries: int) -> None:
     await client.aclose()
 
 
+async def edit_while(clients_docs, during, *, pause: float = 0.01) -> None:
+    """Edit every document of every client in turn until ``during`` (an
+    awaitable: the fault) is done, then a little more."""
+    task = asyncio.ensure_future(during)
+    rounds = 0
+    while not task.done() or rounds < 20:
+        for client_docs in clients_docs:
+            for doc in client_docs:
+                crdt.insert_text(doc.ydoc, 0, f"[{rounds}]")
+        rounds += 1
+        await asyncio.sleep(pause)
+    await task
+
+
+async def assert_everything_acked_is_stored(cluster_url, clients, docs_of_clients) -> None:
+    """Every client converged, and every update any of them was told is
+    ``appended`` is in the document Redis holds now."""
+    for client in clients:
+        await client.wait_idle(timeout=60)
+    store_client = YrelayCluster.from_url(cluster_url)
+    store = DocumentStore(store_client)
+    try:
+        for index, doc in enumerate(DOCS):
+            replicas = {f"client-{n}": docs[index].ydoc for n, docs in enumerate(docs_of_clients)}
+            await eventually(lambda: len({crdt.text_of(r) for r in replicas.values()}) == 1, timeout=30)
+            stored, _ = await store.load_document(doc)
+            acked = [u.update for client in clients for u in client.acked if u.doc == doc]
+            check_delivery({**replicas, "redis": stored}, acked)
+    finally:
+        await store_client.aclose()
+
+
+def yrelay_errors(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("yrelay")]
+
+
+@pytest.mark.parametrize("fault", ["failover", "kill_master"])
+async def test_a_failover_during_edits_loses_no_acked_update(redis_cluster, cluster_url, make_client, caplog, fault):
+    """``CLUSTER FAILOVER`` (coordinated) or SIGKILL of the master (its
+    replica is elected after the node timeout): with ``ack_replicas=1``
+    every update a client was told is stored is still there."""
+    caplog.set_level(logging.WARNING)
+    master = master_of(redis_cluster, DOCS[0])
+    async with cluster_server(cluster_url, ack_replicas=1, ack_replicas_timeout=2.0) as first, \
+            cluster_server(cluster_url, ack_replicas=1, ack_replicas_timeout=2.0) as second:
+        alice, bob = await make_client(first), await make_client(second)
+        docs_a = [await alice.subscribe(doc) for doc in DOCS]
+        docs_b = [await bob.subscribe(doc) for doc in DOCS]
+        await edit_while([docs_a, docs_b], asyncio.to_thread(getattr(redis_cluster, fault), master))
+        assert master_of(redis_cluster, DOCS[0]) != master
+        if fault == "kill_master":
+            redis_cluster.restart(master)
+        await assert_everything_acked_is_stored(cluster_url, [alice, bob], [docs_a, docs_b])
+        assert alice.acked_total > 40 and bob.acked_total > 40
+    assert not yrelay_errors(caplog)
+
+
+async def test_a_slot_migrated_during_edits_reaches_no_client(redis_cluster, cluster_url, make_client, caplog):
+    caplog.set_level(logging.WARNING)
+    slot = key_slot(stream_key(DOCS[0]).encode())
+    target = next(port for port in redis_cluster.topology() if port != master_of(redis_cluster, DOCS[0]))
+    async with cluster_server(cluster_url) as first, cluster_server(cluster_url) as second:
+        alice, bob = await make_client(first), await make_client(second)
+        docs_a = [await alice.subscribe(doc) for doc in DOCS]
+        docs_b = [await bob.subscribe(doc) for doc in DOCS]
+        await edit_while([docs_a, docs_b], asyncio.to_thread(redis_cluster.migrate_slot, slot, target))
+        assert master_of(redis_cluster, DOCS[0]) == target
+        await assert_everything_acked_is_stored(cluster_url, [alice, bob], [docs_a, docs_b])
+        assert not alice.error_codes and not bob.error_codes
+    assert not yrelay_errors(caplog)
+    assert not [r for r in caplog.records if any(word in r.getMessage() for word in ("CROSSSLOT", "MOVED", "ASK "))]
+
+
 def _doc_with(name: str, clock: int) -> crdt.Doc:
     doc = crdt.new_doc(1000 + clock)
     crdt.insert_text(doc, 0, f"{name}-{clock}")

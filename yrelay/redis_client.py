@@ -28,10 +28,15 @@ from redis.asyncio.cluster import ClusterPipeline as _ClusterPipeline
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import AskError, ClusterDownError, NoScriptError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 #: Replies of a cluster in a failover or a resharding that redis-py did not
 #: get past: the command may succeed when sent again, it is no fault of the key.
 CLUSTER_TRANSIENT = (ClusterDownError, AskError, TryAgainError)
+#: A command's error that says nothing of its key: the node was unreachable
+#: (in a cluster pipeline one node's connection can fail alone).
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, *CLUSTER_TRANSIENT)
 
 
 def is_cluster(redis: object) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
+from ..redis_client import UNREACHABLE
 from ..replies import text
 from ..listing import mark_changed
 from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks
@@ -161,8 +162,9 @@ class Appender:
             self._queue(item)
 
     def _resolve(self, doc: str, items: list[_Item], result: object, replicated: bool = True) -> None:
-        if isinstance(result, Exception):
-            log.error("append to %s failed: %s", doc, result, extra={"doc": doc})
+        if isinstance(result, Exception):  # a node out of reach (failover) is no fault of the document
+            log.log(logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR,
+                    "append to %s failed: %s", doc, result, extra={"doc": doc})
             for item in items:
                 _fail(item, result)
             return

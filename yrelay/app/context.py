@@ -134,7 +134,7 @@ class ServerContext:
             ack_writer=AckWriter(redis, on_evicted=subscriptions.session_evicted),
             appender=Appender(store, ReplicaWait.from_settings(settings),
                               announce=partial(announce, redis) if settings.redis_cluster else None),
-            fanout=open_fanout(settings, redis_url, redis, store, subscriptions),
+            fanout=open_fanout(settings, redis_url, store, subscriptions),
             subscriptions=subscriptions,
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,
@@ -172,13 +172,15 @@ class ServerContext:
         await self._stack.aclose()
 
 
-def open_fanout(settings: Settings, redis_url: str, redis: Redis, store: DocumentStore,
+def open_fanout(settings: Settings, redis_url: str, store: DocumentStore,
                 subscriptions: SubscriptionRegistry[Subscriber]) -> Fanout:
     """The single-Redis fan-out (its own connection, blocking in XREAD), or
-    the cluster's (woken per bucket, on the shared client)."""
+    the cluster's (woken per bucket), on a client of its own: redis-py closes
+    every connection of a cluster client when one node fails, and the
+    appender's should not go down with the fan-out's blocked reads."""
     options = dict(block_ms=settings.block_ms, count=settings.page_size, max_bytes=settings.max_page_bytes)
     if settings.redis_cluster:
-        return ClusterFanout(redis, store, subscriptions, **options)
+        return ClusterFanout(open_redis(redis_url, True, socket_timeout=10), store, subscriptions, **options)
     reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
     return Fanout(reader, store, subscriptions, **options)
 

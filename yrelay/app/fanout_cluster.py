@@ -50,6 +50,12 @@ log = logging.getLogger(__name__)
 #: Entries a bucket's change stream keeps (approximately): a watcher that
 #: falls further behind has the sweep to catch it up.
 CHANGES_MAXLEN = 10_000
+#: What redis-py 8.1's cluster client raises when a node fails under
+#: concurrent commands: on a connection error it closes every connection of
+#: the client, and a command of another task then writes to a connection
+#: whose writer is gone (seen in tests/test_cluster.py's kill -9). Taken as
+#: a lost connection.
+REDIS_PY_RACE = (AttributeError,)
 #: The longest a wake-up read blocks (ms), whatever ``block_ms`` says: it
 #: must end well within the client's socket timeout.
 MAX_WATCH_BLOCK_MS = 5_000
@@ -86,11 +92,10 @@ class ClusterFanout(Fanout):
             watcher.start()
 
     async def stop(self) -> None:
-        """Stop the loop and the watchers; the client is the process's shared
-        one, closed by its owner."""
         for watcher in self._watchers:
             await watcher.stop()
         await self._loop.stop()
+        await self.reader.aclose()
 
     async def register(self, subscriber: Subscriber) -> StreamId:
         """As the single-Redis fan-out; the document is also read once right
@@ -125,10 +130,13 @@ class ClusterFanout(Fanout):
     async def _read_documents(self, docs: dict[str, StreamId]) -> list:
         """One ``XREAD`` per document in one pipeline (per node on the wire);
         a document Redis refuses to read is set aside, the others go on."""
-        async with self.reader.pipeline(transaction=False) as pipe:
-            for doc, cursor in docs.items():
-                xread_one(pipe, stream_key(doc), str(cursor), self.count)
-            replies = await pipe.execute(raise_on_error=False)
+        try:
+            async with self.reader.pipeline(transaction=False) as pipe:
+                for doc, cursor in docs.items():
+                    xread_one(pipe, stream_key(doc), str(cursor), self.count)
+                replies = await pipe.execute(raise_on_error=False)
+        except REDIS_PY_RACE as exc:
+            raise redis.exceptions.ConnectionError(f"connection reset during a failover ({exc!r})") from exc
         pairs: list = []
         for doc, reply in zip(docs, replies):
             if isinstance(reply, CLUSTER_TRANSIENT):  # failover, resharding: not the document's fault
@@ -154,8 +162,8 @@ class ClusterFanout(Fanout):
                 reconnect.succeeded()
             except asyncio.CancelledError:
                 raise
-            except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("fan-out wake-ups of bucket %d lost Redis (%s); retrying in %.1fs", bucket, exc,
+            except (redis.exceptions.RedisError, OSError, *REDIS_PY_RACE) as exc:
+                log.warning("fan-out wake-ups of bucket %d lost Redis (%r); retrying in %.1fs", bucket, exc,
                             reconnect.delay)
                 await reconnect.wait()
                 continue
