@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 
 import httpx
 import pytest
@@ -226,6 +228,47 @@ async def test_a_slot_migrated_during_edits_reaches_no_client(redis_cluster, clu
         assert not alice.error_codes and not bob.error_codes
     assert not yrelay_errors(caplog)
     assert not [r for r in caplog.records if any(word in r.getMessage() for word in ("CROSSSLOT", "MOVED", "ASK "))]
+
+
+async def test_presence_reaches_a_client_of_another_server(cluster_url, make_client):
+    """Classic pub/sub on a cluster: published on one node, heard on the seed."""
+    from test_client_presence import announce, raw_peer, state
+
+    from yrelay.awareness import AwarenessEntry
+
+    async with cluster_server(cluster_url) as first, cluster_server(cluster_url) as second:
+        client = await make_client(first)
+        doc = await client.subscribe("pad")
+        alice = await raw_peer(second)
+        await announce(alice, AwarenessEntry(11, 1, state("alice")))
+        await eventually(lambda: doc.awareness == {11: {"user": {"name": "alice"}}})
+        await alice.close()
+
+
+async def test_ack_replicas_waits_on_the_node_that_took_the_append(redis_cluster, cluster_url, make_client):
+    """One shard's replica stopped: its documents get ``replication_timeout``
+    (stored, not confirmed), the other shards' documents are ``appended``:
+    the WAIT ran on each node's own connection, after its writes."""
+    stalled_master = master_of(redis_cluster, DOCS[0])
+    replica = redis_cluster.node(redis_cluster.topology()[stalled_master])
+    stalled = [doc for doc in DOCS if master_of(redis_cluster, doc) == stalled_master]
+    healthy = [doc for doc in DOCS if doc not in stalled]
+    async with cluster_server(cluster_url, ack_replicas=1, ack_replicas_timeout=0.3) as url:
+        client = await make_client(url)
+        docs = {doc: await client.subscribe(doc) for doc in DOCS}
+        assert replica.process is not None
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        try:
+            for doc in DOCS:
+                crdt.insert_text(docs[doc].ydoc, 0, "x")
+            await eventually(lambda: {u.doc for u in client.acked} >= set(healthy))
+            await eventually(lambda: client.error_codes["replication_timeout"] >= len(stalled))
+            assert not {u.doc for u in client.acked} & set(stalled)
+        finally:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        await client.wait_idle(timeout=30)  # resent until the replica confirms
+        assert {u.doc for u in client.acked} == set(DOCS)
+    redis_cluster.wait_healthy()
 
 
 def _doc_with(name: str, clock: int) -> crdt.Doc:

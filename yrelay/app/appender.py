@@ -116,11 +116,11 @@ class Appender:
                     args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
                     await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
                 mark_changed(pipe, list(by_doc))
-                waits = 0
+                wait_of: dict[str, int] = {}
                 if self.replicas is not None:  # on the connection(s) of the writes, after them
-                    waits = self.replicas.queue(pipe, [append_keys(doc)[0] for doc in by_doc])
+                    wait_of = self.replicas.queue(pipe, {doc: append_keys(doc)[0] for doc in by_doc})
                 results = await pipe.execute(raise_on_error=False)
-            replicated = await self._replicated(list(by_doc), results, waits)
+            unconfirmed = await self._unconfirmed(list(by_doc), results, wait_of)
         except Exception as exc:  # Redis unreachable: every caller gets the error
             log.warning("append batch failed: %s", exc)
             for item in batch:
@@ -132,21 +132,31 @@ class Appender:
             if result == [b"stale"]:
                 self._side_task(self._catch_up_then_retry(doc, items))
             else:
-                self._resolve(doc, items, result, replicated)
+                self._resolve(doc, items, result, doc not in unconfirmed)
 
-    async def _replicated(self, docs: list[str], results: list[Any], waits: int) -> bool:
-        """Whether ``ack_replicas`` replicas hold every entry of the batch
-        (the WAITs' replies are the pipeline's last ``waits``); a batch of
-        resends only wrote nothing, so it waits again behind a probe write."""
+    async def _unconfirmed(self, docs: list[str], results: list[Any], wait_of: dict[str, int]) -> set[str]:
+        """The documents whose entries ``ack_replicas`` replicas did not
+        confirm. Each document's WAIT is the one of its node (``wait_of``:
+        its index among the pipeline's last replies; one WAIT on one Redis):
+        a slow replica of one shard holds back that shard's documents only.
+        A WAIT whose documents were all resends answered from the dedup
+        covered no write of theirs, so it waits again behind a probe write."""
         if self.replicas is None:
-            return True
-        if not self.replicas.enough(results[-waits:]):
-            return False
-        codes = {entry[1] for result in results[:len(docs)] if isinstance(result, list)
-                 for entry in result if isinstance(entry, list) and len(entry) > 1}
-        if 1 in codes and 0 not in codes:
-            return await self.replicas.after_read_only(self.store.redis, docs[0])
-        return True
+            return set()
+        waits = max(wait_of.values()) + 1
+        replies = results[-waits:]
+        groups: dict[int, list[str]] = defaultdict(list)
+        for doc in docs:
+            groups[wait_of[doc]].append(doc)
+        unconfirmed: set[str] = set()
+        for index, members in groups.items():
+            codes = {entry[1] for doc, result in zip(docs, results) if doc in members and isinstance(result, list)
+                     for entry in result if isinstance(entry, list) and len(entry) > 1}
+            if not self.replicas.enough([replies[index]]) or (
+                    1 in codes and 0 not in codes
+                    and not await self.replicas.after_read_only(self.store.redis, members[0])):
+                unconfirmed.update(members)
+        return unconfirmed
 
     async def _catch_up_then_retry(self, doc: str, items: list[_Item]) -> None:
         """The document holds entries its clocks do not account for yet

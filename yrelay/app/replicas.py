@@ -60,20 +60,23 @@ class ReplicaWait:
         """None when acks need no replica (``ack_replicas`` 0)."""
         return cls(settings.ack_replicas, settings.ack_replicas_timeout) if settings.ack_replicas > 0 else None
 
-    def queue(self, pipe, keys: list[str]) -> int:  # type: ignore[no-untyped-def]
-        """The ``WAIT`` at the end of a pipeline, after its writes to ``keys``;
-        the number of WAITs queued. In a cluster, one per node holding one
+    def queue(self, pipe, keys: dict[str, str]) -> dict[str, int]:  # type: ignore[no-untyped-def]
+        """The ``WAIT`` at the end of a pipeline, after its writes to
+        ``keys`` (name -> a key written); name -> the index of the WAIT that
+        covers it among those queued. In a cluster, one per node holding one
         of ``keys``: it rides that node's connection, after that node's
         writes (a command that a resharding sent to another node meanwhile
         is not covered: docs/operations.md#redis-cluster)."""
         args = ("WAIT", self.replicas, max(int(self.timeout * 1000), 1))
         if not is_cluster(pipe):
             pipe.execute_command(*args)
-            return 1
-        nodes = {node.name: node for node in map(pipe.cluster_client.get_node_from_key, keys)}
-        for node in nodes.values():
+            return dict.fromkeys(keys, 0)
+        nodes = {name: pipe.cluster_client.get_node_from_key(key) for name, key in keys.items()}
+        distinct = list({node.name: node for node in nodes.values()}.values())
+        for node in distinct:
             pipe.execute_command(*args, target_nodes=node)
-        return len(nodes)
+        index = {node.name: i for i, node in enumerate(distinct)}
+        return {name: index[node.name] for name, node in nodes.items()}
 
     def enough(self, replies: list[object]) -> bool:
         """Did every ``WAIT`` reply count enough replicas? (An error reply does not.)"""
@@ -85,7 +88,7 @@ class ReplicaWait:
         try:
             async with redis.pipeline(transaction=False) as pipe:
                 pipe.set(replication_probe_key(doc), b"1", px=PROBE_TTL_MS)
-                self.queue(pipe, [replication_probe_key(doc)])
+                self.queue(pipe, {doc: replication_probe_key(doc)})
                 _, *replies = await pipe.execute()
         except Exception as exc:  # the entry is stored: the client resends either way
             log.warning("waiting for replicas after a resend failed: %s", exc)
