@@ -117,6 +117,56 @@ async def test_a_stale_members_ack_is_refused_after_a_takeover(redis_client, sto
     await b.stop()
 
 
+async def steady_edits(store: DocumentStore, docs: list[str], appended: list[tuple[str, str]],
+                       stop: asyncio.Event) -> None:
+    """One small entry at a time, round robin, until ``stop`` is set (not
+    cancelled: redis-py can swallow a cancel, and the loop would run on)."""
+    clock = 0
+    while not stop.is_set():
+        doc = docs[clock % len(docs)]
+        entry_id, _ = await store.append(doc, "steady", clock, b"consumers do not parse updates")
+        appended.append((doc, str(entry_id)))
+        clock += 1
+        await asyncio.sleep(0.002)
+
+
+@pytest.mark.parametrize("handover", [None, 0.0], ids=["two-step", "at-once"])
+async def test_a_fourth_member_joining_under_steady_edits_causes_no_duplicates(redis_client, store, handover):
+    """A rebalance among live members hands each moving document over in two
+    steps: 0 duplicates, 0 missed. ``handover=0`` (move at once, as before
+    the two-step handover) shows the test can fail: its duplicates are counted."""
+    docs = [f"doc-{i:02d}" for i in range(24)]
+    await write(store, docs, 1)
+    processed: Counter = Counter()
+    options = {"ack_delay": LEASE / 2, "handover": handover}  # acks come later than a beat
+    workers = [await Worker(redis_client, f"m{i}", processed, **options).start() for i in range(3)]
+    appended: list[tuple[str, str]] = []
+    stop = asyncio.Event()
+    writer = asyncio.create_task(steady_edits(store, docs, appended, stop))
+    try:
+        await eventually(lambda: sorted(len(w.group.documents) for w in workers) == [8, 8, 8], timeout=10)
+        await asyncio.sleep(LEASE)
+        workers.append(await Worker(redis_client, "m3", processed, **options).start())
+        await eventually(lambda: sorted(len(w.group.documents) for w in workers) == [6, 6, 6, 6],
+                         timeout=4 * LEASE + 5)
+        await asyncio.sleep(LEASE)
+        stop.set()
+        await writer
+        await eventually(lambda: set(appended) <= set(processed), timeout=15)
+    finally:
+        stop.set()
+        for worker in workers:
+            await worker.stop()
+    duplicates = sum(count - 1 for count in processed.values())
+    refused = sum(1 for w in workers for result in w.acks if result is not AckResult.ACKED)
+    print(f"\nhandover={handover}: {len(appended)} entries, {duplicates} duplicates, {refused} refused acks")
+    if handover == 0.0:
+        assert duplicates > 0 and refused > 0  # what the two-step handover removes
+    else:
+        assert duplicates == 0 and refused == 0
+        assert int(await redis_client.hget("yrelay:group:{idx}:meta", "handovers")) >= 6
+
+
 async def test_new_documents_are_picked_up(redis_client, store):
     await write(store, ["old"], 1)
     processed: Counter = Counter()

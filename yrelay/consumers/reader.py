@@ -8,7 +8,9 @@ are claimed first (:mod:`yrelay.consumers.progress`): read from the group's
 last ack, or from the snapshot when the group has none. After each read the
 trim marks of the documents read are checked in one round trip: a stream
 trimmed past a cursor (GC evicted the group) is never read across silently,
-the document starts again from its snapshot.
+the document starts again from its snapshot. A document being handed
+over (:mod:`yrelay.consumers.handover`) is read no more; it is released
+once every batch handed out of it was acked.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import redis.exceptions
@@ -25,7 +27,7 @@ from redis.asyncio import Redis
 from ..backoff import Reconnect
 from ..events import EventSink
 from ..keys import meta_key, stream_key
-from ..offsets import StreamId
+from ..offsets import MAX_SEQ, StreamId
 from ..replies import stream_id, text
 from ..store import DocumentStore, to_entry
 from .batch import Batch
@@ -41,6 +43,11 @@ def _doc_of_stream(key: bytes | str) -> str:
     return name[len(_STREAM_PREFIX):-len(_STREAM_SUFFIX)]
 
 
+def _before(entry_id: StreamId) -> StreamId:
+    """The greatest id below ``entry_id``: XREAD from it reads ``entry_id`` again."""
+    return StreamId(entry_id.ms, entry_id.seq - 1) if entry_id.seq else StreamId(entry_id.ms - 1, MAX_SEQ)
+
+
 @dataclass
 class Held:
     """One document this member holds."""
@@ -54,11 +61,15 @@ class Held:
     acked: StreamId | None = None
     #: (first id, last id, entries) of batches handed out and not acked yet.
     unacked: deque[tuple[StreamId, StreamId, int]] = field(default_factory=deque)
+    #: The leader is handing the document to another member: read no more,
+    #: release it once ``unacked`` is empty.
+    releasing: bool = False
 
 
 class Reader:
     def __init__(self, redis: Redis, progress: Progress, events: EventSink, *, member: str,
-                 batch_size: int, block_ms: int, valid: Callable[[], bool]):
+                 batch_size: int, block_ms: int, valid: Callable[[], bool],
+                 release: Callable[[str, str, int], Awaitable[bool]]):
         self.redis = redis
         self.progress = progress
         self.events = events
@@ -67,6 +78,7 @@ class Reader:
         self.batch_size = batch_size
         self.block_ms = block_ms
         self.valid = valid
+        self.release = release
         self.held: dict[str, Held] = {}
         self._changed = asyncio.Event()
         #: Batches handed out again after a restart from the snapshot, acks refused.
@@ -74,14 +86,34 @@ class Reader:
 
     # ------------------------------------------------ the assignment's side
 
-    def assign(self, mine: dict[str, int]) -> None:
-        """The documents (-> version) this member holds from now on."""
+    def assign(self, mine: dict[str, int], releasing: set[str] | frozenset[str] = frozenset()) -> None:
+        """The documents (-> version) this member holds from now on, and
+        those of them it is to release."""
         for doc in [doc for doc in self.held if doc not in mine]:
             del self.held[doc]
         for doc, version in mine.items():
             if doc not in self.held or self.held[doc].version != version:
                 self.held[doc] = Held(version)
+            self.held[doc].releasing = doc in releasing
         self._changed.set()
+
+    async def release_finished(self) -> None:
+        """Release every document being handed over that has nothing unacked."""
+        for doc, held in list(self.held.items()):
+            await self._release_if_finished(doc, held)
+
+    async def _release_if_finished(self, doc: str, held: Held) -> None:
+        if not held.releasing or held.unacked or self.held.get(doc) is not held:
+            return
+        del self.held[doc]  # read no more, whatever the answer (the next assignment read tells)
+        try:
+            released = await self.release(doc, self.member, held.version)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("consumer group %s: could not release %s (%s); the leader moves it at the deadline",
+                        self.progress.group, doc, exc)
+            return
+        if released:
+            self.events.emit("consumer_handover", doc, group=self.progress.group, member=self.member)
 
     def lag(self) -> tuple[int, int]:
         """(entries handed out and not acked, the time of the oldest of
@@ -100,6 +132,7 @@ class Reader:
             held.acked = max(held.acked or batch.offset, batch.offset)  # type: ignore[union-attr]
             while held.unacked and held.unacked[0][1] <= batch.offset:  # type: ignore[union-attr]
                 held.unacked.popleft()  # type: ignore[union-attr]
+            await self._release_if_finished(batch.doc, held)  # type: ignore[arg-type]
         elif result is not AckResult.ACKED:
             self.refused += 1
             self.events.emit("consumer_refused", batch.doc, group=self.progress.group, member=self.member,
@@ -131,8 +164,18 @@ class Reader:
                     self.held.clear()
                     break
                 held = self.held.get(batch.doc)
-                if held is not None and held.version == batch.version:  # else moved away meanwhile
+                if held is not None and held.version == batch.version and held.releasing:
+                    await self._drop(batch, held)  # read before the handover was seen: not handed out
+                elif held is not None and held.version == batch.version:  # else moved away meanwhile
                     yield batch
+
+    async def _drop(self, batch: Batch, held: Held) -> None:
+        """Forget a batch read and not handed out (the document is being
+        handed over); the document's next owner reads it."""
+        if held.unacked and held.unacked[-1][1] == batch.offset:
+            first, _, _ = held.unacked.pop()
+            held.cursor = _before(first)  # read it again should the handover be cancelled
+        await self._release_if_finished(batch.doc, held)
 
     async def _step(self) -> list[Batch]:
         """Claim the documents new to us (their snapshot batches, if any),
@@ -140,12 +183,14 @@ class Reader:
         if not self.valid():  # our lease lapsed (a pause, Redis unreachable): hold nothing
             self.held.clear()
         starts = []
+        await self.release_finished()  # those handed over before they were claimed
         for doc, held in list(self.held.items()):
             if held.cursor is None and (batch := await self._start(doc, held)) is not None:
                 starts.append(batch)
         if starts:
             return starts
-        cursors = {doc: held.cursor for doc, held in self.held.items() if held.cursor is not None}
+        cursors = {doc: held.cursor for doc, held in self.held.items()
+                   if held.cursor is not None and not held.releasing}
         if cursors:
             return await self._read(cursors)
         self._changed.clear()
