@@ -165,7 +165,16 @@ class ConsumerGroup:
 
     async def _report_lag(self) -> None:
         entries, oldest_ms = self.reader.lag()
-        await self.redis.hset(group_meta_key(self.name), f"lag:{self.member}", f"{oldest_ms}|{entries}")
+        redelivered, self.reader.unreported_redelivered = self.reader.unreported_redelivered, 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(group_meta_key(self.name), f"lag:{self.member}", f"{oldest_ms}|{entries}")
+            if redelivered:
+                pipe.hincrby(group_meta_key(self.name), "redelivered", redelivered)
+            try:
+                await pipe.execute()
+            except BaseException:
+                self.reader.unreported_redelivered += redelivered  # the next beat reports them
+                raise
 
     async def _beat_loop(self) -> None:
         while True:

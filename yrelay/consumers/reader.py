@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from ..backoff import Reconnect
 from ..events import EventSink
-from ..keys import meta_key, stream_key
+from ..keys import stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..replies import stream_id, text
 from ..store import DocumentStore, to_entry
@@ -64,6 +64,9 @@ class Held:
     #: The leader is handing the document to another member: read no more,
     #: release it once ``unacked`` is empty.
     releasing: bool = False
+    #: After a takeover: entries up to here were read by the previous owner
+    #: and not acked; reading them again counts as redelivery.
+    redeliver_through: StreamId | None = None
 
 
 class Reader:
@@ -81,8 +84,12 @@ class Reader:
         self.release = release
         self.held: dict[str, Held] = {}
         self._changed = asyncio.Event()
-        #: Batches handed out again after a restart from the snapshot, acks refused.
+        #: Acks refused (stale or evicted).
         self.refused = 0
+        #: Entries read again that a previous owner had read and not acked
+        #: (since start; ``unreported_redelivered`` not yet in the group's meta).
+        self.redelivered = 0
+        self.unreported_redelivered = 0
 
     # ------------------------------------------------ the assignment's side
 
@@ -107,6 +114,9 @@ class Reader:
             return
         del self.held[doc]  # read no more, whatever the answer (the next assignment read tells)
         try:
+            async with self.redis.pipeline(transaction=False) as pipe:  # all read was acked (or dropped)
+                await self.progress.reset_read(pipe, doc, held.version, held.acked)
+                await pipe.execute()
             released = await self.release(doc, self.member, held.version)
         except (redis.exceptions.RedisError, OSError) as exc:
             log.warning("consumer group %s: could not release %s (%s); the leader moves it at the deadline",
@@ -209,6 +219,7 @@ class Reader:
             return None
         if start.mode == "resume" and held.restart is None:
             held.cursor = held.acked = start.offset
+            held.redeliver_through = start.read_through
             return None
         snapshot = await self.store.load_snapshot(doc)
         held.cursor = snapshot.offset
@@ -226,22 +237,43 @@ class Reader:
                                        count=self.batch_size, block=self.block_ms)
         if not reply:
             return []
-        read = [(_doc_of_stream(key), entries) for key, entries in reply]
+        read = [(_doc_of_stream(key), entries) for key, entries in reply if entries]
+        versions = {doc: self.held[doc].version for doc, _ in read if doc in self.held}
+        read = [(doc, entries) for doc, entries in read if doc in versions]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for doc, _ in read:
-                pipe.hget(meta_key(doc), "trimmed_through")
+            for doc, entries in read:
+                await self.progress.mark_read(pipe, doc, versions[doc], stream_id(entries[-1][0]))
             marks = await pipe.execute()
         batches = []
-        for (doc, raw_entries), mark in zip(read, marks):
+        for (doc, raw_entries), (fence, mark) in zip(read, marks):
             held = self.held.get(doc)
-            if held is None or held.cursor != cursors[doc] or not raw_entries:
+            if held is None or held.cursor != cursors[doc] or held.version != versions[doc]:
                 continue  # taken from us, or restarted, while we read
-            trimmed = stream_id(mark)
+            if text(fence) == "stale":  # another member claimed it: hand nothing out
+                del self.held[doc]
+                continue
+            trimmed = stream_id(mark or None)
             if trimmed is not None and cursors[doc] < trimmed:
                 held.cursor, held.restart = None, "trimmed"
                 continue
             entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
             held.cursor = entries[-1].id
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
+            self._count_redelivered(doc, held, entries)
             batches.append(Batch(doc, entries, held.version, held.cursor, _ack=self.ack))
         return batches
+
+    def _count_redelivered(self, doc: str, held: Held, entries: list) -> None:
+        """Count the entries of a batch its document's previous owner had
+        read and not acked (the duplicates of a takeover)."""
+        through = held.redeliver_through
+        if through is None:
+            return
+        again = sum(1 for entry in entries if entry.id <= through)
+        if entries[-1].id >= through:
+            held.redeliver_through = None
+        if again:
+            self.redelivered += again
+            self.unreported_redelivered += again
+            self.events.emit("consumer_redelivered", doc, group=self.progress.group, member=self.member,
+                             entries=again)
