@@ -74,6 +74,8 @@ class ConsumerGroup:
         self._valid_until = 0.0
         self._rev = -1
         self._leads = False
+        #: An operator deleted the group; ``batches()`` has ended.
+        self.deleted = False
         self._heartbeat = BackgroundTask(f"yrelay-consumer-{self.name}", self._beat_loop)
 
     # ------------------------------------------------------------ lifecycle
@@ -143,6 +145,9 @@ class ConsumerGroup:
     async def _beat(self) -> None:
         sent = asyncio.get_running_loop().time()
         beat = await self.membership.beat()
+        if beat.deleted:
+            self._on_deleted()
+            return
         if beat.leads and not self._leads:
             self.events.emit("consumer_elected", group=self.name, member=self.member)
         self._leads = beat.leads
@@ -154,6 +159,15 @@ class ConsumerGroup:
         # the documents it held before it has seen they are no longer its own.
         self._valid_until = sent + self.lease
         await self._report_lag()
+
+    def _on_deleted(self) -> None:
+        """An operator deleted the group: hold nothing, end ``batches()``."""
+        if not self.deleted:
+            self.deleted = True
+            self._leads = False
+            self.reader.close()
+            log.warning("consumer group %s was deleted; member %s stops", self.name, self.member)
+            self.events.emit("consumer_deleted", group=self.name, member=self.member)
 
     async def _read_assignment(self, rev: int) -> None:
         assigned = await self.membership.assignment()
@@ -177,7 +191,7 @@ class ConsumerGroup:
                 raise
 
     async def _beat_loop(self) -> None:
-        while True:
+        while not self.deleted:
             await asyncio.sleep(self.interval)
             try:
                 await self._beat()

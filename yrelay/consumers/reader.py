@@ -84,6 +84,8 @@ class Reader:
         self.release = release
         self.held: dict[str, Held] = {}
         self._changed = asyncio.Event()
+        #: The group was deleted: ``batches()`` ends.
+        self.closed = False
         #: Acks refused (stale or evicted).
         self.refused = 0
         #: Entries read again that a previous owner had read and not acked
@@ -102,6 +104,12 @@ class Reader:
             if doc not in self.held or self.held[doc].version != version:
                 self.held[doc] = Held(version)
             self.held[doc].releasing = doc in releasing
+        self._changed.set()
+
+    def close(self) -> None:
+        """Hold nothing and end :meth:`batches` (the group was deleted)."""
+        self.closed = True
+        self.held.clear()
         self._changed.set()
 
     async def release_finished(self) -> None:
@@ -160,7 +168,7 @@ class Reader:
         end it: the loop waits (0.1 s doubling to 5 s) and reads on; past the
         lease the member holds nothing until its heartbeat is back."""
         reconnect = Reconnect()
-        while True:
+        while not self.closed:
             try:
                 ready = await self._step()
             except (redis.exceptions.RedisError, OSError) as exc:
