@@ -83,12 +83,15 @@ class Progress:
             args=[self.group, version, f"{offset.score():.0f}"])
         return AckResult(text(reply))
 
-    async def mark_read(self, pipe: Any, doc: str, version: int, through: StreamId) -> None:
-        """Queue on ``pipe`` (``consumer_read.lua``): this member, holding
-        ``doc`` with ``version``, read through ``through``; answers
-        ``[fence, trim mark]``: ``stale`` when another member claimed it since."""
+    async def mark_read(self, pipe: Any, doc: str, version: int, through: StreamId | None = None) -> None:
+        """Queue on ``pipe`` (``consumer_read.lua``): is this member, holding
+        ``doc`` with ``version``, still its claimer? Answers ``[fence, trim
+        mark, newest id]``, ``stale`` when another member claimed it since.
+        With ``through``: also record that the application is given the
+        entries up to there."""
+        mark = "" if through is None else f"{through.score():.0f}"
         await self.scripts.consumer_read(keys=[group_leases_key(doc), meta_key(doc)],
-                                   args=[self.group, version, f"{through.score():.0f}"], client=pipe)
+                                         args=[self.group, version, mark], client=pipe)
 
     async def reset_read(self, pipe: Any, doc: str, version: int, acked: StreamId | None) -> None:
         """Queue on ``pipe``: all this member read of ``doc`` was acked or

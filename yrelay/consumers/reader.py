@@ -43,6 +43,14 @@ def _doc_of_stream(key: bytes | str) -> str:
     return name[len(_STREAM_PREFIX):-len(_STREAM_SUFFIX)]
 
 
+#: Hand-outs are recorded (``<group>:out``) this many batches at a time, in
+#: one round trip before the first of them is handed out: a takeover's
+#: redelivery count is high by at most this many batches minus one (read,
+#: recorded, not handed out yet). 1: exact, for one round trip per batch
+#: (a batch holds up to ``batch_size`` entries; an ack costs one too).
+MARK_AHEAD = 1
+
+
 def _before(entry_id: StreamId) -> StreamId:
     """The greatest id below ``entry_id``: XREAD from it reads ``entry_id`` again."""
     return StreamId(entry_id.ms, entry_id.seq - 1) if entry_id.seq else StreamId(entry_id.ms - 1, MAX_SEQ)
@@ -67,6 +75,8 @@ class Held:
     #: After a takeover: entries up to here were read by the previous owner
     #: and not acked; reading them again counts as redelivery.
     redeliver_through: StreamId | None = None
+    #: The document's newest entry, as of our last read (for the lag in ``consumer_ack``).
+    head: StreamId | None = None
 
 
 class Reader:
@@ -86,6 +96,10 @@ class Reader:
         self._changed = asyncio.Event()
         #: The group was deleted: ``batches()`` ends.
         self.closed = False
+        #: Documents were assigned to us since the last claims: claim them
+        #: before handing out more of what was read (a takeover waits for
+        #: one batch of the application, not for all the batches read).
+        self._to_claim = False
         #: Acks refused (stale or evicted).
         self.refused = 0
         #: Entries read again that a previous owner had read and not acked
@@ -103,6 +117,7 @@ class Reader:
         for doc, version in mine.items():
             if doc not in self.held or self.held[doc].version != version:
                 self.held[doc] = Held(version)
+                self._to_claim = True
             self.held[doc].releasing = doc in releasing
         self._changed.set()
 
@@ -147,6 +162,9 @@ class Reader:
         held = self.held.get(batch.doc)
         mine = held is not None and held.version == batch.version
         if result is AckResult.ACKED and mine:
+            head = max(held.head or batch.offset, batch.offset)  # type: ignore[union-attr]
+            self.events.emit("consumer_ack", batch.doc, group=self.progress.group, member=self.member,
+                             offset=str(batch.offset), head=str(head), entries=len(batch.entries))
             held.acked = max(held.acked or batch.offset, batch.offset)  # type: ignore[union-attr]
             while held.unacked and held.unacked[0][1] <= batch.offset:  # type: ignore[union-attr]
                 held.unacked.popleft()  # type: ignore[union-attr]
@@ -177,7 +195,14 @@ class Reader:
                 await reconnect.wait()
                 continue
             reconnect.succeeded()
-            for batch in ready:
+            for index, batch in enumerate(ready):
+                if self._to_claim:  # claim the new documents first; these are read again after
+                    for rest in ready[index:]:
+                        if (held := self.held.get(rest.doc)) is not None and held.version == rest.version:
+                            self._unread(rest, held)
+                    break
+                if index % MARK_AHEAD == 0 and not await self._mark_handed_out(ready[index:index + MARK_AHEAD]):
+                    break  # Redis failed: read again (nothing was handed out of these)
                 if not self.valid():  # paused past our lease while reading: these may be another's now
                     self.held.clear()
                     break
@@ -187,12 +212,46 @@ class Reader:
                 elif held is not None and held.version == batch.version:  # else moved away meanwhile
                     yield batch
 
+    async def _mark_handed_out(self, batches: list[Batch]) -> bool:
+        """Before handing ``batches`` out: record per document how far its
+        application is given entries (a takeover counts what it reads again
+        up to there), and stop at once for documents another member claimed.
+        False when Redis failed (the documents read again from their cursor)."""
+        batches = [batch for batch in batches if (held := self.held.get(batch.doc)) is not None
+                   and held.version == batch.version and not held.releasing]  # the others are not handed out
+        if not batches:
+            return True
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for batch in batches:
+                    await self.progress.mark_read(pipe, batch.doc, batch.version, batch.offset)
+                replies = await pipe.execute()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("consumer group %s: read failed (%s)", self.progress.group, exc)
+            for batch in batches:
+                if (held := self.held.get(batch.doc)) is not None and held.version == batch.version:
+                    self._unread(batch, held)
+            return False
+        for batch, (fence, _, _) in zip(batches, replies):
+            held = self.held.get(batch.doc)
+            if text(fence) == "stale" and held is not None and held.version == batch.version:
+                del self.held[batch.doc]  # claimed by another since we read: hand nothing out
+        return True
+
+    def _unread(self, batch: Batch, held: Held) -> None:
+        """Forget a batch read and not handed out: it is read again (a
+        snapshot batch: the document is claimed again from its snapshot)."""
+        if held.unacked and held.unacked[-1][1] == batch.offset:
+            first, _, _ = held.unacked.pop()
+            if batch.entries:
+                held.cursor = _before(first)
+            else:
+                held.cursor, held.restart = None, batch.restart
+
     async def _drop(self, batch: Batch, held: Held) -> None:
         """Forget a batch read and not handed out (the document is being
         handed over); the document's next owner reads it."""
-        if held.unacked and held.unacked[-1][1] == batch.offset:
-            first, _, _ = held.unacked.pop()
-            held.cursor = _before(first)  # read it again should the handover be cancelled
+        self._unread(batch, held)  # read again should the handover be cancelled
         await self._release_if_finished(batch.doc, held)
 
     async def _step(self) -> list[Batch]:
@@ -202,6 +261,7 @@ class Reader:
             self.held.clear()
         starts = []
         await self.release_finished()  # those handed over before they were claimed
+        self._to_claim = False
         for doc, held in list(self.held.items()):
             if held.cursor is None and (batch := await self._start(doc, held)) is not None:
                 starts.append(batch)
@@ -250,10 +310,10 @@ class Reader:
         read = [(doc, entries) for doc, entries in read if doc in versions]
         async with self.redis.pipeline(transaction=False) as pipe:
             for doc, entries in read:
-                await self.progress.mark_read(pipe, doc, versions[doc], stream_id(entries[-1][0]))
+                await self.progress.mark_read(pipe, doc, versions[doc])
             marks = await pipe.execute()
         batches = []
-        for (doc, raw_entries), (fence, mark) in zip(read, marks):
+        for (doc, raw_entries), (fence, mark, head) in zip(read, marks):
             held = self.held.get(doc)
             if held is None or held.cursor != cursors[doc] or held.version != versions[doc]:
                 continue  # taken from us, or restarted, while we read
@@ -267,6 +327,7 @@ class Reader:
             entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
             held.cursor = entries[-1].id
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
+            held.head = max(stream_id(head or None) or held.cursor, held.cursor)
             self._count_redelivered(doc, held, entries)
             batches.append(Batch(doc, entries, held.version, held.cursor, _ack=self.ack))
         return batches
