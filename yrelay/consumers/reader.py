@@ -72,8 +72,8 @@ class Held:
     #: The leader is handing the document to another member: read no more,
     #: release it once ``unacked`` is empty.
     releasing: bool = False
-    #: After a takeover: entries up to here were read by the previous owner
-    #: and not acked; reading them again counts as redelivery.
+    #: After a takeover: entries up to here were handed out by the previous
+    #: owner and not acked; handing them out again counts as redelivery.
     redeliver_through: StreamId | None = None
     #: The document's newest entry, as of our last read (for the lag in ``consumer_ack``).
     head: StreamId | None = None
@@ -210,6 +210,7 @@ class Reader:
                 if held is not None and held.version == batch.version and held.releasing:
                     await self._drop(batch, held)  # read before the handover was seen: not handed out
                 elif held is not None and held.version == batch.version:  # else moved away meanwhile
+                    self._count_redelivered(batch.doc, held, batch.entries)
                     yield batch
 
     async def _mark_handed_out(self, batches: list[Batch]) -> bool:
@@ -328,15 +329,15 @@ class Reader:
             held.cursor = entries[-1].id
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
             held.head = max(stream_id(head or None) or held.cursor, held.cursor)
-            self._count_redelivered(doc, held, entries)
             batches.append(Batch(doc, entries, held.version, held.cursor, _ack=self.ack))
         return batches
 
     def _count_redelivered(self, doc: str, held: Held, entries: list) -> None:
-        """Count the entries of a batch its document's previous owner had
-        read and not acked (the duplicates of a takeover)."""
+        """Count the entries of a batch about to be handed out that the
+        document's previous owner had handed out and not acked (the
+        duplicates of a takeover)."""
         through = held.redeliver_through
-        if through is None:
+        if through is None or not entries:
             return
         again = sum(1 for entry in entries if entry.id <= through)
         if entries[-1].id >= through:
