@@ -132,6 +132,11 @@ async def test_kill_9_and_sigstop_under_steady_edits(redis_url, store, tmp_path)
         await asyncio.sleep(3 * LEASE)
         # SIGSTOP another past its lease, then let it go on.
         paused = next(member for member in members if member is not victim)
+        # Stopped while it holds a batch it processed and has not acked (its
+        # last line is a P line: it sleeps ACK_DELAY before the ack), so its
+        # ack after waking must be refused; stopped between batches, it
+        # would have nothing to ack.
+        await eventually(lambda: (lines := paused.lines()) and lines[-1][0] == "P", timeout=10, interval=0.005)
         paused.process.send_signal(signal.SIGSTOP)
         await asyncio.sleep(3 * LEASE)
         paused.process.send_signal(signal.SIGCONT)
