@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import Counter
 
 from redis.asyncio import Redis
@@ -16,9 +15,13 @@ LEASE = 1.2
 
 class Worker:
     """One member that records every entry it processed and acks each batch
-    (unless ``acking`` is off: then it processes and forgets to ack)."""
+    (unless ``acking`` is off: then it processes and forgets to ack; with
+    ``ack_delay``, each ack is sent that much later while it goes on
+    processing, so batches of every document are in flight)."""
 
-    def __init__(self, redis: Redis, member: str, processed: Counter, group: str = "idx", **options: object):
+    def __init__(self, redis: Redis, member: str, processed: Counter, group: str = "idx", ack_delay: float = 0.0,
+                 **options: object):
+        self.ack_delay = ack_delay
         self.group = ConsumerGroup(redis, group, member=member, lease=LEASE, **options)  # type: ignore[arg-type]
         self.processed = processed
         self.mine: list[tuple[str, str]] = []
@@ -26,6 +29,7 @@ class Worker:
         self.acks: list[AckResult] = []
         self.acking = True
         self._task: asyncio.Task | None = None
+        self._acking: set[asyncio.Task] = set()
 
     async def start(self) -> "Worker":
         await self.group.start()
@@ -38,14 +42,22 @@ class Worker:
             for entry_id in batch.ids:
                 self.processed[(batch.doc, entry_id)] += 1
                 self.mine.append((batch.doc, entry_id))
-            if self.acking:
+            if self.acking and self.ack_delay:  # acked later, while the next batches are processed
+                self._acking.add(task := asyncio.create_task(self._ack_later(batch)))
+                task.add_done_callback(self._acking.discard)
+            elif self.acking:
                 self.acks.append(await batch.ack())
 
+    async def _ack_later(self, batch: Batch) -> None:
+        await asyncio.sleep(self.ack_delay)
+        self.acks.append(await batch.ack())
+
     async def _cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in list(self._acking):
+            task.cancel()
+        while self._task is not None and not self._task.done():
+            self._task.cancel()  # again: redis-py can swallow a cancel that lands while it connects
+            await asyncio.wait({self._task}, timeout=1.0)
 
     async def kill(self) -> None:
         """What a crash looks like to the group: no more beats, no leave."""

@@ -244,3 +244,36 @@ async def test_a_real_servers_log_and_redis(spark, redis_url, make_client, tmp_p
     assert by_key(read_table(tmp_path / "out", Table.STREAMS), ["doc"], ["length"]) == {("live",): (5,)}
     current = read_table(tmp_path / "out", Table.CURRENT_LAG)
     assert reader not in set(current["session"]) and writer in set(current["session"])
+
+
+async def test_group_lag_beside_session_lag(spark, redis_url, make_client, tmp_path):
+    """A real server's log and a consumer group's own log in one directory:
+    ``yrelay analyze`` measures the group's lag per ack like a session's (the
+    server's appends give the entries), and sums it up per group."""
+    from yrelay.consumers import ConsumerGroup
+    from yrelay.eventlog import EventLog
+    from redis.asyncio import Redis
+
+    writer, _ = await edit_then_evict_reader(redis_url, make_client, tmp_path, "grouped", 6)
+    log = EventLog(tmp_path / "events", process="indexer:1").start()
+    redis = Redis.from_url(redis_url)
+    last = (await redis.xrevrange("yrelay:{grouped}:stream", count=1))[0][0].decode()
+    try:
+        async with ConsumerGroup(redis, "indexer", lease=1.2, events=log, batch_size=2) as group:
+            async for batch in group.batches():
+                await batch.ack()
+                if batch.doc == "grouped" and str(batch.offset) == last:
+                    break
+    finally:
+        log.stop()
+        await redis.aclose()
+    summary = run(spark, JobConfig(tmp_path / "events", tmp_path / "out"))
+    assert summary["consumer_groups"] == 1 and summary["sessions"] >= 1  # beside the sessions
+    lag = read_table(tmp_path / "out", Table.GROUP_LAG)
+    rows = lag[lag["doc"] == "grouped"].sort_values("ts")
+    # Batches of 2 over 6 appends: 4, 2, then 0 entries behind the head when acked.
+    assert list(rows["lag_entries"]) == [4, 2, 0]
+    assert (rows["group"] == "indexer").all() and rows["lag_ms"].iloc[-1] == 0
+    groups = read_table(tmp_path / "out", Table.GROUPS)
+    row = groups[groups["group"] == "indexer"].iloc[0]
+    assert (row["acks"], row["documents"], row["last_lag_entries"]) == (3, 1, 0)

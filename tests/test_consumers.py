@@ -95,6 +95,10 @@ async def test_a_killed_member_is_resumed_from_its_last_ack_within_the_lease(red
     duplicates = {key for key, count in processed.items() if count > 1}
     assert duplicates == every(unacked)
     assert all(processed[key] == 2 for key in duplicates)
+    # The redelivery count is exact for a killed member: b counted what a had read and not acked.
+    assert b.group.reader.redelivered == len(duplicates)
+    await eventually(lambda: b.group.reader.unreported_redelivered == 0, timeout=5)
+    assert int(await b.group.redis.hget("yrelay:group:{idx}:meta", "redelivered")) == len(duplicates)
     await b.stop()
 
 
@@ -115,6 +119,62 @@ async def test_a_stale_members_ack_is_refused_after_a_takeover(redis_client, sto
     offsets = await b.group.progress.offsets(["doc-1"])
     assert str(offsets["doc-1"]) == ids["doc-1"][-1]
     await b.stop()
+
+
+async def steady_edits(store: DocumentStore, docs: list[str], appended: list[tuple[str, str]],
+                       stop: asyncio.Event) -> None:
+    """One small entry at a time, round robin, until ``stop`` is set (not
+    cancelled: redis-py can swallow a cancel, and the loop would run on)."""
+    clock = 0
+    while not stop.is_set():
+        doc = docs[clock % len(docs)]
+        entry_id, _ = await store.append(doc, "steady", clock, b"consumers do not parse updates")
+        appended.append((doc, str(entry_id)))
+        clock += 1
+        await asyncio.sleep(0.002)
+
+
+@pytest.mark.parametrize("handover", [None, 0.0], ids=["two-step", "at-once"])
+async def test_a_fourth_member_joining_under_steady_edits_causes_no_duplicates(redis_client, store, handover):
+    """A rebalance among live members hands each moving document over in two
+    steps: 0 duplicates, 0 missed. ``handover=0`` (move at once, as before
+    the two-step handover) shows the test can fail: its duplicates are counted."""
+    docs = [f"doc-{i:02d}" for i in range(24)]
+    await write(store, docs, 1)
+    processed: Counter = Counter()
+    options = {"ack_delay": LEASE / 2, "handover": handover}  # acks come later than a beat
+    workers = [await Worker(redis_client, f"m{i}", processed, **options).start() for i in range(3)]
+    appended: list[tuple[str, str]] = []
+    stop = asyncio.Event()
+    writer = asyncio.create_task(steady_edits(store, docs, appended, stop))
+    try:
+        await eventually(lambda: sorted(len(w.group.documents) for w in workers) == [8, 8, 8], timeout=10)
+        await asyncio.sleep(LEASE)
+        workers.append(await Worker(redis_client, "m3", processed, **options).start())
+        await eventually(lambda: sorted(len(w.group.documents) for w in workers) == [6, 6, 6, 6],
+                         timeout=4 * LEASE + 5)
+        await asyncio.sleep(LEASE)
+        stop.set()
+        await writer
+        await eventually(lambda: set(appended) <= set(processed), timeout=15)
+        await asyncio.sleep(LEASE / 2)  # the last acks
+        # Counted before the members leave: leaving drops their in-flight acks (processed again).
+        duplicates = sum(count - 1 for count in processed.values())
+        refused = sum(1 for w in workers for result in w.acks if result is not AckResult.ACKED)
+        redelivered = sum(w.group.reader.redelivered for w in workers)
+    finally:
+        stop.set()
+        for worker in workers:
+            await worker.stop()
+    print(f"\nhandover={handover}: {len(appended)} entries, {duplicates} duplicates, {redelivered} counted, "
+          f"{refused} refused acks")
+    if handover == 0.0:
+        assert duplicates > 0 and refused > 0  # what the two-step handover removes
+        # Counted: every duplicate (and batches read and dropped unprocessed when the document moved).
+        assert redelivered >= duplicates
+    else:
+        assert duplicates == 0 and refused == 0 and redelivered == 0
+        assert int(await redis_client.hget("yrelay:group:{idx}:meta", "handovers")) >= 6
 
 
 async def test_new_documents_are_picked_up(redis_client, store):
@@ -194,6 +254,9 @@ async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(red
         assert result["yrelay_consumer_group_members", group] == 1
         assert result["yrelay_consumer_group_rebalances_total", group] == rebalances + 1
         assert (await scrape(http))["yrelay_consumer_group_unacked_entries", group] == 0
+        # What a had read and never acked, b read again: counted.
+        result = await scrape_until(http, lambda s: s["yrelay_consumer_group_redelivered_total", group] >= 2)
+        assert result["yrelay_consumer_group_handovers_total", group] == 0
         assert await redis_client.hget("yrelay:group:{idx}:meta", "lag:a") is None  # the leader forgot it
     await b.stop()
 

@@ -261,6 +261,19 @@ def group_assignment_key(group: str) -> str:
     return f"{PREFIX}:group:{{{group}}}:assignment"
 
 
+def group_handover_key(group: str) -> str:
+    """Hash: document -> ``<member>|<version>|<deadline ms>``: the document
+    moves to that member once its current (live) owner released it, or at
+    the deadline (yrelay/consumers/handover.py)."""
+    return f"{PREFIX}:group:{{{group}}}:handover"
+
+
+def group_deleted_key(group: str) -> str:
+    """String with a TTL: the group was deleted (``DELETE /ops/groups/{g}``);
+    its members stop at their next heartbeat. A new member's join clears it."""
+    return f"{PREFIX}:group:{{{group}}}:deleted"
+
+
 def group_meta_key(group: str) -> str:
     """Hash: ``version`` (assignment versions handed out), ``rev`` (bumped
     on every assignment change), ``prefix``, ``rebalances``, ``elections``."""

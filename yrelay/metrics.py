@@ -292,6 +292,10 @@ class _GroupState(Collector):
             (CounterMetricFamily, "yrelay_consumer_group_takeovers",
              "Documents moved from a member that lapsed or left.", "takeovers"),
             (CounterMetricFamily, "yrelay_consumer_group_elections", "Leader leases taken.", "elections"),
+            (CounterMetricFamily, "yrelay_consumer_group_redelivered",
+             "Entries read again after a takeover that the previous owner had read and not acked.", "redelivered"),
+            (CounterMetricFamily, "yrelay_consumer_group_handovers",
+             "Documents moved in two steps between live members (no duplicates).", "handovers"),
         ]
         for kind, name, doc, attribute in families:
             family = kind(name, doc, labels=["group"])

@@ -24,7 +24,7 @@ def source(name: str) -> str:
 
 NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release",
          "digest_window", "digest_advance", "idset_update", "clocks_set", "quota_take", "quota_subscriptions",
-         "consumer_claim", "consumer_ack", "consumer_heartbeat", "consumer_assign", "gc_groups")
+         "consumer_claim", "consumer_ack", "consumer_heartbeat", "consumer_assign", "consumer_release", "consumer_read", "gc_groups")
 
 
 class Scripts:
@@ -47,6 +47,8 @@ class Scripts:
         self.consumer_ack = redis.register_script(source("consumer_ack"))
         self.consumer_heartbeat = redis.register_script(source("consumer_heartbeat"))
         self.consumer_assign = redis.register_script(source("consumer_assign"))
+        self.consumer_release = redis.register_script(source("consumer_release"))
+        self.consumer_read = redis.register_script(source("consumer_read"))
         self.gc_groups = redis.register_script(source("gc_groups"))
 
     async def load(self, redis: Redis) -> None:

@@ -37,6 +37,7 @@ from .connection import Connection
 from .context import ServerContext
 from .health import router as health_router
 from .ops import router as ops_router
+from .ops_groups import router as ops_groups_router
 from .scrape import router as scrape_router
 from .yws_endpoint import YWS_PREFIX, YwsEndpoint
 
@@ -82,7 +83,7 @@ class Relay:
         router = APIRouter(dependencies=[Depends(binder(self))])
         router.add_websocket_route(WEBSOCKET_PATH, self.endpoint, name="yrelay_sync")
         router.add_websocket_route(YWS_PREFIX + "{doc:path}", self.yws_endpoint, name="yrelay_yws")
-        for part in (health_router, scrape_router, ops_router):
+        for part in (health_router, scrape_router, ops_router, ops_groups_router):
             router.include_router(part)
         return router
 

@@ -12,7 +12,10 @@ registered document, or those starting with ``prefix``) are shared among
 the live members, each read by exactly one of them at a time. A member
 that dies or stalls loses its documents after ``lease`` seconds and another
 member resumes them from their last ack (at least once: what the lost
-member processed and did not ack is processed again). Leaving (the end of
+member processed and did not ack is processed again). A document that
+moves between two live members (a rebalance) moves in two steps: the owner
+finishes what it handed out and releases it, then the other claims it, so
+nothing is processed twice (:mod:`yrelay.consumers.handover`). Leaving (the end of
 ``async with``, or :meth:`leave`) hands the documents over at the next
 heartbeat of the leader, without waiting for the lease.
 """
@@ -24,6 +27,7 @@ import logging
 import secrets
 import socket
 from collections.abc import AsyncIterator
+from functools import partial
 
 import redis.exceptions
 from redis.asyncio import Redis
@@ -34,6 +38,7 @@ from ..keys import group_meta_key, validate_group_name
 from ..scripts import Scripts
 from ..tasks import BackgroundTask
 from .batch import Batch
+from .handover import pending_handovers, release
 from .leader import Leader
 from .membership import Membership, redis_now_ms
 from .progress import Progress
@@ -44,9 +49,13 @@ log = logging.getLogger(__name__)
 
 class ConsumerGroup:
     def __init__(self, redis: Redis, name: str, *, member: str | None = None, prefix: str = "",
-                 lease: float = 3.0, batch_size: int = 500, events: EventSink | None = None):
+                 lease: float = 3.0, batch_size: int = 500, events: EventSink | None = None,
+                 handover: float | None = None):
         """``lease``: seconds after its last heartbeat that a member loses its
-        documents (and the leader its role); members beat every third of it."""
+        documents (and the leader its role); members beat every third of it.
+        ``handover``: how long a live member has to finish its in-flight
+        batches of a document the leader moves away from it (default: one
+        lease; 0 moves at once, and those batches are processed again)."""
         self.name = validate_group_name(name)
         self.member = member or f"{socket.gethostname()}-{secrets.token_hex(4)}"
         self.prefix = prefix
@@ -56,13 +65,17 @@ class ConsumerGroup:
         scripts = Scripts(redis)
         self.redis = redis
         self.membership = Membership(redis, self.name, self.member, round(lease * 1000), scripts)
-        self.leader = Leader(self.membership, self.events, scripts)
+        self.leader = Leader(self.membership, self.events, scripts,
+                             handover_ms=round((lease if handover is None else handover) * 1000))
         self.progress = Progress(redis, self.name, scripts)
         self.reader = Reader(redis, self.progress, self.events, member=self.member, batch_size=batch_size,
-                             block_ms=max(1, round(self.interval * 1000)), valid=self._valid)
+                             block_ms=max(1, round(self.interval * 1000)), valid=self._valid,
+                             release=partial(release, scripts, self.name))
         self._valid_until = 0.0
         self._rev = -1
         self._leads = False
+        #: An operator deleted the group; ``batches()`` has ended.
+        self.deleted = False
         self._heartbeat = BackgroundTask(f"yrelay-consumer-{self.name}", self._beat_loop)
 
     # ------------------------------------------------------------ lifecycle
@@ -132,6 +145,9 @@ class ConsumerGroup:
     async def _beat(self) -> None:
         sent = asyncio.get_running_loop().time()
         beat = await self.membership.beat()
+        if beat.deleted:
+            self._on_deleted()
+            return
         if beat.leads and not self._leads:
             self.events.emit("consumer_elected", group=self.name, member=self.member)
         self._leads = beat.leads
@@ -144,17 +160,38 @@ class ConsumerGroup:
         self._valid_until = sent + self.lease
         await self._report_lag()
 
+    def _on_deleted(self) -> None:
+        """An operator deleted the group: hold nothing, end ``batches()``."""
+        if not self.deleted:
+            self.deleted = True
+            self._leads = False
+            self.reader.close()
+            log.warning("consumer group %s was deleted; member %s stops", self.name, self.member)
+            self.events.emit("consumer_deleted", group=self.name, member=self.member)
+
     async def _read_assignment(self, rev: int) -> None:
         assigned = await self.membership.assignment()
-        self.reader.assign({doc: a.version for doc, a in assigned.items() if a.member == self.member})
+        leaving = await pending_handovers(self.redis, self.name)
+        mine = {doc: a.version for doc, a in assigned.items() if a.member == self.member}
+        self.reader.assign(mine, releasing={doc for doc in mine if doc in leaving})
         self._rev = rev
+        await self.reader.release_finished()
 
     async def _report_lag(self) -> None:
         entries, oldest_ms = self.reader.lag()
-        await self.redis.hset(group_meta_key(self.name), f"lag:{self.member}", f"{oldest_ms}|{entries}")
+        redelivered, self.reader.unreported_redelivered = self.reader.unreported_redelivered, 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(group_meta_key(self.name), f"lag:{self.member}", f"{oldest_ms}|{entries}")
+            if redelivered:
+                pipe.hincrby(group_meta_key(self.name), "redelivered", redelivered)
+            try:
+                await pipe.execute()
+            except BaseException:
+                self.reader.unreported_redelivered += redelivered  # the next beat reports them
+                raise
 
     async def _beat_loop(self) -> None:
-        while True:
+        while not self.deleted:
             await asyncio.sleep(self.interval)
             try:
                 await self._beat()

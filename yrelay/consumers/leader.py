@@ -6,7 +6,8 @@ once per beat: drop lapsed members, list the documents (the same registry
 GC pages, :mod:`yrelay.listing`, by the group's prefix), compute the assignment
 (:func:`~yrelay.consumers.assignment.assign`) and write what changed. The
 write is refused when the lease was lost meanwhile. A document whose member
-lapsed and that now goes to another is a *takeover*.
+lapsed and that now goes to another is a *takeover*; one whose member is
+alive moves in two steps (:mod:`yrelay.consumers.handover`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from ..events import EventSink
-from ..keys import group_assignment_key, group_leader_key, group_meta_key, group_members_key
+from ..keys import group_assignment_key, group_handover_key, group_leader_key, group_meta_key, group_members_key
 from ..listing import all_documents
 from ..replies import text
 from ..scripts import Scripts
 from .assignment import assign, changes
+from .handover import pending_handovers
 from .membership import Membership
 
 
@@ -41,7 +43,10 @@ async def documents(redis: Redis, prefix: str, page: int = 1000) -> AsyncIterato
 
 
 class Leader:
-    def __init__(self, membership: Membership, events: EventSink, scripts: Scripts):
+    def __init__(self, membership: Membership, events: EventSink, scripts: Scripts, handover_ms: int = 0):
+        """``handover_ms``: how long a live owner has to release a document
+        that moves away from it (0: move at once, at least once)."""
+        self.handover_ms = handover_ms
         self.membership = membership
         self.events = events
         self.scripts = scripts
@@ -61,20 +66,26 @@ class Leader:
         members = await self.membership.live_members(now_ms)
         await self._forget_lapsed_lag(members)
         docs = [doc async for page in documents(redis, prefix) for doc in page]
-        current = {doc: assigned.member for doc, assigned in (await self.membership.assignment()).items()}
+        owners = {doc: assigned.member for doc, assigned in (await self.membership.assignment()).items()}
+        pending = await pending_handovers(redis, group)
+        # A document on its way is the target's already: the balance counts it there.
+        current = {**owners, **{doc: handover.target for doc, handover in pending.items()}}
         moved = changes(assign(docs, members, current), current)
+        live = set(members)
+        # Handovers the owner did not answer in time, or cannot any more: moved now.
+        moved.update({doc: handover.target for doc, handover in pending.items()
+                      if doc not in moved and (handover.deadline_ms < now_ms or owners.get(doc) not in live)})
         if not moved:
             return None
-        args: list[object] = [self.membership.member]
+        args: list[object] = [self.membership.member, self.handover_ms]
         for doc, member in moved.items():
             args += [doc, member]
         version = int(await self.scripts.consumer_assign(
             keys=[group_leader_key(group), group_meta_key(group), group_assignment_key(group),
-                  group_members_key(group)], args=args))
+                  group_members_key(group), group_handover_key(group)], args=args))
         if version < 0:
             return None
-        live = set(members)
-        takeovers = [doc for doc, member in moved.items() if member and current.get(doc) not in (None, *live)]
+        takeovers = [doc for doc, member in moved.items() if member and owners.get(doc) not in (None, *live)]
         if takeovers:
             await redis.hincrby(group_meta_key(group), "takeovers", len(takeovers))
         result = Rebalance(version, members, moved, takeovers)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from ..keys import (group_assignment_key, group_leader_key, group_meta_key, group_members_key, groups_key)
+from ..keys import (group_assignment_key, group_deleted_key, group_leader_key, group_meta_key, group_members_key, groups_key)
 from ..replies import text
 from ..scripts import Scripts
 
@@ -41,6 +41,8 @@ class Beat:
     now_ms: int
     #: The assignment's revision: a member re-reads the assignment when it moved.
     rev: int
+    #: The group was deleted (``DELETE /ops/groups/{group}``): stop.
+    deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ class Membership:
 
     @property
     def _keys(self) -> list[str]:
-        return [group_members_key(self.group), group_leader_key(self.group), group_meta_key(self.group)]
+        return [group_members_key(self.group), group_leader_key(self.group), group_meta_key(self.group),
+                group_deleted_key(self.group)]
 
     async def join(self, prefix: str) -> None:
         """List the group (GC asks every listed group for liveness) and record
@@ -69,11 +72,13 @@ class Membership:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.sadd(groups_key(), self.group)
             pipe.hsetnx(group_meta_key(self.group), "prefix", prefix)
+            pipe.delete(group_deleted_key(self.group))  # a new member starts the group again
             await pipe.execute()
 
     async def beat(self) -> Beat:
-        leads, now, rev = await self.scripts.consumer_heartbeat(keys=self._keys, args=[self.member, self.lease_ms, 0])
-        return Beat(bool(int(leads)), int(now), int(rev))
+        leads, now, rev, deleted = await self.scripts.consumer_heartbeat(
+            keys=self._keys, args=[self.member, self.lease_ms, 0])
+        return Beat(bool(int(leads)), int(now), int(rev), bool(int(deleted)))
 
     async def leave(self) -> None:
         """Drop out of the members set (and the leader lease if held)."""

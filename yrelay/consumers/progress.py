@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -45,6 +46,9 @@ class Start:
     mode: str
     offset: StreamId
     evicted: bool
+    #: On resume: through where the document's previous reader had read
+    #: (None: unknown, or nothing past ``offset``).
+    read_through: StreamId | None = None
 
 
 class StaleClaim(Exception):
@@ -67,7 +71,10 @@ class Progress:
         if mode == "stale":
             raise StaleClaim(f"{doc}: claimed with version {text(reply[1])} > {version}")
         if mode == "resume":
-            return Start(mode, StreamId.from_score(float(reply[1])), bool(int(reply[2])))
+            offset, out = StreamId.from_score(float(reply[1])), text(reply[3])
+            read_through = StreamId.from_score(float(out)) if out else None
+            return Start(mode, offset, bool(int(reply[2])),
+                         read_through if read_through is not None and read_through > offset else None)
         return Start(mode, stream_id(reply[1]) or StreamId(0, 0), bool(int(reply[2])))
 
     async def ack(self, doc: str, version: int, offset: StreamId) -> AckResult:
@@ -75,6 +82,21 @@ class Progress:
             keys=[group_leases_key(doc), group_progress_key(doc)],
             args=[self.group, version, f"{offset.score():.0f}"])
         return AckResult(text(reply))
+
+    async def mark_read(self, pipe: Any, doc: str, version: int, through: StreamId | None = None) -> None:
+        """Queue on ``pipe`` (``consumer_read.lua``): is this member, holding
+        ``doc`` with ``version``, still its claimer? Answers ``[fence, trim
+        mark, newest id]``, ``stale`` when another member claimed it since.
+        With ``through``: also record that the application is given the
+        entries up to there."""
+        mark = "" if through is None else f"{through.score():.0f}"
+        await self.scripts.consumer_read(keys=[group_leases_key(doc), meta_key(doc)],
+                                         args=[self.group, version, mark], client=pipe)
+
+    async def reset_read(self, pipe: Any, doc: str, version: int, acked: StreamId | None) -> None:
+        """Queue on ``pipe``: all this member read of ``doc`` was acked or
+        dropped (before a handover); its next owner reads nothing again."""
+        await self.mark_read(pipe, doc, version, acked or StreamId(0, 0))
 
     async def offsets(self, docs: list[str]) -> dict[str, StreamId | None]:
         """The group's acked offset per document (None: none recorded)."""

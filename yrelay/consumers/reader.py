@@ -8,7 +8,9 @@ are claimed first (:mod:`yrelay.consumers.progress`): read from the group's
 last ack, or from the snapshot when the group has none. After each read the
 trim marks of the documents read are checked in one round trip: a stream
 trimmed past a cursor (GC evicted the group) is never read across silently,
-the document starts again from its snapshot.
+the document starts again from its snapshot. A document being handed
+over (:mod:`yrelay.consumers.handover`) is read no more; it is released
+once every batch handed out of it was acked.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import redis.exceptions
@@ -24,8 +26,8 @@ from redis.asyncio import Redis
 
 from ..backoff import Reconnect
 from ..events import EventSink
-from ..keys import meta_key, stream_key
-from ..offsets import StreamId
+from ..keys import stream_key
+from ..offsets import MAX_SEQ, StreamId
 from ..replies import stream_id, text
 from ..store import DocumentStore, to_entry
 from .batch import Batch
@@ -41,6 +43,19 @@ def _doc_of_stream(key: bytes | str) -> str:
     return name[len(_STREAM_PREFIX):-len(_STREAM_SUFFIX)]
 
 
+#: Hand-outs are recorded (``<group>:out``) this many batches at a time, in
+#: one round trip before the first of them is handed out: a takeover's
+#: redelivery count is high by at most this many batches minus one (read,
+#: recorded, not handed out yet). 1: exact, for one round trip per batch
+#: (a batch holds up to ``batch_size`` entries; an ack costs one too).
+MARK_AHEAD = 1
+
+
+def _before(entry_id: StreamId) -> StreamId:
+    """The greatest id below ``entry_id``: XREAD from it reads ``entry_id`` again."""
+    return StreamId(entry_id.ms, entry_id.seq - 1) if entry_id.seq else StreamId(entry_id.ms - 1, MAX_SEQ)
+
+
 @dataclass
 class Held:
     """One document this member holds."""
@@ -54,11 +69,20 @@ class Held:
     acked: StreamId | None = None
     #: (first id, last id, entries) of batches handed out and not acked yet.
     unacked: deque[tuple[StreamId, StreamId, int]] = field(default_factory=deque)
+    #: The leader is handing the document to another member: read no more,
+    #: release it once ``unacked`` is empty.
+    releasing: bool = False
+    #: After a takeover: entries up to here were handed out by the previous
+    #: owner and not acked; handing them out again counts as redelivery.
+    redeliver_through: StreamId | None = None
+    #: The document's newest entry, as of our last read (for the lag in ``consumer_ack``).
+    head: StreamId | None = None
 
 
 class Reader:
     def __init__(self, redis: Redis, progress: Progress, events: EventSink, *, member: str,
-                 batch_size: int, block_ms: int, valid: Callable[[], bool]):
+                 batch_size: int, block_ms: int, valid: Callable[[], bool],
+                 release: Callable[[str, str, int], Awaitable[bool]]):
         self.redis = redis
         self.progress = progress
         self.events = events
@@ -67,21 +91,62 @@ class Reader:
         self.batch_size = batch_size
         self.block_ms = block_ms
         self.valid = valid
+        self.release = release
         self.held: dict[str, Held] = {}
         self._changed = asyncio.Event()
-        #: Batches handed out again after a restart from the snapshot, acks refused.
+        #: The group was deleted: ``batches()`` ends.
+        self.closed = False
+        #: Documents were assigned to us since the last claims: claim them
+        #: before handing out more of what was read (a takeover waits for
+        #: one batch of the application, not for all the batches read).
+        self._to_claim = False
+        #: Acks refused (stale or evicted).
         self.refused = 0
+        #: Entries read again that a previous owner had read and not acked
+        #: (since start; ``unreported_redelivered`` not yet in the group's meta).
+        self.redelivered = 0
+        self.unreported_redelivered = 0
 
     # ------------------------------------------------ the assignment's side
 
-    def assign(self, mine: dict[str, int]) -> None:
-        """The documents (-> version) this member holds from now on."""
+    def assign(self, mine: dict[str, int], releasing: set[str] | frozenset[str] = frozenset()) -> None:
+        """The documents (-> version) this member holds from now on, and
+        those of them it is to release."""
         for doc in [doc for doc in self.held if doc not in mine]:
             del self.held[doc]
         for doc, version in mine.items():
             if doc not in self.held or self.held[doc].version != version:
                 self.held[doc] = Held(version)
+                self._to_claim = True
+            self.held[doc].releasing = doc in releasing
         self._changed.set()
+
+    def close(self) -> None:
+        """Hold nothing and end :meth:`batches` (the group was deleted)."""
+        self.closed = True
+        self.held.clear()
+        self._changed.set()
+
+    async def release_finished(self) -> None:
+        """Release every document being handed over that has nothing unacked."""
+        for doc, held in list(self.held.items()):
+            await self._release_if_finished(doc, held)
+
+    async def _release_if_finished(self, doc: str, held: Held) -> None:
+        if not held.releasing or held.unacked or self.held.get(doc) is not held:
+            return
+        del self.held[doc]  # read no more, whatever the answer (the next assignment read tells)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:  # all read was acked (or dropped)
+                await self.progress.reset_read(pipe, doc, held.version, held.acked)
+                await pipe.execute()
+            released = await self.release(doc, self.member, held.version)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("consumer group %s: could not release %s (%s); the leader moves it at the deadline",
+                        self.progress.group, doc, exc)
+            return
+        if released:
+            self.events.emit("consumer_handover", doc, group=self.progress.group, member=self.member)
 
     def lag(self) -> tuple[int, int]:
         """(entries handed out and not acked, the time of the oldest of
@@ -97,9 +162,13 @@ class Reader:
         held = self.held.get(batch.doc)
         mine = held is not None and held.version == batch.version
         if result is AckResult.ACKED and mine:
+            head = max(held.head or batch.offset, batch.offset)  # type: ignore[union-attr]
+            self.events.emit("consumer_ack", batch.doc, group=self.progress.group, member=self.member,
+                             offset=str(batch.offset), head=str(head), entries=len(batch.entries))
             held.acked = max(held.acked or batch.offset, batch.offset)  # type: ignore[union-attr]
             while held.unacked and held.unacked[0][1] <= batch.offset:  # type: ignore[union-attr]
                 held.unacked.popleft()  # type: ignore[union-attr]
+            await self._release_if_finished(batch.doc, held)  # type: ignore[arg-type]
         elif result is not AckResult.ACKED:
             self.refused += 1
             self.events.emit("consumer_refused", batch.doc, group=self.progress.group, member=self.member,
@@ -117,7 +186,7 @@ class Reader:
         end it: the loop waits (0.1 s doubling to 5 s) and reads on; past the
         lease the member holds nothing until its heartbeat is back."""
         reconnect = Reconnect()
-        while True:
+        while not self.closed:
             try:
                 ready = await self._step()
             except (redis.exceptions.RedisError, OSError) as exc:
@@ -126,13 +195,65 @@ class Reader:
                 await reconnect.wait()
                 continue
             reconnect.succeeded()
-            for batch in ready:
+            for index, batch in enumerate(ready):
+                if self._to_claim:  # claim the new documents first; these are read again after
+                    for rest in ready[index:]:
+                        if (held := self.held.get(rest.doc)) is not None and held.version == rest.version:
+                            self._unread(rest, held)
+                    break
+                if index % MARK_AHEAD == 0 and not await self._mark_handed_out(ready[index:index + MARK_AHEAD]):
+                    break  # Redis failed: read again (nothing was handed out of these)
                 if not self.valid():  # paused past our lease while reading: these may be another's now
                     self.held.clear()
                     break
                 held = self.held.get(batch.doc)
-                if held is not None and held.version == batch.version:  # else moved away meanwhile
+                if held is not None and held.version == batch.version and held.releasing:
+                    await self._drop(batch, held)  # read before the handover was seen: not handed out
+                elif held is not None and held.version == batch.version:  # else moved away meanwhile
+                    self._count_redelivered(batch.doc, held, batch.entries)
                     yield batch
+
+    async def _mark_handed_out(self, batches: list[Batch]) -> bool:
+        """Before handing ``batches`` out: record per document how far its
+        application is given entries (a takeover counts what it reads again
+        up to there), and stop at once for documents another member claimed.
+        False when Redis failed (the documents read again from their cursor)."""
+        batches = [batch for batch in batches if (held := self.held.get(batch.doc)) is not None
+                   and held.version == batch.version and not held.releasing]  # the others are not handed out
+        if not batches:
+            return True
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for batch in batches:
+                    await self.progress.mark_read(pipe, batch.doc, batch.version, batch.offset)
+                replies = await pipe.execute()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("consumer group %s: read failed (%s)", self.progress.group, exc)
+            for batch in batches:
+                if (held := self.held.get(batch.doc)) is not None and held.version == batch.version:
+                    self._unread(batch, held)
+            return False
+        for batch, (fence, _, _) in zip(batches, replies):
+            held = self.held.get(batch.doc)
+            if text(fence) == "stale" and held is not None and held.version == batch.version:
+                del self.held[batch.doc]  # claimed by another since we read: hand nothing out
+        return True
+
+    def _unread(self, batch: Batch, held: Held) -> None:
+        """Forget a batch read and not handed out: it is read again (a
+        snapshot batch: the document is claimed again from its snapshot)."""
+        if held.unacked and held.unacked[-1][1] == batch.offset:
+            first, _, _ = held.unacked.pop()
+            if batch.entries:
+                held.cursor = _before(first)
+            else:
+                held.cursor, held.restart = None, batch.restart
+
+    async def _drop(self, batch: Batch, held: Held) -> None:
+        """Forget a batch read and not handed out (the document is being
+        handed over); the document's next owner reads it."""
+        self._unread(batch, held)  # read again should the handover be cancelled
+        await self._release_if_finished(batch.doc, held)
 
     async def _step(self) -> list[Batch]:
         """Claim the documents new to us (their snapshot batches, if any),
@@ -140,12 +261,15 @@ class Reader:
         if not self.valid():  # our lease lapsed (a pause, Redis unreachable): hold nothing
             self.held.clear()
         starts = []
+        await self.release_finished()  # those handed over before they were claimed
+        self._to_claim = False
         for doc, held in list(self.held.items()):
             if held.cursor is None and (batch := await self._start(doc, held)) is not None:
                 starts.append(batch)
         if starts:
             return starts
-        cursors = {doc: held.cursor for doc, held in self.held.items() if held.cursor is not None}
+        cursors = {doc: held.cursor for doc, held in self.held.items()
+                   if held.cursor is not None and not held.releasing}
         if cursors:
             return await self._read(cursors)
         self._changed.clear()
@@ -164,6 +288,7 @@ class Reader:
             return None
         if start.mode == "resume" and held.restart is None:
             held.cursor = held.acked = start.offset
+            held.redeliver_through = start.read_through
             return None
         snapshot = await self.store.load_snapshot(doc)
         held.cursor = snapshot.offset
@@ -181,22 +306,44 @@ class Reader:
                                        count=self.batch_size, block=self.block_ms)
         if not reply:
             return []
-        read = [(_doc_of_stream(key), entries) for key, entries in reply]
+        read = [(_doc_of_stream(key), entries) for key, entries in reply if entries]
+        versions = {doc: self.held[doc].version for doc, _ in read if doc in self.held}
+        read = [(doc, entries) for doc, entries in read if doc in versions]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for doc, _ in read:
-                pipe.hget(meta_key(doc), "trimmed_through")
+            for doc, entries in read:
+                await self.progress.mark_read(pipe, doc, versions[doc])
             marks = await pipe.execute()
         batches = []
-        for (doc, raw_entries), mark in zip(read, marks):
+        for (doc, raw_entries), (fence, mark, head) in zip(read, marks):
             held = self.held.get(doc)
-            if held is None or held.cursor != cursors[doc] or not raw_entries:
+            if held is None or held.cursor != cursors[doc] or held.version != versions[doc]:
                 continue  # taken from us, or restarted, while we read
-            trimmed = stream_id(mark)
+            if text(fence) == "stale":  # another member claimed it: hand nothing out
+                del self.held[doc]
+                continue
+            trimmed = stream_id(mark or None)
             if trimmed is not None and cursors[doc] < trimmed:
                 held.cursor, held.restart = None, "trimmed"
                 continue
             entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
             held.cursor = entries[-1].id
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
+            held.head = max(stream_id(head or None) or held.cursor, held.cursor)
             batches.append(Batch(doc, entries, held.version, held.cursor, _ack=self.ack))
         return batches
+
+    def _count_redelivered(self, doc: str, held: Held, entries: list) -> None:
+        """Count the entries of a batch about to be handed out that the
+        document's previous owner had handed out and not acked (the
+        duplicates of a takeover)."""
+        through = held.redeliver_through
+        if through is None or not entries:
+            return
+        again = sum(1 for entry in entries if entry.id <= through)
+        if entries[-1].id >= through:
+            held.redeliver_through = None
+        if again:
+            self.redelivered += again
+            self.unreported_redelivered += again
+            self.events.emit("consumer_redelivered", doc, group=self.progress.group, member=self.member,
+                             entries=again)

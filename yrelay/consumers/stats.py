@@ -30,6 +30,11 @@ class GroupStats:
     rebalances: int
     takeovers: int
     elections: int
+    #: Entries read again after a takeover that the member losing the
+    #: document had read and not acked (docs/consumers.md#metrics).
+    redelivered: int = 0
+    #: Documents moved in two steps between live members.
+    handovers: int = 0
 
 
 async def group_stats(redis: Redis) -> list[GroupStats]:
@@ -52,4 +57,5 @@ def _stats(group: str, live: set[str], raw_meta: dict, now_ms: int) -> GroupStat
             entries += int(pending)
             oldest = min(oldest, int(oldest_ms))
     return GroupStats(group, len(live), entries, max(0, now_ms - oldest) / 1000,
-                      int(meta.get("rebalances", 0)), int(meta.get("takeovers", 0)), int(meta.get("elections", 0)))
+                      int(meta.get("rebalances", 0)), int(meta.get("takeovers", 0)), int(meta.get("elections", 0)),
+                      int(meta.get("redelivered", 0)), int(meta.get("handovers", 0)))

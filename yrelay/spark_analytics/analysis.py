@@ -23,7 +23,8 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType, StructField, St
 from .current import current_lag, stream_lengths
 from .documents import document_figures, events_over_time, resyncs_by_reason
 from .events import EventLog
-from .lag import LAG_COLUMNS, ack_lag, document_heads, lag_over_time
+from .lag import (GROUP_LAG_COLUMNS, LAG_COLUMNS, ack_lag, document_heads, group_ack_lag, group_lag_summary,
+                  lag_over_time)
 from .latency import delivery_latency, latency_histogram, latency_summary
 from .schema import EventType
 from .status import session_status
@@ -74,6 +75,8 @@ class Analysis:
             (Table.EVENTS_OVER_TIME, lambda: events_over_time(self.log.events, self.bucket_ms)),
             (Table.TOP_LAGGING, self.top_lagging),
             (Table.HOTTEST_DOCUMENTS, self.hottest_documents),
+            (Table.GROUP_LAG, lambda: self.group_lag.select(*GROUP_LAG_COLUMNS)),
+            (Table.GROUPS, lambda: self.groups),
         ]
         if self.redis is not None:
             entries, tracker = self.redis
@@ -106,6 +109,14 @@ class Analysis:
     @cached_property
     def lag(self) -> DataFrame:
         return self._keep(ack_lag(self.log.events))
+
+    @cached_property
+    def group_lag(self) -> DataFrame:
+        return self._keep(group_ack_lag(self.log.events))
+
+    @cached_property
+    def groups(self) -> DataFrame:
+        return self._keep(group_lag_summary(self.group_lag))
 
     @cached_property
     def status(self) -> DataFrame:
@@ -153,12 +164,15 @@ class Analysis:
         overall = self.latency_summary.filter(F.col("doc").isNull()).first()
         statuses = {row["status"]: row["count"] for row in self.status.groupBy("status").count().collect()}
         totals = {name: value or 0 for name, value in documents.items()}
+        groups = self.groups.agg(F.count(F.lit(1)), F.max("last_lag_ms")).first()
         return {
             "start_ts": self.bounds.start_ts, "end_ts": self.bounds.end_ts, "span_s": self.bounds.span_ms / 1000,
             "events": self.log.valid_lines, "corrupt_lines": self.log.corrupt_lines,
             "other_version_lines": self.log.other_version_lines, "dropped_events": self.bounds.dropped_events,
             **totals,
             "sessions": sum(statuses.values()),
+            "consumer_groups": groups[0] if groups else 0,
+            "worst_group_lag_ms": (groups[1] if groups else None) or 0,  # 0 without groups: a long column
             "acked_deliveries": overall["acked"] if overall else 0,
             "resend_ratio": totals["resends"] / totals["deliveries"] if totals["deliveries"] else None,
             "trim_efficiency": totals["trimmed"] / totals["appends"] if totals["appends"] else None,

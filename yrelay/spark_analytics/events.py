@@ -73,6 +73,7 @@ def _event_columns() -> list[Column | str]:
     """What the analysis uses, with ids as scores (null when absent or malformed)."""
     return [
         "ts", "type", "doc", "session", "offset", "head", "entries", "bytes", "reason", "mode", "stream_length",
+        "group",
         F.coalesce(F.col("duplicate"), F.lit(False)).alias("duplicate"),
         score("offset").alias("offset_score"),
         score("head").alias("head_score"),

@@ -27,7 +27,7 @@ from .tables import Table
 #: ``(what is starting, steps done, steps in all)``, called before each step.
 OnStep = Callable[[str, int, int], None]
 #: Tables that grow with the log; the others are written as a single file.
-LARGE_TABLES = {Table.LAG, Table.LAG_OVER_TIME}
+LARGE_TABLES = {Table.LAG, Table.LAG_OVER_TIME, Table.GROUP_LAG}
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,15 @@ def appends(events: DataFrame) -> DataFrame:
     return events.filter(is_new_entry())
 
 
-def ack_lag(events: DataFrame) -> DataFrame:
+def ack_lag(events: DataFrame, ack: EventType = EventType.ACK, who: str = "session") -> DataFrame:
     """One row per ack with ``lag_entries``, ``lag_ms`` and ``offset_rank``
-    (appends of the document at or before the acked offset)."""
+    (appends of the document at or before the acked offset). ``ack`` and
+    ``who``: a consumer group's acks (``consumer_ack``, by ``group``) are
+    measured the same way, and keep ``who``'s name as their column."""
     acks = events.filter(
-        (F.col("type") == str(EventType.ACK)) & F.col("offset_score").isNotNull() & F.col("head_score").isNotNull()
-    ).select("doc", "session", "ts", "offset", "head", "offset_score", "head_score", F.lit(_ACK).alias("kind"))
+        (F.col("type") == str(ack)) & F.col("offset_score").isNotNull() & F.col("head_score").isNotNull()
+    ).select("doc", F.col(who).alias("session"), "ts", "offset", "head", "offset_score", "head_score",
+             F.lit(_ACK).alias("kind"))
     entries = appends(events).select(
         "doc", *[F.lit(None).cast(kind).alias(name) for name, kind in _ACK_FIELDS.items()],
         "offset_score", F.col("offset_score").alias("head_score"),
@@ -60,7 +63,7 @@ def ack_lag(events: DataFrame) -> DataFrame:
         .filter(F.col("kind") == _ACK)
     )
     return ranked.select(
-        "doc", "session", "ts", F.timestamp_millis("ts").alias("time"), "offset", "head",
+        "doc", F.col("session").alias(who), "ts", F.timestamp_millis("ts").alias("time"), "offset", "head",
         F.greatest(F.col("head_rank") - F.col("offset_rank"), F.lit(0)).alias("lag_entries"),
         F.greatest(score_ms("head_score") - score_ms("offset_score"), F.lit(0)).alias("lag_ms"),
         "offset_score", "head_score", "offset_rank",
@@ -100,3 +103,28 @@ def lag_at_end(last_ack: DataFrame, heads: DataFrame) -> DataFrame:
             F.coalesce(score_ms("end_head_score") - score_ms("offset_score"), F.lit(0)), F.lit(0)
         ),
     }).drop("appended", "end_head_score")
+
+
+#: Columns of the group lag table (one row per group ack).
+GROUP_LAG_COLUMNS = ["doc", "group", "ts", "time", "offset", "head", "lag_entries", "lag_ms"]
+
+
+def group_ack_lag(events: DataFrame) -> DataFrame:
+    """One row per ``consumer_ack``: how far the group was behind the
+    document's newest entry (the head its member last read) when it acked,
+    in entries (appends of the document in the log) and in ms."""
+    return ack_lag(events, EventType.CONSUMER_ACK, "group")
+
+
+def group_lag_summary(group_lag: DataFrame) -> DataFrame:
+    """Per group: acks, documents, the lag of the last ack of each document
+    summed (entries) and at worst (ms), and the worst and p95 lag over the log."""
+    last = group_lag.groupBy("group", "doc").agg(
+        F.max_by(F.struct("lag_entries", "lag_ms"), F.struct("ts", "offset_score")).alias("last"))
+    ends = last.groupBy("group").agg(F.sum("last.lag_entries").alias("last_lag_entries"),
+                                     F.max("last.lag_ms").alias("last_lag_ms"),
+                                     F.count(F.lit(1)).alias("documents"))
+    over = group_lag.groupBy("group").agg(
+        F.count(F.lit(1)).alias("acks"), F.max("lag_ms").alias("max_lag_ms"),
+        F.percentile_approx("lag_ms", 0.95).alias("p95_lag_ms"))
+    return over.join(ends, "group").orderBy("group")

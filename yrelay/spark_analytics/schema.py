@@ -36,6 +36,7 @@ class EventType(StrEnum):
     SNAPSHOT = "snapshot"
     TRIM = "trim"
     DROPPED = "dropped"
+    CONSUMER_ACK = "consumer_ack"
 
 
 def _fields(**types: object) -> list[StructField]:
@@ -48,7 +49,7 @@ EVENT_SCHEMA = StructType(_fields(
     resumed=BooleanType(), duration_ms=LongType(),
     offset=StringType(), clock=LongType(), bytes=LongType(), duplicate=BooleanType(),
     first=StringType(), last=StringType(), entries=LongType(), head=StringType(),
-    reason=StringType(), mode=StringType(), stream_length=LongType(),
+    reason=StringType(), mode=StringType(), stream_length=LongType(), group=StringType(),
 ))
 #: What the JSON reader is given: the schema plus the corrupt-record column.
 READ_SCHEMA = StructType([*EVENT_SCHEMA.fields, StructField(CORRUPT, StringType(), nullable=True)])

@@ -24,6 +24,8 @@ class Table(StrEnum):
     EVENTS_OVER_TIME = "events_over_time"  # events per type and time bucket
     TOP_LAGGING = "top_lagging"  # the sessions furthest behind at the end of the log
     HOTTEST_DOCUMENTS = "hottest_documents"  # the documents with most appends
+    GROUP_LAG = "group_lag"  # one row per consumer group ack: lag in entries and ms
+    GROUPS = "groups"  # per consumer group: acks, worst and p95 lag, lag at the end of the log
     CURRENT_LAG = "current_lag"  # with --redis-url: every tracked session's lag now
     STREAMS = "streams"  # with --redis-url: every stream's length now
 

@@ -1,0 +1,54 @@
+"""``/ops/groups``: consumer groups for operators (docs/operations.md),
+behind the ops token like every ``/ops`` route. The reading and the
+deleting live in :mod:`yrelay.consumers.admin`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request, status
+
+from ..consumers.admin import delete_group, describe_group, list_groups
+from ..keys import validate_group_name
+from .binding import relay_context as _ctx
+from .ops import require_ops_token
+
+router = APIRouter(prefix="/ops/groups", tags=["ops"], dependencies=[Depends(require_ops_token)])
+
+
+def _group(group: str) -> str:
+    try:
+        return validate_group_name(group)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+
+
+@router.get("")
+async def get_groups(request: Request) -> dict[str, Any]:
+    """Every consumer group: live members, leader, documents assigned, and
+    its lag (entries handed out and not acked, age of the oldest)."""
+    return {"groups": await list_groups(_ctx(request).redis)}
+
+
+@router.get("/{group}")
+async def get_group(group: str, request: Request) -> dict[str, Any]:
+    """One group: members, leader, and per document its member, version,
+    pending handover and lag behind the stream's newest entry."""
+    detail = await describe_group(_ctx(request).redis, _group(group))
+    if detail is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown consumer group {group!r}")
+    return detail
+
+
+@router.delete("/{group}")
+async def remove_group(group: str, request: Request) -> dict[str, Any]:
+    """Delete a group: its members stop at their next heartbeat, its keys
+    and its progress on every document go (GC no longer holds streams for
+    it). Answers the number of documents it had progress on. Recorded in the
+    event log (``consumer_group_deleted``)."""
+    ctx = _ctx(request)
+    cleared = await delete_group(ctx.redis, _group(group))
+    if cleared is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown consumer group {group!r}")
+    ctx.events.emit("consumer_group_deleted", group=group, documents=cleared)
+    return {"group": group, "documents_cleared": cleared}
