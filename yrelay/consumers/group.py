@@ -54,8 +54,10 @@ class ConsumerGroup:
         """``lease``: seconds after its last heartbeat that a member loses its
         documents (and the leader its role); members beat every third of it.
         ``handover``: how long a live member has to finish its in-flight
-        batches of a document the leader moves away from it (default: one
-        lease; 0 moves at once, and those batches are processed again)."""
+        batches of a document the leader moves away from it (default: two
+        leases, since noticing takes up to a beat and the application's acks
+        come on top, on a host that may be loaded; 0 moves at once, and
+        those batches are processed again)."""
         self.name = validate_group_name(name)
         self.member = member or f"{socket.gethostname()}-{secrets.token_hex(4)}"
         self.prefix = prefix
@@ -66,7 +68,7 @@ class ConsumerGroup:
         self.redis = redis
         self.membership = Membership(redis, self.name, self.member, round(lease * 1000), scripts)
         self.leader = Leader(self.membership, self.events, scripts,
-                             handover_ms=round((lease if handover is None else handover) * 1000))
+                             handover_ms=round((2 * lease if handover is None else handover) * 1000))
         self.progress = Progress(redis, self.name, scripts)
         self.reader = Reader(redis, self.progress, self.events, member=self.member, batch_size=batch_size,
                              block_ms=max(1, round(self.interval * 1000)), valid=self._valid,
