@@ -379,6 +379,9 @@ def webhook(
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
     lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
     concurrency: int = typer.Option(16, min=1, help="Requests in flight at once (one per document at most)."),
+    max_attempts: int = typer.Option(8, min=0, envvar="YRELAY_WEBHOOK_MAX_ATTEMPTS",
+                                     help="Failed attempts of one batch before its document is parked (dead letter); "
+                                          "0: never park."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """POST every change of every document (or of --prefix) to --url, signed, in order per document, at least once.
@@ -394,11 +397,11 @@ def webhook(
     logs.add_secret(secret)
     url_of_redis = _redis_url(redis_url, data_dir)
     logs.add_url_secrets(url_of_redis)
-    asyncio.run(_webhook(url_of_redis, group, url, secret, prefix, lease, concurrency))
+    asyncio.run(_webhook(url_of_redis, group, url, secret, prefix, lease, concurrency, max_attempts or None))
 
 
 async def _webhook(redis_url: str, group: str, url: str, secret: str, prefix: str, lease: float,
-                   concurrency: int) -> None:
+                   concurrency: int, max_attempts: int | None) -> None:
     import signal
 
     from .consumers.webhook import serve as serve_webhook
@@ -410,7 +413,7 @@ async def _webhook(redis_url: str, group: str, url: str, secret: str, prefix: st
     redis = Redis.from_url(redis_url)
     try:
         stats = await serve_webhook(redis, group, url, secret, prefix=prefix, lease=lease, concurrency=concurrency,
-                                    stop=stop)
+                                    max_attempts=max_attempts, stop=stop)
     finally:
         await redis.aclose()
     logging.getLogger("yrelay.webhook").info("left group %s: %s", group, stats)

@@ -68,6 +68,8 @@ class Reader:
         self.block_ms = block_ms
         self.valid = valid
         self.held: dict[str, Held] = {}
+        #: Held documents not read until :meth:`resume` (a webhook's dead letters).
+        self.paused: set[str] = set()
         self._changed = asyncio.Event()
         #: Batches handed out again after a restart from the snapshot, acks refused.
         self.refused = 0
@@ -81,6 +83,18 @@ class Reader:
         for doc, version in mine.items():
             if doc not in self.held or self.held[doc].version != version:
                 self.held[doc] = Held(version)
+        self.paused &= mine.keys()
+        self._changed.set()
+
+    def pause(self, doc: str) -> None:
+        """Read nothing more of ``doc`` (its position stays at the last ack)."""
+        self.paused.add(doc)
+
+    def resume(self, doc: str) -> None:
+        """Read ``doc`` again, from the group's last ack (claimed anew)."""
+        self.paused.discard(doc)
+        if (held := self.held.get(doc)) is not None:
+            self.held[doc] = Held(held.version)
         self._changed.set()
 
     def lag(self) -> tuple[int, int]:
@@ -131,7 +145,7 @@ class Reader:
                     self.held.clear()
                     break
                 held = self.held.get(batch.doc)
-                if held is not None and held.version == batch.version:  # else moved away meanwhile
+                if held is not None and held.version == batch.version and batch.doc not in self.paused:
                     yield batch
 
     async def _step(self) -> list[Batch]:
@@ -141,11 +155,12 @@ class Reader:
             self.held.clear()
         starts = []
         for doc, held in list(self.held.items()):
-            if held.cursor is None and (batch := await self._start(doc, held)) is not None:
+            if held.cursor is None and doc not in self.paused and (batch := await self._start(doc, held)) is not None:
                 starts.append(batch)
         if starts:
             return starts
-        cursors = {doc: held.cursor for doc, held in self.held.items() if held.cursor is not None}
+        cursors = {doc: held.cursor for doc, held in self.held.items()
+                   if held.cursor is not None and doc not in self.paused}
         if cursors:
             return await self._read(cursors)
         self._changed.clear()
