@@ -402,14 +402,9 @@ def webhook(
 
 async def _webhook(redis_url: str, group: str, url: str, secret: str, prefix: str, lease: float,
                    concurrency: int, max_attempts: int | None) -> None:
-    import signal
-
     from .consumers.webhook import serve as serve_webhook
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    stop = _stop_on_signals()
     redis = Redis.from_url(redis_url)
     try:
         stats = await serve_webhook(redis, group, url, secret, prefix=prefix, lease=lease, concurrency=concurrency,
@@ -417,6 +412,55 @@ async def _webhook(redis_url: str, group: str, url: str, secret: str, prefix: st
     finally:
         await redis.aclose()
     logging.getLogger("yrelay.webhook").info("left group %s: %s", group, stats)
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+def consume(
+    command: list[str] = typer.Argument(..., help="The command and its arguments, after --."),
+    group: str = typer.Option(..., "--group", help="The consumer group's name (shared by every member of it)."),
+    prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
+    ack_on_write: bool = typer.Option(False, "--ack-on-write",
+                                      help="Ack each batch once written to the pipe, without waiting for 'ack <id>'."),
+    window: int = typer.Option(16, min=1, help="Batches written and not yet acked, at most."),
+    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."),
+    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
+    lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Pipe every change (of --prefix) to COMMAND's stdin, one JSON line per batch; it acks with 'ack <delivery id>'.
+
+    yrelay consume --group export -- python export.py. The command is
+    restarted when it exits; SIGTERM stops it and leaves the group. See
+    docs/consumers.md, "yrelay consume"."""
+    logs.configure(log_level)
+    url_of_redis = _redis_url(redis_url, data_dir)
+    logs.add_url_secrets(url_of_redis)
+    asyncio.run(_consume(url_of_redis, group, command, prefix, lease, ack_on_write, window))
+
+
+async def _consume(redis_url: str, group: str, command: list[str], prefix: str, lease: float, ack_on_write: bool,
+                   window: int) -> None:
+    from .consumers.pipe import serve as serve_pipe
+
+    stop = _stop_on_signals()
+    redis = Redis.from_url(redis_url)
+    try:
+        stats = await serve_pipe(redis, group, command, prefix=prefix, lease=lease, ack_on_write=ack_on_write,
+                                 window=window, stop=stop)
+    finally:
+        await redis.aclose()
+    logging.getLogger("yrelay.consume").info("left group %s: %s", group, stats)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set (in the running loop)."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
 
 
 token_cli = typer.Typer(help="Client tokens for the built-in JWT authentication (YRELAY_AUTH_SECRET).",
