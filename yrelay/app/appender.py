@@ -24,6 +24,7 @@ from typing import Any
 
 from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
+from ..deletion import is_deleted_error, unlist
 from ..replies import text
 from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks, mark_changed
 from ..tasks import BackgroundTask
@@ -154,7 +155,10 @@ class Appender:
 
     def _resolve(self, doc: str, items: list[_Item], result: object, replicated: bool = True) -> None:
         if isinstance(result, Exception):
-            log.error("append to %s failed: %s", doc, result, extra={"doc": doc})
+            if is_deleted_error(result):  # the client's news, not ours; the batch's mark_changed listed it again
+                self._side_task(unlist(self.store.redis, doc))
+            else:
+                log.error("append to %s failed: %s", doc, result, extra={"doc": doc})
             for item in items:
                 _fail(item, result)
             return

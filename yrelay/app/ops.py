@@ -151,6 +151,7 @@ async def revoke_token(body: RevokeRequest, request: Request) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-from . import ops_dead_letters  # noqa: E402 - its routes share this router's token check
+from . import ops_dead_letters, ops_delete  # noqa: E402 - their routes share this router's token check
 
 router.include_router(ops_dead_letters.router)
+router.include_router(ops_delete.router)

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 
 from ..backoff import Reconnect
 from ..events import EventSink
+from ..deletion import is_deletion
 from ..keys import meta_key, stream_key
 from ..offsets import StreamId
 from ..replies import stream_id, text
@@ -213,5 +214,7 @@ class Reader:
             entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
             held.cursor = entries[-1].id
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
-            batches.append(Batch(doc, entries, held.version, held.cursor, _ack=self.ack))
+            deleted = is_deletion(entries[-1])  # the marker ends the stream (yrelay/deletion.py)
+            batches.append(Batch(doc, entries[:-1] if deleted else entries, held.version, held.cursor,
+                                 deleted=deleted, _ack=self.ack))
         return batches

@@ -81,7 +81,7 @@ class Failure:
 def delivery_id(batch: Batch) -> str:
     """``<doc, percent-encoded>:<first entry id>:<last entry id>``: the same for
     every attempt of one batch, so a receiver drops a repeat it stored."""
-    ids = batch.ids or [str(batch.offset)]
+    ids = batch.ids if batch.ids and not batch.deleted else [*batch.ids[:1], str(batch.offset)]
     return f"{quote(batch.doc, safe='')}:{ids[0]}:{ids[-1]}"
 
 
@@ -96,6 +96,7 @@ def payload(group: str, batch: Batch) -> bytes:
         "offset": str(batch.offset),
         "restart": batch.restart,
         "snapshot": base64.b64encode(batch.snapshot).decode() if batch.snapshot is not None else None,
+        "deleted": batch.deleted,
     }
     return json.dumps(body, separators=(",", ":")).encode()
 
