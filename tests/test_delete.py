@@ -113,3 +113,65 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         assert (await http.delete(f"/ops/docs/{DOC}")).status_code == 401
         await http.aclose()
 
+
+
+async def test_writes_racing_the_delete_leave_nothing_but_the_tombstone(redis_client):
+    """Appends run while the document is deleted: each lands before the
+    marker (and is deleted with the rest) or is refused; none comes after it,
+    and no clock, dedup field or snapshot of the old document survives."""
+    from yrelay.deletion import delete_document
+    from yrelay.keys import clocks_key, dedup_key, meta_key, snapshot_key
+    from yrelay.offsets import StreamId
+
+    store = DocumentStore(redis_client)
+    doc = "race/doc"
+    ydoc = crdt.new_doc()
+    stored: list[StreamId] = []
+    refused = 0
+
+    async def write(n: int) -> None:
+        nonlocal refused
+        for i in range(n):
+            crdt.insert_text(ydoc, 0, f"{i} ")
+            try:
+                entry_id, _ = await store.append(doc, "racer-session-000001", i + 1, crdt.encode_state(ydoc))
+                stored.append(StreamId.parse(entry_id))
+            except redis.exceptions.ResponseError as exc:
+                assert "YRELAY_DELETED" in str(exc)
+                refused += 1
+
+    writing = asyncio.create_task(write(300))
+    while len(stored) < 20:
+        await asyncio.sleep(0.005)
+    deleted = await delete_document(redis_client, doc, 60)
+    await writing
+    assert refused > 0 and stored and all(entry < deleted.marker for entry in stored)
+    entries = await redis_client.xrange(stream_key(doc))
+    assert [StreamId.parse(e[0].decode()) for e in entries] == [deleted.marker]
+    assert not await redis_client.exists(clocks_key(doc), dedup_key(doc), snapshot_key(doc))
+    assert (await redis_client.hget(meta_key(doc), "deleted")).decode() == str(deleted.marker)
+    # Idempotent while the tombstone lives: the same marker, nothing rewritten.
+    assert (await delete_document(redis_client, doc, 60)).marker == deleted.marker
+
+
+async def test_a_yws_connection_is_closed_with_4404_and_its_writes_refused(redis_url, redis_client):
+    from ywspeer import YwsPeer
+
+    from yrelay.deletion import delete_document
+
+    async with running_server(redis_url) as url:
+        base = url.removesuffix("/ws")
+        peer = await YwsPeer.connect(base, "yws/gone")
+        await peer.edit("hello")
+        for _ in range(100):
+            if await redis_client.xlen(stream_key("yws/gone")):
+                break
+            await asyncio.sleep(0.05)
+        await delete_document(redis_client, "yws/gone", 60)
+        await eventually(lambda: peer.closed is not None)
+        assert peer.closed[0] == 4404 and peer.closed[1].startswith("document_deleted"), peer.closed
+        late = await YwsPeer.connect(base, "yws/gone")
+        await late.edit("again")
+        await eventually(lambda: late.closed is not None)
+        assert late.closed[0] == 4500 and late.closed[1].startswith("document_deleted"), late.closed
+        assert await redis_client.xlen(stream_key("yws/gone")) == 1
