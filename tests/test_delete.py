@@ -102,7 +102,10 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         again = await fresh.subscribe(DOC)
         assert again.text == ""
         crdt.insert_text(again.ydoc, 0, "new")
-        await eventually(lambda: fresh.error_codes["document_deleted"] == 1, timeout=10)
+        try:
+            await eventually(lambda: fresh.error_codes["document_deleted"] >= 1, timeout=10)  # a resend may race the answer
+        except AssertionError:
+            raise AssertionError(f"errors {fresh.errors}, pending {fresh.pending}") from None
         assert await redis_client.xlen(stream_key(DOC)) == 1
         for _ in range(100):  # the refused write's pipeline listed it again; undone
             if await redis_client.zscore(documents_key(), DOC) is None:

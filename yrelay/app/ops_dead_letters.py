@@ -51,5 +51,5 @@ async def retry_dead_letter(group: str, doc: str, request: Request) -> dict[str,
 async def retry_all_dead_letters(group: str, request: Request) -> dict[str, Any]:
     """Retry every parked document of the group."""
     retried = await _dead_letters(request, group).retry_all()
-    _ctx(request).events.emit("dead_letter_retry", group=group, documents=retried)
+    _ctx(request).events.emit("dead_letter_retry", group=group)
     return {"group": group, "retried": retried}

@@ -30,5 +30,5 @@ async def delete_doc(doc: str, request: Request) -> dict[str, Any]:
     if not await ctx.redis.exists(stream_key(doc), meta_key(doc), snapshot_key(doc)):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown document {doc!r}")
     deleted = await delete_document(ctx.redis, doc, ctx.settings.delete_tombstone_seconds)
-    ctx.events.emit("delete", doc, marker=str(deleted.marker), sessions=len(deleted.sessions))
+    ctx.events.emit("delete", doc, offset=str(deleted.marker))
     return {"doc": doc, "deleted": True, "marker": str(deleted.marker), "sessions": len(deleted.sessions)}
