@@ -263,7 +263,8 @@ class Webhook:
                 held = self.group.reader.held
                 self._parked &= held.keys()
                 self._checked = {doc: v for doc, v in self._checked.items() if doc in held}
-                retried = self._parked - await self.dead.still_parked(sorted(self._parked))
+                asked = sorted(self._parked)  # not one parked while we ask: it would look retried
+                retried = set(asked) - await self.dead.still_parked(asked)
             except (redis.exceptions.RedisError, OSError) as exc:
                 log.warning("webhook %s: counters or dead letters not read (%s)", self.group.name, exc)
                 continue
