@@ -144,3 +144,20 @@ async def test_an_unreachable_receiver_parks_nothing(redis_client, store):
         async with serving(receiver.app, port):
             await eventually(lambda: receiver.accepted("patient") == written["patient"], timeout=10)
         await _stop(task)
+
+
+async def test_the_cli_retries_every_dead_letter_of_a_group(redis_url, redis_client):
+    import sys
+
+    from yrelay.consumers.dead_letters import DeadLetter
+
+    dead = DeadLetters(redis_client, "cli-dead")
+    for doc in ("a", "b"):
+        await dead.park(DeadLetter(doc, f"{doc}:1-0:1-0", "HTTP 500", 8, 1.0, "m"))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "yrelay.cli", "webhook", "--group", "cli-dead", "--retry-dead", "--redis-url", redis_url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, stderr.decode()
+    assert "retried 2 dead letter(s) of group cli-dead" in stdout.decode()
+    assert await dead.all() == []

@@ -371,7 +371,7 @@ def bench(
 @cli.command()
 def webhook(
     group: str = typer.Option(..., "--group", help="The consumer group's name (shared by every webhook process of it)."),
-    url: str = typer.Option(..., "--url", help="Where each batch is POSTed (JSON)."),
+    url: Optional[str] = typer.Option(None, "--url", help="Where each batch is POSTed (JSON). Required unless --retry-dead."),
     secret_env: str = typer.Option("YRELAY_WEBHOOK_SECRET", "--secret-env",
                                    help="The environment variable holding the signing secret (never on the command line)."),
     prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
@@ -382,12 +382,21 @@ def webhook(
     max_attempts: int = typer.Option(8, min=0, envvar="YRELAY_WEBHOOK_MAX_ATTEMPTS",
                                      help="Failed attempts of one batch before its document is parked (dead letter); "
                                           "0: never park."),
+    retry_dead: bool = typer.Option(False, "--retry-dead",
+                                    help="Unpark every dead letter of --group (delivered again from their last ack "
+                                         "by the running members), then exit."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """POST every change of every document (or of --prefix) to --url, signed, in order per document, at least once.
 
     Run several with the same --group to share the documents; SIGTERM leaves
     the group cleanly. See docs/consumers.md, "Webhooks"."""
+    if retry_dead:
+        asyncio.run(_retry_dead(_redis_url(redis_url, data_dir), group))
+        return
+    if not url:
+        typer.echo("yrelay webhook: --url is required", err=True)
+        raise typer.Exit(2)
     extras.require("webhooks", "webhook")
     secret = os.environ.get(secret_env, "")
     if not secret:
@@ -398,6 +407,17 @@ def webhook(
     url_of_redis = _redis_url(redis_url, data_dir)
     logs.add_url_secrets(url_of_redis)
     asyncio.run(_webhook(url_of_redis, group, url, secret, prefix, lease, concurrency, max_attempts or None))
+
+
+async def _retry_dead(redis_url: str, group: str) -> None:
+    from .consumers.dead_letters import DeadLetters
+
+    redis = Redis.from_url(redis_url)
+    try:
+        retried = await DeadLetters(redis, group).retry_all()
+    finally:
+        await redis.aclose()
+    typer.echo(f"retried {retried} dead letter(s) of group {group}")
 
 
 async def _webhook(redis_url: str, group: str, url: str, secret: str, prefix: str, lease: float,
