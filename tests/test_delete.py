@@ -97,6 +97,7 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         # A write racing the delete (here: after it) is refused and writes nothing.
         with pytest.raises(redis.exceptions.ResponseError, match="YRELAY_DELETED"):
             await DocumentStore(redis_client).append(DOC, "late-session-0000000", 1, crdt.encode_state(written.ydoc))
+        assert await redis_client.zscore(documents_key(), DOC) is None  # its pipeline's listing undone
         # A new subscriber sees an empty document, and cannot write to it while the tombstone lives.
         fresh = await make_client(url)
         again = await fresh.subscribe(DOC)

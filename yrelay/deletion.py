@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import redis.exceptions
 from redis.asyncio import Redis
 
 from .keys import (document_keys, documents_key, gc_due_key, group_dead_letters_key, group_leases_key,
@@ -50,7 +51,7 @@ def is_deletion(entry: Entry) -> bool:
 
 def is_deleted_error(exc: BaseException) -> bool:
     """Whether an append failed because the document was deleted."""
-    return str(exc).startswith(DELETED_ERROR)
+    return isinstance(exc, redis.exceptions.ResponseError) and DELETED_ERROR in str(exc)  # a pipeline prefixes it
 
 
 class DocumentDeleted(Exception):
