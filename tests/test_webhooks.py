@@ -77,7 +77,7 @@ async def test_every_entry_arrives_in_order_through_failures_and_an_outage(redis
     group = ConsumerGroup(redis_client, "hooks", member="w1", lease=LEASE)
     await group.start()
     webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET, concurrency=4, timeout=2.0,
-                      backoff=Backoff(base=0.05, max_delay=1.0, jitter=0.5))
+                      backoff=Backoff(base=0.05, max_delay=1.0, jitter=0.5), max_attempts=None)
     task = asyncio.create_task(webhook.run())
     loop = asyncio.get_running_loop()
     try:
@@ -166,7 +166,7 @@ async def test_the_cli_delivers_and_leaves_the_group_on_sigterm(redis_url, redis
     assert SECRET not in stderr.decode()
 
 
-async def test_a_4xx_is_retried_not_skipped_and_retry_after_is_honoured(redis_client, store):
+async def test_without_dead_letters_a_4xx_is_retried_not_skipped_and_retry_after_is_honoured(redis_client, store):
     written = await write(store, ["doc-4xx"], 2)
     answers = [Response(status_code=400), Response(status_code=400),
                Response(status_code=429, headers={"Retry-After": "1"})]
@@ -181,7 +181,7 @@ async def test_a_4xx_is_retried_not_skipped_and_retry_after_is_honoured(redis_cl
     async with serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port):
         async with ConsumerGroup(redis_client, "hooks-4xx", member="w1", lease=LEASE) as group:
             webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET,
-                              backoff=Backoff(base=0.05, max_delay=0.2))
+                              backoff=Backoff(base=0.05, max_delay=0.2), max_attempts=None)
             task = asyncio.create_task(webhook.run())
             await eventually(lambda: webhook.stats.delivered == 1, timeout=15)
             task.cancel()
@@ -205,7 +205,7 @@ async def test_a_failing_document_waits_while_the_others_are_delivered(redis_cli
     async with serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port):
         async with ConsumerGroup(redis_client, "hooks-slow", member="w1", lease=LEASE) as group:
             webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET, concurrency=2,
-                              backoff=Backoff(base=0.05, max_delay=0.2))
+                              backoff=Backoff(base=0.05, max_delay=0.2), max_attempts=None)
             task = asyncio.create_task(webhook.run())
             await eventually(lambda: webhook.stats.delivered == 2 and len(statuses["stuck"]) >= 3, timeout=15)
             more = await write(store, ["ok-1"], 1, word="more")  # still flowing while "stuck" fails

@@ -385,7 +385,7 @@ def bench(
 @cli.command()
 def webhook(
     group: str = typer.Option(..., "--group", help="The consumer group's name (shared by every webhook process of it)."),
-    url: str = typer.Option(..., "--url", help="Where each batch is POSTed (JSON)."),
+    url: Optional[str] = typer.Option(None, "--url", help="Where each batch is POSTed (JSON). Required unless --retry-dead."),
     secret_env: str = typer.Option("YRELAY_WEBHOOK_SECRET", "--secret-env",
                                    help="The environment variable holding the signing secret (never on the command line)."),
     prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
@@ -393,12 +393,24 @@ def webhook(
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
     lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
     concurrency: int = typer.Option(16, min=1, help="Requests in flight at once (one per document at most)."),
+    max_attempts: int = typer.Option(8, min=0, envvar="YRELAY_WEBHOOK_MAX_ATTEMPTS",
+                                     help="Failed attempts of one batch before its document is parked (dead letter); "
+                                          "0: never park."),
+    retry_dead: bool = typer.Option(False, "--retry-dead",
+                                    help="Unpark every dead letter of --group (delivered again from their last ack "
+                                         "by the running members), then exit."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """POST every change of every document (or of --prefix) to --url, signed, in order per document, at least once.
 
     Run several with the same --group to share the documents; SIGTERM leaves
     the group cleanly. See docs/consumers.md, "Webhooks"."""
+    if retry_dead:
+        asyncio.run(_retry_dead(_redis_url(redis_url, data_dir), group))
+        return
+    if not url:
+        typer.echo("yrelay webhook: --url is required", err=True)
+        raise typer.Exit(2)
     extras.require("webhooks", "webhook")
     secret = os.environ.get(secret_env, "")
     if not secret:
@@ -408,26 +420,81 @@ def webhook(
     logs.add_secret(secret)
     url_of_redis = _redis_url(redis_url, data_dir)
     logs.add_url_secrets(url_of_redis)
-    asyncio.run(_webhook(url_of_redis, group, url, secret, prefix, lease, concurrency))
+    asyncio.run(_webhook(url_of_redis, group, url, secret, prefix, lease, concurrency, max_attempts or None))
+
+
+async def _retry_dead(redis_url: str, group: str) -> None:
+    from .consumers.dead_letters import DeadLetters
+
+    redis = Redis.from_url(redis_url)
+    try:
+        retried = await DeadLetters(redis, group).retry_all()
+    finally:
+        await redis.aclose()
+    typer.echo(f"retried {retried} dead letter(s) of group {group}")
 
 
 async def _webhook(redis_url: str, group: str, url: str, secret: str, prefix: str, lease: float,
-                   concurrency: int) -> None:
-    import signal
-
+                   concurrency: int, max_attempts: int | None) -> None:
     from .consumers.webhook import serve as serve_webhook
+
+    stop = _stop_on_signals()
+    redis = Redis.from_url(redis_url)
+    try:
+        stats = await serve_webhook(redis, group, url, secret, prefix=prefix, lease=lease, concurrency=concurrency,
+                                    max_attempts=max_attempts, stop=stop)
+    finally:
+        await redis.aclose()
+    logging.getLogger("yrelay.webhook").info("left group %s: %s", group, stats)
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+def consume(
+    command: list[str] = typer.Argument(..., help="The command and its arguments, after --."),
+    group: str = typer.Option(..., "--group", help="The consumer group's name (shared by every member of it)."),
+    prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
+    ack_on_write: bool = typer.Option(False, "--ack-on-write",
+                                      help="Ack each batch once written to the pipe, without waiting for 'ack <id>'."),
+    window: int = typer.Option(16, min=1, help="Batches written and not yet acked, at most."),
+    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."),
+    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
+    lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Pipe every change (of --prefix) to COMMAND's stdin, one JSON line per batch; it acks with 'ack <delivery id>'.
+
+    yrelay consume --group export -- python export.py. The command is
+    restarted when it exits; SIGTERM stops it and leaves the group. See
+    docs/consumers.md, "yrelay consume"."""
+    logs.configure(log_level)
+    url_of_redis = _redis_url(redis_url, data_dir)
+    logs.add_url_secrets(url_of_redis)
+    asyncio.run(_consume(url_of_redis, group, command, prefix, lease, ack_on_write, window))
+
+
+async def _consume(redis_url: str, group: str, command: list[str], prefix: str, lease: float, ack_on_write: bool,
+                   window: int) -> None:
+    from .consumers.pipe import serve as serve_pipe
+
+    stop = _stop_on_signals()
+    redis = Redis.from_url(redis_url)
+    try:
+        stats = await serve_pipe(redis, group, command, prefix=prefix, lease=lease, ack_on_write=ack_on_write,
+                                 window=window, stop=stop)
+    finally:
+        await redis.aclose()
+    logging.getLogger("yrelay.consume").info("left group %s: %s", group, stats)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set (in the running loop)."""
+    import signal
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    redis = Redis.from_url(redis_url)
-    try:
-        stats = await serve_webhook(redis, group, url, secret, prefix=prefix, lease=lease, concurrency=concurrency,
-                                    stop=stop)
-    finally:
-        await redis.aclose()
-    logging.getLogger("yrelay.webhook").info("left group %s: %s", group, stats)
+    return stop
 
 
 token_cli = typer.Typer(help="Client tokens for the built-in JWT authentication (YRELAY_AUTH_SECRET).",

@@ -150,6 +150,8 @@ class Settings:
     #: ... and a live group only once it lacks an entry this many seconds
     #: older than now (docs/consumers.md).
     gc_group_absolute_delta: float = 86_400.0
+    #: A deleted document refuses writes this long (seconds; yrelay/deletion.py).
+    delete_tombstone_seconds: float = 3600.0
 
     #: Write the event log (docs/events.md) under ``data_dir/events``.
     event_log: bool = True

@@ -278,3 +278,17 @@ def group_meta_key(group: str) -> str:
     """Hash: ``version`` (assignment versions handed out), ``rev`` (bumped
     on every assignment change), ``prefix``, ``rebalances``, ``elections``."""
     return f"{PREFIX}:group:{{{group}}}:meta"
+
+
+def group_dead_letters_key(group: str) -> str:
+    """Hash: document -> JSON of why a webhook parked it (the last error,
+    attempts, time, delivery id); the group sends nothing of the document
+    until the field is removed (yrelay/consumers/dead_letters.py)."""
+    return f"{PREFIX}:group:{{{group}}}:dead-letters"
+
+
+def group_webhook_stats_key(group: str) -> str:
+    """Hash: the webhook counters of every member of the group, summed
+    (``delivered``, ``failed``, ``retries``, ``dead_letters``, latency
+    buckets; yrelay/consumers/webhook_stats.py); read by ``/metrics``."""
+    return f"{PREFIX}:group:{{{group}}}:webhook"

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .consumers.stats import GroupStats, group_stats
+from .consumers.webhook_stats import WebhookCollector
 from .listing import registry_counts
 from .protocol import ErrorCode, ResyncReason
 
@@ -147,6 +148,8 @@ class Metrics:
         self._failed = False
         self._groups = _GroupState()
         registry.register(self._groups)
+        self._webhooks = WebhookCollector()
+        registry.register(self._webhooks)
 
     # --------------------------------------------------------- event sink
 
@@ -241,6 +244,7 @@ class Metrics:
         self.redis_up.set(1)
         try:
             self._groups.stats = await group_stats(redis)
+            await self._webhooks.refresh(redis, [stats.group for stats in self._groups.stats])
         except Exception as exc:  # noqa: BLE001 - the rest of the scrape stands
             log.debug("metrics: consumer groups not read: %s", exc)
 

@@ -84,6 +84,9 @@ class ErrorCode(str, enum.Enum):
     AWARENESS_NOT_OWNER = "awareness_not_owner"
     AWARENESS_TOO_MANY_CLIENTS = "awareness_too_many_clients"
     DOCUMENT_UNAVAILABLE = "document_unavailable"
+    #: An operator deleted the document (DELETE /ops/docs/{doc}): the
+    #: subscription ended, or the update was not stored.
+    DOCUMENT_DELETED = "document_deleted"
     UNAVAILABLE = "unavailable"
     #: The update IS stored, but fewer than ``ack_replicas`` replicas confirmed
     #: it in time: resend it (the resend is answered from the stored entry).

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import redis.exceptions
 from redis.asyncio import Redis
 
 from . import crdt
@@ -90,7 +91,13 @@ class DocumentStore:
             await self.scripts.append(keys=append_keys(doc), args=append_args([(session, clock, update, needs)]),
                                       client=pipe)
             mark_changed(pipe, [doc])
-            [reply, *_] = await pipe.execute()
+            try:
+                [reply, *_] = await pipe.execute()
+            except redis.exceptions.ResponseError as exc:
+                from .deletion import is_deleted_error, unlist  # deletion builds on this module
+                if is_deleted_error(exc):  # refused, but mark_changed listed it again
+                    await unlist(self.redis, doc)
+                raise
         if reply == [b"stale"]:
             await bring_clocks_up_to_date(self, doc)
             return await self.append(doc, session, clock, update, needs)

@@ -24,7 +24,8 @@ import { updateFrames } from './update-frames.js'
 
 /** Errors after which resending the same update can never succeed. */
 export const FATAL_UPDATE_ERRORS = new Set([
-  'invalid_update', 'update_too_large', 'malformed_frame', 'invalid_doc_id', 'frame_too_large', 'forbidden'
+  'invalid_update', 'update_too_large', 'malformed_frame', 'invalid_doc_id', 'frame_too_large', 'forbidden',
+  'document_deleted'
 ])
 
 const OPEN = 1

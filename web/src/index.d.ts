@@ -171,6 +171,8 @@ export interface ProviderEvents {
   resync: (event: { reason: string }) => void
   drift: (event: { server: { count: number, hash: string } }) => void
   error: (frame: ErrorFrame) => void
+  /** An operator deleted the document (`error document_deleted`): the provider is unbound. */
+  deleted: () => void
 }
 
 /** Binds one Y.Doc to one document of a yrelay server. */
@@ -192,6 +194,8 @@ export class YrelayProvider extends ObservableV2<ProviderEvents> {
   synced: boolean
   /** Resubscribes where the drift digests differed. */
   drifts: number
+  /** The document was deleted by an operator (the `deleted` event). */
+  deleted?: boolean
   resyncs: number
   /** Local changes not yet in the server's stream. */
   readonly pending: number

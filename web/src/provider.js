@@ -231,8 +231,23 @@ export class YrelayProvider extends ObservableV2 {
       case 'awareness': return this._onAwareness(frame)
       case 'error':
         this.emit('error', [frame])
+        if (frame.code === 'document_deleted' && frame.clock === undefined) return this._onDeleted()
         return this._emitPending()
     }
+  }
+
+  /**
+   * An operator deleted the document: the server ended the subscription.
+   * Unbound (no resubscribe on reconnect) and released (listeners, timers);
+   * the Y.Doc keeps what it held. Bind a new provider to start a new, empty
+   * document of the same name.
+   */
+  _onDeleted () {
+    this.deleted = true
+    this.synced = false
+    if (this.client.providers.get(this.name) === this) this.client.providers.delete(this.name)
+    this.emit('deleted', [])
+    this._release()
   }
 
   _appended (frame, item) {

@@ -131,6 +131,28 @@ test('destroy unbinds the document; the same client can bind it again and gets i
   await eventually(() => again.text.toString() === 'kept', 'the content, from the server')
 })
 
+test('a deleted document unbinds its providers with a deleted event; binding it again gives an empty one', async () => {
+  const name = uniqueDoc('deleted')
+  const shared = client()
+  const a = bind(shared, name)
+  await once(a.provider, 'synced')
+  a.text.insert(0, 'to be deleted')
+  await eventually(() => a.provider.pending === 0, 'ack')
+  const deleted = once(a.provider, 'deleted')
+  const base = process.env.YRELAY_WS_URL.replace(/^ws/, 'http').replace(/\/ws$/, '')
+  const response = await fetch(`${base}/ops/docs/${name}`, {
+    method: 'DELETE', headers: { authorization: `Bearer ${process.env.YRELAY_OPS_TOKEN}` }
+  })
+  assert.equal(response.status, 200, await response.text())
+  await deleted
+  assert.equal(a.provider.deleted, true)
+  assert.equal(shared.providers.has(name), false)
+  assert.equal(a.text.toString(), 'to be deleted') // the local copy stays readable
+  const again = bind(shared, name)
+  await once(again.provider, 'synced')
+  assert.equal(again.text.toString(), '')
+})
+
 test('presence: each side sees the other, and a leaving client is removed from the others', async () => {
   const name = uniqueDoc()
   const a = bind(client(), name)

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
+from ..deletion import is_deleted_error, unlist
 from ..redis_client import UNREACHABLE
 from ..replies import text
 from ..listing import mark_changed
@@ -172,9 +173,12 @@ class Appender:
             self._queue(item)
 
     def _resolve(self, doc: str, items: list[_Item], result: object, replicated: bool = True) -> None:
-        if isinstance(result, Exception):  # a node out of reach (failover) is no fault of the document
-            log.log(logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR,
-                    "append to %s failed: %s", doc, result, extra={"doc": doc})
+        if isinstance(result, Exception):
+            if is_deleted_error(result):  # the client's news, not ours; the batch's mark_changed listed it again
+                self._side_task(unlist(self.store.redis, doc))
+            else:  # a node out of reach (failover) is no fault of the document
+                log.log(logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR,
+                        "append to %s failed: %s", doc, result, extra={"doc": doc})
             for item in items:
                 _fail(item, result)
             return

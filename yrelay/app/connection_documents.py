@@ -20,7 +20,7 @@ from .allowance import Allowance
 from .connection_presence import ConnectionPresence
 from .context import ServerContext
 from .limits import DeliveryBudget
-from .subscription import Send, Subscription
+from .subscription import Send, Subscription, SubscriptionState
 
 SendFrame = Callable[[dict[str, Any] | str], Awaitable[None]]
 
@@ -68,7 +68,7 @@ class ConnectionDocuments:
             await self._allowance.open_subscription(frame.doc)
         self._presence.join(frame.doc, session, principal)
         subscription = Subscription(self._ctx, frame.doc, session, self._document_sender(frame.doc), requested,
-                                    claimed, budget=self.budget)
+                                    claimed, budget=self.budget, on_deleted=lambda: self._deleted(frame.doc))
         self.subscriptions[frame.doc] = subscription
         subscription.start()
 
@@ -80,6 +80,14 @@ class ConnectionDocuments:
         await self._presence.leave(frame.doc)
         await self._ctx.tracker.untrack(frame.doc, session)
         await self._send(protocol.unsubscribed(frame.doc))
+
+    async def _deleted(self, doc: str) -> None:
+        """The subscription to ``doc`` ended: the document was deleted."""
+        subscription = self.subscriptions.get(doc)
+        if subscription is not None and subscription.state is SubscriptionState.CLOSED:
+            del self.subscriptions[doc]
+            self._allowance.close_subscription()
+            await self._presence.leave(doc)
 
     def check_resends(self) -> None:
         for subscription in list(self.subscriptions.values()):

@@ -149,3 +149,9 @@ async def revoke_token(body: RevokeRequest, request: Request) -> Response:
     except AlreadyExpired as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+from . import ops_dead_letters, ops_delete  # noqa: E402 - their routes share this router's token check
+
+router.include_router(ops_dead_letters.router)
+router.include_router(ops_delete.router)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
+from ..deletion import DocumentDeleted, is_deletion
 from ..offsets import StreamId
 from ..store import Entry
 from . import sizing
@@ -139,6 +140,8 @@ class Sender:
     async def _send_entries(self, entries: list[Entry], shared: Shared | None = None) -> None:
         if not entries:
             return
+        if is_deletion(entries[-1]):  # the marker is the stream's last entry (yrelay/deletion.py)
+            raise DocumentDeleted(self.doc)
         visible = [entry for entry in entries
                    if entry.session != self.session or entry.id <= self.own_visible_through]
         if visible:

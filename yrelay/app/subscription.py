@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import redis.exceptions
 
 from .. import crdt, logs, protocol
 from ..backoff import Reconnect
+from ..deletion import DocumentDeleted
 from ..offsets import StreamId
 from ..protocol import ErrorCode, ProtocolError, ResyncReason
 from ..reconciliation.digest import Digest
@@ -70,6 +72,7 @@ class Subscription:
         requested: StreamId | None,
         claimed: WindowDigest | None = None,
         budget: DeliveryBudget | None = None,
+        on_deleted: Callable[[], Awaitable[None]] | None = None,
     ):
         self.ctx = ctx
         self.doc = doc
@@ -91,6 +94,8 @@ class Subscription:
         self._wake = asyncio.Event()
         self._pump = BackgroundTask(f"yrelay-sub-{doc}", self._run)
         self.drift_detected = 0
+        #: Called once the client was told the document was deleted (the subscription then ends).
+        self._on_deleted = on_deleted
 
     # ------------------------------------------------------------ lifecycle
 
@@ -183,6 +188,8 @@ class Subscription:
                     reconnect.succeeded()
                 except HistoryTrimmed:
                     await self._require_resync(ResyncReason.TRIMMED)
+                except DocumentDeleted:
+                    await self._deleted()
                 except (redis.exceptions.RedisError, OSError) as exc:
                     log.warning("document %s: Redis error %s; retrying", self.doc, exc)
                     await self._error(ErrorCode.UNAVAILABLE, "storage unavailable; retrying")
@@ -284,6 +291,16 @@ class Subscription:
         (feature ``synced``); a sync answer also settles a pending subscribe's."""
         self._synced_at = None
         await self._send(protocol.synced(self.doc, str(offset)))
+
+    async def _deleted(self) -> None:
+        """The document was deleted (its marker was read): say so, end the
+        subscription (from inside its own pump: close only forgets the task)."""
+        self.ctx.events.emit("deleted", self.doc, self.session)
+        await self._error(ErrorCode.DOCUMENT_DELETED, "the document was deleted; subscribe again for a new, "
+                                                      "empty one")
+        await self.close()
+        if self._on_deleted is not None:
+            await self._on_deleted()
 
     async def _error(self, code: ErrorCode, message: str) -> None:
         await self._send(protocol.error(ProtocolError(code, message, doc=self.doc)))

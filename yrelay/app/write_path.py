@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import crdt, protocol
 from ..admission import Needs, needs_of
+from ..deletion import is_deleted_error
 from ..protocol import ErrorCode, ProtocolError, Update
 from ..store import NotAdmitted
 from ..update_format import Layout, MalformedUpdate, read_layout
@@ -168,6 +169,11 @@ class WritePath:
                 doc=frame.doc, clock=frame.clock)))
             return
         except Exception as exc:
+            if is_deleted_error(exc):
+                await self._safe_send(protocol.error(ProtocolError(
+                    ErrorCode.DOCUMENT_DELETED, "not stored: the document was deleted", doc=frame.doc,
+                    clock=frame.clock)))
+                return
             log.warning("append of %s clock %s failed: %s", frame.doc, frame.clock, exc)
             await self._safe_send(protocol.error(ProtocolError(
                 ErrorCode.UNAVAILABLE, "the update was not stored; resend it", doc=frame.doc, clock=frame.clock

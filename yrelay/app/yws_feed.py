@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .. import yprotocol
+from ..deletion import DocumentDeleted, is_deletion
 from ..offsets import StreamId
 from ..store import Entry, HistoryTrimmed
 from .context import ServerContext
@@ -33,6 +34,8 @@ Close = Callable[[int, str], Awaitable[None]]
 
 #: Close code when GC trimmed entries this connection had not been sent.
 CLOSE_TRIMMED = 4410
+#: Close code when an operator deleted the document (DELETE /ops/docs/{doc}).
+CLOSE_DELETED = 4404
 #: Close code when the document's stream cannot be read.
 CLOSE_DOCUMENT_FAILED = 1011
 
@@ -99,6 +102,8 @@ class YwsFeed:
                     await self._take(self._pending.popleft())
         except HistoryTrimmed:
             await self._close(CLOSE_TRIMMED, "history trimmed past this connection; reconnect to resync")
+        except DocumentDeleted:
+            await self._close(CLOSE_DELETED, "document_deleted: the document was deleted")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Redis gone: the client's reconnect sync heals it
@@ -123,10 +128,12 @@ class YwsFeed:
         """Send ``entries`` as y-protocols updates (the connection's own skipped)."""
         if not entries:
             return
+        if is_deletion(entries[-1]):
+            raise DocumentDeleted(self.doc)
         for entry in entries:
             if entry.session != self.session:
                 await self._send(yprotocol.sync_update(entry.update))
         self.cursor = entries[-1].id
 
 
-__all__ = ["CLOSE_DOCUMENT_FAILED", "CLOSE_TRIMMED", "YwsFeed"]
+__all__ = ["CLOSE_DELETED", "CLOSE_DOCUMENT_FAILED", "CLOSE_TRIMMED", "YwsFeed"]

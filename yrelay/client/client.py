@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 #: Errors after which resending the same update can never succeed.
 FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large",
-                       "forbidden"}
+                       "forbidden", "document_deleted"}
 #: Errors that say the update was not stored for now: resent on its backoff.
 #: (Any other code about an update is treated the same, as the web client does.)
 RETRY_UPDATE_ERRORS = {"unavailable", "internal_error", "missing_dependency", "replication_timeout"}
@@ -96,6 +96,9 @@ class ClientDocument:
     _replica: crdt.Replica | None = None
     #: Other clients' presence on this document (docs/protocol.md#presence).
     presence: RemotePresence = field(default_factory=RemotePresence)
+    #: Set when an operator deleted the document: the subscription ended and
+    #: the client no longer sends or resubscribes it (subscribe again for a new one).
+    deleted: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def awareness(self) -> dict[int, dict[str, Any]]:
@@ -643,11 +646,25 @@ class YrelayClient:
             self.buffer.pop(frame["clock"])  # resending cannot help; keep the local edit
         elif "clock" in frame and frame.get("code") == "rate_limited":
             self.buffer.defer(frame["clock"], frame.get("retry_after_ms", 1000) / 1000)
+        elif frame.get("code") == "document_deleted":
+            self._document_deleted(frame.get("doc", ""))
         elif "clock" in frame:  # RETRY_UPDATE_ERRORS, and codes this client does not know yet
             self.buffer.refused(frame["clock"])
             if frame.get("code") == "missing_dependency":
                 self._missing_dependency(frame)
         log.info("server error: %s", frame)
+
+    def _document_deleted(self, name: str) -> None:
+        """The server ended the subscription: the document was deleted. Its
+        unsent updates are dropped (they would be refused); the local copy
+        stays readable."""
+        doc = self.docs.pop(name, None)
+        for item in self.buffer.all():
+            if item.doc == name:
+                self.buffer.pop(item.clock)
+        if doc is not None:
+            doc.deleted.set()
+            self._emit("deleted", {"doc": name})
 
     def _missing_dependency(self, frame: dict[str, Any]) -> None:
         """Refused for content the server lacks. Kept, and resent once the

@@ -15,8 +15,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ..keys import (group_assignment_key, group_deleted_key, group_handover_key, group_leader_key, group_leases_key,
-                    group_members_key, group_meta_key, group_progress_key, groups_key, meta_key, stream_key)
+from ..keys import (group_assignment_key, group_dead_letters_key, group_deleted_key, group_handover_key,
+                    group_leader_key, group_leases_key, group_members_key, group_meta_key, group_progress_key,
+                    group_webhook_stats_key, groups_key, meta_key, stream_key)
 from ..offsets import StreamId
 from ..replies import stream_id, text
 from .handover import pending_handovers
@@ -110,7 +111,8 @@ async def delete_group(redis: Redis, group: str) -> int | None:
     await redis.set(group_deleted_key(group), 1, ex=DELETED_MARK_SECONDS)
     await redis.srem(groups_key(), group)
     await redis.delete(group_members_key(group), group_leader_key(group), group_assignment_key(group),
-                       group_handover_key(group), group_meta_key(group))
+                       group_handover_key(group), group_meta_key(group), group_dead_letters_key(group),
+                       group_webhook_stats_key(group))
     cleared = 0
     pages = [assigned] + [page async for page in documents(redis, prefix)]
     for page in pages:

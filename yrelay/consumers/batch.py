@@ -30,6 +30,10 @@ class Batch:
     snapshot: bytes | None = None
     restart: str | None = None
     _ack: Callable[["Batch"], Awaitable[AckResult]] | None = field(default=None, repr=False)
+    #: The document was deleted (DELETE /ops/docs/{doc}): drop your copy;
+    #: ``entries`` hold what came before the deletion, if any. (After
+    #: ``_ack``: the reader builds snapshot batches positionally.)
+    deleted: bool = False
 
     @property
     def updates(self) -> list[bytes]:

@@ -26,7 +26,8 @@ from redis.asyncio import Redis
 
 from ..backoff import Reconnect
 from ..events import EventSink
-from ..keys import stream_key
+from ..deletion import is_deletion
+from ..keys import meta_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..replies import stream_id, text
 from ..store import DocumentStore, to_entry
@@ -93,6 +94,8 @@ class Reader:
         self.valid = valid
         self.release = release
         self.held: dict[str, Held] = {}
+        #: Held documents not read until :meth:`resume` (a webhook's dead letters).
+        self.paused: set[str] = set()
         self._changed = asyncio.Event()
         #: The group was deleted: ``batches()`` ends.
         self.closed = False
@@ -119,6 +122,20 @@ class Reader:
                 self.held[doc] = Held(version)
                 self._to_claim = True
             self.held[doc].releasing = doc in releasing
+        self.paused &= mine.keys()
+        self._changed.set()
+
+    def pause(self, doc: str) -> None:
+        """Read nothing more of ``doc`` (its position stays at the last ack)."""
+        self.paused.add(doc)
+
+    def resume(self, doc: str) -> None:
+        """Read ``doc`` again, from the group's last ack (claimed anew)."""
+        self.paused.discard(doc)
+        if (held := self.held.get(doc)) is not None:
+            self.held[doc] = Held(held.version)
+            self.held[doc].releasing = held.releasing
+            self._to_claim = True
         self._changed.set()
 
     def close(self) -> None:
@@ -209,7 +226,7 @@ class Reader:
                 held = self.held.get(batch.doc)
                 if held is not None and held.version == batch.version and held.releasing:
                     await self._drop(batch, held)  # read before the handover was seen: not handed out
-                elif held is not None and held.version == batch.version:  # else moved away meanwhile
+                elif held is not None and held.version == batch.version and batch.doc not in self.paused:  # else moved away meanwhile
                     self._count_redelivered(batch.doc, held, batch.entries)
                     yield batch
 
@@ -264,12 +281,12 @@ class Reader:
         await self.release_finished()  # those handed over before they were claimed
         self._to_claim = False
         for doc, held in list(self.held.items()):
-            if held.cursor is None and (batch := await self._start(doc, held)) is not None:
+            if held.cursor is None and doc not in self.paused and (batch := await self._start(doc, held)) is not None:
                 starts.append(batch)
         if starts:
             return starts
         cursors = {doc: held.cursor for doc, held in self.held.items()
-                   if held.cursor is not None and not held.releasing}
+                   if held.cursor is not None and not held.releasing and doc not in self.paused}
         if cursors:
             return await self._read(cursors)
         self._changed.clear()
@@ -329,7 +346,9 @@ class Reader:
             held.cursor = entries[-1].id
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
             held.head = max(stream_id(head or None) or held.cursor, held.cursor)
-            batches.append(Batch(doc, entries, held.version, held.cursor, _ack=self.ack))
+            deleted = is_deletion(entries[-1])  # the marker ends the stream (yrelay/deletion.py)
+            batches.append(Batch(doc, entries[:-1] if deleted else entries, held.version, held.cursor,
+                                 deleted=deleted, _ack=self.ack))
         return batches
 
     def _count_redelivered(self, doc: str, held: Held, entries: list) -> None:

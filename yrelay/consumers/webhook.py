@@ -2,11 +2,14 @@
 
 Each document's batches are delivered in stream order, one at a time, and
 acked only after the receiver answered 2xx: at least once, never skipping.
-A failing delivery is retried with backoff for as long as it takes (network
-errors, 5xx, 408 and 429 honouring ``Retry-After``; other 4xx are logged and
-counted and retried too, so that no entry is lost); that document waits,
-the others go on: one task per document with a batch in flight, at most
-``concurrency`` requests at once. docs/consumers.md, "Webhooks".
+A failing delivery is retried with backoff (network errors, timeouts, 5xx,
+408 and 429 honouring ``Retry-After``); that document waits, the others go
+on: one task per document with a batch in flight, at most ``concurrency``
+requests at once. After ``max_attempts`` failed attempts of one batch (an
+unreachable receiver does not count: that is no document's fault), or at
+once when the receiver rejects it with another 4xx, the document is parked
+as a dead letter (:mod:`yrelay.consumers.dead_letters`) until an operator
+retries it. docs/consumers.md, "Webhooks" and "Dead letters".
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote
 
 import redis.exceptions
@@ -27,14 +32,17 @@ from redis.asyncio import Redis
 
 from ..backoff import Backoff, Reconnect
 from .batch import Batch
+from .dead_letters import DeadLetter, DeadLetters, now
 from .group import ConsumerGroup
 from .progress import AckResult
 from .signature import DELIVERY_HEADER, HEADER, sign, verify_signature
+from .webhook_stats import StatsFlusher, WebhookStats
 
 if TYPE_CHECKING:  # httpx is the webhooks extra: imported when a Webhook is made, so a lean install imports this module
     import httpx
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: 0.5 s doubling to 30 s, jittered: many members cut off from one receiver do not come back together.
 WEBHOOK_BACKOFF = Backoff(base=0.5, factor=2.0, max_delay=30.0, jitter=0.5)
@@ -42,21 +50,38 @@ WEBHOOK_BACKOFF = Backoff(base=0.5, factor=2.0, max_delay=30.0, jitter=0.5)
 MAX_RETRY_AFTER = 600.0
 #: Answers retried as "try again later" rather than counted as rejections.
 _TRANSIENT = {408, 429}
+#: Failed attempts of one batch before its document is parked (about a
+#: minute of retries with the default backoff: 0.5 + 1 + 2 + ... + 30 s).
+MAX_ATTEMPTS = 8
+#: Seconds between two flushes of the counters and two looks for retried dead letters.
+WATCH_INTERVAL = 1.0
 
 
-@dataclass
-class WebhookStats:
-    delivered: int = 0       # batches answered 2xx and acked
-    failed: int = 0          # attempts lost to the network, a timeout, 5xx, 408 or 429
-    rejected: int = 0        # attempts answered with another 4xx (retried all the same)
-    dropped: int = 0         # batches not sent: the document moved to another member first
-    refused_acks: int = 0    # 2xx answered, the ack refused (STALE or EVICTED): redelivered elsewhere
+class Outcome(Enum):
+    DELIVERED = "delivered"
+    #: The document is no longer this member's (or was evicted): the taker delivers from the last ack.
+    DROPPED = "dropped"
+    PARKED = "parked"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One attempt that did not end in a 2xx."""
+
+    error: str
+    status: int | None
+    #: Seconds to wait before the next attempt (0: the backoff's delay).
+    wait: float
+    #: Counts towards ``max_attempts`` (not when the receiver could not be reached).
+    counts: bool = True
+    #: A 4xx other than 408/429: parks the document at once.
+    permanent: bool = False
 
 
 def delivery_id(batch: Batch) -> str:
     """``<doc, percent-encoded>:<first entry id>:<last entry id>``: the same for
     every attempt of one batch, so a receiver drops a repeat it stored."""
-    ids = batch.ids or [str(batch.offset)]
+    ids = batch.ids if batch.ids and not batch.deleted else [*batch.ids[:1], str(batch.offset)]
     return f"{quote(batch.doc, safe='')}:{ids[0]}:{ids[-1]}"
 
 
@@ -71,6 +96,7 @@ def payload(group: str, batch: Batch) -> bytes:
         "offset": str(batch.offset),
         "restart": batch.restart,
         "snapshot": base64.b64encode(batch.snapshot).decode() if batch.snapshot is not None else None,
+        "deleted": batch.deleted,
     }
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -95,13 +121,17 @@ class Webhook:
 
     def __init__(self, group: ConsumerGroup, url: str, secret: str | bytes, *, client: httpx.AsyncClient | None = None,
                  concurrency: int = 16, backoff: Backoff = WEBHOOK_BACKOFF, timeout: float = 10.0,
-                 max_queued: int = 10_000):
+                 max_queued: int = 10_000, max_attempts: int | None = MAX_ATTEMPTS):
         """``max_queued``: batches read and not yet delivered, over all
         documents; past it the member stops reading until some are delivered
-        (memory stays bounded however long a receiver is down)."""
+        (memory stays bounded however long a receiver is down).
+        ``max_attempts``: None never parks a document (every failure, a 4xx
+        included, is retried for as long as it takes)."""
         import httpx
 
         self._errors = httpx.HTTPError
+        self._unreachable = (httpx.ConnectError, httpx.ConnectTimeout)
+        self.max_attempts = max_attempts
         self.group = group
         self.url = url
         self.secret = secret
@@ -109,6 +139,12 @@ class Webhook:
         self._own_client = client is None
         self.backoff = backoff
         self.stats = WebhookStats()
+        self.dead = DeadLetters(group.redis, group.name)
+        self._flusher = StatsFlusher(group.redis, group.name, self.stats)
+        #: Held documents parked (not read, not sent) until their dead letter is retried.
+        self._parked: set[str] = set()
+        #: doc -> the assignment version under which we saw it was not parked.
+        self._checked: dict[str, int] = {}
         self._sending = asyncio.Semaphore(concurrency)
         self._room = asyncio.Semaphore(max_queued)
         self._queues: dict[str, deque[Batch]] = {}
@@ -117,16 +153,22 @@ class Webhook:
     async def run(self) -> None:
         """Read and deliver until cancelled. Batches not acked when it stops
         are delivered again by the member that takes their documents over."""
+        watch = asyncio.create_task(self._watch())
         try:
             async for batch in self.group.batches():
+                if batch.doc in self._parked:
+                    self.stats.dropped += 1
+                    continue
                 await self._room.acquire()
                 self._queues.setdefault(batch.doc, deque()).append(batch)
                 if batch.doc not in self._tasks:
                     self._tasks[batch.doc] = asyncio.create_task(self._drain(batch.doc))
         finally:
+            watch.cancel()
             for task in list(self._tasks.values()):
                 task.cancel()
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(watch, *self._tasks.values(), return_exceptions=True)
+            await self._flush_last()
             if self._own_client:
                 await self.client.aclose()
 
@@ -135,10 +177,10 @@ class Webhook:
         queue = self._queues[doc]
         try:
             while queue:
-                if await self._deliver(queue[0]):
+                if await self._deliver(queue[0]) is Outcome.DELIVERED:
                     queue.popleft()
                     self._room.release()
-                else:  # no longer ours (or evicted): what was read after it is no longer valid either
+                else:  # parked, or no longer ours: what was read after it is not sent either
                     for _ in range(len(queue)):
                         self._room.release()
                     queue.clear()
@@ -151,75 +193,144 @@ class Webhook:
         held = self.group.reader.held.get(batch.doc)
         return held is not None and held.version == batch.version
 
-    async def _deliver(self, batch: Batch) -> bool:
-        """POST ``batch`` until a 2xx, then ack it. False when the document
-        is no longer this member's (the taker delivers from the last ack)."""
+    async def _deliver(self, batch: Batch) -> Outcome:
+        """POST ``batch`` until a 2xx, then ack it; park its document when
+        it keeps failing."""
+        if await self._parked_before(batch):
+            return Outcome.PARKED
         body = payload(self.group.name, batch)
         delivery = delivery_id(batch)
         attempts = Reconnect(self.backoff)
+        sent = counted = 0
         while True:
             if not self._holds(batch):
                 self.stats.dropped += 1
-                return False
-            wait = await self._attempt(delivery, body, attempts.attempt)
-            if wait is None:
+                return Outcome.DROPPED
+            self.stats.retries += int(sent > 0)
+            sent += 1
+            failure = await self._attempt(delivery, body, attempts.attempt)
+            if failure is None:
                 break
-            if wait > 0:
+            counted += failure.counts
+            if self.max_attempts is not None and (failure.permanent or counted >= self.max_attempts):
+                await self._park(batch, delivery, failure, sent)
+                return Outcome.PARKED
+            if failure.wait > 0:
                 attempts.attempt += 1
-                await asyncio.sleep(wait)
+                await asyncio.sleep(failure.wait)
             else:
                 await attempts.wait()
         result = await self._ack(batch)
         if result is not AckResult.ACKED:
             self.stats.refused_acks += 1
-            return False
+            return Outcome.DROPPED
         self.stats.delivered += 1
-        return True
+        return Outcome.DELIVERED
+
+    # --------------------------------------------------------- dead letters
+
+    async def _parked_before(self, batch: Batch) -> bool:
+        """Whether ``batch``'s document was parked (by any member, before it
+        came to us): looked up once per document and assignment version."""
+        if self._checked.get(batch.doc) == batch.version:
+            return False
+        if await self._redis_retried(lambda: self.dead.parked(batch.doc), "dead-letter lookup", batch):
+            self._hold_parked(batch.doc)
+            return True
+        self._checked[batch.doc] = batch.version
+        return False
+
+    async def _park(self, batch: Batch, delivery: str, failure: Failure, attempts: int) -> None:
+        letter = DeadLetter(batch.doc, delivery, failure.error, attempts, now(), self.group.member, failure.status)
+        await self._redis_retried(lambda: self.dead.park(letter), "parking", batch)
+        self.stats.dead_letters += 1
+        self._hold_parked(batch.doc)
+        log.error("webhook %s: parked %s after %d attempts (last: %s); nothing from delivery %s on is sent "
+                  "until it is retried (POST /ops/groups/%s/dead-letters/<doc>/retry)", self.group.name, batch.doc,
+                  attempts, failure.error, delivery, self.group.name)
+
+    def _hold_parked(self, doc: str) -> None:
+        self._parked.add(doc)
+        self.group.reader.pause(doc)
+
+    async def _watch(self) -> None:
+        """Every second: add the counters to Redis; resume the documents
+        whose dead letter was retried (removed) meanwhile."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            try:
+                await self._flusher.flush()
+                held = self.group.reader.held
+                self._parked &= held.keys()
+                self._checked = {doc: v for doc, v in self._checked.items() if doc in held}
+                asked = sorted(self._parked)  # not one parked while we ask: it would look retried
+                retried = set(asked) - await self.dead.still_parked(asked)
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("webhook %s: counters or dead letters not read (%s)", self.group.name, exc)
+                continue
+            for doc in retried:
+                log.info("webhook %s: %s was retried; delivering from its last ack", self.group.name, doc)
+                self._parked.discard(doc)
+                self._checked.pop(doc, None)
+                self.group.reader.resume(doc)
+
+    async def _flush_last(self) -> None:
+        try:
+            await self._flusher.flush()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("webhook %s: last counters lost (%s)", self.group.name, exc)
 
     async def _ack(self, batch: Batch) -> AckResult:
         """Ack, retrying while Redis fails: the receiver has the batch, and
         giving up would leave the document waiting with nothing to wake it."""
+        return await self._redis_retried(batch.ack, "ack", batch)
+
+    async def _redis_retried(self, call: Callable[[], Awaitable[T]], what: str, batch: Batch) -> T:
+        """``call()`` until Redis answers (0.1 s doubling to 5 s)."""
         reconnect = Reconnect()
         while True:
             try:
-                return await batch.ack()
+                return await call()
             except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("webhook %s: ack of %s failed (%s); again in %.1fs", self.group.name,
+                log.warning("webhook %s: %s of %s failed (%s); again in %.1fs", self.group.name, what,
                             delivery_id(batch), exc, reconnect.delay)
                 await reconnect.wait()
 
-    async def _attempt(self, delivery: str, body: bytes, attempt: int) -> float | None:
-        """One POST: None on 2xx, else how long to wait (0: the backoff's delay)."""
+    async def _attempt(self, delivery: str, body: bytes, attempt: int) -> Failure | None:
+        """One POST: None on 2xx, else what went wrong."""
         headers = {"Content-Type": "application/json", HEADER: sign(self.secret, body), DELIVERY_HEADER: delivery}
         try:
             async with self._sending:
+                started = time.monotonic()
                 response = await self.client.post(self.url, content=body, headers=headers)
+                self.stats.observe(time.monotonic() - started)
         except self._errors as exc:
             self.stats.failed += 1
             log.warning("webhook %s: delivery %s failed (%s), attempt %d", self.group.name, delivery,
                         type(exc).__name__, attempt + 1)
-            return 0
+            return Failure(type(exc).__name__, None, 0, counts=not isinstance(exc, self._unreachable))
         if response.is_success:
             return None
         status = response.status_code
         if 400 <= status < 500 and status not in _TRANSIENT:
             self.stats.rejected += 1
-            log.error("webhook %s: %s rejected delivery %s with %d (attempt %d); retrying: the entries must "
-                      "not be lost", self.group.name, self.url, delivery, status, attempt + 1)
-            return 0
+            log.error("webhook %s: %s rejected delivery %s with %d (attempt %d)", self.group.name, self.url,
+                      delivery, status, attempt + 1)
+            return Failure(f"HTTP {status}", status, 0, permanent=True)
         self.stats.failed += 1
         log.warning("webhook %s: delivery %s answered %d, attempt %d", self.group.name, delivery, status,
                     attempt + 1)
-        return retry_after(response) or 0
+        return Failure(f"HTTP {status}", status, retry_after(response) or 0)
 
 
 async def serve(redis: Redis, group: str, url: str, secret: str | bytes, *, prefix: str = "", lease: float = 3.0,
-                concurrency: int = 16, stop: asyncio.Event | None = None) -> WebhookStats:
+                concurrency: int = 16, max_attempts: int | None = MAX_ATTEMPTS,
+                stop: asyncio.Event | None = None) -> WebhookStats:
     """Join ``group`` and deliver to ``url`` until ``stop`` is set (or the
     task is cancelled), then leave the group: its documents move to the
     other members at once, from their last ack."""
     async with ConsumerGroup(redis, group, prefix=prefix, lease=lease) as member:
-        webhook = Webhook(member, url, secret, concurrency=concurrency)
+        webhook = Webhook(member, url, secret, concurrency=concurrency, max_attempts=max_attempts)
         task = asyncio.create_task(webhook.run())
         try:
             await (stop or asyncio.Event()).wait()
@@ -229,4 +340,4 @@ async def serve(redis: Redis, group: str, url: str, secret: str | bytes, *, pref
     return webhook.stats
 
 
-__all__ = ["WEBHOOK_BACKOFF", "Webhook", "WebhookStats", "delivery_id", "payload", "serve", "verify_signature"]
+__all__ = ["MAX_ATTEMPTS", "WEBHOOK_BACKOFF", "Webhook", "WebhookStats", "delivery_id", "payload", "serve", "verify_signature"]

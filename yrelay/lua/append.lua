@@ -31,6 +31,10 @@ end
 if tonumber(ARGV[1]) ~= LAYOUT then
   return redis.error_reply('YRELAY_LAYOUT the caller speaks layout ' .. ARGV[1] .. ', this script ' .. LAYOUT)
 end
+if redis.call('HEXISTS', meta, 'deleted') == 1 then
+  -- A tombstone (delete_document.lua): nothing is written until it expires.
+  return redis.error_reply('YRELAY_DELETED the document was deleted')
+end
 local last = state[1]
 if last and state[2] ~= last then
   return {'stale'}

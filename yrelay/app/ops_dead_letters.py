@@ -1,0 +1,55 @@
+"""``/ops/groups/{group}/dead-letters``: the documents a group's webhooks
+parked (yrelay/consumers/dead_letters.py), and retrying them. Included in
+the ops router (:mod:`yrelay.app.ops`), behind the same token."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request, status
+
+from ..consumers.dead_letters import DeadLetters
+from ..keys import InvalidDocumentId, validate_doc_id, validate_group_name
+from .binding import relay_context as _ctx
+
+router = APIRouter(prefix="/groups")
+
+
+def _dead_letters(request: Request, group: str) -> DeadLetters:
+    try:
+        return DeadLetters(_ctx(request).redis, validate_group_name(group))
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+
+
+@router.get("/{group}/dead-letters")
+async def list_dead_letters(group: str, request: Request) -> dict[str, Any]:
+    """The documents the group's webhooks parked: the failed delivery, the
+    last error, attempts, when and by which member. Nothing of them is sent
+    until retried; their position (the last ack) is kept."""
+    letters = await _dead_letters(request, group).all()
+    return {"group": group, "dead_letters": [asdict(letter) for letter in letters]}
+
+
+@router.post("/{group}/dead-letters/{doc:path}/retry")
+async def retry_dead_letter(group: str, doc: str, request: Request) -> dict[str, Any]:
+    """Send the document again from its last ack: the member holding it
+    resumes within a second (404 when it is not parked)."""
+    dead = _dead_letters(request, group)
+    try:
+        retried = await dead.retry(validate_doc_id(doc))
+    except InvalidDocumentId as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    if not retried:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{doc!r} is not parked in group {group!r}")
+    _ctx(request).events.emit("dead_letter_retry", doc, group=group)
+    return {"group": group, "doc": doc, "retried": True}
+
+
+@router.post("/{group}/dead-letters/retry")
+async def retry_all_dead_letters(group: str, request: Request) -> dict[str, Any]:
+    """Retry every parked document of the group."""
+    retried = await _dead_letters(request, group).retry_all()
+    _ctx(request).events.emit("dead_letter_retry", group=group)
+    return {"group": group, "retried": retried}
