@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from ..backoff import Reconnect
 from ..keys import stream_key
 from ..offsets import StreamId
+from ..redis_packed import bulk as _bulk
 from ..store import DocumentStore, Entry, to_entry
 from ..tasks import BackgroundTask
 from . import sizing
@@ -249,10 +250,6 @@ class Fanout:
                     subscriber.document_failed(str(exc))
                 continue
             self._dispatch(reply or [])
-
-
-def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
 def _stream_pairs(reply: object) -> list:
