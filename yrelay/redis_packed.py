@@ -22,6 +22,15 @@ def bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
+def arg(value: bytes | str | int) -> bytes:
+    """A command argument as redis-py would send it."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return b"%d" % value
+
+
 def command(*parts: bytes) -> bytes:
     """One RESP command (an array of bulk strings)."""
     return b"*%d\r\n%s" % (len(parts), b"".join(map(bulk, parts)))
@@ -54,4 +63,4 @@ async def execute(redis: Redis, commands: list[bytes]) -> list[object]:
         await pool.release(connection)
 
 
-__all__ = ["bulk", "command", "execute"]
+__all__ = ["arg", "bulk", "command", "execute"]

@@ -4,7 +4,7 @@ goes out together, one append-script call per document, in one pipeline.
 On this machine batching is the difference between ~10k and ~60k XADD/s. Order
 is kept: updates of one document are appended in the order they were submitted.
 A failing document (say, a key of the wrong type) fails only its own updates.
-The same pipeline marks the documents as changed for GC (``store.mark_changed``).
+The same write marks the documents as changed for GC (``store.changed_commands``).
 
 The script admits an update only if the document can apply it (causal
 admission, :mod:`yrelay.admission`). A refused update fails with
@@ -22,10 +22,13 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
+from .. import redis_packed
 from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
 from ..replies import text
-from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks, mark_changed
+from ..store import DocumentStore, NotAdmitted, append_args, append_keys, changed_commands, flat_clocks
 from ..tasks import BackgroundTask
 from ..update_format import Layout, Ranges
 from .replicas import ReplicaWait, ReplicationTimeout
@@ -105,14 +108,8 @@ class Appender:
         for item in batch:
             by_doc[item.doc].append(item)
         try:
-            async with self.store.redis.pipeline(transaction=False) as pipe:
-                for doc, items in by_doc.items():
-                    args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
-                    await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
-                mark_changed(pipe, list(by_doc))
-                if self.replicas is not None:
-                    self.replicas.queue(pipe)  # on this connection, after its writes
-                results = await pipe.execute(raise_on_error=False)
+            results = await self._execute([self._append_command(doc, items) for doc, items in by_doc.items()],
+                                          changed_commands(list(by_doc)))
             replicated = await self._replicated(list(by_doc), results)
         except Exception as exc:  # Redis unreachable: every caller gets the error
             log.warning("append batch failed: %s", exc)
@@ -124,6 +121,33 @@ class Appender:
                 self._side_task(self._catch_up_then_retry(doc, items))
             else:
                 self._resolve(doc, items, result, replicated)
+
+    def _append_command(self, doc: str, items: list[_Item]) -> bytes:
+        """``EVALSHA`` of the append script for one document's items, packed."""
+        args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
+        return redis_packed.command(b"EVALSHA", self.store.scripts.append.sha.encode(), b"4",
+                                    *map(redis_packed.arg, (*append_keys(doc), *args)))
+
+    async def _execute(self, appends: list[bytes], bookkeeping: list[bytes]) -> list[Any]:
+        """One write: the appends, the GC bookkeeping, and with ``ack_replicas``
+        the WAIT after them (on the same connection); the replies in that
+        order, a failed document's as its error. Packed by hand: redis-py's
+        pipeline asked ``SCRIPT EXISTS`` first on every batch (a round trip)
+        and cost more CPU per command than the script took to run. Appends
+        refused NOSCRIPT (Redis restarted without its script cache) are run
+        again once the script is loaded; nothing else of the batch ran twice."""
+        wait = [self.replicas.command()] if self.replicas is not None else []
+        results = await redis_packed.execute(self.store.redis, [*appends, *bookkeeping, *wait])
+        missing = [i for i, result in enumerate(results[:len(appends)]) if isinstance(result, NoScriptError)]
+        if missing:
+            script = self.store.scripts.append
+            script.sha = await self.store.redis.script_load(script.script)
+            again = await redis_packed.execute(self.store.redis, [*(appends[i] for i in missing), *wait])
+            for i, result in zip(missing, again):
+                results[i] = result
+            if wait:
+                results[-1] = again[-1]
+        return results
 
     async def _replicated(self, docs: list[str], results: list[Any]) -> bool:
         """Whether ``ack_replicas`` replicas hold every entry of the batch
