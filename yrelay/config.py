@@ -70,6 +70,10 @@ class Settings:
     block_ms: int = 1_000
     #: How long a disconnected session id stays resumable, in seconds.
     session_ttl: int = 7 * 24 * 3600
+    #: Python's young-generation GC threshold for the process (yrelay/pygc.py;
+    #: Python's is 700, which made full collections most of the CPU under
+    #: load); 0 leaves the process's GC settings alone (an embedding app's).
+    gc_young_threshold: int = 50_000
 
     #: Open websockets per client address (TCP peer IP) per process (0: no cap).
     max_connections_per_address: int = 256
