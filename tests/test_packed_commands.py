@@ -63,3 +63,11 @@ async def test_acks_move_the_tracker_forward_only_and_report_evicted_sessions(re
     assert await redis_client.zscore(tracker_key("b"), "s1") == StreamId(9, 0).score()
     assert await redis_client.zscore(tracker_key("c"), "gone") is None
     assert evicted == [("c", "gone")]
+
+
+def test_a_cluster_client_keeps_redis_pys_pipeline(redis_client):
+    from redis.asyncio.cluster import RedisCluster
+
+    cluster = RedisCluster.__new__(RedisCluster)  # not connected: only its type matters
+    assert redis_packed.packable(redis_client) and not redis_packed.packable(cluster)
+    assert isinstance(redis_packed.pipeline(redis_client), redis_packed.Batch)

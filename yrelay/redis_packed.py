@@ -1,7 +1,8 @@
 """Redis commands packed by hand and sent as one write, replies read in order.
 
-For the per-event-loop-turn batches of the hot path (the acks of every
-document). redis-py's pipeline spends more CPU per command than Redis takes
+For the per-event-loop-turn batches of the hot path (the appends and the
+acks of every document), on a standalone Redis (a cluster client keeps
+redis-py's pipeline, which routes each command to its node). redis-py's pipeline spends more CPU per command than Redis takes
 to run it: under 1,000 documents its ``execute_command`` and the timer it
 arms per reply were ~15% of the server's samples (BENCHMARKS.md, issue 20).
 Here a command's bytes are joined once, the batch has one timeout, and
@@ -14,6 +15,7 @@ import asyncio
 import math
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 
@@ -22,12 +24,14 @@ def bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
-def arg(value: bytes | str | int) -> bytes:
+def arg(value: bytes | str | int | float) -> bytes:
     """A command argument as redis-py would send it."""
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
         return value.encode()
+    if isinstance(value, float):
+        return repr(value).encode()
     return b"%d" % value
 
 
@@ -63,4 +67,55 @@ async def execute(redis: Redis, commands: list[bytes]) -> list[object]:
         await pool.release(connection)
 
 
-__all__ = ["arg", "bulk", "command", "execute"]
+def packable(redis: object) -> bool:
+    """A standalone client; a cluster client routes each command to its
+    node, which only redis-py's pipeline does."""
+    return isinstance(redis, Redis)
+
+
+class Batch:
+    """The part of a redis-py pipeline the hot path uses, packed here:
+    commands queue as bytes, :meth:`execute` sends them in one write."""
+
+    def __init__(self, redis: Redis):
+        self.redis = redis
+        self.commands: list[bytes] = []
+
+    async def __aenter__(self) -> Batch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.commands = []
+
+    def __len__(self) -> int:
+        return len(self.commands)
+
+    def execute_command(self, *args: bytes | str | int | float) -> Batch:
+        self.commands.append(command(*map(arg, args)))
+        return self
+
+    def zadd(self, name: str, mapping: dict[str, int | float], nx: bool = False, xx: bool = False,
+             gt: bool = False, ch: bool = False) -> Batch:
+        flags = [flag for flag, on in ((b"NX", nx), (b"XX", xx), (b"GT", gt), (b"CH", ch)) if on]
+        return self.execute_command(b"ZADD", name, *flags, *(part for member, score in mapping.items()
+                                                              for part in (score, member)))
+
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: bytes | str | int) -> Batch:
+        """Queued (a redis-py ``AsyncScript`` called with ``client=`` this batch
+        lands here); a NOSCRIPT reply is the caller's to handle."""
+        return self.execute_command(b"EVALSHA", sha, numkeys, *keys_and_args)
+
+    async def execute(self, raise_on_error: bool = True) -> list[object]:
+        replies = await execute(self.redis, self.commands)
+        failed = next((reply for reply in replies if isinstance(reply, ResponseError)), None)
+        if raise_on_error and failed is not None:
+            raise failed
+        return replies
+
+
+def pipeline(redis: Redis) -> Batch | Pipeline:
+    """A packed :class:`Batch` on a standalone client, else redis-py's pipeline."""
+    return Batch(redis) if packable(redis) else redis.pipeline(transaction=False)
+
+
+__all__ = ["Batch", "arg", "bulk", "command", "execute", "packable", "pipeline"]

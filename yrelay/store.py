@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from . import crdt, redis_packed
+from . import crdt
 from .admission import Needs, needs_of
 from .clocks import bring_clocks_up_to_date
 from .update_format import MalformedUpdate, read_layout
@@ -234,13 +234,6 @@ def mark_changed(pipe, docs: list[str]) -> None:
     """
     pipe.zadd(gc_due_key(), dict.fromkeys(docs, 0))
     pipe.zadd(documents_key(), dict.fromkeys(docs, 0), nx=True)
-
-
-def changed_commands(docs: list[str]) -> list[bytes]:
-    """:func:`mark_changed`'s two commands, packed (the appender's batch)."""
-    members = [part for doc in docs for part in (b"0", doc.encode())]
-    return [redis_packed.command(b"ZADD", gc_due_key().encode(), *members),
-            redis_packed.command(b"ZADD", documents_key().encode(), b"NX", *members)]
 
 
 async def all_documents(redis: Redis, page: int = 1000) -> AsyncIterator[list[str]]:

@@ -4,7 +4,7 @@ goes out together, one append-script call per document, in one pipeline.
 On this machine batching is the difference between ~10k and ~60k XADD/s. Order
 is kept: updates of one document are appended in the order they were submitted.
 A failing document (say, a key of the wrong type) fails only its own updates.
-The same write marks the documents as changed for GC (``store.changed_commands``).
+The same pipeline marks the documents as changed for GC (``store.mark_changed``).
 
 The script admits an update only if the document can apply it (causal
 admission, :mod:`yrelay.admission`). A refused update fails with
@@ -28,7 +28,7 @@ from .. import redis_packed
 from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
 from ..replies import text
-from ..store import DocumentStore, NotAdmitted, append_args, append_keys, changed_commands, flat_clocks
+from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks, mark_changed
 from ..tasks import BackgroundTask
 from ..update_format import Layout, Ranges
 from .replicas import ReplicaWait, ReplicationTimeout
@@ -108,8 +108,15 @@ class Appender:
         for item in batch:
             by_doc[item.doc].append(item)
         try:
-            results = await self._execute([self._append_command(doc, items) for doc, items in by_doc.items()],
-                                          changed_commands(list(by_doc)))
+            async with redis_packed.pipeline(self.store.redis) as pipe:  # packed on a standalone Redis
+                for doc, items in by_doc.items():
+                    args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
+                    await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
+                mark_changed(pipe, list(by_doc))
+                if self.replicas is not None:
+                    self.replicas.queue(pipe)  # on this connection, after its writes
+                results = await pipe.execute(raise_on_error=False)
+                await self._load_and_rerun(pipe, results, len(by_doc))
             replicated = await self._replicated(list(by_doc), results)
         except Exception as exc:  # Redis unreachable: every caller gets the error
             log.warning("append batch failed: %s", exc)
@@ -122,32 +129,23 @@ class Appender:
             else:
                 self._resolve(doc, items, result, replicated)
 
-    def _append_command(self, doc: str, items: list[_Item]) -> bytes:
-        """``EVALSHA`` of the append script for one document's items, packed."""
-        args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
-        return redis_packed.command(b"EVALSHA", self.store.scripts.append.sha.encode(), b"4",
-                                    *map(redis_packed.arg, (*append_keys(doc), *args)))
-
-    async def _execute(self, appends: list[bytes], bookkeeping: list[bytes]) -> list[Any]:
-        """One write: the appends, the GC bookkeeping, and with ``ack_replicas``
-        the WAIT after them (on the same connection); the replies in that
-        order, a failed document's as its error. Packed by hand: redis-py's
-        pipeline asked ``SCRIPT EXISTS`` first on every batch (a round trip)
-        and cost more CPU per command than the script took to run. Appends
-        refused NOSCRIPT (Redis restarted without its script cache) are run
-        again once the script is loaded; nothing else of the batch ran twice."""
-        wait = [self.replicas.command()] if self.replicas is not None else []
-        results = await redis_packed.execute(self.store.redis, [*appends, *bookkeeping, *wait])
-        missing = [i for i, result in enumerate(results[:len(appends)]) if isinstance(result, NoScriptError)]
-        if missing:
-            script = self.store.scripts.append
-            script.sha = await self.store.redis.script_load(script.script)
-            again = await redis_packed.execute(self.store.redis, [*(appends[i] for i in missing), *wait])
-            for i, result in zip(missing, again):
-                results[i] = result
-            if wait:
-                results[-1] = again[-1]
-        return results
+    async def _load_and_rerun(self, pipe: object, results: list[Any], appends: int) -> None:
+        """Packed, the batch skips redis-py's ``SCRIPT EXISTS`` before every
+        batch (a round trip): appends refused NOSCRIPT (Redis restarted
+        without its script cache) run again, with the WAIT after them, once
+        the script is loaded; their replies replace the refusals in
+        ``results``. Nothing else of the batch runs twice."""
+        missing = [i for i, result in enumerate(results[:appends]) if isinstance(result, NoScriptError)]
+        if not missing or not isinstance(pipe, redis_packed.Batch):
+            return
+        script = self.store.scripts.append
+        script.sha = await self.store.redis.script_load(script.script)  # the same sha: the commands stand
+        wait = pipe.commands[-1:] if self.replicas is not None else []
+        again = await redis_packed.execute(self.store.redis, [*(pipe.commands[i] for i in missing), *wait])
+        for i, result in zip(missing, again):
+            results[i] = result
+        if wait:
+            results[-1] = again[-1]
 
     async def _replicated(self, docs: list[str], results: list[Any]) -> bool:
         """Whether ``ack_replicas`` replicas hold every entry of the batch

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from .. import redis_packed
 from ..config import Settings
 from ..keys import replication_probe_key
 
@@ -63,10 +62,6 @@ class ReplicaWait:
     def queue(self, pipe) -> None:  # type: ignore[no-untyped-def]
         """The ``WAIT`` at the end of a pipeline, after its writes."""
         pipe.execute_command("WAIT", self.replicas, max(int(self.timeout * 1000), 1))
-
-    def command(self) -> bytes:
-        """:meth:`queue`'s ``WAIT``, packed (the appender's batch)."""
-        return redis_packed.command(b"WAIT", b"%d" % self.replicas, b"%d" % max(int(self.timeout * 1000), 1))
 
     def enough(self, reply: object) -> bool:
         """Did the ``WAIT`` reply count enough replicas? (An error reply does not.)"""

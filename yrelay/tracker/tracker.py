@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from ..keys import session_documents_digest_key, session_documents_key, tracker_key
 from .. import redis_packed
+from ..keys import session_documents_digest_key, session_documents_key, tracker_key
 from ..offsets import StreamId
 from ..reconciliation.redis_idset import RedisIdSet
 from ..scripts import Scripts
@@ -76,13 +76,6 @@ class Tracker:
         return {member.decode(): StreamId.from_score(score) for member, score in rows}
 
 
-def _advance_command(key: tuple[str, str], offset: StreamId) -> bytes:
-    """``ZADD <tracker> XX GT CH <score> <session>``: :meth:`Tracker.advance`, packed."""
-    doc, session = key
-    return redis_packed.command(b"ZADD", tracker_key(doc).encode(), b"XX", b"GT", b"CH", b"%d" % offset.score(),
-                                session.encode())
-
-
 def session_documents(redis: Redis, session: str, scripts: Scripts | None = None) -> RedisIdSet:
     """The set of documents tracking ``session`` (see the module doc)."""
     return RedisIdSet(redis, session_documents_key(session), session_documents_digest_key(session), scripts)
@@ -122,11 +115,10 @@ class AckWriter:
         batch, self._pending = self._pending, {}
         if not batch:
             return
-        # Packed here: redis-py's pipeline cost more CPU per ack than the ack's frame.
-        moved = await redis_packed.execute(self.redis, [_advance_command(key, offset) for key, offset in batch.items()])
-        failed = next((reply for reply in moved if isinstance(reply, Exception)), None)
-        if failed is not None:
-            raise failed
+        async with redis_packed.pipeline(self.redis) as pipe:  # packed: redis-py's cost more CPU per ack than its frame
+            for (doc, session), offset in batch.items():
+                pipe.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True, ch=True)
+            moved = await pipe.execute()
         if self.on_evicted is None:
             return
         # An ack that moved nothing: an old ack, or the session was evicted. Look
