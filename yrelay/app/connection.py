@@ -26,7 +26,7 @@ import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
 
-from .. import logs, protocol
+from .. import logs, protocol, pygc
 from ..auth import Principal
 from ..offsets import StreamId
 from ..protocol import (Ack, AckFrame, AnyUpdate, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError,
@@ -77,9 +77,11 @@ class Connection:
         if refusal is not None:
             await refuse(self.websocket, refusal)
             return
+        pygc.CHURN.opened()
         try:
             await self._serve()
         finally:
+            pygc.CHURN.closed_one()
             self.ctx.limits.close_connection(self.address)
             self.allowance.release(len(self.documents))
 
