@@ -72,6 +72,12 @@ class Settings:
     block_ms: int = 1_000
     #: How long a disconnected session id stays resumable, in seconds.
     session_ttl: int = 7 * 24 * 3600
+    #: Python's young-generation GC threshold for the process (yrelay/pygc.py;
+    #: Python's is 700, which made full collections most of the CPU under
+    #: load; 50000 took 25-50% of it off, but a wave of closed connections
+    #: then left ~5 MiB more behind: BENCHMARKS.md, issue 20); 0 (the
+    #: default) leaves the process's GC settings alone.
+    gc_young_threshold: int = 0
 
     #: Open websockets per client address (TCP peer IP) per process (0: no cap).
     max_connections_per_address: int = 256

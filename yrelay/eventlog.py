@@ -15,7 +15,6 @@ warned about once a minute), and the next successful write records a
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import socket
@@ -25,6 +24,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import msgspec
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -32,6 +33,8 @@ SCHEMA_VERSION = 1
 _instances = itertools.count(1)
 #: Seconds between two "events dropped" warnings.
 WARN_EVERY = 60.0
+
+_encode = msgspec.json.encode  # the module function: flush runs on the writer thread and at stop
 
 
 def process_name() -> str:
@@ -120,7 +123,7 @@ class EventLog:
             batch.append(self._event("dropped", entries=reported))
         if not batch:
             return
-        data = "".join(json.dumps(event, separators=(",", ":")) + "\n" for event in batch).encode()
+        data = b"".join(_encode(event) + b"\n" for event in batch)  # msgspec: json.dumps was ~3% of the server's CPU
         try:
             self._write(data)
         except OSError as exc:

@@ -15,9 +15,10 @@ import json
 import re
 from typing import Annotated, Any, Literal, Union
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from .keys import InvalidDocumentId, validate_doc_id
+from .keys import DOC_ID_PATTERN, InvalidDocumentId, validate_doc_id
 from .offsets import InvalidOffset, StreamId
 
 PROTOCOL_VERSION = 1
@@ -248,6 +249,53 @@ class Awareness(_DocFrame):
     update: str
 
 
+class _HotFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="op"):
+    """The frames every update brings (an update and its readers' acks),
+    decoded by msgspec: ~1 us against ~4-5 us for json.loads and the
+    pydantic models. Strict types as in those models; anything these
+    refuse goes the pydantic way, so every error frame stays what it was."""
+
+    doc: str
+
+
+class UpdateFrame(_HotFrame, tag="update"):
+    """:class:`Update`, decoded on the hot path (the same fields and bounds)."""
+
+    clock: Annotated[int, msgspec.Meta(ge=0, lt=2**53)]
+    update: str
+    sync: bool = False
+    part: Annotated[int, msgspec.Meta(ge=0, lt=2**16)] | None = None
+    parts: Annotated[int, msgspec.Meta(ge=2, le=2**16)] | None = None
+
+
+class AckFrame(_HotFrame, tag="ack"):
+    """:class:`Ack`, decoded on the hot path."""
+
+    offset: str
+
+
+_hot_frame = msgspec.json.Decoder(UpdateFrame | AckFrame)
+#: Either form of an update frame (the write path reads only its fields).
+AnyUpdate = Union[Update, UpdateFrame]
+
+
+def _parse_hot_frame(text: str | bytes) -> UpdateFrame | AckFrame | None:
+    """A valid ``update`` or ``ack`` frame, else None (the caller's pydantic
+    parse then accepts it or names exactly what is wrong)."""
+    try:
+        frame = _hot_frame.decode(text)
+    except msgspec.DecodeError:  # also ValidationError: another op, a wrong type, a bound
+        return None
+    if DOC_ID_PATTERN.fullmatch(frame.doc) is None:
+        return None
+    if type(frame) is AckFrame:
+        try:
+            StreamId.parse(frame.offset)
+        except InvalidOffset:
+            return None
+    return frame
+
+
 ClientFrame = Annotated[
     Union[Hello, Subscribe, Unsubscribe, Update, Ack, Sync, CheckSubscriptions, Reconcile, Ping, Awareness],
     Field(discriminator="op"),
@@ -259,10 +307,16 @@ CLIENT_OPS = {"hello", "subscribe", "unsubscribe", "update", "ack", "sync", "che
 
 def parse_client_frame(
     text: str | bytes,
-) -> Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping | Awareness:
-    """Decode and validate one client frame, or raise :class:`ProtocolError`."""
+) -> (Hello | Subscribe | Unsubscribe | Update | UpdateFrame | Ack | AckFrame | Sync | CheckSubscriptions | Reconcile
+      | Ping | Awareness):
+    """Decode and validate one client frame, or raise :class:`ProtocolError`.
+    A valid ``update`` or ``ack`` comes back as an :class:`UpdateFrame` or
+    :class:`AckFrame` (read fast); the same frame refused says why as before."""
     if _json_depth(text) > MAX_JSON_DEPTH:  # before json.loads, which recurses per level
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame nests deeper than {MAX_JSON_DEPTH} levels")
+    hot = _parse_hot_frame(text)
+    if hot is not None:
+        return hot
     try:
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError):
@@ -313,8 +367,12 @@ def _error_from_validation(exc: ValidationError, doc: str | None, clock: int | N
 # Built as plain dicts: they are produced on the hot path and never parsed here.
 
 
+_encoder = msgspec.json.Encoder()
+
+
 def encode(frame: dict[str, Any]) -> str:
-    return json.dumps(frame, separators=(",", ":"))
+    """One frame's text (msgspec: ~3x faster than json.dumps; non-ASCII stays UTF-8)."""
+    return _encoder.encode(frame).decode()
 
 
 def welcome(session: str, resumed: bool, limits: dict[str, int], auth: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ import { ZERO, idKey, maxId } from './offsets.js'
 
 /** Yjs' encoding of an update that changes nothing. */
 const EMPTY_UPDATE_LENGTH = 2
+/** Acks are cumulative: one per document per this many ms carries every delivery before it (docs/protocol.md, client behaviour). */
+const ACK_INTERVAL = 25
 
 export class YrelayProvider extends ObservableV2 {
   /**
@@ -67,6 +69,7 @@ export class YrelayProvider extends ObservableV2 {
     this._parts = []
     this._batch = []
     this._flushTimer = null
+    this._ackTimer = null
     this.persistDelay = persistDelay
     this._persistTimer = null
     this._started = false
@@ -106,6 +109,7 @@ export class YrelayProvider extends ObservableV2 {
     this._persistNow()
     this._destroyed = true
     clearTimeout(this._flushTimer)
+    clearTimeout(this._ackTimer)
     clearTimeout(this._persistTimer)
     if (typeof window !== 'undefined' && window.removeEventListener) window.removeEventListener('pagehide', this._onPageHide)
     this.doc.off('update', this._onDocUpdate)
@@ -383,8 +387,14 @@ export class YrelayProvider extends ObservableV2 {
   _ack () {
     this._persistSoon()
     if (this.offset === null) return
-    this.client.send({ op: 'ack', doc: this.name, offset: this.offset })
+    if (this._ackTimer === null) this._ackTimer = setTimeout(() => this._sendAck(), ACK_INTERVAL)
     this.emit('offset', [this.offset])
+  }
+
+  /** The newest offset; while subscribed only (after a reconnect the subscribe carries it). */
+  _sendAck () {
+    this._ackTimer = null
+    if (this._subscribed && !this._destroyed && this.offset !== null) this.client.send({ op: 'ack', doc: this.name, offset: this.offset })
   }
 
   _setSynced (synced) {

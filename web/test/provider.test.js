@@ -204,3 +204,21 @@ test('a drift digest the server disagrees with is caught and repaired by a two-w
   await eventually(() => readerClient.status === 'connected' && reader.provider.synced, 'resubscribed')
   assert.equal(reader.provider.resyncs, 1)
 })
+
+test('acks are coalesced: one per document per interval, carrying the newest offset', async () => {
+  const name = uniqueDoc()
+  const reader = bind(client(), name)
+  await once(reader.provider, 'synced')
+  const acks = []
+  const send = reader.provider.client.send.bind(reader.provider.client)
+  reader.provider.client.send = (frame) => {
+    if (frame.op === 'ack') acks.push(frame.offset)
+    return send(frame)
+  }
+  for (let i = 0; i < 20; i++) { // twenty deliveries within one interval
+    reader.provider.offset = `${1700000000000 + i}-0`
+    reader.provider._ack()
+  }
+  await new Promise((resolve) => setTimeout(resolve, 150))
+  assert.deepEqual(acks, ['1700000000019-0'])
+})

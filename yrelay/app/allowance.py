@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..auth import NoAuthenticator, Principal
 from ..keys import subject_id
-from ..protocol import ErrorCode, ProtocolError, Update
+from ..protocol import AnyUpdate, ErrorCode, ProtocolError
 from .context import ServerContext
 from .limits import TokenBucket
 from .quotas import SubjectBuckets
@@ -40,7 +40,7 @@ class Allowance:
         self._session, self._principal = session, principal
         self._rate = self._ctx.limits.sessions.acquire(session)
 
-    async def take_update(self, frame: Update) -> None:
+    async def take_update(self, frame: AnyUpdate) -> None:
         """One update's tokens, or ``rate_limited`` (the client resends after
         ``retry_after_ms``). No Redis call for most updates: quotas.py."""
         settings = self._ctx.settings

@@ -22,6 +22,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
+from .. import redis_packed
 from ..admission import Needs, ready_part
 from ..clocks import bring_clocks_up_to_date
 from ..deletion import is_deleted_error, unlist
@@ -112,7 +115,7 @@ class Appender:
         for item in batch:
             by_doc[item.doc].append(item)
         try:
-            async with self.store.redis.pipeline(transaction=False) as pipe:
+            async with redis_packed.pipeline(self.store.redis) as pipe:  # packed on a standalone Redis
                 for doc, items in by_doc.items():
                     args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
                     await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
@@ -121,6 +124,7 @@ class Appender:
                 if self.replicas is not None:  # on the connection(s) of the writes, after them
                     wait_of = self.replicas.queue(pipe, {doc: append_keys(doc)[0] for doc in by_doc})
                 results = await pipe.execute(raise_on_error=False)
+                await self._load_and_rerun(pipe, results, len(by_doc))
             unconfirmed = await self._unconfirmed(list(by_doc), results, wait_of)
         except Exception as exc:  # Redis unreachable: every caller gets the error
             log.warning("append batch failed: %s", exc)
@@ -134,6 +138,24 @@ class Appender:
                 self._side_task(self._catch_up_then_retry(doc, items))
             else:
                 self._resolve(doc, items, result, doc not in unconfirmed)
+
+    async def _load_and_rerun(self, pipe: object, results: list[Any], appends: int) -> None:
+        """Packed, the batch skips redis-py's ``SCRIPT EXISTS`` before every
+        batch (a round trip): appends refused NOSCRIPT (Redis restarted
+        without its script cache) run again, with the WAIT after them, once
+        the script is loaded; their replies replace the refusals in
+        ``results``. Nothing else of the batch runs twice."""
+        missing = [i for i, result in enumerate(results[:appends]) if isinstance(result, NoScriptError)]
+        if not missing or not isinstance(pipe, redis_packed.Batch):
+            return
+        script = self.store.scripts.append
+        script.sha = await self.store.redis.script_load(script.script)  # the same sha: the commands stand
+        wait = pipe.commands[-1:] if self.replicas is not None else []
+        again = await redis_packed.execute(self.store.redis, [*(pipe.commands[i] for i in missing), *wait])
+        for i, result in zip(missing, again):
+            results[i] = result
+        if wait:
+            results[-1] = again[-1]
 
     async def _unconfirmed(self, docs: list[str], results: list[Any], wait_of: dict[str, int]) -> set[str]:
         """The documents whose entries ``ack_replicas`` replicas did not

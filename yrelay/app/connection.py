@@ -26,11 +26,11 @@ import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
 
-from .. import logs, protocol
+from .. import logs, protocol, pygc
 from ..auth import Principal
 from ..offsets import StreamId
-from ..protocol import (Ack, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError, Reconcile, Subscribe,
-                        Sync, Unsubscribe, Update)
+from ..protocol import (Ack, AckFrame, AnyUpdate, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError,
+                        Reconcile, Subscribe, Sync, Unsubscribe, Update, UpdateFrame)
 from . import subscription_set
 from .allowance import Allowance
 from .connection_documents import ConnectionDocuments
@@ -77,9 +77,11 @@ class Connection:
         if refusal is not None:
             await refuse(self.websocket, refusal)
             return
+        pygc.CHURN.opened()
         try:
             await self._serve()
         finally:
+            pygc.CHURN.closed_one()
             self.ctx.limits.close_connection(self.address)
             self.allowance.release(len(self.documents))
 
@@ -162,9 +164,9 @@ class Connection:
         if self.state is not ConnectionState.OPEN:
             raise ProtocolError(ErrorCode.HANDSHAKE_REQUIRED, "send 'hello' first")
         assert self.session is not None
-        if isinstance(frame, Update):
+        if isinstance(frame, (UpdateFrame, Update)):
             await self._update(frame)
-        elif isinstance(frame, Ack):
+        elif isinstance(frame, (AckFrame, Ack)):
             self.documents.get(frame.doc).on_ack(StreamId.parse(frame.offset))
         elif isinstance(frame, Subscribe):
             assert self.principal is not None
@@ -207,7 +209,7 @@ class Connection:
         with contextlib.suppress(Exception):
             await self.websocket.close(code=cut.close_code, reason=cut.reason[:120])
 
-    async def _update(self, frame: Update) -> None:
+    async def _update(self, frame: AnyUpdate) -> None:
         assert self.principal is not None
         if not self.principal.can_write(frame.doc):
             raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",

@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from ..backoff import Reconnect
 from ..keys import stream_key
 from ..offsets import StreamId
+from ..redis_packed import bulk as _bulk
 from ..store import DocumentStore, Entry, to_entry
 from ..tasks import BackgroundTask
 from . import sizing
@@ -253,10 +254,6 @@ class Fanout:
         feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
         for subscriber in self.subscribers.of(doc):
             subscriber.document_failed(str(exc))
-
-
-def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
 def _stream_pairs(reply: object) -> list:

@@ -29,6 +29,7 @@ from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from .. import pygc
 from ..auth import Authenticator
 from ..auth.host import AuthenticateFn, HostAuthenticator, current_connection
 from ..config import Settings
@@ -106,6 +107,7 @@ class Relay:
             raise RuntimeError("this relay is running already")
         context = await ServerContext.open(self.settings, self.redis_url, self.authenticator)
         self.context = context
+        pygc.tune(self.settings.gc_young_threshold)
         try:
             yield self
         finally:

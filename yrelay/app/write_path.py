@@ -27,7 +27,7 @@ from typing import Any
 from .. import crdt, protocol
 from ..admission import Needs, needs_of
 from ..deletion import is_deleted_error
-from ..protocol import ErrorCode, ProtocolError, Update
+from ..protocol import AnyUpdate, ErrorCode, ProtocolError
 from ..store import NotAdmitted
 from ..update_format import Layout, MalformedUpdate, read_layout
 from .allowance import Allowance
@@ -79,7 +79,7 @@ class WritePath:
     def close(self) -> None:
         self._parts.close()
 
-    async def receive(self, frame: Update, received: float) -> None:
+    async def receive(self, frame: AnyUpdate, received: float) -> None:
         """Check ``frame`` (raising :class:`ProtocolError`) and start its append;
         ``received``: when its frame arrived (append latency)."""
         if self._parts.ignored(frame):  # the rest of a refused update's parts
@@ -91,7 +91,7 @@ class WritePath:
         if update is not None:
             await self.submit(frame, update, received)
 
-    async def submit(self, frame: Update, update: bytes, received: float) -> None:
+    async def submit(self, frame: AnyUpdate, update: bytes, received: float) -> None:
         """Check the whole ``update`` (raising :class:`ProtocolError`) and
         start its append; the answer goes to ``send``. The rest of the path
         for updates that did not come in an ``update`` frame (``/yws``): only
@@ -109,7 +109,7 @@ class WritePath:
         previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
         self._spawn(self._append_when_valid(frame, update, verdict, reading, previous, self._turn, received))
 
-    async def _append_when_valid(self, frame: Update, update: bytes, verdict: asyncio.Future[Exception | None],
+    async def _append_when_valid(self, frame: AnyUpdate, update: bytes, verdict: asyncio.Future[Exception | None],
                                  reading: tuple[Layout, Needs] | Exception | None,
                                  previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
                                  received: float) -> None:
@@ -147,7 +147,7 @@ class WritePath:
             error = ProtocolError(ErrorCode.INVALID_UPDATE, str(error), doc=frame.doc, clock=frame.clock)
         await self._safe_send(protocol.error(error))
 
-    async def _confirm(self, frame: Update, future: asyncio.Future[AppendResult], size: int,
+    async def _confirm(self, frame: AnyUpdate, future: asyncio.Future[AppendResult], size: int,
                        received: float) -> None:
         """Ack an update once (and only once) the append script returned.
         (yrelay_tools/testing/broken_server.py replaces this method.)"""

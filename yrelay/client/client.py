@@ -56,6 +56,10 @@ KEEP_ACKED = 10_000
 KEEP_ERRORS = 1_000
 #: Server ops this client needs nothing from (answered elsewhere or informational).
 IGNORED_OPS = {"unsubscribed", "pong", "welcome"}
+#: Acks are cumulative: one per document per this many seconds says all the
+#: deliveries in between (an entry stays unacked at most this long after its
+#: delivery, far below the server's ``resend_after``; docs/protocol.md#acks).
+ACK_INTERVAL = 0.025
 
 
 class RetryLater(ConnectionError):
@@ -175,6 +179,8 @@ class YrelayClient:
         self._answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._refs = itertools.count(1)
         self._check_lock = asyncio.Lock()
+        #: Documents with an ack on its way (sent once ACK_INTERVAL is up).
+        self._acks_due: dict[str, asyncio.TimerHandle] = {}
         self.state_file = state_file
         self.persist_interval = persist_interval
         self._dirty = False
@@ -193,6 +199,8 @@ class YrelayClient:
 
     async def close(self) -> None:
         self._closing = True
+        for due in self._acks_due.values():
+            due.cancel()
         if self._ws is not None:
             await self._ws.close()
         for task in (self._runner, self._persister):
@@ -759,7 +767,17 @@ class YrelayClient:
             self._applying_remote = False
 
     def _ack(self, doc: ClientDocument) -> None:
-        if doc.offset is not None:
+        """Ack ``doc``'s offset within ACK_INTERVAL: the deliveries until then
+        share one ack (a reader of a busy document sends ~40 a second, not one
+        per deliver frame)."""
+        if doc.offset is not None and doc.name not in self._acks_due:
+            self._acks_due[doc.name] = asyncio.get_running_loop().call_later(ACK_INTERVAL, self._send_ack, doc, self._ws)
+
+    def _send_ack(self, doc: ClientDocument, ws: Any) -> None:
+        """The newest offset, on the connection the deliveries came on (after a
+        reconnect the subscribe carries it) and while still subscribed."""
+        del self._acks_due[doc.name]
+        if ws is self._ws and self.docs.get(doc.name) is doc and doc.offset is not None:
             asyncio.ensure_future(self._send_quietly({"op": "ack", "doc": doc.name, "offset": doc.offset}))
 
 
