@@ -23,6 +23,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.server import ServerProtocol
 
+from .lean import Flag, Inbox
+
 #: uvicorn's ``ws`` choices a deployment may pick (``ws_implementation``).
 IMPLEMENTATIONS = ("websockets-sansio", "websockets", "wsproto")
 #: zlib window (2**bits bytes) and memLevel of the per-message compressor:
@@ -41,14 +43,27 @@ def deflate_without_context() -> ServerPerMessageDeflateFactory:
 
 
 class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's websockets-sansio protocol with :func:`deflate_without_context`
-    when ``ws_per_message_deflate`` is on (uvicorn's own keeps contexts)."""
+    """uvicorn's websockets-sansio protocol, leaner per connection:
+    :func:`deflate_without_context` when ``ws_per_message_deflate`` is on
+    (uvicorn's own keeps contexts); its receive queue and ``writable`` event
+    without their empty deques (:mod:`.lean`); and the handshake's request and
+    response (headers parsed twice over, ~3 kB) let go once the socket is
+    accepted: uvicorn reads them only until then."""
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         if config.ws_per_message_deflate:
             self.conn = ServerProtocol(extensions=[deflate_without_context()], max_size=config.ws_max_size,
                                        logger=logging.getLogger("uvicorn.error"))
+        self.queue = Inbox()  # type: ignore[assignment]
+        self.writable = Flag()  # type: ignore[assignment]
+        self.writable.set()
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.accept" and self.handshake_complete:
+            self.request.headers.clear()  # websockets' parser keeps the request until the socket closes
+            self.request = self.response = None  # type: ignore[assignment]
 
 
 def uvicorn_ws_options(implementation: str, compression: bool) -> dict[str, object]:
