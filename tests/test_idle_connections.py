@@ -44,20 +44,52 @@ class Peer:
 
 async def test_an_idle_connection_has_no_task_but_its_asgi_call(redis_url: str) -> None:
     """Each connection used to keep a timer task asleep (hello deadline,
-    resends, token expiry); one wheel per process does that now."""
+    resends, token expiry), and each subscription a pump waiting for work;
+    one wheel per process does the first now, and a pump runs only while
+    there is work."""
     async with running_server(redis_url, insecure_no_auth=True) as url:
         warm = await Peer().open(url)
         await warm.hello()
         await asyncio.sleep(0.3)  # the wheel is turning
         before = len(asyncio.all_tasks())
         peers = [await Peer().open(url) for _ in range(20)]
-        for peer in peers:
+        for i, peer in enumerate(peers):
             await peer.hello()
+            assert peer.ws is not None
+            peer.ws.send_text(json.dumps({"op": "subscribe", "doc": f"quiet-{i % 3}"}))
+            await peer.expect("subscribed")
         await asyncio.sleep(0.3)
-        assert len(asyncio.all_tasks()) - before == 20  # uvicorn's one task per socket, nothing more
+        tasks = asyncio.all_tasks()
+        assert not [task for task in tasks if task.get_name().startswith("yrelay-sub-")]  # no pump waits
+        # uvicorn's one task per socket, give or take the server's own coming and going
+        # (before: 3 per socket, the ASGI call, a timer and a pump)
+        assert len(tasks) - before < 30
         for peer in [warm, *peers]:
             assert peer.ws is not None
             peer.ws.close()
+
+
+async def test_a_subscription_without_a_waiting_pump_still_delivers_and_resends(redis_url: str) -> None:
+    """The pump starts when there is work (a delivery, an ack, a resend due)
+    and ends when there is none; an unacked entry is still sent again."""
+    async with running_server(redis_url, insecure_no_auth=True) as url:
+        reader, writer = await Peer().open(url), await Peer().open(url)
+        for peer in (reader, writer):
+            await peer.hello()
+            assert peer.ws is not None
+            peer.ws.send_text(json.dumps({"op": "subscribe", "doc": "woken"}))
+            await peer.expect("subscribed")
+        assert writer.ws is not None and reader.ws is not None
+        writer.ws.send_text(json.dumps({"op": "update", "doc": "woken", "clock": 1,
+                                        "update": "AQEBAAQBBHRleHQEbWluZQA="}))
+        first = await reader.expect("deliver")
+        again = await reader.expect("deliver")  # not acked: resent after resend_after (0.5 s)
+        assert again["entries"] == first["entries"]
+        reader.ws.send_text(json.dumps({"op": "ack", "doc": "woken", "offset": first["entries"][-1]["id"]}))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(reader.expect("deliver"), 1.0)
+        reader.ws.close()
+        writer.ws.close()
 
 
 async def test_the_hello_deadline_still_cuts_a_silent_connection_off(redis_url: str) -> None:

@@ -13,6 +13,7 @@ for what uvicorn and yrelay use of them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -101,4 +102,28 @@ class Inbox(_Waiters, Generic[T]):
         return self._items.pop(0)
 
 
-__all__ = ["Flag", "Inbox"]
+class Kick:
+    """A flag whose ``set`` also calls ``start``: for a loop that runs on a
+    task of its own while the flag is set and ends when it finds it clear,
+    so nothing waits while there is nothing to do. ``start`` must do nothing
+    while that task runs (it sees the flag before it ends: a set and the
+    task's last check cannot interleave, as neither awaits)."""
+
+    __slots__ = ("_value", "_start")
+
+    def __init__(self, start: Callable[[], None]) -> None:
+        self._value = False
+        self._start = start
+
+    def is_set(self) -> bool:
+        return self._value
+
+    def set(self) -> None:
+        self._value = True
+        self._start()
+
+    def clear(self) -> None:
+        self._value = False
+
+
+__all__ = ["Flag", "Inbox", "Kick"]
