@@ -89,7 +89,8 @@ async def hold(port: int, count: int, deflate: bool) -> list:
             if json.loads(data).get("op") == "subscribed" and not subscribed.done():
                 subscribed.set_result(None)
 
-        ws = await WsClient.connect("127.0.0.1", port, "/ws", on_message, deflate=deflate)
+        offer = {"deflate": True} if deflate else {}  # --no-deflate also runs against a build before issue 20
+        ws = await WsClient.connect("127.0.0.1", port, "/ws", on_message, **offer)
         ws.send_text(json.dumps({"op": "hello", "protocol": 1}))
         ws.send_text(json.dumps({"op": "subscribe", "doc": f"idle-{i % DOCS}"}))
         await asyncio.wait_for(subscribed, 60)
