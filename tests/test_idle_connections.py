@@ -191,3 +191,15 @@ async def test_an_inbox_getter_cancelled_after_its_wake_passes_the_item_on() -> 
     inbox.put_nowait("x")  # wakes the first ...
     first.cancel()  # ... which is cancelled before it runs
     assert await asyncio.wait_for(second, 1) == "x"
+
+
+def test_uvicorn_options_carry_the_compression_choice_and_refuse_an_unknown_implementation() -> None:
+    from yrelay.app.ws_protocol import YrelayWebSocketProtocol
+    from yrelay.config import Settings
+
+    options = Settings().uvicorn_options()
+    assert options["ws_per_message_deflate"] is False and options["ws"] is YrelayWebSocketProtocol
+    assert Settings(ws_compression=True).uvicorn_options()["ws_per_message_deflate"] is True
+    assert Settings(ws_implementation="wsproto").uvicorn_options()["ws"] == "wsproto"
+    with pytest.raises(ValueError, match="ws_implementation"):
+        Settings(ws_implementation="granian")
