@@ -353,6 +353,7 @@ def bench(
     docs: int = typer.Option(1000, min=1, help="Documents of scenario many (2 clients each)."),
     entries: int = typer.Option(100_000, min=10, help="Entries a reconnecting client is behind (catchup)."),
     connections: int = typer.Option(10_000, min=1, help="Idle connections (idle)."),
+    deflate: bool = typer.Option(True, help="Clients offer permessage-deflate as Chromium does (hot, many, idle)."),
     markdown: Optional[Path] = typer.Option(None, help="Also write the tables as markdown here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write every figure as JSON here."),
 ) -> None:
@@ -373,7 +374,7 @@ def bench(
     config = BenchConfig(scenarios=chosen, targets=tuple(t for t in targets.split(",") if t),
                          hot_rates=[float(r) for r in hot_rates.split(",")],
                          many_rates=[float(r) for r in many_rates.split(",")], duration=duration, readers=readers,
-                         docs=docs, entries=entries, connections=connections)
+                         docs=docs, entries=entries, connections=connections, deflate=deflate)
     report = run_bench(config, "yrelay bench " + " ".join(sys.argv[2:]), progress=typer.echo)
     report.print()
     if markdown is not None:

@@ -39,6 +39,13 @@ class Settings:
     #: held message may be ``ws_max_size`` (16 MiB): 32 of them were 512 MiB
     #: a hostile client could pin per connection (docs/security.md#frames).
     ws_max_queue: int = 2
+    #: permessage-deflate, when a client offers it (browsers do): off, as a
+    #: deflate context per connection was half of an idle connection's
+    #: memory; on, without context takeover and with small windows
+    #: (yrelay/app/ws_protocol.py; BENCHMARKS.md "Issue 20: idle memory").
+    ws_compression: bool = False
+    #: uvicorn's websocket implementation: websockets-sansio, websockets or wsproto.
+    ws_implementation: str = "websockets-sansio"
     #: Documents one connection may subscribe to.
     max_docs_per_connection: int = 10_000
     #: Updates of one connection being appended at once (more waits).
@@ -241,6 +248,9 @@ class Settings:
         if not 0 <= self.auth_leeway <= MAX_AUTH_LEEWAY:
             raise ValueError(f"auth_leeway must be between 0 and {MAX_AUTH_LEEWAY:g} seconds")
         self.worker_count()  # raises on a bad value
+        if self.ws_implementation not in ("websockets-sansio", "websockets", "wsproto"):
+            raise ValueError(f"ws_implementation must be websockets-sansio, websockets or wsproto, "
+                             f"got {self.ws_implementation!r}")
         for proxy in self.trusted_proxies:
             try:
                 ipaddress.ip_network(proxy, strict=False)
@@ -298,11 +308,12 @@ class Settings:
         ``http`` is uvicorn's httptools protocol with the request-head
         deadline and caps (:mod:`yrelay.app.http_guard`)."""
         from .app.http_guard import guarded_protocol  # the app imports this module
+        from .app.ws_protocol import uvicorn_ws_options
 
         # /yws takes one update per message (stock clients cannot split), up to max_update_bytes.
         return {"ws_max_size": max(self.max_frame_bytes * 4, self.max_update_bytes + 64), "ws_ping_interval": 20, "ws_ping_timeout": 20,
                 "ws_max_queue": self.ws_max_queue, "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes),
-                **self.proxy_options()}
+                **uvicorn_ws_options(self.ws_implementation, self.ws_compression), **self.proxy_options()}
 
     def proxy_options(self) -> dict[str, object]:
         """uvicorn's ``X-Forwarded-For`` handling, from ``trusted_proxies``

@@ -97,7 +97,9 @@ class AckWindow:
         self.acked = StreamId(0, 0)
         #: What the tracker was last told this session holds.
         self.tracked = StreamId(0, 0)
-        self._sent: deque[StreamId] = deque()
+        #: () while nothing is unacked: an empty deque is a 760-byte block on
+        #: every idle subscription (BENCHMARKS.md, "Issue 20: idle memory").
+        self._sent: deque[StreamId] | tuple[()] = ()
         self._counted = 0  # our part of the budget's count
         self._unacked_since: float | None = None
         self.resends = 0
@@ -113,17 +115,20 @@ class AckWindow:
 
     def drop(self) -> None:
         """Forget what was sent (it is sent again, or a resync replaces it)."""
-        self._sent.clear()
+        self._sent = ()
         self._count()
         self._unacked_since = None
 
     def close(self) -> None:
-        self._sent.clear()
+        self._sent = ()
         self._count()
         self._budget.forget(id(self))
 
     def sent(self, ids: list[StreamId]) -> None:
-        self._sent.extend(ids)
+        if self._sent:
+            self._sent.extend(ids)  # type: ignore[union-attr]
+        else:
+            self._sent = deque(ids)
         self._count()
         if self._unacked_since is None:
             self._unacked_since = time.monotonic()
@@ -133,12 +138,13 @@ class AckWindow:
         if offset > self.acked:
             self.acked = offset
         while self._sent and self._sent[0] <= self.acked:
-            self._sent.popleft()
+            self._sent.popleft()  # type: ignore[union-attr]
         self._count()
         if self._sent:
             self._unacked_since = time.monotonic()  # progress: restart the resend clock
             self.hold_through(self.acked)
         else:
+            self._sent = ()
             self._unacked_since = None
             self.hold_through(cursor)  # the rest up to the cursor is its own
 

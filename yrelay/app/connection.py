@@ -19,7 +19,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import redis.exceptions
@@ -44,6 +44,10 @@ from .write_path import WritePath
 log = logging.getLogger(__name__)
 
 
+def _nothing() -> None:
+    pass
+
+
 class ConnectionState(enum.Enum):
     AWAITING_HELLO = "awaiting_hello"
     OPEN = "open"
@@ -60,6 +64,7 @@ class Connection:
         self._send_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._received = 0.0  # when the frame being handled arrived (append latency)
+        self._stop_ticking: Callable[[], None] = _nothing
         self.address = websocket.client.host if websocket.client else ""
         self.allowance = Allowance(ctx, self.address)
         self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
@@ -92,7 +97,7 @@ class Connection:
         await self.websocket.accept(subprotocol=self.handshake.subprotocol)
         self.handshake.accepted()
         opened = time.monotonic()
-        timer = asyncio.create_task(self._timer())
+        self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
             while True:
                 message = await self.websocket.receive()
@@ -104,7 +109,7 @@ class Connection:
         finally:
             self.state = ConnectionState.CLOSED
             self.writes.close()
-            timer.cancel()
+            self._stop_ticking()
             for task in list(self._tasks):
                 task.cancel()
             await self.documents.close()
@@ -222,29 +227,28 @@ class Connection:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _timer(self) -> None:
-        """The connection's one periodic task (a task per connection costs
-        memory): the ``hello`` deadline, resends of quiet documents, and the
-        token's expiry and revocation. A failing tick is logged and the next
-        one runs: these checks must not end silently."""
-        while self.state is not ConnectionState.CLOSED:
-            await asyncio.sleep(self.ctx.settings.resend_check_interval)
-            overdue = self.handshake.hello_overdue() if self.state is ConnectionState.AWAITING_HELLO else None
-            if overdue is not None:
-                await self._cut_off(overdue)
-                return
-            try:
-                self.documents.check_resends()
-            except Exception:
-                log.exception("the resend check failed; the token check and the next tick still run")
-            try:
-                await self._check_token()
-            except Exception:
-                log.exception("the token check failed; it runs again next tick")
-
-    async def _check_token(self) -> None:
-        """Cut the connection off once its token expired or was revoked."""
+    def _tick(self) -> None:
+        """The connection's periodic checks, once per ``resend_check_interval``
+        on the process's one timer task (:mod:`.ticker`; a sleeping task per
+        connection cost memory): the ``hello`` deadline, resends of quiet
+        documents, and the token's expiry and revocation. A failing check is
+        logged and the others and the next tick still run."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        overdue = self.handshake.hello_overdue() if self.state is ConnectionState.AWAITING_HELLO else None
+        if overdue is not None:
+            self._end(overdue)
+            return
+        try:
+            self.documents.check_resends()
+        except Exception:
+            log.exception("the resend check failed; the token check and the next tick still run")
         lapsed = self.handshake.token_lapsed() if self.state is ConnectionState.OPEN else None
         if lapsed is not None:
-            await self._cut_off(lapsed)
+            self._end(lapsed)
+
+    def _end(self, cut: CutOff) -> None:
+        """Cut off from a tick: no more ticks, and the closing on a task of its own."""
+        self._stop_ticking()
+        self._spawn(self._cut_off(cut))
 

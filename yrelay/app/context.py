@@ -44,6 +44,7 @@ from .presence import Presence
 from .quotas import SubjectQuotas
 from .replicas import ReplicaWait
 from .sessions import SessionRegistry
+from .ticker import Ticker
 from .validator import Validator
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,13 @@ class ServerContext:
     #: Bytes of updates between arrival and answer, all connections together.
     inflight_bytes: ByteBudget
     process_id: str = field(default_factory=process_name)
+    #: Every connection's periodic checks, on one task (ticker.py).
+    ticker: Ticker = field(init=False, repr=False)
     #: What ``close`` unwinds (see the module doc).
     _stack: AsyncExitStack = field(default_factory=AsyncExitStack, repr=False)
+
+    def __post_init__(self) -> None:
+        self.ticker = Ticker(self.settings.resend_check_interval)
 
     @classmethod
     async def open(cls, settings: Settings, redis_url: str,
@@ -169,6 +175,7 @@ class ServerContext:
 
     async def close(self) -> None:
         """Stop every service and close every connection (idempotent)."""
+        self.ticker.close()
         await self._stack.aclose()
 
 

@@ -13,7 +13,6 @@ while ``max_unacked_entries`` (or the connection's budget) are in flight.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +41,9 @@ class PendingBatches:
     def __init__(self, max_bytes: int, max_batches: int = MAX_PENDING_BATCHES):
         self.max_bytes = max_bytes
         self.max_batches = max_batches
-        self._batches: deque[Batch] = deque()
+        #: A list, not a deque: at most max_batches, and an empty deque is a
+        #: 760-byte block on every idle subscription (BENCHMARKS.md, issue 20).
+        self._batches: list[Batch] = []
         self.bytes = 0
 
     def offer(self, batch: Batch) -> bool:
@@ -56,12 +57,12 @@ class PendingBatches:
         return True
 
     def popleft(self) -> Batch:
-        batch = self._batches.popleft()
+        batch = self._batches.pop(0)
         self.bytes -= batch.nbytes
         return batch
 
     def appendleft(self, batch: Batch) -> None:
-        self._batches.appendleft(batch)
+        self._batches.insert(0, batch)
         self.bytes += batch.nbytes
 
     def clear(self) -> None:

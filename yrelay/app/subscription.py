@@ -37,6 +37,7 @@ from ..tasks import BackgroundTask
 from .acks import AckWindow
 from .engine_pool import EngineFailed
 from .fanout import Batch
+from .lean import Kick
 from .limits import DeliveryBudget
 from .resync import Resume, answer_sync, resume_point
 from .sending import Send, Sender
@@ -91,7 +92,9 @@ class Subscription:
         self._sync_vector: bytes | None = None
         self._failure: str | None = None
         self._evicted = False
-        self._wake = asyncio.Event()
+        #: Work to do: setting it starts the pump, which runs while there is
+        #: work and then ends; an idle subscription has no task (issue 20).
+        self._wake = Kick(self._pump_if_open)
         self._pump = BackgroundTask(f"yrelay-sub-{doc}", self._run)
         self.drift_detected = 0
         #: Called once the client was told the document was deleted (the subscription then ends).
@@ -105,7 +108,11 @@ class Subscription:
         self.state = new
 
     def start(self) -> None:
-        self._pump.start()
+        self._wake.set()
+
+    def _pump_if_open(self) -> None:
+        if self.state is not SubscriptionState.CLOSED:
+            self._pump.start()  # nothing when it runs already: it sees the work before it ends
 
     async def close(self) -> None:
         if self.state is not SubscriptionState.CLOSED:
@@ -173,11 +180,9 @@ class Subscription:
     async def _run(self) -> None:
         logs.doc.set(self.doc)  # this task's own context
         logs.session.set(self.session)
-        reconnect = Reconnect()
+        reconnect = Reconnect()  # a run ends only once a step succeeded: its backoff is this run's
         try:
-            self._wake.set()
-            while self.state is not SubscriptionState.CLOSED:
-                await self._wake.wait()
+            while self.state is not SubscriptionState.CLOSED and self._wake.is_set():
                 self._wake.clear()
                 try:
                     if self.state is SubscriptionState.STARTING:  # retried like any step while Redis is away

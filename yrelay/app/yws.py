@@ -116,7 +116,7 @@ class YwsConnection:
         self.allowance.open(self.session, principal)
         if not await self._count_subscription():
             return
-        timer = asyncio.create_task(self._check_token())
+        self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
             await self.feed.start()
             self.presence.join(self.doc, self.session, principal)
@@ -133,7 +133,7 @@ class YwsConnection:
             await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
         finally:
             self._closed = True
-            timer.cancel()
+            self._stop_ticking()
             self.writes.close()
             self.feed.stop()
             for task in list(self._tasks):
@@ -257,13 +257,13 @@ class YwsConnection:
         with contextlib.suppress(Exception):
             await self.websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
 
-    async def _check_token(self) -> None:
-        """Close once the token expired or was revoked (as ``/ws`` does)."""
-        while not self._closed:
-            await asyncio.sleep(self.ctx.settings.resend_check_interval)
-            lapsed = self.handshake.token_lapsed()
-            if lapsed is not None:
-                await self.close(CLOSE_UNAUTHORIZED, lapsed.reason)
+    def _tick(self) -> None:
+        """Close once the token expired or was revoked (as ``/ws`` does);
+        once per ``resend_check_interval`` on the process's timer (:mod:`.ticker`)."""
+        lapsed = None if self._closed else self.handshake.token_lapsed()
+        if lapsed is not None:
+            self._stop_ticking()
+            self._spawn(self.close(CLOSE_UNAUTHORIZED, lapsed.reason))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

@@ -74,6 +74,8 @@ class Driver:
         self.errors = 0
         self.last_error = ""
         self.ws: WsClient | None = None
+        #: Offer permessage-deflate as Chromium does (set by the worker).
+        self.deflate = False
         self._ready: asyncio.Future[None] | None = None
         self.complete = asyncio.Event()
         if expect == 0:
@@ -127,7 +129,7 @@ class YrelayDriver(Driver):
 
     async def open(self, host: str, port: int) -> None:
         self._ready = asyncio.get_running_loop().create_future()
-        self.ws = await WsClient.connect(host, port, "/ws", self._on_message)
+        self.ws = await WsClient.connect(host, port, "/ws", self._on_message, deflate=self.deflate)
         self.ws.send_text(_dumps({"op": "hello", "protocol": protocol.PROTOCOL_VERSION}))
         self.ws.send_text(_dumps({"op": "subscribe", "doc": self.doc}))
         await self._wait_ready("subscribed")
@@ -165,7 +167,8 @@ class YWebsocketDriver(Driver):
 
     async def open(self, host: str, port: int) -> None:
         self._ready = asyncio.get_running_loop().create_future()
-        self.ws = await WsClient.connect(host, port, f"{self.path_prefix}/{self.doc}", self._on_message)
+        self.ws = await WsClient.connect(host, port, f"{self.path_prefix}/{self.doc}", self._on_message,
+                                         deflate=self.deflate)
         self.ws.send_binary(sync_message(0, b"\x00"))  # step 1: we hold nothing
         await self._wait_ready("sync step 2")
 

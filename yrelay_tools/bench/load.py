@@ -33,6 +33,8 @@ class Shape:
     workers: list[list[ConnSpec]]
     #: Offered updates per second, after rounding to whole updates per writer.
     rate: float = 0.0
+    #: Clients offer permessage-deflate as Chromium does (what browsers cost a server).
+    deflate: bool = True
 
     @property
     def connections(self) -> int:
@@ -140,7 +142,8 @@ class Generator:
         self.processes = []
         for conns in shape.workers:
             parent, child = context.Pipe()
-            spec = WorkerSpec(target.protocol, target.host, target.port, conns, target.parallel_connects, drain)
+            spec = WorkerSpec(target.protocol, target.host, target.port, conns, target.parallel_connects, drain,
+                              shape.deflate)
             process = context.Process(target=worker_main, args=(child, spec), daemon=True)
             process.start()
             self.pipes.append(parent)

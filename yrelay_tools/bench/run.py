@@ -28,6 +28,8 @@ class BenchConfig:
     docs: int = 1000
     entries: int = 100_000
     connections: int = 10_000
+    #: Clients offer permessage-deflate as Chromium does (scenarios hot, many, idle).
+    deflate: bool = True
 
 
 def run_bench(config: BenchConfig, command: str, progress: Progress = print, work_dir: Path | None = None) -> Report:
@@ -37,14 +39,16 @@ def run_bench(config: BenchConfig, command: str, progress: Progress = print, wor
         for scenario in config.scenarios:
             if scenario == "hot":
                 report.ladders.append(scenarios.hot(config.targets, config.hot_rates, config.duration, work, progress,
-                                                    readers=config.readers, writers=config.writers))
+                                                    readers=config.readers, writers=config.writers,
+                                                    deflate=config.deflate))
             elif scenario == "many":
                 report.ladders.append(scenarios.many(config.targets, config.many_rates, config.duration, work,
-                                                     progress, docs=config.docs))
+                                                     progress, docs=config.docs, deflate=config.deflate))
             elif scenario == "catchup":
                 report.catchup = scenarios.catchup(config.targets, config.entries, work, progress)
             elif scenario == "idle":
-                report.idle = scenarios.idle(config.targets, config.connections, work, progress)
+                report.idle = scenarios.idle(config.targets, config.connections, work, progress,
+                                             deflate=config.deflate)
             else:
                 raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
     return report

@@ -16,7 +16,7 @@ import asyncio
 import base64
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +41,17 @@ class LadderResult:
 
 
 def ladder(scenario: str, targets: Iterable[str], rates: list[float], shape: Callable[[float], load.Shape],
-           work_dir: Path, progress: Progress, drain: float = 10.0) -> LadderResult:
+           work_dir: Path, progress: Progress, drain: float = 10.0, deflate: bool = True) -> LadderResult:
     """Every target through ``rates`` (ascending), a fresh server per step,
-    stopping after the first rate it does not keep up with."""
+    stopping after the first rate it does not keep up with. ``deflate``:
+    clients offer permessage-deflate as Chromium does."""
     result = LadderResult(scenario)
     for key in targets:
         for rate in rates:
             target = make_target(key, work_dir)
             target.start()
             try:
-                run = load.run(target, shape(rate), drain)
+                run = load.run(target, replace(shape(rate), deflate=deflate), drain)
             except (RuntimeError, TimeoutError) as exc:  # the server failed the load: a row that says so
                 run = load.failed_run(target, shape(rate), str(exc))
             finally:
@@ -64,16 +65,16 @@ def ladder(scenario: str, targets: Iterable[str], rates: list[float], shape: Cal
 
 
 def hot(targets: Iterable[str], rates: list[float], duration: float, work_dir: Path, progress: Progress,
-        readers: int = 50, writers: int = 2) -> LadderResult:
+        readers: int = 50, writers: int = 2, deflate: bool = True) -> LadderResult:
     return ladder("hot", targets, rates,
                   lambda rate: load.hot_document(rate, duration, writers=writers, readers=readers), work_dir,
-                  progress)
+                  progress, deflate=deflate)
 
 
 def many(targets: Iterable[str], rates: list[float], duration: float, work_dir: Path, progress: Progress,
-         docs: int = 1000) -> LadderResult:
+         docs: int = 1000, deflate: bool = True) -> LadderResult:
     result = ladder("many", targets, rates, lambda rate: load.many_documents(rate, duration, docs=docs), work_dir,
-                    progress)
+                    progress, deflate=deflate)
     result.ceilings["pipelined XADD"] = ceilings.xadd_ceiling(streams=docs)
     progress(f"many: pipelined XADD ceiling {result.ceilings['pipelined XADD']:,.0f}/s")
     return result
@@ -97,7 +98,7 @@ class IdleResult:
 
 
 def idle(targets: Iterable[str], connections: int, work_dir: Path, progress: Progress,
-         docs: int = 100) -> list[IdleResult]:
+         docs: int = 100, deflate: bool = True) -> list[IdleResult]:
     results = []
     for key in targets:
         target = make_target(key, work_dir)
@@ -107,7 +108,8 @@ def idle(targets: Iterable[str], connections: int, work_dir: Path, progress: Pro
             time.sleep(0.5)
             before = metrics.rss(pid)
             started = time.perf_counter()
-            generator = load.Generator(target, load.idle_connections(connections, docs), drain=0)
+            shape = replace(load.idle_connections(connections, docs), deflate=deflate)
+            generator = load.Generator(target, shape, drain=0)
             note = target.note
             try:
                 generator.connect()

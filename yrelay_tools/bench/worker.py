@@ -48,6 +48,8 @@ class WorkerSpec:
     conns: list[ConnSpec]
     parallel: int = 16
     drain: float = 10.0
+    #: Offer permessage-deflate as Chromium does.
+    deflate: bool = True
 
 
 @dataclass
@@ -72,6 +74,8 @@ class Worker:
         self.drivers: list[Driver] = [
             driver(c.doc, self.receipts if c.measured else None, c.client, c.expect) for c in spec.conns
         ]
+        for each in self.drivers:
+            each.deflate = spec.deflate
         self.messages: list[list[bytes | str]] = []
         self.keys: list[list[int]] = []
 
