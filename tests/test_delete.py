@@ -20,12 +20,17 @@ from starlette.routing import Route
 from yrelay import crdt
 from yrelay.consumers import AckResult, Batch, ConsumerGroup
 from yrelay.consumers.webhook import Webhook
-from yrelay.keys import documents_key, gc_due_key, stream_key
+from yrelay.keys import bucket_documents_key, bucket_gc_due_key, document_bucket, stream_key
 from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
 
 from conftest import eventually, running_server, serving
 from consumerutil import LEASE
+
+
+async def listed(redis_client, doc: str) -> float | None:
+    """The document's score in the registry (its bucket), None when unlisted."""
+    return await redis_client.zscore(bucket_documents_key(document_bucket(doc)), doc)
 
 TOKEN = "ops-secret-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -74,7 +79,8 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         await eventually(lambda: read.deleted.is_set() and written.deleted.is_set(), timeout=10)
         assert reader.error_codes["document_deleted"] == 1 and DOC not in reader.docs
         # The group and the webhook: a deletion event, acked.
-        await eventually(lambda: any(b.deleted for b in batches) and any(b["deleted"] for b in bodies), timeout=10)
+        await eventually(lambda: any(b.deleted for b in batches) and any(b["deleted"] for b in bodies)
+                         and len(acks) == len(batches), timeout=10)  # the batch's ack answered too
         deletion = next(b for b in batches if b.deleted)
         assert deletion.doc == DOC and deletion.updates == [] and acks[batches.index(deletion)] is AckResult.ACKED
         body = next(b for b in bodies if b["deleted"])
@@ -86,8 +92,8 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         await hooks.leave()
 
         # Gone from the listings; what stays is the tombstone (the marker alone in the stream).
-        assert await redis_client.zscore(documents_key(), DOC) is None
-        assert await redis_client.zscore(gc_due_key(), DOC) is None
+        assert await listed(redis_client, DOC) is None
+        assert await redis_client.zscore(bucket_gc_due_key(document_bucket(DOC)), DOC) is None
         assert await redis_client.xlen(stream_key(DOC)) == 1
         left = {key.decode() for key in await redis_client.keys("yrelay:{notes/gone}:*")}
         assert left <= {"yrelay:{notes/gone}:stream", "yrelay:{notes/gone}:meta", "yrelay:{notes/gone}:groups",
@@ -97,7 +103,7 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         # A write racing the delete (here: after it) is refused and writes nothing.
         with pytest.raises(redis.exceptions.ResponseError, match="YRELAY_DELETED"):
             await DocumentStore(redis_client).append(DOC, "late-session-0000000", 1, crdt.encode_state(written.ydoc))
-        assert await redis_client.zscore(documents_key(), DOC) is None  # its pipeline's listing undone
+        assert await listed(redis_client, DOC) is None  # its pipeline's listing undone
         # A new subscriber sees an empty document, and cannot write to it while the tombstone lives.
         fresh = await make_client(url)
         again = await fresh.subscribe(DOC)
@@ -109,10 +115,10 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
             raise AssertionError(f"errors {fresh.errors}, pending {fresh.pending}") from None
         assert await redis_client.xlen(stream_key(DOC)) == 1
         for _ in range(100):  # the refused write's pipeline listed it again; undone
-            if await redis_client.zscore(documents_key(), DOC) is None:
+            if await listed(redis_client, DOC) is None:
                 break
             await asyncio.sleep(0.05)
-        assert await redis_client.zscore(documents_key(), DOC) is None
+        assert await listed(redis_client, DOC) is None
         assert (await http.delete("/ops/docs/never-existed", headers=AUTH)).status_code == 404
         assert (await http.delete(f"/ops/docs/{DOC}")).status_code == 401
         await http.aclose()

@@ -69,4 +69,22 @@ class BackgroundTask:
             log.exception("background task %s crashed", self.name)
 
 
-__all__ = ["BackgroundTask"]
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds have passed;
+    whether it was set.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it can swallow a cancel that
+    lands as the event is set (python/cpython#86296, fixed in 3.12), and a
+    loop stopped by that cancel then runs on for ever (seen: a consumer
+    group member whose task a cancel did not end). ``asyncio.timeout``
+    keeps the cancel.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+__all__ = ["BackgroundTask", "wait_event"]

@@ -36,7 +36,7 @@ from ..keys import stream_key
 from ..offsets import StreamId
 from ..redis_packed import bulk as _bulk
 from ..store import DocumentStore, Entry, to_entry
-from ..tasks import BackgroundTask
+from ..tasks import BackgroundTask, wait_event
 from . import sizing
 from .acks import Member, SubscriptionRegistry
 
@@ -188,10 +188,7 @@ class Fanout:
         self._reading_generation = self._generation
         if not readable:
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=self.block_ms / 1000)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._changed, self.block_ms / 1000)
             return
         try:
             reply = await self._xread(readable)

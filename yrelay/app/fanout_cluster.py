@@ -41,7 +41,7 @@ from ..offsets import StreamId
 from ..redis_client import CLUSTER_TRANSIENT, xread_one
 from ..replies import text
 from ..store import DocumentStore
-from ..tasks import BackgroundTask
+from ..tasks import BackgroundTask, wait_event
 from .acks import SubscriptionRegistry
 from .fanout import Fanout, Subscriber
 
@@ -113,10 +113,7 @@ class ClusterFanout(Fanout):
         self._reading_generation = self._generation
         if not self._woken:
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=max(self._next_sweep - time.monotonic(), 0.001))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, max(self._next_sweep - time.monotonic(), 0.001))
         readable = self._readable()
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + self.block_ms / 1000

@@ -32,7 +32,7 @@ from ..awareness import AwarenessEntry, encode_update, join_encoded
 from ..backoff import Reconnect
 from ..keys import doc_of_presence_channel, presence_channel, presence_key, presence_owners_key
 from ..scripts import source
-from ..tasks import BackgroundTask
+from ..tasks import BackgroundTask, wait_event
 from .presence_member import Member, NotOwner, PresenceFull, Send
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,7 @@ class Presence:
         await asyncio.shield(self._sync_channel(member.doc))  # a closing connection must not cut a SUBSCRIBE in half
         ready = self._channels.get(member.doc)
         if ready is not None:
-            try:
-                await asyncio.wait_for(ready.wait(), SUBSCRIBE_WAIT)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(ready, SUBSCRIBE_WAIT)
         try:
             values = await self._read(keys=[presence_key(member.doc)], args=[self.timeout_ms, self.greeting_bytes])
         except _REDIS_ERRORS as exc:

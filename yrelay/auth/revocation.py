@@ -12,7 +12,6 @@ within about one refresh interval, without a Redis call per frame.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -20,7 +19,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..keys import revoked_tokens_key
-from ..tasks import BackgroundTask
+from ..tasks import BackgroundTask, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -79,5 +78,4 @@ class Revocations:
                 await self.refresh()
             except (redis.exceptions.RedisError, OSError) as exc:
                 log.warning("could not refresh revoked tokens (keeping the last list): %s", exc)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.refresh_interval)
+            await wait_event(self._stopping, self.refresh_interval)

@@ -25,12 +25,13 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..backoff import Reconnect
-from ..events import EventSink
 from ..deletion import is_deletion
+from ..events import EventSink
 from ..keys import meta_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..replies import stream_id, text
 from ..store import DocumentStore, to_entry
+from ..tasks import wait_event
 from .batch import Batch
 from .progress import AckResult, Progress, StaleClaim
 
@@ -290,10 +291,7 @@ class Reader:
         if cursors:
             return await self._read(cursors)
         self._changed.clear()
-        try:
-            await asyncio.wait_for(self._changed.wait(), self.block_ms / 1000)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(self._changed, self.block_ms / 1000)
         return []
 
     async def _start(self, doc: str, held: Held) -> Batch | None:
