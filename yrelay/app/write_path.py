@@ -7,8 +7,9 @@ refused are ignored; the rates (:mod:`.allowance`); the size and base64
 (:mod:`.update_parts`); the struct-by-struct read of its layout and causal
 needs (on the event loop up to 64 KiB, where it is also the layout check,
 else in a thread); the validator's verdict (y-py and pycrdt in worker
-processes). In flight it holds a slot and its bytes (:mod:`.inflight`: past
-a cap the connection stops reading its socket). Updates are validated
+processes; at once for a shape both are known to read). In flight it
+holds a slot and its bytes (:mod:`.inflight`: past a cap the connection
+stops reading its socket). Updates are validated
 concurrently but submitted to the appender in arrival order, and each is
 answered once: ``appended`` when the append script returned (and, with
 ``ack_replicas``, the replicas confirmed it), else an error
@@ -101,7 +102,8 @@ class WritePath:
         try:
             if isinstance(reading, Exception):
                 raise reading
-            verdict = self.ctx.validator.submit(update, layout_checked=reading is not None)
+            verdict = self.ctx.validator.submit(update, layout_checked=reading is not None,
+                                                layout=reading[0] if reading is not None else None)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
         await self._inflight.acquire(len(update))
