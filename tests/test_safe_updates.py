@@ -10,7 +10,7 @@ import pycrdt
 import pytest
 from test_validation import good_update
 
-from yrelay import crdt
+from yrelay import crdt, validation
 from yrelay.app.validator import Validator
 from yrelay.safe_updates import known_safe
 from yrelay.update_format import read_layout
@@ -30,6 +30,9 @@ HOSTILE = {
                                  "02010601",
     "a padded type ref pycrdt refuses": "010102018701f507800000",
     "an XmlHook pycrdt refuses (2)": "0101000147010205125b5b5b5b5b5b5b5b5b5d5d5d5d5d5d5d5d5d02000000010101",
+    # found by the fuzz: y-py reads it, pycrdt panics ("index out of bounds")
+    "pycrdt panics": "030201d3e3ea87f9bea4010401505b" + "5b" * 39 + "5d" * 40 + "016b8780808080100309010305a801d4e3ea87"
+                     "f9bea401017b7ff8000000000000010002440307ac02" + "61" * 300 + "02010206000100010100e6db7d",
 }
 
 
@@ -59,6 +62,14 @@ def test_the_hostile_updates_really_break_an_engine():
     assert ypy[0] == update_fuzz.ABORT and ypy[1] == update_fuzz.ABORT
     assert ypy[2] == update_fuzz.PANIC
     assert all(ypy[i] == update_fuzz.OK and pycrdt_[i] == update_fuzz.ERROR for i in (3, 4, 5))
+    assert ypy[6] == update_fuzz.OK and pycrdt_[6] == update_fuzz.PANIC
+
+
+def test_a_pycrdt_panic_is_a_refusal_not_a_dead_validator_process():
+    """Before, the PanicException left validation.check and killed its worker
+    (restarted, the update refused as "could not be decoded in time")."""
+    reason = validation.check(bytes.fromhex(HOSTILE["pycrdt panics"]))
+    assert reason.startswith("not a Yjs update") and "index out of bounds" in reason
 
 
 def test_what_editors_send_is_a_known_shape():
