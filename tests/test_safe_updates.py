@@ -89,7 +89,8 @@ def test_what_editors_send_is_a_known_shape():
     pdoc.get("x", type=pycrdt.XmlFragment).children.append(pycrdt.XmlElement("p", {"class": "a"},
                                                                             [pycrdt.XmlText("hi")]))
     pdoc.get("m", type=pycrdt.Map)["k"] = {"n": [1, "s", None, True]}
-    for update in [*ypy_updates, *pycrdt_updates, good_update()]:
+    yjs_updates = [bytes.fromhex(text) for text in update_fuzz.YJS_UPDATES]  # what browsers send
+    for update in [*ypy_updates, *pycrdt_updates, *yjs_updates, good_update()]:
         assert _known(update), update.hex()
 
 

@@ -156,6 +156,30 @@ _JSON = ["null", "true", "false", "1", "-1", "0", "1.5", "-0", "1e400", "NaN", "
          '"x"', '""', "[]", "{}", "[1,2]", '{"a":1}', '{"a":1,"a":2}', '{"href":"https://x.y/z"}', '"\\ud800"',
          '"\\u0000"', '{"a":{"b":[1,"x"]}}', "[" * 40 + "]" * 40, "[" * 9 + "]" * 9, "{", '"a', "undefined", " 1",
          "1 ", '{"a":1}x', '"\u2028"', '"😀"', '{"😀":null}', "9007199254740993", '{"x":-2147483647}']
+#: Updates Yjs itself wrote (yjs 13.6, in Node: typing, deletes, bold and
+#: italic, links, embeds, a ProseMirror paragraph, maps, arrays, binary),
+#: one per mix of content kinds: seeds for mutation and known shapes in tests.
+YJS_UPDATES = [
+    "0103e1cd8efe080006010a636f64656d6972726f7204626f6c64047472756584e1cd8efe080002616286e1cd8efe0802"
+    "04626f6c64046e756c6c00",
+    "0101e1cd8efe0804c4e1cd8efe0802e1cd8efe080302c3bc00",
+    "0001e1cd8efe08010401",
+    "0101e1cd8efe081485e1cd8efe0803117b22696d616765223a22612e706e67227d00",
+    "0103e1cd8efe084cc6e1cd8efe0818e1cd8efe081d04626f6c64046e756c6cc5e1cd8efe084ce1cd8efe081d117b2269"
+    "6d616765223a22612e706e67227dc6e1cd8efe084de1cd8efe081d04626f6c64047472756500",
+    "0104e1cd8efe085c46e1cd8efe0800066974616c69630474727565c6e1cd8efe085ce1cd8efe0800046c696e6b132268"
+    "747470733a2f2f782e792f7a3f613d3122c6e1cd8efe0838e1cd8efe081a066974616c6963046e756c6cc6e1cd8efe08"
+    "5ee1cd8efe081a046c696e6b046e756c6c00",
+    "0102e1cd8efe08fa0146e1cd8efe08e501066974616c69630474727565c6e1cd8efe08fa01e1cd8efe08e501046c696e"
+    "6b132268747470733a2f2f782e792f7a3f613d312201e1cd8efe08015c02",
+    "0102e1cd8efe08cf0207010b70726f73656d6972726f7203097061726167726170682800e1cd8efe08cf0205616c6967"
+    "6e0177046c65667400",
+    "0101e1cd8efe08d1020700e1cd8efe08cf020600",
+    "0101e1cd8efe08d6022801016d016b017601016175047d017c402000007e77017300",
+    "0102e1cd8efe08d90208010161037d017701787883e1cd8efe08db0202010200",
+    "0104e1cd8efe08dd0244e1cd8efe08fa01026d75c1e1cd8efe08de02e1cd8efe08fa0101c4e1cd8efe08df02e1cd8efe"
+    "08fa01027469a8e1cd8efe08d602017d0101e1cd8efe0802d60201df0201",
+]
 _ANY_TAGS = [127, 126, 125, 124, 123, 122, 121, 120, 119, 118, 117, 116, 115, 0, 255]
 _BOUNDARY = [0, 1, 2, 3, 7, 127, 128, 2**31 - 2, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53 - 1]
 
@@ -329,14 +353,14 @@ def synthesised(rng: random.Random) -> bytes:
 
 
 def real_updates(seed: int, edits: int = 400) -> list[bytes]:
-    """Updates of real edits: y-py typing and deleting, pycrdt text with
-    formats, embeds, maps, arrays and XML, and merges of those."""
+    """Updates of real edits: Yjs's own (recorded), y-py typing and deleting,
+    pycrdt text with formats, embeds, maps, arrays and XML, and merges of those."""
     import pycrdt
 
     from yrelay import crdt
 
     rng = random.Random(seed)
-    found: list[bytes] = []
+    found: list[bytes] = [bytes.fromhex(text) for text in YJS_UPDATES]
     doc = crdt.new_doc(7)
     crdt.observe_updates(doc, found.append)
     for _ in range(edits // 4):
