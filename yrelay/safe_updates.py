@@ -24,8 +24,10 @@ source showed open:
 - every string (content, root names, map keys, type names, Any strings)
   strict UTF-8 (no encoded surrogates);
 - Any values: undefined, null, booleans, integers within 32 bits, floats,
-  strings,
-  and arrays and objects of those, nested at most ``MAX_DEPTH`` deep;
+  strings, and arrays and objects of those, nested at most ``MAX_DEPTH``
+  deep;
+- a parent named by id has a client id below 2**32 (y-py panics on some
+  above: 2**32, 2**33, ...);
 - a reference to the item's own client names an earlier clock; a reference
   into the update's own structs names an Item, and a parent reference
   names a Type item (else it names content a fresh document lacks, and
@@ -50,6 +52,9 @@ MAX_BYTES = 4096
 MAX_DEPTH = 8
 
 _MAX_CLOCK = 2**31 - 1
+#: y-py panics on a parent id whose client is 2**32, 2**33, 3 * 2**32, ...
+#: (found by the fuzz); Yjs's own client ids are 32-bit.
+_MAX_PARENT_CLIENT = 2**32 - 1
 _MAX_INT = 2**31 - 1
 _BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
 _GC, _SKIP = 0, 10
@@ -127,7 +132,7 @@ def _check_item(reader: lib0.Reader, client: int, clock: int,
         if _number(reader) == 1:
             _strict_string(reader)  # a root type's name
         else:
-            _check_ref(reader, client, clock, inserted, parent=True)
+            _check_ref(reader, client, clock, inserted, parent=True)  # (client, clock) of the parent item
         if info & _BIT6:
             _strict_string(reader)  # parentSub: the map key
     _check_content(reader, kind)
@@ -137,6 +142,8 @@ def _check_ref(reader: lib0.Reader, client: int, clock: int,
                inserted: dict[int, list[tuple[int, int, int]]], parent: bool) -> None:
     ref_client, ref_clock = _number(reader), _number(reader)
     if ref_clock > _MAX_CLOCK or (ref_client == client and ref_clock >= clock):
+        raise _NotKnown
+    if parent and ref_client > _MAX_PARENT_CLIENT:
         raise _NotKnown
     for lo, hi, byte in inserted.get(ref_client, ()):
         if lo <= ref_clock < hi:

@@ -181,7 +181,8 @@ YJS_UPDATES = [
     "08fa01027469a8e1cd8efe08d602017d0101e1cd8efe0802d60201df0201",
 ]
 _ANY_TAGS = [127, 126, 125, 124, 123, 122, 121, 120, 119, 118, 117, 116, 115, 0, 255]
-_BOUNDARY = [0, 1, 2, 3, 7, 127, 128, 2**31 - 2, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53 - 1]
+_BOUNDARY = [0, 1, 2, 3, 7, 127, 128, 2**31 - 2, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**33, 3 * 2**32,
+             2**40, 2**53 - 1]
 
 
 def _number(rng: random.Random, small: int = 16) -> int:
@@ -516,6 +517,7 @@ def _judge(engines: list[Engine], batch: list[tuple[bytes, bool]], report: Repor
             report.examples.setdefault(f"ypy={VERDICTS[a]} pycrdt={VERDICTS[b]}", update.hex())
         elif a != OK or b != OK:
             report.counterexamples.append((update.hex(), VERDICTS[a], VERDICTS[b]))
+            print("COUNTEREXAMPLE", update.hex(), VERDICTS[a], VERDICTS[b], file=sys.stderr, flush=True)
 
 
 def main() -> None:
