@@ -16,8 +16,9 @@ before). The shapes, each rule closing a door the fuzz or the engines'
 source showed open:
 
 - at most ``MAX_BYTES``, already read by :func:`update_format.read_layout`;
-- each client at most once, with at least one struct; every clock, length
-  and delete range below 2**31 (both engines count clocks in u32);
+- each client at most once, with at least one struct; every client id
+  below 2**32 (y-py panics on some above: 2**32, 2**33, ...) and every
+  clock, length and delete range below 2**31 (both engines count in u32);
 - only Items (no GC, no Skip: live edits carry neither), with content
   Deleted, String, Binary, Any, Type (refs 0..6) or Format/Embed whose JSON
   is canonical and simple; at least one clock long;
@@ -26,8 +27,6 @@ source showed open:
 - Any values: undefined, null, booleans, integers within 32 bits, floats,
   strings, and arrays and objects of those, nested at most ``MAX_DEPTH``
   deep;
-- a parent named by id has a client id below 2**32 (y-py panics on some
-  above: 2**32, 2**33, ...);
 - a reference to the item's own client names an earlier clock; a reference
   into the update's own structs names an Item, and a parent reference
   names a Type item (else it names content a fresh document lacks, and
@@ -52,9 +51,10 @@ MAX_BYTES = 4096
 MAX_DEPTH = 8
 
 _MAX_CLOCK = 2**31 - 1
-#: y-py panics on a parent id whose client is 2**32, 2**33, 3 * 2**32, ...
-#: (found by the fuzz); Yjs's own client ids are 32-bit.
-_MAX_PARENT_CLIENT = 2**32 - 1
+#: Client ids are 32-bit, as Yjs writes them: y-py panics on an item whose
+#: parent is named by id when the item's or the parent's client is 2**32,
+#: 2**33, 3 * 2**32, ... (found by the fuzz; pycrdt's own ids take 53 bits).
+_MAX_CLIENT = 2**32 - 1
 _MAX_INT = 2**31 - 1
 _BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
 _GC, _SKIP = 0, 10
@@ -89,7 +89,7 @@ def _check(update: bytes, layout: Layout) -> None:
     lenient: non-minimal numbers, any string bytes, any type ref)."""
     inserted: dict[int, list[tuple[int, int, int]]] = {}  # client -> (start, end, struct start byte)
     for section in layout.sections:
-        if not section.structs or section.client in inserted:
+        if not section.structs or section.client in inserted or section.client > _MAX_CLIENT:
             raise _NotKnown
         inserted[section.client] = [(s.clock, s.clock + s.length, s.start) for s in section.structs]
     reader = lib0.Reader(update)
@@ -103,7 +103,8 @@ def _check(update: bytes, layout: Layout) -> None:
             if reader.pos != struct.end:  # the two reads disagree: never expected
                 raise _NotKnown
     for _ in range(_number(reader)):  # the delete set
-        _number(reader)  # client
+        if _number(reader) > _MAX_CLIENT:
+            raise _NotKnown
         for _ in range(_number(reader)):
             if _number(reader) + _number(reader) > _MAX_CLOCK:
                 raise _NotKnown
@@ -143,7 +144,7 @@ def _check_ref(reader: lib0.Reader, client: int, clock: int,
     ref_client, ref_clock = _number(reader), _number(reader)
     if ref_clock > _MAX_CLOCK or (ref_client == client and ref_clock >= clock):
         raise _NotKnown
-    if parent and ref_client > _MAX_PARENT_CLIENT:
+    if ref_client > _MAX_CLIENT:
         raise _NotKnown
     for lo, hi, byte in inserted.get(ref_client, ()):
         if lo <= ref_clock < hi:
