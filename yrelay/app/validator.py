@@ -4,7 +4,8 @@ y-py 0.6.2 can take the whole process down on a hostile update: a 21-byte
 update that passes yrelay's own layout decoder makes yrs panic with a
 message pyo3 cannot convert, and the runtime aborts (SIGABRT; see
 tests/test_validator.py). Size is no protection, so every update is
-applied by y-py in a worker process (:mod:`yrelay.validation`), never here.
+applied by y-py (and pycrdt) in a worker process (:mod:`yrelay.validation`),
+never here, unless its shape alone shows both engines read it.
 
 - In-loop, only yrelay's pure-Python layout check, for updates up to
   ``PREFILTER_BYTES``: garbage is refused without a round trip; and an
