@@ -79,7 +79,7 @@ def known_safe(update: bytes, layout: Layout) -> bool:
         return False
     try:
         _check(update, layout)
-    except (_NotKnown, lib0.DecodeError):
+    except (_NotKnown, ValueError, RecursionError):  # lib0.DecodeError is a ValueError
         return False
     return True
 
