@@ -3,8 +3,8 @@
 Every update must be readable by y-py (the Python client) and pycrdt (the
 server's engine) before it is stored, and y-py 0.6.2 can abort its process
 on a hostile one, so the engines run in validator processes
-(:mod:`yrelay.app.validator`): a pipe round trip per batch, ~4 ms of p50
-and server CPU per batch. Most updates are a few structs typed by a
+(:mod:`yrelay.app.validator`): a pipe round trip per batch (~4 ms of p50
+at 500 updates/s, issue 20) and the workers' CPU. Most updates are a few structs typed by a
 browser. This module recognises a narrow set of shapes that both engines
 were shown to accept (a differential fuzz over millions of generated and
 mutated updates, ``python -m yrelay_tools.testing.update_fuzz``; figures
@@ -12,8 +12,8 @@ in BENCHMARKS.md#validation); an update of that shape needs no engine.
 
 It never refuses anything: :func:`known_safe` answers True (store it, both
 engines read it) or False (undecided: the validator processes check it as
-before). The shapes, each rule closing a door the fuzz or the engines'
-source showed open:
+before). The shapes, each rule closing a door the fuzz showed open or
+one no live edit needs:
 
 - at most ``MAX_BYTES``, already read by :func:`update_format.read_layout`;
 - each client at most once, with at least one struct; every client id
