@@ -130,10 +130,13 @@ def _check_item(reader: lib0.Reader, client: int, clock: int,
     if info & _BIT7:
         _check_ref(reader, client, clock, inserted, parent=False)
     if not info & (_BIT7 | _BIT8):
-        if _number(reader) == 1:
-            _strict_string(reader)  # a root type's name
-        else:
-            _check_ref(reader, client, clock, inserted, parent=True)  # (client, clock) of the parent item
+        named = _number(reader)  # 1: a root type's name follows, 0: the parent item's id
+        if named == 1:
+            _strict_string(reader)
+        elif named == 0:
+            _check_ref(reader, client, clock, inserted, parent=True)
+        else:  # lib0 reads any other value as "an id", the engines as a u32 (2**32 + 1 is a name)
+            raise _NotKnown
         if info & _BIT6:
             _strict_string(reader)  # parentSub: the map key
     _check_content(reader, kind)

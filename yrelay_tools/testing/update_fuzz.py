@@ -325,7 +325,7 @@ def synthesised(rng: random.Random) -> bytes:
                     for value in _ref(rng, plan, client, clock):
                         _put(out, value)
                 if not info & 192:
-                    parent = rng.choice([1, 1, 0, 0, 2])
+                    parent = rng.choice([1, 1, 0, 0, 2, 2**32, 2**32 + 1])
                     _put(out, parent)
                     if parent == 1:
                         _put_bytes(out, _text(rng))
