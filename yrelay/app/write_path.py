@@ -7,9 +7,8 @@ refused are ignored; the rates (:mod:`.allowance`); the size and base64
 (:mod:`.update_parts`); the struct-by-struct read of its layout and causal
 needs (on the event loop up to 64 KiB, where it is also the layout check,
 else in a thread); the validator's verdict (y-py and pycrdt in worker
-processes; at once for a shape both are known to read). In flight it
-holds a slot and its bytes (:mod:`.inflight`: past a cap the connection
-stops reading its socket). Updates are validated
+processes). In flight it holds a slot and its bytes (:mod:`.inflight`: past
+a cap the connection stops reading its socket). Updates are validated
 concurrently but submitted to the appender in arrival order, and each is
 answered once: ``appended`` when the append script returned (and, with
 ``ack_replicas``, the replicas confirmed it), else an error
