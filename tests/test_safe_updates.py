@@ -35,6 +35,8 @@ HOSTILE = {
     "a client y-py panics on": "01018080808010000400000605316534303000",
     # found by the fuzz: parent info 2**32 + 1, "an id" to lib0, 1 ("a name") to the engines' u32
     "a parent info pycrdt refuses": "01010001038180808010030501e60100010500",
+    # found by the fuzz: a delete of half of the update's own "😀" panics y-py
+    "half an emoji deleted": "02010100040102d29e04f09f98800103058400f7b3e503016b0101010001",
     # found by the fuzz: y-py reads it, pycrdt panics ("index out of bounds")
     "pycrdt panics": "030201d3e3ea87f9bea4010401505b" + "5b" * 39 + "5d" * 40 + "016b8780808080100309010305a801d4e3ea87"
                      "f9bea401017b7ff8000000000000010002440307ac02" + "61" * 300 + "02010206000100010100e6db7d",
@@ -69,7 +71,8 @@ def test_the_hostile_updates_really_break_an_engine():
     assert all(ypy[i] == update_fuzz.OK and pycrdt_[i] == update_fuzz.ERROR for i in (3, 4, 5))
     assert ypy[6] == ypy[7] == update_fuzz.PANIC and pycrdt_[6] == pycrdt_[7] == update_fuzz.OK
     assert ypy[8] == update_fuzz.OK and pycrdt_[8] == update_fuzz.ERROR
-    assert ypy[9] == update_fuzz.OK and pycrdt_[9] == update_fuzz.PANIC
+    assert ypy[9] == update_fuzz.PANIC and pycrdt_[9] == update_fuzz.OK
+    assert ypy[10] == update_fuzz.OK and pycrdt_[10] == update_fuzz.PANIC
 
 
 def test_a_pycrdt_panic_is_a_refusal_not_a_dead_validator_process():

@@ -27,6 +27,8 @@ one no live edit needs:
 - Any values: undefined, null, booleans, integers within 32 bits, floats,
   strings, and arrays and objects of those, nested at most ``MAX_DEPTH``
   deep;
+- no origin, right origin or delete cuts a String of the update that holds
+  a surrogate pair (y-py panics cutting inside one);
 - a reference to the item's own client names an earlier clock; a reference
   into the update's own structs names an Item, and a parent reference
   names a Type item (else it names content a fresh document lacks, and
@@ -92,6 +94,8 @@ def _check(update: bytes, layout: Layout) -> None:
         if not section.structs or section.client in inserted or section.client > _MAX_CLIENT:
             raise _NotKnown
         inserted[section.client] = [(s.clock, s.clock + s.length, s.start) for s in section.structs]
+    splits: list[tuple[int, int]] = []  # (client, clock) where an engine may cut a struct
+    astral: list[tuple[int, int, int]] = []  # strings with surrogate pairs: (client, start, end)
     reader = lib0.Reader(update)
     _number(reader)  # the section count
     for section in layout.sections:
@@ -99,15 +103,26 @@ def _check(update: bytes, layout: Layout) -> None:
         for struct in section.structs:
             if struct.skip or not 1 <= struct.length <= struct.clock + struct.length <= _MAX_CLOCK:
                 raise _NotKnown
-            _check_item(reader, section.client, struct.clock, inserted)
+            characters = _check_item(reader, section.client, struct.clock, inserted, splits)
+            if characters is not None and characters != struct.length:
+                astral.append((section.client, struct.clock, struct.clock + struct.length))
             if reader.pos != struct.end:  # the two reads disagree: never expected
                 raise _NotKnown
     for _ in range(_number(reader)):  # the delete set
-        if _number(reader) > _MAX_CLIENT:
+        client = _number(reader)
+        if client > _MAX_CLIENT:
             raise _NotKnown
         for _ in range(_number(reader)):
-            if _number(reader) + _number(reader) > _MAX_CLOCK:
+            start = _number(reader)
+            end = start + _number(reader)
+            if end > _MAX_CLOCK:
                 raise _NotKnown
+            splits += ((client, start), (client, end))
+    # y-py panics cutting a string inside a surrogate pair (an origin or a
+    # delete naming half an emoji of the same update: found by the fuzz)
+    for client, start, end in astral:
+        if any(cut_client == client and start < cut < end for cut_client, cut in splits):
+            raise _NotKnown
 
 
 def _number(reader: lib0.Reader) -> int:
@@ -119,16 +134,18 @@ def _number(reader: lib0.Reader) -> int:
     return value
 
 
-def _check_item(reader: lib0.Reader, client: int, clock: int,
-                inserted: dict[int, list[tuple[int, int, int]]]) -> None:
+def _check_item(reader: lib0.Reader, client: int, clock: int, inserted: dict[int, list[tuple[int, int, int]]],
+                splits: list[tuple[int, int]]) -> int | None:
+    """Read one Item strictly; its content's characters if it is a String."""
     info = reader.uint8()
     kind = info & _BITS5
     if kind == _GC:
         raise _NotKnown
-    if info & _BIT8:
-        _check_ref(reader, client, clock, inserted, parent=False)
-    if info & _BIT7:
-        _check_ref(reader, client, clock, inserted, parent=False)
+    if info & _BIT8:  # origin: the item goes after that clock
+        ref_client, ref_clock = _check_ref(reader, client, clock, inserted, parent=False)
+        splits.append((ref_client, ref_clock + 1))
+    if info & _BIT7:  # right origin: before that clock
+        splits.append(_check_ref(reader, client, clock, inserted, parent=False))
     if not info & (_BIT7 | _BIT8):
         named = _number(reader)  # 1: a root type's name follows, 0: the parent item's id
         if named == 1:
@@ -139,11 +156,11 @@ def _check_item(reader: lib0.Reader, client: int, clock: int,
             raise _NotKnown
         if info & _BIT6:
             _strict_string(reader)  # parentSub: the map key
-    _check_content(reader, kind)
+    return _check_content(reader, kind)
 
 
 def _check_ref(reader: lib0.Reader, client: int, clock: int,
-               inserted: dict[int, list[tuple[int, int, int]]], parent: bool) -> None:
+               inserted: dict[int, list[tuple[int, int, int]]], parent: bool) -> tuple[int, int]:
     ref_client, ref_clock = _number(reader), _number(reader)
     if ref_clock > _MAX_CLOCK or (ref_client == client and ref_clock >= clock):
         raise _NotKnown
@@ -154,16 +171,20 @@ def _check_ref(reader: lib0.Reader, client: int, clock: int,
             target = reader.data[byte]
             if target & _BITS5 in (_GC, _SKIP) or (parent and (target & _BITS5 != _TYPE or ref_clock != lo)):
                 raise _NotKnown
-            return
+            break
+    return ref_client, ref_clock
 
 
-def _check_content(reader: lib0.Reader, kind: int) -> None:
+def _check_content(reader: lib0.Reader, kind: int) -> int | None:
+    """Read an Item's content strictly; a String's number of characters."""
     if kind == _DELETED:
         if not 1 <= _number(reader) <= _MAX_CLOCK:
             raise _NotKnown
     elif kind == _STRING:
-        if not _strict_string(reader):
+        text = _strict_string(reader)
+        if not text:
             raise _NotKnown
+        return len(text)
     elif kind == _BINARY:
         reader.uint8array(_number(reader))
     elif kind == _ANY:
@@ -185,6 +206,7 @@ def _check_content(reader: lib0.Reader, kind: int) -> None:
         _check_json(_strict_string(reader))
     else:  # JSON (legacy), Doc: not seen in live edits
         raise _NotKnown
+    return None
 
 
 def _strict_string(reader: lib0.Reader) -> str:
