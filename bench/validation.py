@@ -2,7 +2,9 @@
 scratch document vs yrelay's own layout decoder (update_format), which
 validation now runs too; then the same checks in validator processes
 (yrelay.app.validator), awaited one at a time and from many connections at
-once (batched per round trip). Prints microseconds per update.
+once (batched per round trip); and (issue 20) the server's path as it is
+now: the write path's layout read given, an update of a known-safe shape
+(yrelay.safe_updates) passes without a worker. Prints microseconds per update.
 
     .venv/bin/python bench/validation.py [--updates 20000] [--workers 2]
 """
@@ -17,6 +19,7 @@ import y_py
 
 from yrelay import crdt, update_format
 from yrelay.app.validator import Validator
+from yrelay.safe_updates import known_safe
 
 
 def sample_updates(count: int) -> list[bytes]:
@@ -29,11 +32,14 @@ def sample_updates(count: int) -> list[bytes]:
     return updates
 
 
-def per_update_us(check, updates: list[bytes]) -> float:
-    started = time.perf_counter()
+def per_update_us(check, updates: list[bytes]) -> tuple[float, float]:
+    """Microseconds per update: wall clock and CPU of this process (the two
+    differ on a loaded machine, where wall includes time preempted)."""
+    started, cpu = time.perf_counter(), time.process_time()
     for update in updates:
         check(update)
-    return (time.perf_counter() - started) / len(updates) * 1e6
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return wall / len(updates) * 1e6, cpu / len(updates) * 1e6
 
 
 def large_updates(count: int, size: int) -> list[bytes]:
@@ -46,18 +52,25 @@ def large_updates(count: int, size: int) -> list[bytes]:
     return updates
 
 
-async def pool_us(updates: list[bytes], workers: int, concurrency: int) -> tuple[float, float]:
+async def pool_us(updates: list[bytes], workers: int, concurrency: int,
+                  with_layout: bool = False) -> tuple[float, float]:
     """Microseconds per update through validator processes, ``concurrency``
     connections submitting at once (each awaits its own update): wall
-    clock, and CPU of the server process (what the event loop pays)."""
+    clock, and CPU of the server process (what the event loop pays).
+    ``with_layout``: each update comes with its layout read (read before
+    the clock starts: the write path reads it anyway, for causal admission),
+    as the server submits them, so known-safe shapes skip the workers."""
     validator = Validator(workers, timeout=5.0)
+    layouts = [update_format.read_layout(u) if with_layout else None for u in updates]
     await validator.start()
     try:
-        queue = iter(updates)
+        queue = iter(zip(updates, layouts))
 
         async def connection() -> None:
-            for update in queue:
-                await validator.validate(update)
+            for update, layout in queue:
+                error = await validator.submit(update, layout_checked=layout is not None, layout=layout)
+                if error is not None:
+                    raise error
 
         started, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(connection() for _ in range(concurrency)))
@@ -80,17 +93,29 @@ def main() -> None:
     print(f"typing updates ({sum(map(len, updates)) / len(updates):.0f} bytes on average), {len(updates)}:")
     print("| check | us per update (wall) | us of server CPU per update |")
     print("| --- | ---: | ---: |")
-    print(f"| y-py decode into a scratch doc | {ypy:.1f} | {ypy:.1f} |")
-    print(f"| update_format.decode | {ours:.1f} | {ours:.1f} |")
-    print(f"| crdt.validate_update (both), in-loop | {full:.1f} | {full:.1f} |")
+    print(f"| y-py decode into a scratch doc | {ypy[0]:.1f} | {ypy[1]:.1f} |")
+    print(f"| update_format.decode | {ours[0]:.1f} | {ours[1]:.1f} |")
+    print(f"| crdt.validate_update (both), in-loop | {full[0]:.1f} | {full[1]:.1f} |")
+    layouts = [update_format.read_layout(u) for u in updates]
+    pairs = iter(layouts)
+    shape = per_update_us(lambda u: known_safe(u, next(pairs)), updates)
+    read = per_update_us(update_format.read_layout, updates)
+    print(f"| update_format.read_layout (the write path's causal read) | {read[0]:.1f} | {read[1]:.1f} |")
+    print(f"| safe_updates.known_safe, given that read | {shape[0]:.1f} | {shape[1]:.1f} |")
     for concurrency in (1, 16, 256):
         us, cpu = asyncio.run(pool_us(updates, args.workers, concurrency))
         print(f"| {args.workers} validator processes, {concurrency} connections at once | {us:.1f} | {cpu:.1f} |")
+    for concurrency in (1, 256):
+        us, cpu = asyncio.run(pool_us(updates, args.workers, concurrency, with_layout=True))
+        print(f"| the server's path (known shapes in-loop, {args.workers} processes for the rest), "
+              f"{concurrency} connections | {us:.1f} | {cpu:.1f} |")
+    known = sum(known_safe(u, layout) for u, layout in zip(updates, layouts))
+    print(f"known-safe shapes: {known} of {len(updates)}")
     print(f"\n64 KiB pastes, {len(big)}:")
     print("| check | us per update (wall) | us of server CPU per update |")
     print("| --- | ---: | ---: |")
     inloop = per_update_us(crdt.validate_update, big)
-    print(f"| crdt.validate_update, in-loop | {inloop:.1f} | {inloop:.1f} |")
+    print(f"| crdt.validate_update, in-loop | {inloop[0]:.1f} | {inloop[1]:.1f} |")
     for concurrency in (1, 16):
         us, cpu = asyncio.run(pool_us(big, args.workers, concurrency))
         print(f"| {args.workers} validator processes, {concurrency} connections at once | {us:.1f} | {cpu:.1f} |")

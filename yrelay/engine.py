@@ -80,10 +80,13 @@ def validate_update(update: bytes) -> None:
 
     The validator workers run this beside y-py's check: an update only one
     engine could read would stay out of every sync answer and stop GC before
-    it for good (it is never held)."""
+    it for good (it is never held). pycrdt panics on some hostile updates
+    (pyo3's PanicException, a BaseException): refused too, or each would
+    cost a validator process and its restart."""
     try:
         pycrdt.Doc().apply_update(update)
-    except ValueError as exc:
+    except BaseException as exc:  # noqa: BLE001 - see crdt._reraise_control_flow
+        crdt._reraise_control_flow(exc)
         raise crdt.InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
 
 

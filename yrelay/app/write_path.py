@@ -102,7 +102,8 @@ class WritePath:
         try:
             if isinstance(reading, Exception):
                 raise reading
-            verdict = self.ctx.validator.submit(update, layout_checked=reading is not None)
+            verdict = self.ctx.validator.submit(update, layout_checked=reading is not None,
+                                                layout=reading[0] if reading is not None else None)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
         await self._inflight.acquire(len(update))
