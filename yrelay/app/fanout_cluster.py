@@ -63,10 +63,12 @@ REDIS_PY_RACE = (AttributeError, RuntimeError)
 MAX_WATCH_BLOCK_MS = 5_000
 
 
-async def announce(redis: Redis, docs: list[str]) -> None:
-    """Wake the fan-outs of every process for ``docs`` (just appended to)."""
+async def announce(client: Redis, docs: list[str]) -> None:
+    """Wake the fan-outs of every process for ``docs`` (just appended to).
+    (``client``, not ``redis``: that name shadowed the module, and a lost
+    connection here raised AttributeError from the ``except`` clause.)"""
     try:
-        async with redis.pipeline(transaction=False) as pipe:
+        async with client.pipeline(transaction=False) as pipe:
             for bucket, members in by_bucket(docs).items():
                 pipe.xadd(bucket_changes_key(bucket), {"d": "\n".join(members)}, maxlen=CHANGES_MAXLEN,
                           approximate=True)
