@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from yrelay.app.fanout_cluster import announce
+from yrelay.app.quotas import SharedBucket
 from yrelay.redis_server import free_port
 
 from yrelay_tools.chaos.nemesis import SHARD_FAULTS, Fault, all_faults, parse_faults, schedule
@@ -90,3 +91,20 @@ async def test_announcing_appends_to_a_node_that_is_gone_only_warns(caplog):
     finally:
         await client.aclose()
     assert [r.levelno for r in caplog.records if "could not announce" in r.getMessage()] == [logging.WARNING]
+
+
+class RacingQuotas:
+    """Stands in for SubjectQuotas whose cluster client lost a master under
+    concurrent commands: redis-py writes to a connection it just closed."""
+
+    async def take(self, key: str, rate: float, burst: int, chunk: int) -> tuple[int, int]:
+        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+
+async def test_a_subject_bucket_lets_updates_through_when_redis_py_races_in_a_failover():
+    """Found by the long run: the update path's quota fetch got redis-py's
+    reset race, and the frame was answered ``internal_error`` (ERROR in the
+    log). Like any lost Redis, it now lets a chunk through."""
+    bucket = SharedBucket(RacingQuotas(), "subject", rate=100, burst=100)  # type: ignore[arg-type]
+    assert await bucket.take() is None
+    assert bucket.tokens == bucket.chunk - 1

@@ -38,7 +38,7 @@ from ..backoff import Reconnect
 from ..keys import DOCUMENT_BUCKETS, bucket_changes_key, stream_key
 from ..listing import by_bucket
 from ..offsets import StreamId
-from ..redis_client import CLUSTER_TRANSIENT, xread_one
+from ..redis_client import CLUSTER_TRANSIENT, REDIS_PY_RACE, xread_one
 from ..replies import text
 from ..store import DocumentStore
 from ..tasks import BackgroundTask
@@ -50,14 +50,7 @@ log = logging.getLogger(__name__)
 #: Entries a bucket's change stream keeps (approximately): a watcher that
 #: falls further behind has the sweep to catch it up.
 CHANGES_MAXLEN = 10_000
-#: What redis-py 8.1's cluster client raises when a node fails under
-#: concurrent commands: on a connection error it closes every connection of
-#: the client, and a command of another task then writes to a connection
-#: whose writer is gone (seen in tests/test_cluster.py's kill -9); under
-#: uvloop the same race raises RuntimeError ("the handler is closed": seen in
-#: ``yrelay chaos --cluster``, where it ended a bucket's watcher for good).
-#: Taken as a lost connection.
-REDIS_PY_RACE = (AttributeError, RuntimeError)
+
 #: The longest a wake-up read blocks (ms), whatever ``block_ms`` says: it
 #: must end well within the client's socket timeout.
 MAX_WATCH_BLOCK_MS = 5_000
