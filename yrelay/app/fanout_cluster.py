@@ -66,7 +66,7 @@ async def announce(client: Redis, docs: list[str]) -> None:
                 pipe.xadd(bucket_changes_key(bucket), {"d": "\n".join(members)}, maxlen=CHANGES_MAXLEN,
                           approximate=True)
             await pipe.execute()
-    except (redis.exceptions.RedisError, OSError) as exc:  # the sweep delivers them within block_ms
+    except (redis.exceptions.RedisError, OSError, *REDIS_PY_RACE) as exc:  # the sweep delivers them within block_ms
         log.warning("could not announce appends to %d documents (%s); the next sweep delivers them", len(docs), exc)
 
 

@@ -136,7 +136,8 @@ class ChaosRun:
             await self._start_clients()
             t0 = time.monotonic()
             write_atomically(self.root / "window.json", {"until": time.time() + self.config.duration})
-            actions = schedule(self.config.seed, self.config.duration, list(self.config.faults or ()), self.config.mean_gap)
+            actions = schedule(self.config.seed, self.config.duration, list(self.config.faults or ()),
+                               self.config.mean_gap)
             await self.nemesis.run(actions, t0)
             await asyncio.sleep(max(0.0, t0 + self.config.duration - time.monotonic()))
             converged_at = await self._settle(t0)
