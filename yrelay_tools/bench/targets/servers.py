@@ -51,7 +51,10 @@ class YrelayTarget(Target):
 
     def start(self) -> "YrelayTarget":
         self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync="always").start()
-        self.server = ServerProcess(self.redis.url, self.work_dir, port=self.port,
+        return self._serve(self.redis.url)
+
+    def _serve(self, redis_url: str) -> "YrelayTarget":
+        self.server = ServerProcess(redis_url, self.work_dir, port=self.port,
                                     env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"),
                                          **PER_CLIENT_LIMITS_OFF, **self.env}, cwd=self.cwd)
         self.server.start(timeout=60)
@@ -61,9 +64,12 @@ class YrelayTarget(Target):
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
+        self._stop_redis()
+        self.process = None
+
+    def _stop_redis(self) -> None:
         if self.redis is not None:
             self.redis.stop()
-        self.process = None
 
     def pids(self) -> dict[str, int]:
         """The server and Redis; with YRELAY_WORKERS > 1 the server is a
@@ -151,19 +157,12 @@ class YrelayClusterTarget(YrelayTarget):
 
     def start(self) -> "YrelayClusterTarget":
         self.cluster = LocalCluster(self.work_dir / f"cluster-{self.port}", masters=self.masters).start()
-        self.server = ServerProcess(self.cluster.url, self.work_dir, port=self.port,
-                                    env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"),
-                                         **PER_CLIENT_LIMITS_OFF, **self.env})
-        self.server.start(timeout=60)
-        self.process = self.server.process
+        self._serve(self.cluster.url)
         return self
 
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
+    def _stop_redis(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
-        self.process = None
 
     def pids(self) -> dict[str, int]:
         assert self.server is not None and self.server.process and self.cluster is not None
