@@ -25,9 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from clusterutil import LocalCluster  # noqa: E402
+from yrelay_tools.testing.redis_cluster import LocalCluster  # noqa: E402
 
 from yrelay.admission import Needs  # noqa: E402
 from yrelay.app.acks import SubscriptionRegistry  # noqa: E402

@@ -63,7 +63,7 @@ def redis_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisPro
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["LocalCluster"]:
     """A Redis Cluster (3 masters, a replica each) for a test module; its
     tests flush it (tests/clusterutil.py)."""
-    from clusterutil import LocalCluster
+    from yrelay_tools.testing.redis_cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
     try:

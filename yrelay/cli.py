@@ -305,6 +305,9 @@ def chaos(
     mean_gap: float = typer.Option(4.0, min=0.5, help="Mean seconds between two faults."),
     edit_interval: float = typer.Option(0.15, min=0.01, help="Mean seconds between two edits of one client."),
     out: Path = typer.Option(Path("data/chaos"), help="Directory for the run's processes, logs and report."),
+    cluster: bool = typer.Option(False, "--cluster", help="On a Redis Cluster (3 masters, a replica each): "
+                                 "adds master-kill, cluster-failover and slot-migration to the faults."),
+    ack_replicas: int = typer.Option(0, min=0, help="The servers' ack_replicas (1: no acked update lost in a failover)."),
 ) -> None:
     """Fault injection: prove that no acknowledged update is lost (docs/reliability.md).
 
@@ -316,15 +319,18 @@ def chaos(
     extras.require("chaos", "chaos")
     from datetime import datetime, timezone
 
-    from yrelay_tools.chaos.nemesis import Fault, parse_faults
+    from yrelay_tools.chaos.nemesis import SINGLE_REDIS_FAULTS, Fault, parse_faults
     from yrelay_tools.chaos.run import ChaosConfig, run_chaos
 
     try:
-        kinds = tuple(parse_faults(faults))
+        kinds = tuple(parse_faults(faults, cluster))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--faults") from None
     if not replica and faults.strip() == "all":
         kinds = tuple(kind for kind in kinds if kind is not Fault.FAILOVER)
+    if cluster and (shared := set(SINGLE_REDIS_FAULTS) & set(kinds)):
+        raise typer.BadParameter(f"not on a cluster: {', '.join(sorted(f.value for f in shared))} "
+                                 "(master-kill and cluster-failover are its faults)", param_hint="--faults")
     if Fault.FAILOVER in kinds and not replica:
         raise typer.BadParameter("the failover fault needs a replica; leave out --no-replica", param_hint="--faults")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -332,7 +338,8 @@ def chaos(
         raise typer.BadParameter(f"at most --clients ({clients})", param_hint="--ephemeral-clients")
     config = ChaosConfig(seed=seed, duration=duration, clients=clients, ephemeral_clients=ephemeral_clients,
                          docs=docs, servers=servers,
-                         faults=kinds, fsync=fsync, replica=replica, mean_gap=mean_gap, edit_interval=edit_interval)
+                         faults=kinds, fsync=fsync, replica=replica, mean_gap=mean_gap, edit_interval=edit_interval,
+                         cluster=cluster, ack_replicas=ack_replicas)
     root = out / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     report = asyncio.run(run_chaos(config, root))
     typer.echo(report.to_markdown())

@@ -38,6 +38,15 @@ CLUSTER_TRANSIENT = (ClusterDownError, AskError, TryAgainError)
 #: (in a cluster pipeline one node's connection can fail alone).
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, *CLUSTER_TRANSIENT)
 
+#: What redis-py 8.1's cluster client raises when a node fails under
+#: concurrent commands: on a connection error it closes every connection of
+#: the client, and a command of another task then writes to a connection
+#: whose writer is gone (seen in tests/test_cluster.py's kill -9); under
+#: uvloop the same race raises RuntimeError ("the handler is closed": seen in
+#: ``yrelay chaos --cluster``, where it ended a bucket's watcher for good).
+#: Taken as a lost connection (the fan-out, the subject quotas).
+REDIS_PY_RACE = (AttributeError, RuntimeError)
+
 
 def is_cluster(redis: object) -> bool:
     return isinstance(redis, (RedisCluster, _ClusterPipeline))

@@ -38,7 +38,7 @@ from ..backoff import Reconnect
 from ..keys import DOCUMENT_BUCKETS, bucket_changes_key, stream_key
 from ..listing import by_bucket
 from ..offsets import StreamId
-from ..redis_client import CLUSTER_TRANSIENT, xread_one
+from ..redis_client import CLUSTER_TRANSIENT, REDIS_PY_RACE, xread_one
 from ..replies import text
 from ..store import DocumentStore
 from ..tasks import BackgroundTask, wait_event
@@ -50,26 +50,23 @@ log = logging.getLogger(__name__)
 #: Entries a bucket's change stream keeps (approximately): a watcher that
 #: falls further behind has the sweep to catch it up.
 CHANGES_MAXLEN = 10_000
-#: What redis-py 8.1's cluster client raises when a node fails under
-#: concurrent commands: on a connection error it closes every connection of
-#: the client, and a command of another task then writes to a connection
-#: whose writer is gone (seen in tests/test_cluster.py's kill -9). Taken as
-#: a lost connection.
-REDIS_PY_RACE = (AttributeError,)
+
 #: The longest a wake-up read blocks (ms), whatever ``block_ms`` says: it
 #: must end well within the client's socket timeout.
 MAX_WATCH_BLOCK_MS = 5_000
 
 
-async def announce(redis: Redis, docs: list[str]) -> None:
-    """Wake the fan-outs of every process for ``docs`` (just appended to)."""
+async def announce(client: Redis, docs: list[str]) -> None:
+    """Wake the fan-outs of every process for ``docs`` (just appended to).
+    (``client``, not ``redis``: that name shadowed the module, and a lost
+    connection here raised AttributeError from the ``except`` clause.)"""
     try:
-        async with redis.pipeline(transaction=False) as pipe:
+        async with client.pipeline(transaction=False) as pipe:
             for bucket, members in by_bucket(docs).items():
                 pipe.xadd(bucket_changes_key(bucket), {"d": "\n".join(members)}, maxlen=CHANGES_MAXLEN,
                           approximate=True)
             await pipe.execute()
-    except (redis.exceptions.RedisError, OSError) as exc:  # the sweep delivers them within block_ms
+    except (redis.exceptions.RedisError, OSError, *REDIS_PY_RACE) as exc:  # the sweep delivers them within block_ms
         log.warning("could not announce appends to %d documents (%s); the next sweep delivers them", len(docs), exc)
 
 

@@ -34,6 +34,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..eventlog import process_name
+from ..redis_client import REDIS_PY_RACE
 from ..keys import subject_bucket_key, subject_subscriptions_key
 from ..tasks import BackgroundTask
 
@@ -45,7 +46,9 @@ log = logging.getLogger(__name__)
 
 #: A chunk is this many seconds of a bucket's rate.
 CHUNK_SECONDS = 0.1
-_REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+#: REDIS_PY_RACE: a master killed under a cluster client (found by
+#: ``yrelay chaos --cluster``: "unexpected error handling a frame").
+_REDIS_ERRORS = (redis.exceptions.RedisError, OSError, *REDIS_PY_RACE)
 
 
 class SharedBucket:

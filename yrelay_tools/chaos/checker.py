@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from yrelay import crdt, update_format
 from yrelay.admission import Blocked, StateBuilder
 from yrelay.keys import meta_key, stream_key
+from yrelay.redis_client import YrelayCluster
 from yrelay.replies import text
 from yrelay.store import DocumentStore, Entry, HistoryTrimmed, Snapshot
 from ..testing.checker import DeliveryViolation, absent_ranges, check_delivery, decode_updates, missing_from_state
@@ -86,9 +87,17 @@ def missing_keys(state: bytes, updates: Mapping[UpdateKey, bytes]) -> set[Update
     return {keys[index] for index in missing_from_state(state, decode_updates(updates.values()))}
 
 
-async def stored_updates(redis_url: str, docs: Iterable[str]) -> dict[str, list[bytes]]:
+def connect(redis_url: str, cluster: bool = False, **options: object) -> Redis:
+    """The harness's own client: of one Redis, or (``cluster``) of a Redis
+    Cluster seeded by ``redis_url``, as the servers connect."""
+    if cluster:
+        return YrelayCluster.from_url(redis_url, **options)  # type: ignore[return-value]
+    return Redis.from_url(redis_url, **options)  # type: ignore[arg-type]
+
+
+async def stored_updates(redis_url: str, docs: Iterable[str], cluster: bool = False) -> dict[str, list[bytes]]:
     """Each document's snapshot and stream entries as stored, not applied."""
-    redis = Redis.from_url(redis_url, socket_timeout=30)
+    redis = connect(redis_url, cluster, socket_timeout=30)
     try:
         store, stored = DocumentStore(redis), {}
         for doc in docs:
@@ -156,10 +165,10 @@ def stuck_entries(snapshot: bytes, entries: list[Entry]) -> list[Blocked]:
     return sorted(builder.blocked, key=lambda blocked: order.get(blocked.entry_id, -1))
 
 
-async def stream_states(redis_url: str, docs: Iterable[str]) -> list[StreamState]:
+async def stream_states(redis_url: str, docs: Iterable[str], cluster: bool = False) -> list[StreamState]:
     """What each document's storage holds: stream length, GC's ``blocked_at``
     and the stuck entries of snapshot + stream."""
-    redis = Redis.from_url(redis_url, socket_timeout=30)
+    redis = connect(redis_url, cluster, socket_timeout=30)
     try:
         store, states = DocumentStore(redis), []
         for doc in docs:
@@ -194,9 +203,9 @@ def _clocks(missing: dict[int, int]) -> str:
     return ", ".join(f"client {client} from clock {clock}" for client, clock in missing.items()) or "undecodable"
 
 
-async def server_documents(redis_url: str, docs: Iterable[str]) -> dict[str, crdt.Doc]:
+async def server_documents(redis_url: str, docs: Iterable[str], cluster: bool = False) -> dict[str, crdt.Doc]:
     """Each document as a new subscriber would load it: snapshot + stream."""
-    redis = Redis.from_url(redis_url, socket_timeout=30)
+    redis = connect(redis_url, cluster, socket_timeout=30)
     try:
         store = DocumentStore(redis)
         return {doc: (await store.load_document(doc))[0] for doc in docs}

@@ -36,6 +36,8 @@ class ClusterConfig:
 
 
 class Cluster:
+    is_cluster = False
+
     def __init__(self, root: Path, config: ClusterConfig):
         self.root = root
         self.config = config

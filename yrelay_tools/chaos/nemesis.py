@@ -29,12 +29,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from yrelay.gc import Collector, GcPolicy, collect_documents
 from .clients import ClientProcess
+from .checker import connect
 from .cluster import Cluster
+from .sharded import ShardedCluster
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +53,38 @@ class Fault(str, enum.Enum):
     NET_DROP = "net-drop"
     NET_RESET = "net-reset"
     NET_HALF_OPEN = "net-half-open"
+    # On a Redis Cluster only (``yrelay chaos --cluster``):
+    MASTER_KILL = "master-kill"  # SIGKILL a master; its replica takes over; the node comes back as a replica
+    CLUSTER_FAILOVER = "cluster-failover"  # CLUSTER FAILOVER on a master's replica (coordinated switch)
+    SLOT_MIGRATION = "slot-migration"  # a document's slot moved to another master during edits
 
 
 NETWORK = [Fault.NET_LATENCY, Fault.NET_BANDWIDTH, Fault.NET_DROP, Fault.NET_RESET, Fault.NET_HALF_OPEN]
+#: Faults of a Redis Cluster, and those of the one Redis they replace there
+#: (its restart from an AOF and its replica promotion have no meaning on a cluster).
+SHARD_FAULTS = [Fault.MASTER_KILL, Fault.CLUSTER_FAILOVER, Fault.SLOT_MIGRATION]
+SINGLE_REDIS_FAULTS = [Fault.REDIS_KILL, Fault.FAILOVER, Fault.REDIS_KILL_CLIENT_CRASH]
 #: Names accepted besides the fault names themselves.
-GROUPS: dict[str, list[Fault]] = {"all": list(Fault), "network": NETWORK}
+GROUPS: dict[str, list[Fault]] = {"all": [f for f in Fault if f not in SHARD_FAULTS], "network": NETWORK}
 #: The fault kinds of a row of the per-fault table.
 CATEGORY = {fault: ("network" if fault in NETWORK else fault.value) for fault in Fault}
-CLUSTER_FAULTS = {Fault.SERVER_KILL, Fault.SERVER_PAUSE, Fault.REDIS_KILL, Fault.FAILOVER}
+#: Faults on the processes under test: one at a time (they take the lock).
+CLUSTER_FAULTS = {Fault.SERVER_KILL, Fault.SERVER_PAUSE, Fault.REDIS_KILL, Fault.FAILOVER, *SHARD_FAULTS}
 
 
-def parse_faults(names: str) -> list[Fault]:
-    """``"all"``, ``"network,gc"``, ``"failover"`` ... into fault kinds (in order, once each)."""
+def all_faults(cluster: bool) -> list[Fault]:
+    """Every fault kind that applies to the topology."""
+    excluded = SINGLE_REDIS_FAULTS if cluster else SHARD_FAULTS
+    return [fault for fault in Fault if fault not in excluded]
+
+
+def parse_faults(names: str, cluster: bool = False) -> list[Fault]:
+    """``"all"``, ``"network,gc"``, ``"failover"`` ... into fault kinds (in
+    order, once each); ``all`` means those of the topology."""
+    groups = {**GROUPS, "all": all_faults(cluster)}
     faults: list[Fault] = []
     for name in filter(None, (part.strip() for part in names.split(","))):
-        for fault in GROUPS.get(name) or [Fault(name)]:
+        for fault in groups.get(name) or [Fault(name)]:
             if fault not in faults:
                 faults.append(fault)
     return faults
@@ -111,7 +129,7 @@ def _shape(fault: Fault, rng: random.Random) -> tuple[float, float]:
         return rng.uniform(0.5, 4.0), 0.0
     if fault is Fault.FAILOVER:
         return rng.uniform(0.3, 1.5), 0.0  # the primary acks alone this long
-    if fault in (Fault.REDIS_KILL, Fault.SERVER_KILL, Fault.CLIENT_CRASH):
+    if fault in (Fault.REDIS_KILL, Fault.SERVER_KILL, Fault.CLIENT_CRASH, Fault.MASTER_KILL):
         return rng.uniform(0.2, 2.0), 0.0  # down this long
     if fault is Fault.REDIS_KILL_CLIENT_CRASH:
         # Redis (and then the client) down this long; the longest wait, once
@@ -137,9 +155,11 @@ LossProbe = Callable[[str], Awaitable[int]]
 
 @dataclass
 class Nemesis:
-    cluster: Cluster
+    cluster: Cluster | ShardedCluster
     clients: list[ClientProcess]
     probe_loss: LossProbe
+    #: The documents (a slot migration moves one of them).
+    docs: list[str] = field(default_factory=list)
     gc_policy: GcPolicy = field(default_factory=lambda: GcPolicy(relative_ms=500, absolute_ms=2_000))
     injected: list[Injected] = field(default_factory=list)
 
@@ -191,7 +211,7 @@ class Nemesis:
         """One pass over every document; retried while Redis is away (another
         fault may have it down), as ``yrelay gc`` would be by an operator."""
         for attempt in range(attempts):
-            redis = Redis.from_url(self.cluster.redis_url, socket_timeout=10)
+            redis = connect(self.cluster.redis_url, self.cluster.is_cluster, socket_timeout=10)
             try:
                 summary = await collect_documents(Collector(redis, self.gc_policy), None)
                 return f"evicted {summary.evicted}, folded {summary.folded}, trimmed {summary.trimmed}"
@@ -205,6 +225,8 @@ class Nemesis:
 
     async def _cluster_fault(self, action: Action) -> str:
         cluster = self.cluster
+        if isinstance(cluster, ShardedCluster) and action.fault in SHARD_FAULTS:
+            return await self._shard_fault(cluster, action)
         index = action.target % len(cluster.servers)
         if action.fault is Fault.SERVER_KILL:
             await asyncio.to_thread(cluster.kill_server, index)
@@ -232,6 +254,23 @@ class Nemesis:
             await asyncio.to_thread(cluster.restart_servers)
             return f"acked updates missing from the promoted replica: {lost}"
         raise ValueError(action.fault)
+
+    async def _shard_fault(self, cluster: ShardedCluster, action: Action) -> str:
+        """A master killed or failed over, or a document's slot migrated;
+        after a change of master, the acked updates its successor lacks."""
+        if action.fault is Fault.SLOT_MIGRATION:
+            doc = self.docs[action.target % len(self.docs)]
+            slot, source, destination = await asyncio.to_thread(cluster.migrate_document, doc, action.target)
+            return f"{doc} (slot {slot}) moved from {source} to {destination}"
+        if action.fault is Fault.CLUSTER_FAILOVER:
+            old, new = await asyncio.to_thread(cluster.cluster_failover, action.target)
+            lost = await self.probe_loss(f"cluster-failover at {action.at}s")
+            return f"master {old} -> {new}; acked updates missing from the new master: {lost}"
+        old, new = await asyncio.to_thread(cluster.kill_master, action.target)
+        lost = await self.probe_loss(f"master-kill at {action.at}s")
+        await asyncio.sleep(action.seconds)
+        await asyncio.to_thread(cluster.restart_node, old)
+        return f"master {old} killed, {new} took over; acked updates missing from the new master: {lost}"
 
     async def _outage_then_crash(self, action: Action, record: Injected) -> str:
         """Issue 15's order; the detail says what the killed client was

@@ -26,16 +26,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from redis.asyncio import Redis
 
 from yrelay import crdt
 from yrelay.gc import Collector, collect_documents
 from ..testing.checker import DeliveryViolation
-from .checker import (DeliveryFigures, StreamState, UpdateKey, acked_updates, check_run, not_stored,
+from .checker import (DeliveryFigures, StreamState, UpdateKey, acked_updates, check_run, connect, not_stored,
                       server_documents, server_event_counts, stored_updates, stream_states)
 from .clients import ClientProcess
 from .cluster import Cluster, ClusterConfig
-from .nemesis import Fault, Nemesis, schedule
+from .sharded import ShardedCluster
+from .nemesis import Fault, Nemesis, all_faults, schedule
 from .proxy import FaultProxy
 from .report import RunReport
 from .workload import WorkloadConfig, write_atomically
@@ -63,7 +63,8 @@ class ChaosConfig:
     clients: int = 6
     docs: int = 3
     servers: int = 3
-    faults: tuple[Fault, ...] = tuple(Fault)
+    #: None: every fault of the topology (:func:`all_faults`).
+    faults: tuple[Fault, ...] | None = None
     fsync: str = "always"
     replica: bool = True
     #: Mean seconds between two faults.
@@ -78,8 +79,17 @@ class ChaosConfig:
     #: ``python -m`` module of the servers: a deliberately broken build in tests.
     server_module: str = "yrelay"
     server_env: dict[str, str] = field(default_factory=lambda: dict(CHAOS_SERVER_ENV))
+    #: A Redis Cluster of 3 masters with a replica each instead of one Redis
+    #: (``--cluster``); ``fsync`` and ``replica`` then do not apply.
+    cluster: bool = False
+    #: The servers' ``ack_replicas``: 1 answers ``appended`` once a replica has it.
+    ack_replicas: int = 0
 
     def __post_init__(self) -> None:
+        if self.faults is None:
+            object.__setattr__(self, "faults", tuple(all_faults(self.cluster)))
+        if self.ack_replicas:
+            object.__setattr__(self, "server_env", {**self.server_env, "YRELAY_ACK_REPLICAS": str(self.ack_replicas)})
         if self.ephemeral_clients is None:
             object.__setattr__(self, "ephemeral_clients", self.clients // 2)
         if not 0 <= self.ephemeral_clients <= self.clients:  # type: ignore[operator]
@@ -94,10 +104,13 @@ class ChaosConfig:
         parts = ["yrelay", "chaos", "--seed", str(self.seed), "--duration", f"{self.duration:g}",
                  "--clients", str(self.clients), "--ephemeral-clients", str(self.ephemeral_clients),
                  "--docs", str(self.docs), "--servers", str(self.servers),
-                 "--faults", ",".join(fault.value for fault in self.faults) if set(self.faults) != set(Fault) else "all",
-                 "--fsync", self.fsync, "--mean-gap", f"{self.mean_gap:g}", "--edit-interval", f"{self.edit_interval:g}"]
-        if not self.replica:
-            parts.append("--no-replica")
+                 "--faults", "all" if set(self.faults or ()) == set(all_faults(self.cluster))
+                 else ",".join(fault.value for fault in self.faults or ()),
+                 "--mean-gap", f"{self.mean_gap:g}", "--edit-interval", f"{self.edit_interval:g}"]
+        if self.cluster:
+            parts += ["--cluster", "--ack-replicas", str(self.ack_replicas)]
+        else:
+            parts += ["--fsync", self.fsync] + ([] if self.replica else ["--no-replica"])
         return shlex.join(parts)
 
 
@@ -105,15 +118,16 @@ class ChaosRun:
     def __init__(self, config: ChaosConfig, root: Path):
         self.config = config
         self.root = root
-        if Fault.FAILOVER in config.faults and not config.replica:
+        if Fault.FAILOVER in (config.faults or ()) and not config.replica:
             raise ValueError("the failover fault needs a replica")
-        self.cluster = Cluster(root, ClusterConfig(servers=config.servers, fsync=config.fsync, replica=config.replica,
-                                                   server_env=config.server_env, server_module=config.server_module))
+        processes = ClusterConfig(servers=config.servers, fsync=config.fsync, replica=config.replica,
+                                  server_env=config.server_env, server_module=config.server_module)
+        self.cluster = ShardedCluster(root, processes) if config.cluster else Cluster(root, processes)
         self.docs = [f"doc-{index}" for index in range(config.docs)]
         self.clients: list[ClientProcess] = []
         self.proxies: list[FaultProxy] = []
         self.lost_from_redis: set[UpdateKey] = set()
-        self.nemesis = Nemesis(self.cluster, self.clients, self.probe_loss)
+        self.nemesis = Nemesis(self.cluster, self.clients, self.probe_loss, docs=self.docs)
 
     async def run(self) -> RunReport:
         started = time.monotonic()
@@ -122,11 +136,12 @@ class ChaosRun:
             await self._start_clients()
             t0 = time.monotonic()
             write_atomically(self.root / "window.json", {"until": time.time() + self.config.duration})
-            actions = schedule(self.config.seed, self.config.duration, list(self.config.faults), self.config.mean_gap)
+            actions = schedule(self.config.seed, self.config.duration, list(self.config.faults or ()),
+                               self.config.mean_gap)
             await self.nemesis.run(actions, t0)
             await asyncio.sleep(max(0.0, t0 + self.config.duration - time.monotonic()))
             converged_at = await self._settle(t0)
-            before_gc = await server_documents(self.cluster.redis_url, self.docs)
+            before_gc = await server_documents(self.cluster.redis_url, self.docs, self.cluster.is_cluster)
             streams = await self._final_gc()
             return await self._check(started, converged_at, before_gc, streams)
         finally:
@@ -160,7 +175,7 @@ class ChaosRun:
         this fault's). The reading and decoding run in a thread: the proxies
         keep going."""
         by_doc = await asyncio.to_thread(lambda: acked_updates(r for c in self.clients for r in c.acked()))
-        stored = await stored_updates(self.cluster.redis_url, by_doc)
+        stored = await stored_updates(self.cluster.redis_url, by_doc, self.cluster.is_cluster)
 
         def missing() -> set[UpdateKey]:
             return set().union(*(not_stored(stored[doc], updates) for doc, updates in by_doc.items()))
@@ -194,7 +209,7 @@ class ChaosRun:
     async def _observe(self) -> tuple[object, bool]:
         statuses = [client.status() or {} for client in self.clients]
         try:
-            server = await server_documents(self.cluster.redis_url, self.docs)
+            server = await server_documents(self.cluster.redis_url, self.docs, self.cluster.is_cluster)
         except Exception as exc:  # Redis coming back: not settled yet
             return repr(exc), False
         server_sha = {doc: hashlib.sha256(crdt.text_of(ydoc).encode()).hexdigest() for doc, ydoc in server.items()}
@@ -210,7 +225,7 @@ class ChaosRun:
         """GC passes until every stream has folded into its snapshot (the
         clients' last acks may still be on their way), at most ``attempts``
         of them half a second apart; the storage after the last one."""
-        redis = Redis.from_url(self.cluster.redis_url, socket_timeout=30)
+        redis = connect(self.cluster.redis_url, self.cluster.is_cluster, socket_timeout=30)
         try:
             for _ in range(attempts):
                 summary = await collect_documents(Collector(redis, self.nemesis.gc_policy), self.docs)
@@ -219,7 +234,7 @@ class ChaosRun:
                 await asyncio.sleep(0.5)
         finally:
             await redis.aclose()
-        streams = await stream_states(self.cluster.redis_url, self.docs)
+        streams = await stream_states(self.cluster.redis_url, self.docs, self.cluster.is_cluster)
         log.info("after the last GC pass: %s", [(s.doc, s.length, s.blocked_at, len(s.stuck)) for s in streams])
         return streams
 
@@ -242,7 +257,7 @@ class ChaosRun:
             counters["crashes"] += client.crashes
             counters["ephemeral_crashes"] += 0 if client.config.persist else client.crashes
         replicas["server"] = before_gc
-        replicas["server after a last GC"] = await server_documents(self.cluster.redis_url, self.docs)
+        replicas["server after a last GC"] = await server_documents(self.cluster.redis_url, self.docs, self.cluster.is_cluster)
         records = [record for client in self.clients for record in client.acked()]
         violation = None
         try:
@@ -255,7 +270,7 @@ class ChaosRun:
         last_fault = self.nemesis.last_fault_end
         report = RunReport(
             command=self.config.command(),
-            config={**asdict(self.config), "faults": [fault.value for fault in self.config.faults]},
+            config={**asdict(self.config), "faults": [fault.value for fault in self.config.faults or ()]},
             injected=self.nemesis.injected,
             delivery=figures,
             clients=counters,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from yrelay.redis_server import RedisProcess
 from ...testing.processes import ServerProcess
+from ...testing.redis_cluster import LocalCluster
 from ..drivers import Y_WEBSOCKET, YRELAY, YWS
 from .base import Target
 
@@ -50,7 +51,10 @@ class YrelayTarget(Target):
 
     def start(self) -> "YrelayTarget":
         self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync="always").start()
-        self.server = ServerProcess(self.redis.url, self.work_dir, port=self.port,
+        return self._serve(self.redis.url)
+
+    def _serve(self, redis_url: str) -> "YrelayTarget":
+        self.server = ServerProcess(redis_url, self.work_dir, port=self.port,
                                     env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"),
                                          **PER_CLIENT_LIMITS_OFF, **self.env}, cwd=self.cwd)
         self.server.start(timeout=60)
@@ -60,9 +64,12 @@ class YrelayTarget(Target):
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
+        self._stop_redis()
+        self.process = None
+
+    def _stop_redis(self) -> None:
         if self.redis is not None:
             self.redis.stop()
-        self.process = None
 
     def pids(self) -> dict[str, int]:
         """The server and Redis; with YRELAY_WORKERS > 1 the server is a
@@ -134,6 +141,42 @@ class YrelayYwsTarget(YrelayTarget):
     note = "y-websocket protocol on /yws: durable appends, no acks"
 
 
+class YrelayClusterTarget(YrelayTarget):
+    """``yrelay serve --redis-cluster`` on a fresh Redis Cluster of ``masters``
+    shards, a replica each (appendfsync everysec, as a cluster is run:
+    durability from the replica, ``ack_replicas`` 0 by default). Every
+    node's CPU counts (``redisN`` masters, ``replicaN`` replicas)."""
+
+    note = "Redis Cluster, appendfsync everysec, ack_replicas 0"
+
+    def __init__(self, work_dir: Path, masters: int, env: dict[str, str] | None = None):
+        super().__init__(work_dir, env={"YRELAY_REDIS_CLUSTER": "1", **(env or {})})
+        self.masters = masters
+        self.name = f"yrelay, {masters}-shard cluster"
+        self.cluster: LocalCluster | None = None
+
+    def start(self) -> "YrelayClusterTarget":
+        self.cluster = LocalCluster(self.work_dir / f"cluster-{self.port}", masters=self.masters).start()
+        self._serve(self.cluster.url)
+        return self
+
+    def _stop_redis(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    def pids(self) -> dict[str, int]:
+        assert self.server is not None and self.server.process and self.cluster is not None
+        topology = self.cluster.topology()
+        masters = {f"redis{i}": self.cluster.node(port) for i, port in enumerate(topology)}
+        replicas = {f"replica{i}": self.cluster.node(port) for i, port in enumerate(topology.values()) if port}
+        return {"server": self.server.process.pid,
+                **{name: node.process.pid for name, node in {**masters, **replicas}.items() if node.process}}
+
+    @property
+    def redis_url(self) -> str | None:
+        return None  # one node's used_memory is not the cluster's: not measured
+
+
 TARGETS: dict[str, type[Target]] = {
     "yrelay": YrelayTarget,
     "yrelay-yws": YrelayYwsTarget,
@@ -153,7 +196,9 @@ def _children(pid: int) -> list[int]:
 
 def make_target(key: str, work_dir: Path) -> Target:
     """``yrelay``, ``yrelay-yws``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
-    ``yrelay+<SETTING>=<value>``."""
+    ``yrelay+<SETTING>=<value>`` or ``yrelay-cluster<N>`` (N shards)."""
+    if key.startswith("yrelay-cluster"):
+        return YrelayClusterTarget(work_dir, masters=int(key[len("yrelay-cluster"):] or 3))
     if key.startswith("yrelay@"):
         return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
     if key.startswith("yrelay+"):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0)
