@@ -1,8 +1,9 @@
 """Consumer groups and webhooks on a real Redis Cluster (3 masters, a replica
 each, on loopback): a group drains documents spread over every master with
 nothing missed, a killed member's documents are resumed from their last
-ack, an append announced per bucket wakes the member before its sweep, and
-``yrelay webhook --redis-cluster`` delivers."""
+ack, an append announced per bucket wakes the member before its sweep, GC
+holds back for a live group and evicts an abandoned one, and ``yrelay
+webhook --redis-cluster`` delivers."""
 
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ from redis.crc import key_slot
 
 from yrelay.cluster_reads import announce
 from yrelay.consumers import ConsumerGroup
-from yrelay.keys import group_members_key, stream_key
+from yrelay.gc import Collector
+from yrelay.keys import group_members_key, group_progress_key, stream_key
 from yrelay.redis_client import YrelayCluster
 from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
 
 from conftest import eventually, serving
 from consumerutil import LEASE, Worker
+from gcutil import append_all, text_updates
 from test_consumers import TAKEOVER_BOUND, every, write
+from test_consumers_gc import POLICY, group_at, history, stream_ids
 from test_webhooks import SECRET, Receiver
 
 DOCS = [f"team/doc-{i:02d}" for i in range(12)]
@@ -139,3 +143,28 @@ async def test_the_webhook_cli_delivers_on_a_cluster(cluster, cluster_client, cl
     assert await cluster_client.zcard(group_members_key("cluster-hooks")) == 0  # left, not lapsed
     assert all(r.verified for r in receiver.requests)
     assert "CROSSSLOT" not in stderr.decode()
+
+
+async def test_gc_holds_back_for_a_live_group_and_evicts_an_abandoned_one_on_a_cluster(cluster, cluster_client,
+                                                                                     cluster_store):
+    """``gc_groups.lua`` and the claim/ack scripts on documents of different
+    masters: the live group's unprocessed entries stay, the abandoned group is
+    evicted and its next member starts again from the snapshot."""
+    held = DOCS[0]
+    evicted = next(doc for doc in DOCS if masters(cluster, [doc]) != masters(cluster, [held]))
+    held_ids = await append_all(cluster_store, held, text_updates(10)[0])
+    evicted_ids, _ = await history(cluster_store, evicted, 6)
+    async with ConsumerGroup(cluster_client, "live", member="m", lease=LEASE):  # live while we collect
+        await group_at(cluster_client, "live", held, held_ids[3])
+        await group_at(cluster_client, "gone", evicted, evicted_ids[1])  # no member: abandoned
+        reports = await Collector(cluster_client, POLICY).collect([held, evicted])
+    assert [report.error for report in reports] == [None, None]
+    assert await stream_ids(cluster_client, held) == held_ids[4:]  # the live group's unprocessed entries stay
+    assert await cluster_client.zscore(group_progress_key(evicted), "gone") is None
+
+    processed: Counter = Counter()
+    worker = await Worker(cluster_client, "m", processed, group="gone").start()
+    await eventually(lambda: any(b.doc == evicted for b in worker.batches), timeout=10)
+    first = next(b for b in worker.batches if b.doc == evicted)
+    assert (first.restart, first.offset) == ("evicted", evicted_ids[-1])
+    await worker.stop()
