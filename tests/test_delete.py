@@ -74,7 +74,8 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         await eventually(lambda: read.deleted.is_set() and written.deleted.is_set(), timeout=10)
         assert reader.error_codes["document_deleted"] == 1 and DOC not in reader.docs
         # The group and the webhook: a deletion event, acked.
-        await eventually(lambda: any(b.deleted for b in batches) and any(b["deleted"] for b in bodies), timeout=10)
+        await eventually(lambda: any(b.deleted for b in batches) and len(acks) == len(batches)  # its ack answered
+                         and any(b["deleted"] for b in bodies), timeout=10)
         deletion = next(b for b in batches if b.deleted)
         assert deletion.doc == DOC and deletion.updates == [] and acks[batches.index(deletion)] is AckResult.ACKED
         body = next(b for b in bodies if b["deleted"])
