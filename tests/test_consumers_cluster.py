@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import sys
 from collections import Counter
 
 import pytest
@@ -23,15 +20,14 @@ from yrelay.consumers import ConsumerGroup
 from yrelay.gc import Collector
 from yrelay.keys import group_members_key, group_progress_key, stream_key
 from yrelay.redis_client import YrelayCluster
-from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
 
-from conftest import eventually, serving
+from conftest import eventually
 from consumerutil import LEASE, Worker
 from gcutil import append_all, text_updates
-from test_consumers import TAKEOVER_BOUND, every, write
+from test_consumers import TAKEOVER_BOUND, every, three_members_process_each_entry_once, write
 from test_consumers_gc import POLICY, group_at, history, stream_ids
-from test_webhooks import SECRET, Receiver
+from test_webhooks import Receiver, run_webhook_cli
 
 DOCS = [f"team/doc-{i:02d}" for i in range(12)]
 
@@ -64,17 +60,7 @@ async def test_three_members_drain_documents_on_every_master_with_nothing_missed
                                                                                 cluster_store, caplog):
     caplog.set_level(logging.WARNING)
     assert len(masters(cluster, DOCS)) == 3
-    ids = await write(cluster_store, DOCS, 5)
-    processed: Counter = Counter()
-    workers = [await Worker(cluster_client, f"m{i}", processed).start() for i in range(3)]
-    await eventually(lambda: set(processed) == every(ids), timeout=20)
-    await eventually(lambda: sorted(len(w.group.documents) for w in workers) == [4, 4, 4], timeout=10)
-    more = await write(cluster_store, DOCS, 3, word="x")
-    await eventually(lambda: set(processed) == every(ids) | every(more), timeout=20)
-    assert max(processed.values()) == 1  # nobody died: no entry twice
-    assert sum(1 for w in workers if w.group.leads) == 1
-    for worker in workers:
-        await worker.stop()
+    await three_members_process_each_entry_once(cluster_client, cluster_store, DOCS)
     assert not [r for r in caplog.records if "CROSSSLOT" in r.getMessage()]
 
 
@@ -125,24 +111,14 @@ async def test_an_announced_append_wakes_the_member_before_its_sweep(cluster_cli
 async def test_the_webhook_cli_delivers_on_a_cluster(cluster, cluster_client, cluster_store):
     written = await write(cluster_store, DOCS[:4], 2)
     assert len(masters(cluster, DOCS[:4])) >= 2
-    port = free_port()
-    receiver = Receiver(fail_rate=0.0)
-    env = {**os.environ, "HOOK_SECRET": SECRET}
-    async with serving(receiver.app, port):
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "yrelay.cli", "webhook", "--group", "cluster-hooks", "--url",
-            f"http://127.0.0.1:{port}/hook", "--secret-env", "HOOK_SECRET", "--redis-url", cluster.url,
-            "--redis-cluster", "--lease", f"{LEASE}", env=env, stderr=asyncio.subprocess.PIPE)
-        try:
-            await eventually(lambda: all(receiver.accepted(doc) == written[doc] for doc in written), timeout=30)
-            assert await cluster_client.zcard(group_members_key("cluster-hooks")) == 1
-        finally:
-            process.send_signal(signal.SIGTERM)
-            _, stderr = await asyncio.wait_for(process.communicate(), 15)
-    assert process.returncode == 0, stderr.decode()
+
+    async def delivered(receiver: Receiver) -> None:
+        await eventually(lambda: all(receiver.accepted(doc) == written[doc] for doc in written), timeout=30)
+        assert await cluster_client.zcard(group_members_key("cluster-hooks")) == 1
+
+    stderr = await run_webhook_cli(cluster.url, "cluster-hooks", delivered, "--redis-cluster")
     assert await cluster_client.zcard(group_members_key("cluster-hooks")) == 0  # left, not lapsed
-    assert all(r.verified for r in receiver.requests)
-    assert "CROSSSLOT" not in stderr.decode()
+    assert "CROSSSLOT" not in stderr
 
 
 async def test_gc_holds_back_for_a_live_group_and_evicts_an_abandoned_one_on_a_cluster(cluster, cluster_client,
