@@ -1,7 +1,7 @@
 """Consumer groups and webhooks on a real Redis Cluster (3 masters, a replica
 each, on loopback): a group drains documents spread over every master with
 nothing missed, a killed member's documents are resumed from their last
-ack, an append announced per bucket wakes the member before its sweep, GC
+ack, a server's append wakes the member (per bucket) before its sweep, GC
 holds back for a live group and evicts an abandoned one, and ``yrelay
 webhook --redis-cluster`` delivers."""
 
@@ -15,14 +15,15 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from yrelay.cluster_reads import announce
+from yrelay import crdt
 from yrelay.consumers import ConsumerGroup
 from yrelay.gc import Collector
 from yrelay.keys import group_members_key, group_progress_key, stream_key
 from yrelay.redis_client import YrelayCluster
+from yrelay.replies import text
 from yrelay.store import DocumentStore
 
-from conftest import eventually
+from conftest import eventually, running_server
 from consumerutil import LEASE, Worker
 from gcutil import append_all, text_updates
 from test_consumers import TAKEOVER_BOUND, every, three_members_process_each_entry_once, write
@@ -84,11 +85,13 @@ async def test_a_killed_members_documents_are_resumed_from_their_last_ack(cluste
     await b.stop()
 
 
-async def test_an_announced_append_wakes_the_member_before_its_sweep(cluster_client, cluster_store):
-    """With a 30 s lease the member sweeps its documents every 10 s; an
-    append announced on its bucket's change stream (what the server's
-    appender does) is read on the wake-up, long before that."""
-    ids = await write(cluster_store, DOCS[:3], 2)
+async def test_a_servers_append_wakes_the_member_before_its_sweep(cluster, cluster_client, cluster_store,
+                                                                 make_client):
+    """With a 30 s lease the member sweeps its documents every 10 s; an edit
+    through a server on the cluster (its appender announces each batch on
+    the buckets' change streams) is read on the wake-up, long before that."""
+    docs = DOCS[:3]
+    ids = await write(cluster_store, docs, 2)
     processed: Counter = Counter()
     async with ConsumerGroup(cluster_client, "woken", member="solo", lease=30.0) as group:
         async def run() -> None:
@@ -99,10 +102,15 @@ async def test_an_announced_append_wakes_the_member_before_its_sweep(cluster_cli
         task = asyncio.create_task(run())
         try:
             await eventually(lambda: set(processed) == every(ids), timeout=15)
-            await asyncio.sleep(0.2)  # the first sweep has passed; the next is ~10 s away
-            more = await write(cluster_store, DOCS[:3], 1, word="late")
-            await announce(cluster_client, DOCS[:3])
-            await eventually(lambda: set(processed) == every(ids) | every(more), timeout=5)
+            async with running_server(cluster.url, redis_cluster=True) as url:
+                editor = await make_client(url)
+                for doc in docs:
+                    crdt.insert_text((await editor.subscribe(doc)).ydoc, 0, "late ")
+                await editor.wait_idle()
+            streams = {doc: [text(entry_id) for entry_id, _ in await cluster_client.xrange(stream_key(doc))]
+                       for doc in docs}
+            assert all(len(entries) == 3 for entries in streams.values())
+            await eventually(lambda: set(processed) == every(streams), timeout=5)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
