@@ -152,3 +152,23 @@ async def test_gc_holds_back_for_a_live_group_and_evicts_an_abandoned_one_on_a_c
     first = next(b for b in worker.batches if b.doc == evicted)
     assert (first.restart, first.offset) == ("evicted", evicted_ids[-1])
     await worker.stop()
+
+
+async def test_a_backlog_longer_than_a_batch_is_read_on_without_waiting_for_the_sweep(cluster_client, cluster_store):
+    """Batches of 5, a 30 s lease (a sweep every 10 s): a document's 20
+    entries come in 4 batches one after the other (a full read is read on
+    at once, as one XREAD over every document would)."""
+    ids = await write(cluster_store, DOCS[:1], 20)
+    processed: Counter = Counter()
+    async with ConsumerGroup(cluster_client, "backlog", member="solo", lease=30.0, batch_size=5) as group:
+        async def run() -> None:
+            async for batch in group.batches():
+                processed.update((batch.doc, entry_id) for entry_id in batch.ids)
+                await batch.ack()
+
+        task = asyncio.create_task(run())
+        try:
+            await eventually(lambda: set(processed) == every(ids), timeout=5)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -17,7 +17,9 @@ documents this way:
   follower wants.
 - **Reads per document, pipelined per node** (:func:`read_each`): one
   single-key ``XREAD`` per document in one cluster pipeline (redis-py sends
-  each node its share on one connection, the nodes in parallel).
+  each node its share on one connection, the nodes in parallel). A document
+  whose read came back full (``count`` entries) is read again in the next
+  round, not at the next sweep.
 - **A sweep every ``block_ms``** (:meth:`BucketWakeups.next_round`) reads
   every followed document: what no wake-up announced (an append by
   ``DocumentStore.append``, a wake-up lost to a failover) is read within
@@ -34,7 +36,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.exceptions
 from redis.asyncio import Redis
@@ -75,14 +77,20 @@ async def announce(client: Redis, docs: list[str]) -> None:
         log.warning("could not announce appends to %d documents (%s); the next sweep delivers them", len(docs), exc)
 
 
-async def read_each(client: Redis, cursors: Mapping[str, StreamId], count: int
-                    ) -> tuple[list[tuple[Any, Any]], dict[str, redis.exceptions.ResponseError]]:
+class Reads(NamedTuple):
+    #: ``(stream key, entries)`` of the documents with new entries, like a multi-key XREAD.
+    pairs: list[tuple[Any, Any]]
+    #: The documents Redis refused to read, and its reply.
+    refused: dict[str, redis.exceptions.ResponseError]
+    #: The documents whose read came back full (``count`` entries): there may be more.
+    full: set[str]
+
+
+async def read_each(client: Redis, cursors: Mapping[str, StreamId], count: int) -> Reads:
     """One ``XREAD`` per document from its cursor, in one pipeline (per node
-    on the wire). Returns the ``(stream key, entries)`` pairs of the
-    documents with new entries, like a multi-key XREAD, and the documents
-    Redis refused to read (their reply). A failover or a resharding in
-    progress raises :class:`redis.exceptions.ConnectionError` (not the
-    documents' fault: read again)."""
+    on the wire). A failover or a resharding in progress raises
+    :class:`redis.exceptions.ConnectionError` (not the documents' fault:
+    read again)."""
     try:
         async with client.pipeline(transaction=False) as pipe:
             for doc, cursor in cursors.items():
@@ -90,18 +98,20 @@ async def read_each(client: Redis, cursors: Mapping[str, StreamId], count: int
             replies = await pipe.execute(raise_on_error=False)
     except REDIS_PY_RACE as exc:
         raise redis.exceptions.ConnectionError(f"connection reset during a failover ({exc!r})") from exc
-    pairs: list[tuple[Any, Any]] = []
-    refused: dict[str, redis.exceptions.ResponseError] = {}
+    reads = Reads([], {}, set())
     for doc, reply in zip(cursors, replies):
         if isinstance(reply, CLUSTER_TRANSIENT):
             raise redis.exceptions.ConnectionError(f"{doc}: {reply}")
         if isinstance(reply, redis.exceptions.ResponseError):
-            refused[doc] = reply
+            reads.refused[doc] = reply
         elif isinstance(reply, Exception):
             raise reply  # connection trouble: the caller reconnects
         elif reply:
-            pairs += reply.items() if isinstance(reply, dict) else reply
-    return pairs, refused
+            pairs = list(reply.items() if isinstance(reply, dict) else reply)
+            reads.pairs.extend(pairs)
+            if any(len(entries) >= count for _, entries in pairs):
+                reads.full.add(doc)
+    return reads
 
 
 class BucketWakeups:
@@ -128,6 +138,14 @@ class BucketWakeups:
     async def stop(self) -> None:
         for watcher in self._watchers:
             await watcher.stop()
+
+    async def read(self, cursors: Mapping[str, StreamId], count: int) -> Reads:
+        """:func:`read_each`; a document that had more than ``count`` new
+        entries is read again in the next round (no wake-up will tell)."""
+        reads = await read_each(self.redis, cursors, count)
+        for doc in reads.full:
+            self.wake(doc)
+        return reads
 
     def wake(self, doc: str) -> None:
         """Read ``doc`` in the next round, announced or not."""

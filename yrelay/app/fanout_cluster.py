@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from ..cluster_reads import BucketWakeups, announce, read_each
+from ..cluster_reads import BucketWakeups, announce
 from ..offsets import StreamId
 from ..store import DocumentStore
 from .acks import SubscriptionRegistry
@@ -60,7 +60,7 @@ class ClusterFanout(Fanout):
         self._reading_generation = self._generation
         docs = await self.wakeups.next_round(self._readable)
         if docs:
-            pairs, refused = await read_each(self.reader, docs, self.count)
-            for doc, reply in refused.items():  # the others go on
+            reads = await self.wakeups.read(docs, self.count)
+            for doc, reply in reads.refused.items():  # the others go on
                 self._set_aside(doc, reply)
-            self._dispatch(pairs)
+            self._dispatch(reads.pairs)

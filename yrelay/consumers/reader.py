@@ -29,7 +29,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..backoff import Reconnect
-from ..cluster_reads import BucketWakeups, read_each
+from ..cluster_reads import BucketWakeups
 from ..events import EventSink
 from ..deletion import is_deletion
 from ..keys import meta_key, stream_key
@@ -352,10 +352,12 @@ class Reader:
             return await self.redis.xread({stream_key(doc): str(cursor) for doc, cursor in cursors.items()},
                                           count=self.batch_size, block=self.block_ms) or []
         due = await self.wakeups.next_round(lambda: cursors)
-        pairs, refused = await read_each(self.redis, due, self.batch_size) if due else ([], {})
-        for doc, exc in refused.items():  # the others go on; this one is read again at the next sweep
+        if not due:
+            return []
+        reads = await self.wakeups.read(due, self.batch_size)
+        for doc, exc in reads.refused.items():  # the others go on; this one is read again at the next sweep
             log.warning("consumer group %s: could not read %s (%s)", self.progress.group, doc, exc)
-        return pairs
+        return reads.pairs
 
     async def _read(self, cursors: dict[str, StreamId]) -> list[Batch]:
         reply = await self._xread(cursors)
