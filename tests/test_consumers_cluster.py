@@ -8,8 +8,10 @@ webhook --redis-cluster`` delivers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
+from collections.abc import AsyncIterator
 
 import pytest
 import redis
@@ -57,6 +59,26 @@ def masters(cluster, docs: list[str]) -> set[int]:
     return {cluster.master_of_slot(key_slot(stream_key(doc).encode())) for doc in docs}
 
 
+@contextlib.asynccontextmanager
+async def acking_member(client, group: str, **options: object) -> AsyncIterator[Counter]:
+    """The only member of ``group``, with a 30 s lease (it sweeps its
+    documents every 10 s), acking every batch; yields the (document, entry
+    id) pairs it processed."""
+    processed: Counter = Counter()
+    async with ConsumerGroup(client, group, member="solo", lease=30.0, **options) as member:  # type: ignore[arg-type]
+        async def run() -> None:
+            async for batch in member.batches():
+                processed.update((batch.doc, entry_id) for entry_id in batch.ids)
+                await batch.ack()
+
+        task = asyncio.create_task(run())
+        try:
+            yield processed
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_three_members_drain_documents_on_every_master_with_nothing_missed(cluster, cluster_client,
                                                                                 cluster_store, caplog):
     caplog.set_level(logging.WARNING)
@@ -92,28 +114,17 @@ async def test_a_servers_append_wakes_the_member_before_its_sweep(cluster, clust
     the buckets' change streams) is read on the wake-up, long before that."""
     docs = DOCS[:3]
     ids = await write(cluster_store, docs, 2)
-    processed: Counter = Counter()
-    async with ConsumerGroup(cluster_client, "woken", member="solo", lease=30.0) as group:
-        async def run() -> None:
-            async for batch in group.batches():
-                processed.update((batch.doc, entry_id) for entry_id in batch.ids)
-                await batch.ack()
-
-        task = asyncio.create_task(run())
-        try:
-            await eventually(lambda: set(processed) == every(ids), timeout=15)
-            async with running_server(cluster.url, redis_cluster=True) as url:
-                editor = await make_client(url)
-                for doc in docs:
-                    crdt.insert_text((await editor.subscribe(doc)).ydoc, 0, "late ")
-                await editor.wait_idle()
-            streams = {doc: [text(entry_id) for entry_id, _ in await cluster_client.xrange(stream_key(doc))]
-                       for doc in docs}
-            assert all(len(entries) == 3 for entries in streams.values())
-            await eventually(lambda: set(processed) == every(streams), timeout=5)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    async with acking_member(cluster_client, "woken") as processed:
+        await eventually(lambda: set(processed) == every(ids), timeout=15)
+        async with running_server(cluster.url, redis_cluster=True) as url:
+            editor = await make_client(url)
+            for doc in docs:
+                crdt.insert_text((await editor.subscribe(doc)).ydoc, 0, "late ")
+            await editor.wait_idle()
+        streams = {doc: [text(entry_id) for entry_id, _ in await cluster_client.xrange(stream_key(doc))]
+                   for doc in docs}
+        assert all(len(entries) == 3 for entries in streams.values())
+        await eventually(lambda: set(processed) == every(streams), timeout=5)
 
 
 async def test_the_webhook_cli_delivers_on_a_cluster(cluster, cluster_client, cluster_store):
@@ -159,16 +170,5 @@ async def test_a_backlog_longer_than_a_batch_is_read_on_without_waiting_for_the_
     entries come in 4 batches one after the other (a full read is read on
     at once, as one XREAD over every document would)."""
     ids = await write(cluster_store, DOCS[:1], 20)
-    processed: Counter = Counter()
-    async with ConsumerGroup(cluster_client, "backlog", member="solo", lease=30.0, batch_size=5) as group:
-        async def run() -> None:
-            async for batch in group.batches():
-                processed.update((batch.doc, entry_id) for entry_id in batch.ids)
-                await batch.ack()
-
-        task = asyncio.create_task(run())
-        try:
-            await eventually(lambda: set(processed) == every(ids), timeout=5)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    async with acking_member(cluster_client, "backlog", batch_size=5) as processed:
+        await eventually(lambda: set(processed) == every(ids), timeout=5)
