@@ -55,7 +55,12 @@ def test_assignment_is_balanced_and_sticky():
 
 
 async def test_three_members_share_the_documents_and_process_each_entry_once(redis_client, store):
-    docs = [f"doc-{i}" for i in range(12)]
+    await three_members_process_each_entry_once(redis_client, store, [f"doc-{i}" for i in range(12)])
+
+
+async def three_members_process_each_entry_once(redis_client, store: DocumentStore, docs: list[str]) -> None:
+    """Three members share 12 documents 4 each, and process every entry
+    once, also those written after they shared them."""
     ids = await write(store, docs, 5)
     processed: Counter = Counter()
     workers = [await Worker(redis_client, f"m{i}", processed).start() for i in range(3)]

@@ -9,6 +9,7 @@ import asyncio
 import json
 import random
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -139,31 +140,44 @@ def test_a_wrong_secret_a_changed_body_or_an_old_timestamp_is_refused():
 
 
 async def test_the_cli_delivers_and_leaves_the_group_on_sigterm(redis_url, redis_client, store):
+    from yrelay.keys import group_members_key
+
+    written = await write(store, ["doc-cli"], 3)
+
+    async def delivered(receiver: Receiver) -> None:
+        await eventually(lambda: receiver.accepted("doc-cli") == written["doc-cli"], timeout=20)
+        assert await redis_client.zcard(group_members_key("cli-hooks")) == 1
+
+    await run_webhook_cli(redis_url, "cli-hooks", delivered)
+    assert await redis_client.zcard(group_members_key("cli-hooks")) == 0  # left, not lapsed
+
+
+async def run_webhook_cli(redis_url: str, group: str, until: Callable[[Receiver], Awaitable[None]],
+                          *options: str) -> str:
+    """Run ``yrelay webhook`` against a receiver that accepts everything
+    until ``until(receiver)`` returns, then SIGTERM it: it must exit 0,
+    every request signed, the secret in no log line. Its stderr."""
     import os
     import signal
     import sys
 
-    from yrelay.keys import group_members_key
-
-    written = await write(store, ["doc-cli"], 3)
     port = free_port()
     receiver = Receiver(fail_rate=0.0)  # the CLI path, not the retries, is under test here
     env = {**os.environ, "HOOK_SECRET": SECRET}
     async with serving(receiver.app, port):
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "yrelay.cli", "webhook", "--group", "cli-hooks", "--url",
+            sys.executable, "-m", "yrelay.cli", "webhook", "--group", group, "--url",
             f"http://127.0.0.1:{port}/hook", "--secret-env", "HOOK_SECRET", "--redis-url", redis_url,
-            "--lease", "1.2", env=env, stderr=asyncio.subprocess.PIPE)
+            "--lease", "1.2", *options, env=env, stderr=asyncio.subprocess.PIPE)
         try:
-            await eventually(lambda: receiver.accepted("doc-cli") == written["doc-cli"], timeout=20)
-            assert await redis_client.zcard(group_members_key("cli-hooks")) == 1
+            await until(receiver)
         finally:
             process.send_signal(signal.SIGTERM)
             _, stderr = await asyncio.wait_for(process.communicate(), 15)
     assert process.returncode == 0, stderr.decode()
-    assert await redis_client.zcard(group_members_key("cli-hooks")) == 0  # left, not lapsed
     assert all(r.verified for r in receiver.requests)
     assert SECRET not in stderr.decode()
+    return stderr.decode()
 
 
 async def test_without_dead_letters_a_4xx_is_retried_not_skipped_and_retry_after_is_honoured(redis_client, store):

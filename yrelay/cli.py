@@ -400,6 +400,8 @@ def webhook(
     redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."),
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
     lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
+    redis_cluster: bool = typer.Option(False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER",
+                                       help="--redis-url is one seed node of a Redis Cluster."),
     concurrency: int = typer.Option(16, min=1, help="Requests in flight at once (one per document at most)."),
     max_attempts: int = typer.Option(8, min=0, envvar="YRELAY_WEBHOOK_MAX_ATTEMPTS",
                                      help="Failed attempts of one batch before its document is parked (dead letter); "
@@ -414,7 +416,7 @@ def webhook(
     Run several with the same --group to share the documents; SIGTERM leaves
     the group cleanly. See docs/consumers.md, "Webhooks"."""
     if retry_dead:
-        asyncio.run(_retry_dead(_redis_url(redis_url, data_dir), group))
+        asyncio.run(_retry_dead(_redis_url(redis_url, data_dir), redis_cluster, group))
         return
     if not url:
         typer.echo("yrelay webhook: --url is required", err=True)
@@ -428,13 +430,14 @@ def webhook(
     logs.add_secret(secret)
     url_of_redis = _redis_url(redis_url, data_dir)
     logs.add_url_secrets(url_of_redis)
-    asyncio.run(_webhook(url_of_redis, group, url, secret, prefix, lease, concurrency, max_attempts or None))
+    asyncio.run(_webhook(url_of_redis, redis_cluster, group, url, secret, prefix, lease, concurrency,
+                         max_attempts or None))
 
 
-async def _retry_dead(redis_url: str, group: str) -> None:
+async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
     from .consumers.dead_letters import DeadLetters
 
-    redis = Redis.from_url(redis_url)
+    redis = open_redis(redis_url, cluster)
     try:
         retried = await DeadLetters(redis, group).retry_all()
     finally:
@@ -442,12 +445,12 @@ async def _retry_dead(redis_url: str, group: str) -> None:
     typer.echo(f"retried {retried} dead letter(s) of group {group}")
 
 
-async def _webhook(redis_url: str, group: str, url: str, secret: str, prefix: str, lease: float,
+async def _webhook(redis_url: str, cluster: bool, group: str, url: str, secret: str, prefix: str, lease: float,
                    concurrency: int, max_attempts: int | None) -> None:
     from .consumers.webhook import serve as serve_webhook
 
     stop = _stop_on_signals()
-    redis = Redis.from_url(redis_url)
+    redis = open_redis(redis_url, cluster)
     try:
         stats = await serve_webhook(redis, group, url, secret, prefix=prefix, lease=lease, concurrency=concurrency,
                                     max_attempts=max_attempts, stop=stop)
@@ -467,6 +470,8 @@ def consume(
     redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."),
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
     lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
+    redis_cluster: bool = typer.Option(False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER",
+                                       help="--redis-url is one seed node of a Redis Cluster."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Pipe every change (of --prefix) to COMMAND's stdin, one JSON line per batch; it acks with 'ack <delivery id>'.
@@ -477,15 +482,15 @@ def consume(
     logs.configure(log_level)
     url_of_redis = _redis_url(redis_url, data_dir)
     logs.add_url_secrets(url_of_redis)
-    asyncio.run(_consume(url_of_redis, group, command, prefix, lease, ack_on_write, window))
+    asyncio.run(_consume(url_of_redis, redis_cluster, group, command, prefix, lease, ack_on_write, window))
 
 
-async def _consume(redis_url: str, group: str, command: list[str], prefix: str, lease: float, ack_on_write: bool,
-                   window: int) -> None:
+async def _consume(redis_url: str, cluster: bool, group: str, command: list[str], prefix: str, lease: float,
+                   ack_on_write: bool, window: int) -> None:
     from .consumers.pipe import serve as serve_pipe
 
     stop = _stop_on_signals()
-    redis = Redis.from_url(redis_url)
+    redis = open_redis(redis_url, cluster)
     try:
         stats = await serve_pipe(redis, group, command, prefix=prefix, lease=lease, ack_on_write=ack_on_write,
                                  window=window, stop=stop)

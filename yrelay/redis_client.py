@@ -83,6 +83,12 @@ class YrelayCluster(RedisCluster):
         """The master serving ``key``'s slot (as this client last saw the map)."""
         return self.get_node_from_key(key)
 
+    async def load_known_scripts(self) -> None:
+        """Load every script registered here on every master (``SCRIPT
+        LOAD`` goes to all of them)."""
+        for script in self.known_scripts.values():
+            await self.script_load(script)
+
 
 def xread_one(client: Any, key: str, cursor: str, count: int, block_ms: int | None = None) -> Any:
     """``XREAD [BLOCK] COUNT .. STREAMS key cursor`` on ``client`` (a cluster
@@ -94,10 +100,6 @@ def xread_one(client: Any, key: str, cursor: str, count: int, block_ms: int | No
     cluster = client if isinstance(client, RedisCluster) else client.cluster_client
     return client.execute_command("XREAD", *block, "COUNT", count, "STREAMS", key, cursor,
                                   target_nodes=cluster.get_node_from_key(key))
-
-    async def load_known_scripts(self) -> None:
-        for script in self.known_scripts.values():
-            await self.script_load(script)
 
 
 class ClusterPipeline(_ClusterPipeline):

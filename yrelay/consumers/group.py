@@ -90,11 +90,13 @@ class ConsumerGroup:
         await self._beat()
         self.events.emit("consumer_join", group=self.name, member=self.member)
         self._heartbeat.start()
+        self.reader.start()
 
     async def leave(self) -> None:
         """Stop and hand the documents over at once. A leader first assigns
         its documents to the others, then lets its lease go."""
         await self._heartbeat.stop()
+        await self.reader.stop()
         self.reader.assign({})
         try:
             if self._leads:  # the lease is still ours for up to `lease`
@@ -112,6 +114,7 @@ class ConsumerGroup:
         group: the documents move once the lease lapses). For tests and
         fault drills."""
         await self._heartbeat.stop()
+        await self.reader.stop()
         self.reader.assign({})
 
     async def __aenter__(self) -> "ConsumerGroup":

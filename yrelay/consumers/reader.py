@@ -11,6 +11,10 @@ trimmed past a cursor (GC evicted the group) is never read across silently,
 the document starts again from its snapshot. A document being handed
 over (:mod:`yrelay.consumers.handover`) is read no more; it is released
 once every batch handed out of it was acked.
+
+On a Redis Cluster one XREAD over documents of different slots is refused
+(``CROSSSLOT``): there the reader is woken per bucket and reads per document,
+the way the server's fan-out does (:mod:`yrelay.cluster_reads`).
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..backoff import Reconnect
+from ..cluster_reads import BucketWakeups
 from ..deletion import is_deletion
 from ..events import EventSink
 from ..keys import meta_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
+from ..redis_client import is_cluster
 from ..replies import stream_id, text
 from ..store import DocumentStore, to_entry
 from ..tasks import wait_event
@@ -110,6 +116,18 @@ class Reader:
         #: (since start; ``unreported_redelivered`` not yet in the group's meta).
         self.redelivered = 0
         self.unreported_redelivered = 0
+        #: On a Redis Cluster: the per-bucket wake-ups and the sweep (else None).
+        self.wakeups = (BucketWakeups(redis, block_ms=block_ms, wanted=lambda doc: doc in self.held,
+                                      name=f"yrelay-consumer-{progress.group}") if is_cluster(redis) else None)
+
+    def start(self) -> None:
+        """Start the wake-up watchers (a Redis Cluster only)."""
+        if self.wakeups is not None:
+            self.wakeups.start()
+
+    async def stop(self) -> None:
+        if self.wakeups is not None:
+            await self.wakeups.stop()
 
     # ------------------------------------------------ the assignment's side
 
@@ -262,6 +280,7 @@ class Reader:
         snapshot batch: the document is claimed again from its snapshot)."""
         if held.unacked and held.unacked[-1][1] == batch.offset:
             first, _, _ = held.unacked.pop()
+            self._read_soon(batch.doc)
             if batch.entries:
                 held.cursor = _before(first)
             else:
@@ -294,8 +313,15 @@ class Reader:
         await wait_event(self._changed, self.block_ms / 1000)
         return []
 
+    def _read_soon(self, doc: str) -> None:
+        """On a cluster: read ``doc`` in the next round, not at the next
+        sweep (one XREAD over every document reads it anyway)."""
+        if self.wakeups is not None:
+            self.wakeups.wake(doc)
+
     async def _start(self, doc: str, held: Held) -> Batch | None:
         """Claim ``doc``; the snapshot batch when the group starts from it."""
+        self._read_soon(doc)
         try:
             start = await self.progress.claim(doc, held.version)
         except StaleClaim:
@@ -316,9 +342,23 @@ class Reader:
         held.unacked.append((snapshot.offset, snapshot.offset, 0))
         return Batch(doc, [], held.version, snapshot.offset, snapshot.update, reason, self.ack)
 
+    async def _xread(self, cursors: dict[str, StreamId]) -> list:
+        """The new entries of ``cursors``' documents, as ``(stream key,
+        entries)``, within ``block_ms``: one blocking XREAD, or on a cluster
+        per-document reads of the documents woken (all of them on a sweep)."""
+        if self.wakeups is None:
+            return await self.redis.xread({stream_key(doc): str(cursor) for doc, cursor in cursors.items()},
+                                          count=self.batch_size, block=self.block_ms) or []
+        due = await self.wakeups.next_round(lambda: cursors)
+        if not due:
+            return []
+        reads = await self.wakeups.read(due, self.batch_size)
+        for doc, exc in reads.refused.items():  # the others go on; this one is read again at the next sweep
+            log.warning("consumer group %s: could not read %s (%s)", self.progress.group, doc, exc)
+        return reads.pairs
+
     async def _read(self, cursors: dict[str, StreamId]) -> list[Batch]:
-        reply = await self.redis.xread({stream_key(doc): str(cursor) for doc, cursor in cursors.items()},
-                                       count=self.batch_size, block=self.block_ms)
+        reply = await self._xread(cursors)
         if not reply:
             return []
         read = [(_doc_of_stream(key), entries) for key, entries in reply if entries]
