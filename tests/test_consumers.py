@@ -13,6 +13,7 @@ import pytest
 
 from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.assignment import assign, changes
+from yrelay.consumers.batch import Batch
 from yrelay.store import DocumentStore
 
 from conftest import eventually
@@ -236,6 +237,27 @@ async def test_the_state_helper_keeps_each_documents_text(redis_client, store):
         task.cancel()
     assert states.text("doc-1") == text
     assert states.text("never-seen") == ""
+
+
+async def test_the_state_helper_reloads_a_document_that_comes_back_under_a_new_version(redis_client, store):
+    """While another member held the document it processed entries this
+    copy never saw: the copy kept from the old assignment would miss them."""
+    updates, text = text_updates(6, client_id=9)
+    await append_all(store, "doc-1", updates[:2])
+    states = DocumentStates(redis_client)
+    snapshot, entries = await store.load_entries("doc-1")
+    await states.apply(Batch("doc-1", entries, version=1, offset=entries[-1].id))
+    assert states.text("doc-1") == "w0 w1 "
+    await append_all(store, "doc-1", updates[2:], session="writer-2")  # another member's share
+    _, entries = await store.load_entries("doc-1")
+    await states.apply(Batch("doc-1", entries[-1:], version=2, offset=entries[-1].id))
+    assert states.text("doc-1") == text
+    await states.apply(Batch("doc-1", [], version=2, offset=entries[-1].id, deleted=True))
+    assert states.text("doc-1") == "" and "doc-1" not in states.documents
+    await states.apply(Batch("doc-1", entries[-1:], version=3, offset=entries[-1].id))
+    assert states.text("doc-1") == text  # reloaded after the deletion batch dropped it
+    states.keep_only({"other"})  # the member no longer holds doc-1
+    assert not states.documents and not states.versions
 
 
 async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(redis_url, redis_client, store):

@@ -21,6 +21,7 @@ from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.signature import DELIVERY_HEADER, HEADER, sign, verify_signature
 from yrelay.consumers.webhook import Webhook
+from yrelay.deletion import delete_document
 from yrelay.offsets import StreamId
 from yrelay.redis_server import free_port
 
@@ -28,6 +29,7 @@ from conftest import eventually, serving
 from consumerutil import LEASE
 from test_consumers import write
 from test_gc import store  # noqa: F401 - the fixture
+from gcutil import append_all, text_updates
 
 SECRET = "whsec-test"
 #: What the issue asks for; the whole test stays near 20 s.
@@ -52,6 +54,8 @@ class Receiver:
         self.random = random.Random(seed)
         self.requests: list[Request_] = []
         self.stored: dict[str, list[str]] = defaultdict(list)
+        #: doc -> the ``text`` of the last body accepted (sent only with the text option).
+        self.texts: dict[str, str | None] = {}
         self.app = Starlette(routes=[Route("/hook", self.hook, methods=["POST"])])
 
     async def hook(self, request: Request) -> Response:
@@ -62,6 +66,8 @@ class Receiver:
         if not fail or self.random.random() < 0.5:
             self.stored[data["doc"]].extend(data["ids"])
         status = 500 if fail else 204
+        if status < 300 and "text" in data:
+            self.texts[data["doc"]] = data["text"]
         self.requests.append(Request_(data["doc"], data["ids"], request.headers[DELIVERY_HEADER], status, verified))
         return Response(status_code=status)
 
@@ -115,6 +121,33 @@ async def test_every_entry_arrives_in_order_through_failures_and_an_outage(redis
     assert all(r.delivery in accepted_deliveries for r in retried)  # each failure was delivered in the end
     print(f"\nrequests {len(receiver.requests)}, failed attempts {webhook.stats.failed} "
           f"(500s {len(retried)}), delivered {webhook.stats.delivered}")
+
+
+async def test_the_text_option_sends_each_documents_text_with_the_batch_applied(redis_client, store):
+    docs = ["doc-0", "doc-1"]
+    first = {doc: text_updates(6, client_id=50 + i) for i, doc in enumerate(docs)}
+    for doc in docs:  # half before the member starts (loaded from Redis), half after
+        await append_all(store, doc, first[doc][0][:3])
+    port = free_port()
+    receiver = Receiver(fail_rate=0.0)
+    group = ConsumerGroup(redis_client, "texts", member="w1", lease=LEASE)
+    await group.start()
+    webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET, text="text")
+    task = asyncio.create_task(webhook.run())
+    try:
+        async with serving(receiver.app, port):
+            await eventually(lambda: all(doc in receiver.texts for doc in docs), timeout=10)
+            for doc in docs:
+                await append_all(store, doc, first[doc][0][3:], session="writer-2")
+            await eventually(lambda: all(receiver.texts.get(doc) == first[doc][1] for doc in docs), timeout=10)
+            await delete_document(redis_client, "doc-1", tombstone_seconds=60)
+            await eventually(lambda: "doc-1" not in webhook.states.documents and receiver.texts["doc-1"] is None,
+                             timeout=10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await group.leave()
+    assert receiver.texts["doc-0"] == first["doc-0"][1]
 
 
 def test_a_wrong_secret_a_changed_body_or_an_old_timestamp_is_refused():

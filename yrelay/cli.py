@@ -406,6 +406,9 @@ def webhook(
     max_attempts: int = typer.Option(8, min=0, envvar="YRELAY_WEBHOOK_MAX_ATTEMPTS",
                                      help="Failed attempts of one batch before its document is parked (dead letter); "
                                           "0: never park."),
+    text: Optional[str] = typer.Option(None, "--text", metavar="NAME",
+                                       help="Add the shared text NAME (the demo editor's is 'text') to each body, "
+                                            "with the batch applied; keeps a copy of each held document."),
     retry_dead: bool = typer.Option(False, "--retry-dead",
                                     help="Unpark every dead letter of --group (delivered again from their last ack "
                                          "by the running members), then exit."),
@@ -431,7 +434,7 @@ def webhook(
     url_of_redis = _redis_url(redis_url, data_dir)
     logs.add_url_secrets(url_of_redis)
     asyncio.run(_webhook(url_of_redis, redis_cluster, group, url, secret, prefix, lease, concurrency,
-                         max_attempts or None))
+                         max_attempts or None, text))
 
 
 async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
@@ -446,14 +449,14 @@ async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
 
 
 async def _webhook(redis_url: str, cluster: bool, group: str, url: str, secret: str, prefix: str, lease: float,
-                   concurrency: int, max_attempts: int | None) -> None:
+                   concurrency: int, max_attempts: int | None, text: str | None) -> None:
     from .consumers.webhook import serve as serve_webhook
 
     stop = _stop_on_signals()
     redis = open_redis(redis_url, cluster)
     try:
         stats = await serve_webhook(redis, group, url, secret, prefix=prefix, lease=lease, concurrency=concurrency,
-                                    max_attempts=max_attempts, stop=stop)
+                                    max_attempts=max_attempts, text=text, stop=stop)
     finally:
         await redis.aclose()
     logging.getLogger("yrelay.webhook").info("left group %s: %s", group, stats)

@@ -13,11 +13,16 @@ A snapshot batch replaces the document. A document seen for the first time
 mid-stream (taken over from another member, or after this process
 restarted) is loaded first from Redis (snapshot + stream): that may already
 hold the batch's updates and later ones, which Yjs applies idempotently, so
-the state is never behind the batch. Documents are pycrdt documents (the
-server's engine), which integrate updates in any order.
+the state is never behind the batch. So is a document that comes back under
+a new assignment version: while another member held it, that member
+processed entries this copy never saw. A deletion batch drops the copy.
+Documents are pycrdt documents (the server's engine), which integrate
+updates in any order.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import pycrdt
 from redis.asyncio import Redis
@@ -39,10 +44,15 @@ class DocumentStates:
         self.store = DocumentStore(redis)
         self.text_name = text_name
         self.documents: dict[str, pycrdt.Doc] = {}
+        #: doc -> the assignment version its copy was built under.
+        self.versions: dict[str, int] = {}
 
     async def apply(self, batch: Batch) -> pycrdt.Doc:
-        """The document with ``batch`` applied."""
-        doc = self.documents.get(batch.doc)
+        """The document with ``batch`` applied (an empty one for a deletion)."""
+        if batch.deleted:
+            self.forget(batch.doc)
+            return pycrdt.Doc()
+        doc = self.documents.get(batch.doc) if self.versions.get(batch.doc) == batch.version else None
         if batch.snapshot is not None:
             doc = pycrdt.Doc()
             _apply_all(doc, [batch.snapshot])
@@ -52,6 +62,7 @@ class DocumentStates:
             _apply_all(doc, [snapshot.update, *(entry.update for entry in entries)])
         _apply_all(doc, batch.updates)
         self.documents[batch.doc] = doc
+        self.versions[batch.doc] = batch.version
         return doc
 
     def text(self, doc: str) -> str:
@@ -62,3 +73,11 @@ class DocumentStates:
 
     def forget(self, doc: str) -> None:
         self.documents.pop(doc, None)
+        self.versions.pop(doc, None)
+
+    def keep_only(self, docs: Collection[str]) -> None:
+        """Drop every copy but those of ``docs`` (the documents a member
+        still holds): memory follows the member's share, not every document
+        it ever read."""
+        for doc in [doc for doc in self.documents if doc not in docs]:
+            self.forget(doc)

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, TypeVar
@@ -35,6 +35,7 @@ from .batch import Batch
 from .dead_letters import DeadLetter, DeadLetters, now
 from .group import ConsumerGroup
 from .progress import AckResult
+from .state import DocumentStates
 from .signature import DELIVERY_HEADER, HEADER, sign, verify_signature
 from .webhook_stats import StatsFlusher, WebhookStats
 
@@ -85,9 +86,10 @@ def delivery_id(batch: Batch) -> str:
     return f"{quote(batch.doc, safe='')}:{ids[0]}:{ids[-1]}"
 
 
-def payload(group: str, batch: Batch) -> bytes:
-    """The JSON body (compact, UTF-8): what is signed and sent."""
-    body = {
+def payload(group: str, batch: Batch, extra: Mapping[str, object] | None = None) -> bytes:
+    """The JSON body (compact, UTF-8): what is signed and sent. ``extra``:
+    fields added on request (``text``)."""
+    body: dict[str, object] = {
         "group": group,
         "delivery": delivery_id(batch),
         "doc": batch.doc,
@@ -97,6 +99,7 @@ def payload(group: str, batch: Batch) -> bytes:
         "restart": batch.restart,
         "snapshot": base64.b64encode(batch.snapshot).decode() if batch.snapshot is not None else None,
         "deleted": batch.deleted,
+        **(extra or {}),
     }
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -121,12 +124,16 @@ class Webhook:
 
     def __init__(self, group: ConsumerGroup, url: str, secret: str | bytes, *, client: httpx.AsyncClient | None = None,
                  concurrency: int = 16, backoff: Backoff = WEBHOOK_BACKOFF, timeout: float = 10.0,
-                 max_queued: int = 10_000, max_attempts: int | None = MAX_ATTEMPTS):
+                 max_queued: int = 10_000, max_attempts: int | None = MAX_ATTEMPTS, text: str | None = None):
         """``max_queued``: batches read and not yet delivered, over all
         documents; past it the member stops reading until some are delivered
         (memory stays bounded however long a receiver is down).
         ``max_attempts``: None never parks a document (every failure, a 4xx
-        included, is retried for as long as it takes)."""
+        included, is retried for as long as it takes).
+        ``text``: the name of a shared text (``text`` in the demo editor):
+        each body then carries ``"text"``, that text with the batch applied
+        (``null`` on a deletion). It costs a copy of every held document in
+        this process, kept with :class:`DocumentStates`."""
         import httpx
 
         self._errors = httpx.HTTPError
@@ -149,6 +156,7 @@ class Webhook:
         self._room = asyncio.Semaphore(max_queued)
         self._queues: dict[str, deque[Batch]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.states = DocumentStates(group.redis, text) if text is not None else None
 
     async def run(self) -> None:
         """Read and deliver until cancelled. Batches not acked when it stops
@@ -198,7 +206,7 @@ class Webhook:
         it keeps failing."""
         if await self._parked_before(batch):
             return Outcome.PARKED
-        body = payload(self.group.name, batch)
+        body = payload(self.group.name, batch, await self._extra(batch))
         delivery = delivery_id(batch)
         attempts = Reconnect(self.backoff)
         sent = counted = 0
@@ -226,6 +234,15 @@ class Webhook:
             return Outcome.DROPPED
         self.stats.delivered += 1
         return Outcome.DELIVERED
+
+    async def _extra(self, batch: Batch) -> dict[str, object] | None:
+        """The fields asked for on top of the batch: the document's text,
+        computed once per batch (every attempt sends the same body)."""
+        if self.states is None:
+            return None
+        states = self.states
+        await self._redis_retried(lambda: states.apply(batch), "loading the document", batch)
+        return {"text": None if batch.deleted else states.text(batch.doc)}
 
     # --------------------------------------------------------- dead letters
 
@@ -263,6 +280,8 @@ class Webhook:
                 held = self.group.reader.held
                 self._parked &= held.keys()
                 self._checked = {doc: v for doc, v in self._checked.items() if doc in held}
+                if self.states is not None:
+                    self.states.keep_only(held.keys())
                 asked = sorted(self._parked)  # not one parked while we ask: it would look retried
                 retried = set(asked) - await self.dead.still_parked(asked)
             except (redis.exceptions.RedisError, OSError) as exc:
@@ -324,13 +343,13 @@ class Webhook:
 
 
 async def serve(redis: Redis, group: str, url: str, secret: str | bytes, *, prefix: str = "", lease: float = 3.0,
-                concurrency: int = 16, max_attempts: int | None = MAX_ATTEMPTS,
+                concurrency: int = 16, max_attempts: int | None = MAX_ATTEMPTS, text: str | None = None,
                 stop: asyncio.Event | None = None) -> WebhookStats:
     """Join ``group`` and deliver to ``url`` until ``stop`` is set (or the
     task is cancelled), then leave the group: its documents move to the
     other members at once, from their last ack."""
     async with ConsumerGroup(redis, group, prefix=prefix, lease=lease) as member:
-        webhook = Webhook(member, url, secret, concurrency=concurrency, max_attempts=max_attempts)
+        webhook = Webhook(member, url, secret, concurrency=concurrency, max_attempts=max_attempts, text=text)
         task = asyncio.create_task(webhook.run())
         try:
             await (stop or asyncio.Event()).wait()
