@@ -1,7 +1,7 @@
 """The relay sets the process's young-generation GC threshold when it
-starts (yrelay/pygc.py), and leaves it alone with ``gc_young_threshold=0``
-(the default); tuned, a quarter of the connections closing starts a full
-collection."""
+starts (yrelay/pygc.py; 50,000 by default), and leaves it alone with
+``gc_young_threshold=0``; tuned, a quarter of the connections closing
+starts a full collection."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def python_gc():
 
 
 async def test_a_running_relay_collects_the_young_generation_less_often(redis_url, python_gc):
-    async with running_server(redis_url, gc_young_threshold=50_000):
+    async with running_server(redis_url):  # the default
         assert gc.get_threshold()[0] == 50_000
+    async with running_server(redis_url, gc_young_threshold=20_000):
+        assert gc.get_threshold()[0] == 20_000
 
 
 async def test_zero_leaves_the_process_settings_alone(redis_url, python_gc):

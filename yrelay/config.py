@@ -81,10 +81,10 @@ class Settings:
     session_ttl: int = 7 * 24 * 3600
     #: Python's young-generation GC threshold for the process (yrelay/pygc.py;
     #: Python's is 700, which made full collections most of the CPU under
-    #: load; 50000 took 25-50% of it off, but a wave of closed connections
-    #: then left ~5 MiB more behind: BENCHMARKS.md, issue 20); 0 (the
-    #: default) leaves the process's GC settings alone.
-    gc_young_threshold: int = 0
+    #: load; 50000 doubles the many-documents rate the server keeps up with
+    #: and costs ~1-3 MiB per process: BENCHMARKS.md, issue 20); 0 leaves
+    #: the process's GC settings alone (a host with its own, when embedded).
+    gc_young_threshold: int = 50_000
 
     #: Open websockets per client address (TCP peer IP) per process (0: no cap).
     max_connections_per_address: int = 256

@@ -60,8 +60,8 @@ CHURN = Churn()
 def tune(young: int) -> None:
     """Collect the young generation every ``young`` allocations, and the
     old one after connection churn (0: leave Python's settings).
-    Process-wide: an application embedding the relay keeps its own with
-    ``gc_young_threshold=0``."""
+    Process-wide (the relay's default is 50,000): an application embedding
+    the relay keeps its own with ``gc_young_threshold=0``."""
     if young > 0:
         _, middle, old = gc.get_threshold()
         gc.set_threshold(young, middle, old)
