@@ -35,6 +35,8 @@ class YrelayTarget(Target):
     name = "yrelay"
     protocol = YRELAY
     note = "durable acks (appendfsync always)"
+    #: What ``python -m`` runs with ``serve --port ... --redis-url ...``.
+    module = "yrelay"
 
     def __init__(self, work_dir: Path, env: dict[str, str] | None = None, tree: str | None = None):
         """``tree``: run the server from another checkout (PYTHONPATH), to
@@ -56,7 +58,7 @@ class YrelayTarget(Target):
     def _serve(self, redis_url: str) -> "YrelayTarget":
         self.server = ServerProcess(redis_url, self.work_dir, port=self.port,
                                     env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"),
-                                         **PER_CLIENT_LIMITS_OFF, **self.env}, cwd=self.cwd)
+                                         **PER_CLIENT_LIMITS_OFF, **self.env}, cwd=self.cwd, module=self.module)
         self.server.start(timeout=60)
         self.process = self.server.process
         return self
@@ -132,6 +134,14 @@ class BroadcastTarget(Target):
         return self
 
 
+class YrelayEmbeddedTarget(YrelayTarget):
+    """The same relay embedded in a FastAPI host app (``relay.install``),
+    under uvicorn: :mod:`.embedded`."""
+
+    name = "yrelay embedded"
+    module = "yrelay_tools.bench.targets.embedded"
+
+
 class YrelayYwsTarget(YrelayTarget):
     """The same server, driven with the y-websocket protocol on ``/yws``:
     appends as durable, no acks (the client protocol has none)."""
@@ -180,6 +190,7 @@ class YrelayClusterTarget(YrelayTarget):
 TARGETS: dict[str, type[Target]] = {
     "yrelay": YrelayTarget,
     "yrelay-yws": YrelayYwsTarget,
+    "yrelay-embedded": YrelayEmbeddedTarget,
     "pycrdt": PycrdtTarget,
     "node": NodeYWebsocketTarget,
     "broadcast": BroadcastTarget,
@@ -195,7 +206,7 @@ def _children(pid: int) -> list[int]:
 
 
 def make_target(key: str, work_dir: Path) -> Target:
-    """``yrelay``, ``yrelay-yws``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
+    """``yrelay``, ``yrelay-yws``, ``yrelay-embedded``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
     ``yrelay+<SETTING>=<value>`` or ``yrelay-cluster<N>`` (N shards)."""
     if key.startswith("yrelay-cluster"):
         return YrelayClusterTarget(work_dir, masters=int(key[len("yrelay-cluster"):] or 3))
