@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from yrelay import protocol
+from yrelay.client.client import ACK_INTERVAL
 from .edits import read_uint, update_key, write_uint
 from .wsclient import WsClient
 
@@ -123,9 +124,13 @@ class Driver:
 
 
 class YrelayDriver(Driver):
-    """hello, subscribe; acks every deliver cumulatively, counts ``appended``."""
+    """hello, subscribe; acks deliveries as yrelay's clients do (cumulatively,
+    at most one ack per document per ``ACK_INTERVAL``, carrying the newest
+    offset), counts ``appended``."""
 
     protocol = YRELAY
+    #: The offset to ack once the interval is up (None: no ack due).
+    _ack_due: str | None = None
 
     async def open(self, host: str, port: int) -> None:
         self._ready = asyncio.get_running_loop().create_future()
@@ -145,8 +150,9 @@ class YrelayDriver(Driver):
             entries = frame["entries"]
             for entry in entries:
                 self._got(base64.b64decode(entry["update"]), now)
-            ack = '{"op":"ack","doc":%s,"offset":"%s"}' % (_dumps(self.doc), entries[-1]["id"])
-            self.ws.send_text(ack)  # type: ignore[union-attr]
+            if self._ack_due is None:
+                asyncio.get_running_loop().call_later(ACK_INTERVAL, self._send_ack)
+            self._ack_due = entries[-1]["id"]
         elif op == "appended":
             self.acked += 1
             self.last_ack = time.perf_counter()
@@ -155,6 +161,12 @@ class YrelayDriver(Driver):
         elif op == "error":
             self.errors += 1
             self.last_error = f"{frame.get('code')}: {frame.get('message')}"
+
+
+    def _send_ack(self) -> None:
+        offset, self._ack_due = self._ack_due, None
+        if self.ws is not None and offset is not None and not self.ws.closed.done():
+            self.ws.send_text('{"op":"ack","doc":%s,"offset":"%s"}' % (_dumps(self.doc), offset))
 
 
 class YWebsocketDriver(Driver):
