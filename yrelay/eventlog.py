@@ -34,7 +34,16 @@ _instances = itertools.count(1)
 #: Seconds between two "events dropped" warnings.
 WARN_EVERY = 60.0
 
-_encode = msgspec.json.encode  # the module function: flush runs on the writer thread and at stop
+#: One JSON line per event (msgspec: json.dumps was ~3% of the server's CPU).
+_encode_lines = msgspec.json.Encoder().encode_lines
+#: Events taken and encoded at a time by the writer thread, which then
+#: sleeps ``GIL_PAUSE`` s. Python hands the GIL to a waiting thread only
+#: when the holder releases it or after the 5 ms switch interval: a whole
+#: flush under load (~10,000 events, ~5 ms of Python) made the event loop
+#: wait behind it, the largest part of the p99 of scenario hot
+#: (BENCHMARKS.md, issue 20). A slice holds it for ~0.3 ms.
+SLICE = 500
+GIL_PAUSE = 0.0002
 
 
 def process_name() -> str:
@@ -114,20 +123,23 @@ class EventLog:
                 self._warn(f"event log writer error: {exc!r}")
 
     def flush(self) -> None:
-        """Write every queued event (called by the writer thread)."""
-        batch = []
-        while self._queue:
-            batch.append(self._queue.popleft())
+        """Write every event queued when it starts (the writer thread; at
+        stop, the caller's), in slices of ``SLICE`` with a pause between them."""
+        parts, taken = [], 0
+        for _ in range(0, len(self._queue), SLICE):
+            batch = [self._queue.popleft() for _ in range(min(SLICE, len(self._queue)))]
+            parts.append(_encode_lines(batch))
+            taken += len(batch)
+            time.sleep(GIL_PAUSE)
         reported = self._unreported
         if reported:
-            batch.append(self._event("dropped", entries=reported))
-        if not batch:
+            parts.append(_encode_lines([self._event("dropped", entries=reported)]))
+        if not parts:
             return
-        data = b"".join(_encode(event) + b"\n" for event in batch)  # msgspec: json.dumps was ~3% of the server's CPU
         try:
-            self._write(data)
+            self._write(b"".join(parts))
         except OSError as exc:
-            self._count_dropped(len(batch) - (1 if reported else 0))
+            self._count_dropped(taken)
             self._close()
             self._warn(f"event log write failed ({exc}); {self.dropped} events dropped so far")
         else:
