@@ -8,6 +8,7 @@ otherwise). The connection holds one of these and calls it one way.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from .. import protocol
@@ -68,7 +69,7 @@ class ConnectionDocuments:
             await self._allowance.open_subscription(frame.doc)
         self._presence.join(frame.doc, session, principal)
         subscription = Subscription(self._ctx, frame.doc, session, self._document_sender(frame.doc), requested,
-                                    claimed, budget=self.budget, on_deleted=lambda: self._deleted(frame.doc))
+                                    claimed, budget=self.budget, on_deleted=partial(self._deleted, frame.doc))  # not a lambda: it would keep the frame
         self.subscriptions[frame.doc] = subscription
         subscription.start()
 

@@ -131,7 +131,8 @@ class SyncEndpoint:
         if context is None:  # the host did not enter relay.lifespan(): refuse the upgrade (HTTP 403)
             await websocket.close(CLOSE_NOT_RUNNING)
             return
-        current_connection.set(websocket)  # this connection's task only: for the host's authenticate
+        if isinstance(self.relay.authenticator, HostAuthenticator):  # ~0.4 kB per connection: only when read
+            current_connection.set(websocket)  # this connection's task only: for the host's authenticate
         await Connection(websocket, context).run()
 
 
