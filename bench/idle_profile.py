@@ -9,7 +9,7 @@ traced allocations before and after are compared by file, grouped by package
 (``yrelay``, ``asyncio``, ``uvicorn``, ``websockets``...). zlib's own buffers
 are allocated by C, not traced: the RSS figure of ``yrelay bench idle`` holds them.
 
-    PYTHONPATH=. .venv/bin/python bench/idle_profile.py [--connections 1000] [--no-deflate] [--env YRELAY_X=1]
+    PYTHONPATH=. .venv/bin/python bench/idle_profile.py [--connections 1000] [--no-deflate] [--env YRELAY_X=1] [--embedded]
 """
 
 from __future__ import annotations
@@ -51,7 +51,14 @@ async def serve(redis_url: str, port: int) -> None:
     tracemalloc.start(int(os.environ.get("IDLE_PROFILE_FRAMES", "1")))
     settings = Settings.from_env(insecure_no_auth=True, max_connections_per_address=0, gc_interval=0,
                                  max_subscriptions_per_subject=0, admission_rate=0, updates_per_second=0)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, redis_url), host="127.0.0.1", port=port,
+    if os.environ.get("IDLE_PROFILE_EMBEDDED"):  # the relay in a FastAPI host app (the bench's yrelay-embedded)
+        from yrelay import Relay
+        from yrelay_tools.bench.targets.embedded import host_app
+
+        app = host_app(Relay(settings, redis_url=redis_url))
+    else:
+        app = create_app(settings, redis_url)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", **settings.uvicorn_options()))  # type: ignore[arg-type]
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -109,6 +116,7 @@ def main() -> None:
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     parser.add_argument("--frames", type=int, default=1, help="frames of each top allocation's traceback")
     parser.add_argument("--only", default="", help="top lines allocated in this package only (yrelay, asyncio...)")
+    parser.add_argument("--embedded", action="store_true", help="the relay installed in a FastAPI host app")
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--redis-url")
     parser.add_argument("--port", type=int)
@@ -123,6 +131,7 @@ def main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     env = {**os.environ, **dict(item.split("=", 1) for item in args.env), "IDLE_PROFILE_FRAMES": str(args.frames),
+           **({"IDLE_PROFILE_EMBEDDED": "1"} if args.embedded else {}),
            "IDLE_PROFILE_ONLY": args.only}
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp)) as redis:
         port = free_port()
