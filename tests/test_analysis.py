@@ -65,6 +65,13 @@ def test_every_ack_has_its_exact_lag_in_entries_and_ms(analysed):
     assert by_key(lag, ["doc", "session", "ts"], ["lag_entries", "lag_ms"]) == analysed.expected.ack_lags
 
 
+def test_every_group_ack_has_its_exact_lag(analysed):
+    """The generator's group acks every document one tick behind."""
+    lag = analysed.table(Table.GROUP_LAG)
+    assert len(lag) == len(analysed.expected.group_lags) > 0
+    assert by_key(lag, ["doc", "group", "ts"], ["lag_entries", "lag_ms"]) == analysed.expected.group_lags
+
+
 def test_lag_over_time_is_the_last_ack_of_each_bucket(analysed):
     last: dict[tuple, tuple[int, tuple]] = {}
     for (doc, session, ts), lag in analysed.expected.ack_lags.items():

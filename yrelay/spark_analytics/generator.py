@@ -13,7 +13,10 @@ it after a fixed latency. Readers of every document behave normally
 (latency ``latencies_ms[i % n]``, always caught up: status OK). Document 0
 also has one reader per ``special`` behaviour, each built to produce one
 status (see :class:`Behaviour`). GC trims every ``trim_every`` ticks,
-keeping the last ``trim_keep``. Nothing happens at or after ``seconds``:
+keeping the last ``trim_keep``. A consumer group (``group``, one member)
+acks every document one tick behind, ``group_latency_ms`` after the tick's
+appends: its lag is always ``burst`` entries and ``tick_ms`` ms. Nothing
+happens at or after ``seconds``:
 events scheduled later are not written (the log ends mid-flight, like a
 real one read while the server runs).
 """
@@ -71,6 +74,8 @@ class Scenario:
     window: int = 10  # the analysis' status window the statuses are built for
     broken_lines: bool = True  # one corrupt line, one version-2 line, one torn last line
     record_acks: bool = True  # keep every ack's expected lag (small logs only)
+    group: str | None = "indexer"  # a consumer group acking every document one tick behind (None: no group)
+    group_latency_ms: int = 50
 
     def __post_init__(self) -> None:
         slowest = max(max(self.latencies_ms), self.resend_after_ms + self.latencies_ms[0])
@@ -133,6 +138,8 @@ class Expected:
     current_lag: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     #: (doc, session, ts) -> (lag entries, lag ms) of every ack (record_acks).
     ack_lags: dict[tuple[str, str, int], tuple[int, int]] = field(default_factory=dict)
+    #: (doc, group, ts) -> (lag entries, lag ms) of every consumer_ack (record_acks).
+    group_lags: dict[tuple[str, str, int], tuple[int, int]] = field(default_factory=dict)
     latencies: Counter[int] = field(default_factory=Counter)  # latency ms -> acked deliveries
     documents: dict[str, DocExpected] = field(default_factory=dict)
     resyncs_by_reason: Counter[str] = field(default_factory=Counter)
@@ -274,6 +281,8 @@ class _Schedule:
                 self._gc(d, tick)
             for reader in self.readers:
                 self._read(reader, tick)
+            for d in range(self.s.docs):
+                self._group_ack(d, tick)
             self.log.flush_before(tick)
         self._settle()
 
@@ -366,6 +375,16 @@ class _Schedule:
             self.expected.ack_lags[(reader.doc_name, reader.session, ts)] = ((head - acked) * s.burst,
                                                                             (head - acked) * s.tick_ms)
         return True
+
+    def _group_ack(self, d: int, tick: int) -> None:
+        """The group's member acks the tick before this one (the head it read is this tick's)."""
+        s = self.s
+        if s.group is None or tick == 0:
+            return
+        ts = s.tick_ts(tick) + s.group_latency_ms
+        if self.log.emit(ts, "consumer_ack", d % s.processes, f"d{d}", None, group=s.group, member=f"{s.group}-1",
+                         offset=s.entry_id(tick - 1), head=s.entry_id(tick), entries=s.burst) and s.record_acks:
+            self.expected.group_lags[(f"d{d}", s.group, ts)] = (s.burst, s.tick_ms)
 
     def _leave(self, reader: _Reader, tick: int) -> None:
         s, ts = self.s, self.s.tick_ts(tick)
