@@ -217,6 +217,41 @@ async def test_restored_backup_is_detected_and_repaired_by_the_digest(redis_url,
         assert crdt.text_of(server_doc) == one.text
 
 
+async def test_live_clients_give_back_what_redis_lost_without_reconnecting(redis_url, redis_client, make_client):
+    """Redis comes back older while the websockets stay open (a restart from
+    a backup or an AOF that lacks the tail: the server's connections to it
+    drop, the clients' do not). The fan-out finds the entries it had read
+    gone and the live subscribers resync: their two-way exchange gives the
+    lost updates back, with no client reconnecting."""
+    events: list[str] = []
+    async with running_server(redis_url, **NO_GC) as url:
+        first = await make_client(url, on_event=lambda event, _: events.append(event))
+        second = await make_client(url, on_event=lambda event, _: events.append(event))
+        one, two = await first.subscribe("doc"), await second.subscribe("doc")
+        crdt.insert_text(one.ydoc, 0, "<before>")
+        await eventually(lambda: two.text == "<before>")
+        backup = await dump_document(redis_client, "doc")
+        await edit_both(one, two, "lost", 3)
+        await settle(first, second, one, two)
+        await restore_document(redis_client, "doc", backup)
+        await redis_client.client_kill_filter(_type="normal", skipme=True)  # as a restart drops them
+        assert await stored_text(redis_client, "doc") == "<before>"  # the loss is real
+
+        deadline = asyncio.get_running_loop().time() + 20
+        while (stored := await stored_text(redis_client, "doc")) != one.text:
+            assert asyncio.get_running_loop().time() < deadline, f"Redis holds {stored!r}, not {one.text!r}"
+            await asyncio.sleep(0.05)
+        for token in ["<before>", *tokens(3, "lost-one"), *tokens(3, "lost-two")]:
+            assert token in stored
+        assert "disconnected" not in events and events.count("resync_required") == 2
+        await settle(first, second, one, two)
+
+
+async def stored_text(redis_client, doc: str) -> str:
+    stored, _ = await DocumentStore(redis_client).load_document(doc)
+    return crdt.text_of(stored)
+
+
 async def restore_document(redis_client, doc: str, backup: dict[str, bytes | None]) -> None:
     async with redis_client.pipeline(transaction=True) as pipe:
         for key, value in backup.items():
