@@ -13,6 +13,7 @@ from conftest import eventually, running_server
 from gcutil import append_all, dump_document, text_updates
 
 from yrelay import crdt
+from yrelay.app.rewind import find_rewound
 from yrelay.gc import Collector, GcPolicy
 from yrelay.keys import meta_key, stream_key
 from yrelay.offsets import ZERO, StreamId
@@ -215,6 +216,25 @@ async def test_restored_backup_is_detected_and_repaired_by_the_digest(redis_url,
             assert token in one.text
         server_doc, _ = await DocumentStore(redis_client).load_document("doc")
         assert crdt.text_of(server_doc) == one.text
+
+
+async def test_find_rewound_asks_for_the_ids_not_the_last_id(redis_client):
+    """A lost tail is found even once new entries were appended after it
+    (the last id moved past everything seen); an entry GC trimmed is not lost."""
+    store = DocumentStore(redis_client)
+    for doc in ("lost", "trimmed", "intact"):
+        await append_text(store, doc, 3, "a")
+    backup = await dump_document(redis_client, "lost")
+    await append_text(store, "lost", 2, "b")
+    seen = {doc: [StreamId.parse((await stream_ids(redis_client, doc))[-1])] for doc in ("lost", "trimmed", "intact")}
+    await restore_document(redis_client, "lost", backup)
+    await append_text(store, "lost", 1, "c")  # past everything seen, after the loss
+    assert await store.last_id("lost") > seen["lost"][0]
+    await Collector(redis_client, GcPolicy(relative_ms=5, absolute_ms=50)).collect(["trimmed"])
+    assert await stream_ids(redis_client, "trimmed") == []
+
+    assert await find_rewound(redis_client, seen) == {"lost": await store.last_id("lost")}
+    assert await find_rewound(redis_client, {"intact": [ZERO], "new": [ZERO]}) == {}
 
 
 async def test_live_clients_give_back_what_redis_lost_without_reconnecting(redis_url, redis_client, make_client):

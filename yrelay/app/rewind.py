@@ -28,6 +28,11 @@ from ..redis_client import UNREACHABLE
 from ..replies import stream_id
 
 
+#: Documents per pipeline: a process following 100k documents checks them
+#: in pages, not in one 300k-command pipeline.
+PAGE = 1000
+
+
 async def find_rewound(redis: Any, seen: Mapping[str, Iterable[StreamId]]) -> dict[str, StreamId]:
     """Of ``doc -> ids`` this process read or appended, the documents whose
     stream lost one of them, each with its last id now. An id at or below
@@ -35,13 +40,19 @@ async def find_rewound(redis: Any, seen: Mapping[str, Iterable[StreamId]]) -> di
     node cannot be reached (the caller asks again after its backoff); a
     document Redis refuses to read (a key of the wrong type) is skipped.
 
-    One pipeline (in a cluster, each node gets its documents' share): per
-    document an ``XRANGE id id`` per id, then the trim mark and the last id,
-    read after the entries, so a trim in between cannot look like a loss."""
+    One pipeline per :data:`PAGE` documents (in a cluster, each node gets its
+    documents' share): per document an ``XRANGE id id`` per id, then the trim
+    mark and the last id, read after the entries, so a trim in between
+    cannot look like a loss."""
     checked = {doc: sorted({entry_id for entry_id in ids if entry_id > ZERO}) for doc, ids in seen.items()}
-    checked = {doc: ids for doc, ids in checked.items() if ids}
-    if not checked:
-        return {}
+    docs = [doc for doc, ids in checked.items() if ids]
+    rewound: dict[str, StreamId] = {}
+    for start in range(0, len(docs), PAGE):
+        rewound.update(await _check_page(redis, {doc: checked[doc] for doc in docs[start:start + PAGE]}))
+    return rewound
+
+
+async def _check_page(redis: Any, checked: dict[str, list[StreamId]]) -> dict[str, StreamId]:
     async with redis.pipeline(transaction=False) as pipe:
         for doc, ids in checked.items():
             for entry_id in ids:
@@ -55,12 +66,11 @@ async def find_rewound(redis: Any, seen: Mapping[str, Iterable[StreamId]]) -> di
             if isinstance(failed[0], UNREACHABLE):
                 raise failed[0]
             continue  # the document's keys are broken: the fan-out sets it aside when it reads it
-        present = [bool(answer) for answer in answers[:-1]]
         raw_trimmed, raw_last = answers[-1]
         trimmed = stream_id(raw_trimmed) or ZERO
-        if any(not kept and entry_id > trimmed for entry_id, kept in zip(ids, present)):
+        if any(not held and entry_id > trimmed for entry_id, held in zip(ids, answers[:-1])):
             rewound[doc] = stream_id(raw_last) or ZERO
     return rewound
 
 
-__all__ = ["find_rewound"]
+__all__ = ["PAGE", "find_rewound"]
