@@ -159,8 +159,9 @@ class Subscription:
         """The document's stream went back (a failover to a replica that
         lagged): the client may hold entries, its own or delivered, that the
         server lost. It resyncs as a resubscribe ahead of the stream would:
-        the two-way exchange gives the server back what it lacks."""
-        if self.state is SubscriptionState.LIVE:
+        the two-way exchange gives the server back what it lacks. (One still
+        starting may have resumed from what it read before: it resyncs once live.)"""
+        if self.state in (SubscriptionState.LIVE, SubscriptionState.STARTING):
             self._rewound = True
             self._wake.set()
 
