@@ -123,8 +123,10 @@ class Fanout:
         #: doc -> (cursor, its stream key and cursor packed as RESP bulk strings)
         self._packed: dict[str, tuple[StreamId, bytes, bytes]] = {}
         #: Documents to check for a stream that went back before the next
-        #: read: every one after the reader saw Redis fail (:mod:`.rewind`).
-        self._unverified: set[str] = set()
+        #: read, with the ids to look for (cursor, stored) as they were when
+        #: the reader saw Redis fail (:mod:`.rewind`): appends acked since
+        #: may be on a new master already.
+        self._unverified: dict[str, tuple[StreamId, StreamId]] = {}
 
     def start(self) -> None:
         self._loop.start()
@@ -198,18 +200,24 @@ class Fanout:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
                 log.warning("fan-out reader lost Redis (%s); retrying in %.1fs", exc, reconnect.delay)
                 self._reader_id = None
-                self._unverified.update(self.feeds)  # a failover may have lost what it had seen
+                self._suspect_all()
                 await reconnect.wait()
             except Exception:
                 log.exception("fan-out reader failed; retrying")
-                self._unverified.update(self.feeds)
+                self._suspect_all()
                 await asyncio.sleep(reconnect.delay)
+
+    def _suspect_all(self) -> None:
+        """Redis failed: a failover may have lost entries this process had
+        seen; check every document before reading on (the first marks kept)."""
+        for doc, feed in self.feeds.items():
+            self._unverified.setdefault(doc, (feed.cursor, feed.stored))
 
     async def _check_rewound(self) -> None:
         """Before reading again after a failure: did a document's stream
         lose entries this process had seen? Its cursor goes back to the
         stream's last id and its subscribers resync (:mod:`.rewind`)."""
-        seen = {doc: (feed.cursor, feed.stored) for doc in self._unverified if (feed := self.feeds.get(doc))}
+        seen = {doc: marks for doc, marks in self._unverified.items() if doc in self.feeds}
         try:
             rewound = await find_rewound(self.store.redis, seen)
         except (*UNREACHABLE, *REDIS_PY_RACE) as exc:  # not back yet (a failover in progress): after the backoff
@@ -221,7 +229,7 @@ class Fanout:
                 continue
             log.warning("document %s lost entries this process had seen (up to %s; its last id is now %s): "
                         "a failover to a replica that lagged, or a restore; its subscribers here resync",
-                        doc, max(feed.cursor, feed.stored), last, extra={"doc": doc})
+                        doc, max(seen[doc]), last, extra={"doc": doc})
             feed.cursor, feed.stored = min(feed.cursor, last), ZERO
             for subscriber in self.subscribers.of(doc):
                 subscriber.stream_rewound()
