@@ -258,10 +258,13 @@ async def test_updates_a_failover_lost_come_back_from_live_clients(redis_cluster
             assert "<a4>" not in await stored_text(replica, doc)
 
             expected = a.text  # the clients hold it all; neither is closed nor reconnects
-            deadline = asyncio.get_running_loop().time() + 30
+            promoted = asyncio.get_running_loop().time()
+            deadline = promoted + 30
             while (stored := await stored_text(replica, doc)) != expected:
                 assert asyncio.get_running_loop().time() < deadline, f"Redis holds {stored!r}, not {expected!r}"
                 await asyncio.sleep(0.1)
+            print(f"lost by Redis: {len(lost)} of {len(acked)} acked updates; all back in Redis "
+                  f"{asyncio.get_running_loop().time() - promoted:.1f} s after the promotion")
             # each server found the loss itself and made its live subscriber resync
             await eventually(lambda: all(any(e["event"] == "resync_required" and e["reason"] == "ahead" for e in seen)
                                          for seen in events.values()), timeout=30)

@@ -8,7 +8,10 @@ appender announces each append batch per bucket (:func:`announce`), one task
 per bucket marks the documents with subscribers here, and the loop reads the
 marked ones (every subscribed one each ``block_ms``: the sweep), one
 single-key ``XREAD`` each in one pipeline, then hands the batches to
-:meth:`Fanout._dispatch` like the single-Redis reader.
+:meth:`Fanout._dispatch` like the single-Redis reader. When the reader's
+slot map names other masters than at the last read (a failover that
+redis-py got past by itself), nothing is dispatched before the check for
+streams that went back (:mod:`.rewind`), as after an error.
 
 Why this and not the other designs: docs/architecture.md#redis-cluster, with
 the figures of ``bench/cluster_fanout.py``.
