@@ -12,6 +12,7 @@ import signal
 import httpx
 import pytest
 import redis
+from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from yrelay import crdt
@@ -212,6 +213,85 @@ async def test_a_failover_during_edits_loses_no_acked_update(redis_cluster, clus
         await assert_everything_acked_is_stored(cluster_url, [alice, bob], [docs_a, docs_b])
         assert alice.acked_total > 40 and bob.acked_total > 40
     assert not yrelay_errors(caplog)
+
+
+async def test_updates_a_failover_lost_come_back_from_live_clients(redis_cluster, cluster_url, make_client, caplog):
+    """``ack_replicas 0``: the replica is cut off (frozen, its link closed)
+    while clients edit, so the updates they are acked for live on the master
+    only; the master is killed and the lagging replica takes over. No client
+    reconnects: the servers find that the stream went back and make the live
+    subscribers resync, whose two-way exchange gives every acked update back."""
+    caplog.set_level(logging.WARNING)
+    doc = DOCS[0]
+    master = master_of(redis_cluster, doc)
+    events: dict[str, list[dict]] = {"alice": [], "bob": []}
+
+    def recorder(name: str):
+        return lambda event, data: events[name].append({"event": event, **data})
+
+    async with cluster_server(cluster_url, gc_interval=0) as first, \
+            cluster_server(cluster_url, gc_interval=0) as second:
+        alice = await make_client(first, on_event=recorder("alice"))
+        bob = await make_client(second, on_event=recorder("bob"))
+        a, b = await alice.subscribe(doc), await bob.subscribe(doc)
+        crdt.insert_text(a.ydoc, 0, "<kept>")
+        await alice.wait_idle()
+        await eventually(lambda: b.text == "<kept>")
+        replica = await asyncio.to_thread(redis_cluster.cut_off_replica, master)
+        try:
+            for i in range(5):
+                crdt.insert_text(a.ydoc, 0, f"<a{i}>")
+                crdt.insert_text(b.ydoc, 0, f"<b{i}>")
+                await asyncio.sleep(0.02)
+            await alice.wait_idle(), await bob.wait_idle()
+            await eventually(lambda: a.text == b.text)
+            redis_cluster.node(master).kill()
+        finally:
+            redis_cluster.resume(replica)
+        try:
+            await asyncio.to_thread(redis_cluster.wait_promoted, replica)
+            acked = [update for update in alice.acked + bob.acked if update.doc == doc]
+            with redis.Redis(port=replica) as new_master:  # read where the slot lives now, not through a server
+                held = {entry_id.decode() for entry_id, _ in new_master.xrange(stream_key(doc))}
+            lost = [update.id for update in acked if update.id not in held]
+            assert lost, "the replica had every acked update: nothing was lost, so nothing is proven"
+            assert "<a4>" not in await stored_text(replica, doc)
+
+            expected = a.text  # the clients hold it all; neither is closed nor reconnects
+            promoted = asyncio.get_running_loop().time()
+            deadline = promoted + 30
+            while (stored := await stored_text(replica, doc)) != expected:
+                assert asyncio.get_running_loop().time() < deadline, f"Redis holds {stored!r}, not {expected!r}"
+                await asyncio.sleep(0.1)
+            print(f"lost by Redis: {len(lost)} of {len(acked)} acked updates; all back in Redis "
+                  f"{asyncio.get_running_loop().time() - promoted:.1f} s after the promotion")
+            # each server found the loss itself and made its live subscriber resync
+            await eventually(lambda: all(any(e["event"] == "resync_required" and e["reason"] == "ahead" for e in seen)
+                                         for seen in events.values()), timeout=30)
+            assert not [name for name, seen in events.items() if any(e["event"] == "disconnected" for e in seen)]
+            await alice.wait_idle(), await bob.wait_idle()
+            fresh = await make_client(second)
+            assert (await fresh.subscribe(doc)).text == expected == a.text == b.text
+            check_delivery({"alice": a.ydoc, "bob": b.ydoc, "redis": await stored_document(replica, doc)},
+                           [update.update for update in acked])
+        finally:
+            if redis_cluster.node(master).process is None:
+                redis_cluster.restart(master)  # it rejoins as the replica of the new master
+    assert not yrelay_errors(caplog)
+
+
+async def stored_document(port: int, doc: str) -> crdt.Doc:
+    """``doc`` as the Redis node on ``port`` holds it (snapshot + stream)."""
+    client = Redis(port=port)
+    try:
+        stored, _ = await DocumentStore(client).load_document(doc)
+    finally:
+        await client.aclose()
+    return stored
+
+
+async def stored_text(port: int, doc: str) -> str:
+    return crdt.text_of(await stored_document(port, doc))
 
 
 async def test_a_slot_migrated_during_edits_reaches_no_client(redis_cluster, cluster_url, make_client, caplog):

@@ -13,6 +13,7 @@ from conftest import eventually, running_server
 from gcutil import append_all, dump_document, text_updates
 
 from yrelay import crdt
+from yrelay.app.rewind import find_rewound
 from yrelay.gc import Collector, GcPolicy
 from yrelay.keys import meta_key, stream_key
 from yrelay.offsets import ZERO, StreamId
@@ -215,6 +216,60 @@ async def test_restored_backup_is_detected_and_repaired_by_the_digest(redis_url,
             assert token in one.text
         server_doc, _ = await DocumentStore(redis_client).load_document("doc")
         assert crdt.text_of(server_doc) == one.text
+
+
+async def test_find_rewound_asks_for_the_ids_not_the_last_id(redis_client):
+    """A lost tail is found even once new entries were appended after it
+    (the last id moved past everything seen); an entry GC trimmed is not lost."""
+    store = DocumentStore(redis_client)
+    for doc in ("lost", "trimmed", "intact"):
+        await append_text(store, doc, 3, "a")
+    backup = await dump_document(redis_client, "lost")
+    await append_text(store, "lost", 2, "b")
+    seen = {doc: [StreamId.parse((await stream_ids(redis_client, doc))[-1])] for doc in ("lost", "trimmed", "intact")}
+    await restore_document(redis_client, "lost", backup)
+    await append_text(store, "lost", 1, "c")  # past everything seen, after the loss
+    assert await store.last_id("lost") > seen["lost"][0]
+    await Collector(redis_client, GcPolicy(relative_ms=5, absolute_ms=50)).collect(["trimmed"])
+    assert await stream_ids(redis_client, "trimmed") == []
+
+    assert await find_rewound(redis_client, seen) == {"lost": await store.last_id("lost")}
+    assert await find_rewound(redis_client, {"intact": [ZERO], "new": [ZERO]}) == {}
+
+
+async def test_live_clients_give_back_what_redis_lost_without_reconnecting(redis_url, redis_client, make_client):
+    """Redis comes back older while the websockets stay open (a restart from
+    a backup or an AOF that lacks the tail: the server's connections to it
+    drop, the clients' do not). The fan-out finds the entries it had read
+    gone and the live subscribers resync: their two-way exchange gives the
+    lost updates back, with no client reconnecting."""
+    events: list[str] = []
+    async with running_server(redis_url, **NO_GC) as url:
+        first = await make_client(url, on_event=lambda event, _: events.append(event))
+        second = await make_client(url, on_event=lambda event, _: events.append(event))
+        one, two = await first.subscribe("doc"), await second.subscribe("doc")
+        crdt.insert_text(one.ydoc, 0, "<before>")
+        await eventually(lambda: two.text == "<before>")
+        backup = await dump_document(redis_client, "doc")
+        await edit_both(one, two, "lost", 3)
+        await settle(first, second, one, two)
+        await restore_document(redis_client, "doc", backup)
+        await redis_client.client_kill_filter(_type="normal", skipme=True)  # as a restart drops them
+        assert await stored_text(redis_client, "doc") == "<before>"  # the loss is real
+
+        deadline = asyncio.get_running_loop().time() + 20
+        while (stored := await stored_text(redis_client, "doc")) != one.text:
+            assert asyncio.get_running_loop().time() < deadline, f"Redis holds {stored!r}, not {one.text!r}"
+            await asyncio.sleep(0.05)
+        for token in ["<before>", *tokens(3, "lost-one"), *tokens(3, "lost-two")]:
+            assert token in stored
+        assert "disconnected" not in events and events.count("resync_required") == 2
+        await settle(first, second, one, two)
+
+
+async def stored_text(redis_client, doc: str) -> str:
+    stored, _ = await DocumentStore(redis_client).load_document(doc)
+    return crdt.text_of(stored)
 
 
 async def restore_document(redis_client, doc: str, backup: dict[str, bytes | None]) -> None:

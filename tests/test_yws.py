@@ -287,3 +287,37 @@ async def test_an_update_while_redis_is_down_closes_and_the_reconnect_sync_store
             await reader.close()
     finally:
         redis.stop()
+
+
+async def test_a_stream_that_went_back_closes_and_the_reconnect_sync_gives_it_back(redis_url, redis_client):
+    """Redis comes back older (a restore, a failover to a lagging replica)
+    while a stock peer stays connected: its connection closes (a stock
+    client answers no resync request), and its reconnect sync gives the
+    server back the update it lost."""
+    from gcutil import dump_document
+    from test_drift import restore_document
+
+    from yrelay.app.yws_feed import CLOSE_REWOUND
+
+    async with running_server(redis_url, gc_interval=0) as url:
+        peer = await YwsPeer.connect(http(url), "back")
+        await peer.edit("<before>")
+        await stored_eventually(redis_url, "back", "<before>")
+        backup = await dump_document(redis_client, "back")
+        await peer.edit("<lost>")
+        await stored_eventually(redis_url, "back", "<before><lost>")
+        await restore_document(redis_client, "back", backup)
+        await redis_client.client_kill_filter(_type="normal", skipme=True)  # as a restart drops them
+        assert await stored(redis_url, "back") == "<before>"
+        await eventually(lambda: peer.closed is not None, timeout=20)
+        assert peer.closed[0] == CLOSE_REWOUND, peer.closed
+        again = await YwsPeer.connect(http(url), "back", ydoc=peer.doc)  # y-websocket's reconnect
+        await stored_eventually(redis_url, "back", "<before><lost>")
+        await again.close()
+
+
+async def stored_eventually(redis_url: str, doc: str, text: str, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (held := await stored(redis_url, doc)) != text:
+        assert asyncio.get_running_loop().time() < deadline, f"Redis holds {held!r}, not {text!r}"
+        await asyncio.sleep(0.05)

@@ -17,6 +17,11 @@ depends on the subscription's module.
 Isolation: if Redis rejects the multi-stream XREAD (a key of the wrong type,
 say), every document is probed on its own, the broken ones are set aside for a
 while and reported to their subscribers, and the rest carry on.
+
+Streams that went back: after the reader saw Redis fail, and before it reads
+again, it checks that the entries it had seen (and those this process's
+appends were acked with) are still there (:mod:`.rewind`); the subscribers
+of a document that lost some resync, which gives the server back what it lost.
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ from redis.asyncio import Redis
 
 from ..backoff import Reconnect
 from ..keys import stream_key
-from ..offsets import StreamId
+from ..offsets import ZERO, StreamId
+from ..redis_client import REDIS_PY_RACE, UNREACHABLE
 from ..redis_packed import bulk as _bulk
 from ..store import DocumentStore, Entry, to_entry
 from ..tasks import BackgroundTask, wait_event
 from . import sizing
 from .acks import Member, SubscriptionRegistry
+from .rewind import find_rewound
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,10 @@ class Subscriber(Member, Protocol):
     def document_failed(self, reason: str) -> None:
         """The document's stream cannot be read (set aside for a while)."""
 
+    def stream_rewound(self) -> None:
+        """The document's stream lost entries this process had seen (a
+        failover, a restore): the client may hold what the server lost."""
+
 
 @dataclass
 class Feed:
@@ -83,6 +94,9 @@ class Feed:
 
     cursor: StreamId
     broken_until: float = 0.0
+    #: The newest id an append of this process was acked with (its writer
+    #: holds it; the reader may not have read it yet).
+    stored: StreamId = ZERO
 
 
 class Fanout:
@@ -108,6 +122,11 @@ class Fanout:
         self._loop = BackgroundTask("yrelay-fanout", self._run)
         #: doc -> (cursor, its stream key and cursor packed as RESP bulk strings)
         self._packed: dict[str, tuple[StreamId, bytes, bytes]] = {}
+        #: Documents to check for a stream that went back before the next
+        #: read, with the ids to look for (cursor, stored) as they were when
+        #: the reader saw Redis fail (:mod:`.rewind`): appends acked since
+        #: may be on a new master already.
+        self._unverified: dict[str, tuple[StreamId, StreamId]] = {}
 
     def start(self) -> None:
         self._loop.start()
@@ -134,6 +153,13 @@ class Fanout:
                 self._documents_changed()
         self.subscribers.add(subscriber)
         return feed.cursor
+
+    def stored(self, doc: str, entry_id: StreamId) -> None:
+        """An append to ``doc`` by this process was acked with ``entry_id``:
+        checked with what the reader read after a Redis failure."""
+        feed = self.feeds.get(doc)
+        if feed is not None and entry_id > feed.stored:
+            feed.stored = entry_id
 
     def unregister(self, subscriber: Subscriber) -> None:
         if self.subscribers.discard(subscriber):  # the document's last one here
@@ -165,6 +191,8 @@ class Fanout:
         reconnect = Reconnect()
         while True:
             try:
+                if self._unverified:
+                    await self._check_rewound()
                 await self._read_once()
                 reconnect.succeeded()
             except asyncio.CancelledError:
@@ -172,10 +200,39 @@ class Fanout:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
                 log.warning("fan-out reader lost Redis (%s); retrying in %.1fs", exc, reconnect.delay)
                 self._reader_id = None
+                self._suspect_all()
                 await reconnect.wait()
             except Exception:
                 log.exception("fan-out reader failed; retrying")
+                self._suspect_all()
                 await asyncio.sleep(reconnect.delay)
+
+    def _suspect_all(self) -> None:
+        """Redis failed: a failover may have lost entries this process had
+        seen; check every document before reading on (the first marks kept)."""
+        for doc, feed in self.feeds.items():
+            self._unverified.setdefault(doc, (feed.cursor, feed.stored))
+
+    async def _check_rewound(self) -> None:
+        """Before reading again after a failure: did a document's stream
+        lose entries this process had seen? Its cursor goes back to the
+        stream's last id and its subscribers resync (:mod:`.rewind`)."""
+        seen = {doc: marks for doc, marks in self._unverified.items() if doc in self.feeds}
+        try:
+            rewound = await find_rewound(self.store.redis, seen)
+        except (*UNREACHABLE, *REDIS_PY_RACE) as exc:  # not back yet (a failover in progress): after the backoff
+            raise redis.exceptions.ConnectionError(f"checking the streams after a failure: {exc!r}") from exc
+        self._unverified.clear()
+        for doc, last in rewound.items():
+            feed = self.feeds.get(doc)
+            if feed is None:
+                continue
+            log.warning("document %s lost entries this process had seen (up to %s; its last id is now %s): "
+                        "a failover to a replica that lagged, or a restore; its subscribers here resync",
+                        doc, max(seen[doc]), last, extra={"doc": doc})
+            feed.cursor, feed.stored = min(feed.cursor, last), ZERO
+            for subscriber in self.subscribers.of(doc):
+                subscriber.stream_rewound()
 
     def _readable(self) -> dict[str, StreamId]:
         now = time.monotonic()

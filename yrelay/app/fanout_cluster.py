@@ -8,7 +8,10 @@ appender announces each append batch per bucket (:func:`announce`), one task
 per bucket marks the documents with subscribers here, and the loop reads the
 marked ones (every subscribed one each ``block_ms``: the sweep), one
 single-key ``XREAD`` each in one pipeline, then hands the batches to
-:meth:`Fanout._dispatch` like the single-Redis reader.
+:meth:`Fanout._dispatch` like the single-Redis reader. When the reader's
+slot map names other masters than at the last read (a failover that
+redis-py got past by itself), nothing is dispatched before the check for
+streams that went back (:mod:`.rewind`), as after an error.
 
 Why this and not the other designs: docs/architecture.md#redis-cluster, with
 the figures of ``bench/cluster_fanout.py``.
@@ -35,6 +38,8 @@ class ClusterFanout(Fanout):
         super().__init__(redis, store, subscribers, block_ms=block_ms, count=count, max_bytes=max_bytes)
         self.wakeups = BucketWakeups(self.reader, block_ms=block_ms, wanted=lambda doc: doc in self.feeds,
                                      name="yrelay-fanout")
+        #: The masters the reader's slot map names (a failover changes them).
+        self._masters: frozenset[str] | None = None
 
     def start(self) -> None:
         super().start()
@@ -61,6 +66,21 @@ class ClusterFanout(Fanout):
         docs = await self.wakeups.next_round(self._readable)
         if docs:
             reads = await self.wakeups.read(docs, self.count)
+            if self._masters_changed():  # check before anything new moves the cursors past the loss
+                self._suspect_all()
+                for doc in docs:
+                    self.wakeups.wake(doc)
+                return
             for doc, reply in reads.refused.items():  # the others go on
                 self._set_aside(doc, reply)
             self._dispatch(reads.pairs)
+
+    def _masters_changed(self) -> bool:
+        """Did the reader's slot map change masters since the last read? A
+        failover may have happened without an error reaching this loop
+        (redis-py retries a read on the new master by itself), and the new
+        master may lack what the old one had (:mod:`.rewind`)."""
+        masters = frozenset(node.name for node in self.reader.get_primaries())  # type: ignore[attr-defined]
+        changed = self._masters is not None and masters != self._masters
+        self._masters = masters
+        return changed

@@ -92,6 +92,8 @@ class Subscription:
         self._sync_vector: bytes | None = None
         self._failure: str | None = None
         self._evicted = False
+        #: The stream lost entries this process had seen (:mod:`.rewind`).
+        self._rewound = False
         #: Work to do: setting it starts the pump, which runs while there is
         #: work and then ends; an idle subscription has no task (issue 20).
         self._wake = Kick(self._pump_if_open)
@@ -152,6 +154,16 @@ class Subscription:
     def document_failed(self, reason: str) -> None:
         self._failure = reason
         self._wake.set()
+
+    def stream_rewound(self) -> None:
+        """The document's stream went back (a failover to a replica that
+        lagged): the client may hold entries, its own or delivered, that the
+        server lost. It resyncs as a resubscribe ahead of the stream would:
+        the two-way exchange gives the server back what it lacks. (One still
+        starting may have resumed from what it read before: it resyncs once live.)"""
+        if self.state in (SubscriptionState.LIVE, SubscriptionState.STARTING):
+            self._rewound = True
+            self._wake.set()
 
     def evicted(self) -> None:
         """The tracker no longer holds this session (an ack found it gone)."""
@@ -238,6 +250,10 @@ class Subscription:
             self._evicted = False
             if self.state is SubscriptionState.LIVE:
                 await self._require_resync(ResyncReason.EVICTED)
+        if self._rewound:
+            self._rewound = False
+            if self.state is SubscriptionState.LIVE:
+                await self._require_resync(ResyncReason.AHEAD)
         if self._failure is not None:
             reason, self._failure = self._failure, None
             await self._error(ErrorCode.DOCUMENT_UNAVAILABLE, f"document cannot be read: {reason[:200]}")

@@ -27,6 +27,7 @@ from typing import Any
 from .. import crdt, protocol
 from ..admission import Needs, needs_of
 from ..deletion import is_deleted_error
+from ..offsets import StreamId
 from ..protocol import AnyUpdate, ErrorCode, ProtocolError
 from ..store import NotAdmitted
 from ..update_format import Layout, MalformedUpdate, read_layout
@@ -183,6 +184,8 @@ class WritePath:
         finally:
             self._inflight.release(size)
         entry_id, duplicate = result.entry_id, result.duplicate
+        if entry_id is not None:  # the writer will hold it: checked after a failover (app/rewind.py)
+            self.ctx.fanout.stored(frame.doc, StreamId.parse(entry_id))
         await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
         if entry_id is None:
             return

@@ -38,6 +38,9 @@ CLOSE_TRIMMED = 4410
 CLOSE_DELETED = 4404
 #: Close code when the document's stream cannot be read.
 CLOSE_DOCUMENT_FAILED = 1011
+#: Close code when the stream lost entries this connection may hold (a
+#: failover): the reconnect sync (step 1 / step 2 both ways) gives them back.
+CLOSE_REWOUND = 1013
 
 
 class YwsFeed:
@@ -88,6 +91,13 @@ class YwsFeed:
     def evicted(self) -> None:
         """Never tracked, so never evicted."""
 
+    def stream_rewound(self) -> None:
+        """The stream lost entries (a failover, :mod:`.rewind`) that the
+        client may hold: the connection closes, and the stock client's
+        reconnect sync (step 1 / step 2 both ways) gives them back, as after
+        any other close."""
+        asyncio.get_running_loop().create_task(self._close(CLOSE_REWOUND, "storage lost entries; reconnect to resync"))
+
     # --- sending
     async def _pump(self) -> None:
         try:
@@ -136,4 +146,4 @@ class YwsFeed:
         self.cursor = entries[-1].id
 
 
-__all__ = ["CLOSE_DELETED", "CLOSE_DOCUMENT_FAILED", "CLOSE_TRIMMED", "YwsFeed"]
+__all__ = ["CLOSE_DELETED", "CLOSE_DOCUMENT_FAILED", "CLOSE_REWOUND", "CLOSE_TRIMMED", "YwsFeed"]

@@ -5,7 +5,9 @@ joined by ``redis-cli --cluster create``. Starts in a few seconds."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -185,18 +187,47 @@ class LocalCluster:
         replica = self.topology()[master]
         assert replica is not None
         self.node(master).kill()
+        self.wait_promoted(replica, timeout)
+        return replica
+
+    def wait_promoted(self, replica: int, timeout: float = 30.0) -> None:
+        """Wait until ``replica`` says it is a master (its old master failed)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 with redis.Redis(port=replica, socket_timeout=5) as client:
                     if client.execute_command("ROLE")[0] == b"master":
-                        break
+                        return
             except redis.RedisError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{replica} did not take over from {master}")
+                raise TimeoutError(f"{replica} did not take over")
             time.sleep(0.1)
+
+    def cut_off_replica(self, master: int) -> int:
+        """Freeze ``master``'s replica (SIGSTOP) and close its replication
+        link: the master goes on taking writes the replica never gets, what
+        asynchronous replication loses if the master dies now. Returns the
+        replica's port; :meth:`resume` it (it then reconnects and catches
+        up, unless its master is gone)."""
+        replica = self.topology()[master]
+        assert replica is not None
+        self.pause(replica)
+        with self.client(self.node(master)) as client:
+            client.client_kill_filter(_type="replica")
         return replica
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP the node on ``port``: it neither answers nor reconnects."""
+        process = self.node(port).process
+        assert process is not None
+        os.kill(process.pid, signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        """SIGCONT a node stopped by :meth:`pause`."""
+        process = self.node(port).process
+        assert process is not None
+        os.kill(process.pid, signal.SIGCONT)
 
     def restart(self, port: int, timeout: float = 30.0) -> None:
         """Start a killed node again (it rejoins as a replica); wait until healthy."""
