@@ -20,6 +20,7 @@ by :class:`ClusterPipeline` here:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -27,7 +28,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import ClusterPipeline as _ClusterPipeline
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import AskError, ClusterDownError, NoScriptError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, NoScriptError, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -46,6 +47,23 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, *CLUSTER_TRANSIENT)
 #: ``yrelay chaos --cluster``, where it ended a bucket's watcher for good).
 #: Taken as a lost connection (the fan-out, the subject quotas).
 REDIS_PY_RACE = (AttributeError, RuntimeError)
+
+
+def lost_redis(exc: BaseException) -> bool:
+    """``exc`` says Redis was lost or failed, and the call may be retried:
+    a Redis or OS error, or :data:`REDIS_PY_RACE` raised inside redis-py
+    itself (never one of yrelay's own AttributeErrors: a bug still crashes
+    the loop it is in, loudly). For the background loops that retry."""
+    if isinstance(exc, (RedisError, OSError)):
+        return True
+    return isinstance(exc, REDIS_PY_RACE) and _raised_in_redis_py(exc)
+
+
+def _raised_in_redis_py(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def is_cluster(redis: object) -> bool:

@@ -15,10 +15,10 @@ import asyncio
 import logging
 import time
 
-import redis.exceptions
 from redis.asyncio import Redis
 
 from ..keys import revoked_tokens_key
+from ..redis_client import lost_redis
 from ..tasks import BackgroundTask, wait_event
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class Revocations:
         while not self._stopping.is_set():
             try:
                 await self.refresh()
-            except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("could not refresh revoked tokens (keeping the last list): %s", exc)
+            except Exception as exc:
+                if not lost_redis(exc):  # a master killed under a cluster client can raise inside redis-py
+                    raise
+                log.warning("could not refresh revoked tokens (keeping the last list): %r", exc)
             await wait_event(self._stopping, self.refresh_interval)

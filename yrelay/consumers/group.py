@@ -35,6 +35,7 @@ from redis.asyncio import Redis
 from ..eventlog import NullEventLog
 from ..events import EventSink
 from ..keys import group_meta_key, validate_group_name
+from ..redis_client import lost_redis
 from ..scripts import Scripts
 from ..tasks import BackgroundTask
 from .batch import Batch
@@ -200,8 +201,10 @@ class ConsumerGroup:
             await asyncio.sleep(self.interval)
             try:
                 await self._beat()
-            except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("consumer group %s: heartbeat failed: %s", self.name, exc)
+            except Exception as exc:
+                if not lost_redis(exc):
+                    raise
+                log.warning("consumer group %s: heartbeat failed: %r", self.name, exc)
             if not self._valid():
                 self._rev = -1  # re-read the assignment after the next good beat
                 self.reader.assign({})

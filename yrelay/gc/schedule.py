@@ -18,11 +18,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
-import redis.exceptions
 from redis.asyncio import Redis
 
 from ..keys import DOCUMENT_BUCKETS, bucket_gc_due_key
 from ..listing import all_documents, by_bucket, fold_unbucketed, registry_counts
+from ..redis_client import lost_redis
 from ..replies import text
 from ..scripts import Scripts
 from ..tasks import BackgroundTask
@@ -212,7 +212,8 @@ class GcLoop:
                 return
             try:
                 await self.run_once()
-            except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("gc pass failed (Redis): %s; next pass in %.0fs", exc, self.interval)
-            except Exception:
-                log.exception("gc pass failed; next pass in %.0fs", self.interval)
+            except Exception as exc:
+                if lost_redis(exc):
+                    log.warning("gc pass failed (Redis): %r; next pass in %.0fs", exc, self.interval)
+                else:
+                    log.exception("gc pass failed; next pass in %.0fs", self.interval)

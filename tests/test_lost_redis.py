@@ -1,0 +1,64 @@
+"""What the background loops retry as "Redis was lost": Redis and OS errors,
+and the AttributeError/RuntimeError redis-py's cluster client raises from
+inside itself when a master is killed under it (seen in CI: the token
+revocation loop crashed, tests/test_cluster.py's kill -9) -- never an
+AttributeError of yrelay's own code."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+import redis.exceptions
+from redis.asyncio import Connection, Redis
+
+from yrelay.auth.revocation import Revocations
+from yrelay.redis_client import lost_redis
+
+
+async def redis_py_race() -> None:
+    """The race itself: a command written to a connection whose writer
+    another task's failure handling closed (redis-py 8's cluster client)."""
+    connection = Connection()
+    connection._writer = None
+    await connection._send_packed_command([b"*1\r\n$4\r\nPING\r\n"])
+
+
+async def test_the_race_inside_redis_py_is_a_lost_redis_and_our_own_bug_is_not():
+    with pytest.raises(AttributeError) as race:
+        await redis_py_race()
+    assert lost_redis(race.value)
+    with pytest.raises(AttributeError) as bug:
+        None.writelines  # type: ignore[attr-defined]  # noqa: B018 - a bug of ours
+    assert not lost_redis(bug.value)
+    assert lost_redis(redis.exceptions.ConnectionError("gone")) and lost_redis(ConnectionResetError())
+    assert not lost_redis(RuntimeError("ours"))
+
+
+async def test_the_revocation_loop_warns_and_goes_on_after_the_race(redis_url, monkeypatch, caplog):
+    client = Redis.from_url(redis_url)
+    revocations = Revocations(client, refresh_interval=0.05)
+    calls = 0
+
+    async def refresh() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await redis_py_race()
+        await Revocations.refresh(revocations)
+
+    monkeypatch.setattr(revocations, "refresh", refresh)
+    caplog.set_level(logging.WARNING)
+    revocations.start()
+    try:
+        async with asyncio.timeout(5):  # a crashed loop refreshes no more
+            while calls < 3:
+                await asyncio.sleep(0.05)
+        await revocations.revoke("token-1")
+    finally:
+        await revocations.stop()
+        await client.aclose()
+    assert revocations._loop.crashes == 0
+    assert [r.levelno for r in caplog.records if "revoked tokens" in r.getMessage()] == [logging.WARNING]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
