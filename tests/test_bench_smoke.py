@@ -55,3 +55,24 @@ def test_hot_scenario_over_yws_delivers_every_update_to_every_reader(tmp_path: P
     assert run.expected_deliveries == run.updates * 3
     assert run.deliveries == run.expected_deliveries
     assert run.complete and run.errors == 0
+
+
+def test_readers_wait_for_the_writers_whole_schedule_before_their_drain(tmp_path: Path) -> None:
+    """A worker of readers only has no schedule of its own: its drain starts
+    when the writers' schedule ends, not at the start (the last updates of a
+    run longer than the drain were counted as lost)."""
+    from dataclasses import replace
+
+    from yrelay_tools.bench import load
+    from yrelay_tools.bench.targets import make_target
+
+    shape = replace(load.hot_document(40.0, duration=1.5, writers=2, readers=2), deflate=False)
+    assert shape.sending == 1.5
+    target = make_target("broadcast", tmp_path)
+    target.start()
+    try:
+        run = load.run(target, shape, drain=0.5)
+    finally:
+        target.stop()
+    assert run.deliveries == run.expected_deliveries == 60 * 2
+    assert run.complete

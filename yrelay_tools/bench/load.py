@@ -45,6 +45,11 @@ class Shape:
         return sum(c.updates for conns in self.workers for c in conns)
 
     @property
+    def sending(self) -> float:
+        """Seconds from the start until the last writer's last scheduled send."""
+        return max((c.updates / c.rate for conns in self.workers for c in conns if c.updates and c.rate), default=0.0)
+
+    @property
     def expected_deliveries(self) -> int:
         return sum(c.expect for conns in self.workers for c in conns if c.measured)
 
@@ -143,7 +148,7 @@ class Generator:
         for conns in shape.workers:
             parent, child = context.Pipe()
             spec = WorkerSpec(target.protocol, target.host, target.port, conns, target.parallel_connects, drain,
-                              shape.deflate)
+                              shape.deflate, shape.sending)
             process = context.Process(target=worker_main, args=(child, spec), daemon=True)
             process.start()
             self.pipes.append(parent)

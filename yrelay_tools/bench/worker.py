@@ -50,6 +50,10 @@ class WorkerSpec:
     drain: float = 10.0
     #: Offer permessage-deflate as Chromium does.
     deflate: bool = True
+    #: Seconds the shape's writers send for (in every process): a worker of
+    #: readers only waits ``drain`` seconds after that, not after its own
+    #: (empty) schedule, or the last updates would miss its deadline.
+    sending: float = 0.0
 
 
 @dataclass
@@ -100,7 +104,7 @@ class Worker:
         samples: list[tuple[float, float]] = []
         sampler = asyncio.create_task(_sample_cpu(samples))
         await self._write(start, result)
-        deadline = time.perf_counter() + self.spec.drain
+        deadline = max(time.perf_counter(), start + self.spec.sending) + self.spec.drain
         for driver in self.drivers:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
