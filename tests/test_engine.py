@@ -343,3 +343,20 @@ async def test_a_read_only_clients_hostile_sync_is_refused_and_nobody_else_notic
         server.stop()
     print(f"pings during the attack: {len(round_trips)}, slowest {max(round_trips) * 1000:.1f} ms")
     assert len(round_trips) > 20 and max(round_trips) < 0.1, (len(round_trips), max(round_trips, default=None))
+
+
+async def test_a_fold_that_y_py_refuses_in_a_thread_frees_its_document_there(monkeypatch) -> None:
+    """Tools fold in a worker thread (gc.collector.fold_in_thread). A y-py
+    document dropped on another thread is leaked with an "unsendable" error
+    (seen once in CI): the refusal must not carry it out of its thread."""
+    from yrelay import crdt, engine
+
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: unraisable.append(info.exc_value))
+    for _ in range(3):
+        with pytest.raises(crdt.InvalidUpdate, match="not a Yjs update"):
+            await asyncio.to_thread(engine._coverage_by_ypy, b"\x01\x01\x05\x00\x07garbage")
+    import gc
+
+    gc.collect()
+    assert unraisable == []

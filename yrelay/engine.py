@@ -90,6 +90,28 @@ def validate_update(update: bytes) -> None:
         raise crdt.InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
 
 
+def _coverage_by_ypy(snapshot: bytes) -> update_format.Coverage:
+    """What a y-py document holds once ``snapshot`` is loaded into it (in a
+    worker process, y-py may abort it; tools fold in a thread).
+
+    A y-py document belongs to the thread that made it: dropped on another,
+    it is leaked and y-py prints "YDoc is unsendable, but is dropped on
+    another thread". An exception's traceback keeps the frames it passed
+    through, so raising out of here would carry the document to whichever
+    thread handles the exception. The error is turned into a new one after
+    the document is gone, here.
+    """
+    doc = crdt.new_doc()
+    try:
+        crdt.apply_update(doc, snapshot)
+        return _coverage(crdt.encode_state(doc))
+    except crdt.InvalidUpdate as exc:
+        reason = str(exc)  # leaving this block frees exc, its traceback and so the document's frames
+    finally:
+        del doc
+    raise crdt.InvalidUpdate(reason)
+
+
 def _coverage(encoded: bytes) -> update_format.Coverage:
     return update_format.decode(encoded)
 
@@ -108,9 +130,7 @@ def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
     snapshot = _load([base, *updates]).get_update()
     snapshot = update_format.with_deletes(snapshot, _pending_deletes(snapshot, [base, *updates]))
     wholes = [_coverage(_load([snapshot]).get_update())]
-    reloaded = crdt.new_doc()
-    crdt.apply_update(reloaded, snapshot)  # a worker process: y-py may abort it, not the server
-    if (by_ypy := _coverage(crdt.encode_state(reloaded))) != wholes[0]:
+    if (by_ypy := _coverage_by_ypy(snapshot)) != wholes[0]:
         wholes.append(by_ypy)
     if base and any(update_format.held_prefix(whole, [base]) == 0 for whole in wholes):
         return Fold(snapshot, 0)
