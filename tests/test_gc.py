@@ -273,3 +273,32 @@ async def test_meta_records_gc_statistics(redis_client, store):
     assert int(meta[b"gc_folded"]) == 3 and int(meta[b"gc_trimmed"]) == 3 and int(meta[b"gc_at"]) > 0
     assert StreamId.parse(meta[b"trimmed_through"].decode()) == ids[-1]
     assert ZERO < ids[-1]
+
+
+async def test_a_long_stream_is_read_and_trimmed_in_pieces_and_loses_nothing(redis_client, store):
+    """More entries than a read page and several trim chunks (each one short
+    for the event loop and for Redis): the fold, the trim, the dedup fields
+    and the drift digest come out as one big step would leave them."""
+    from yrelay.gc.collector import READ_PAGE, TRIM_CHUNK
+    from yrelay.reconciliation.digest import digest_of
+    from yrelay.reconciliation.stream_digest import StreamDigests
+
+    count = 2 * READ_PAGE + 3 * TRIM_CHUNK + 17
+    updates, text = text_updates(count)
+    ids = await append_all(store, "doc", updates)
+    kept = 2 * READ_PAGE + 5  # a session holds everything up to ids[kept - 1]
+    await track(redis_client, "doc", {"a": ids[kept - 1]})
+
+    [report] = await Collector(redis_client, POLICY).collect(["doc"])
+
+    assert (report.folded, report.trimmed, report.stream_length) == (kept, kept, count - kept)
+    assert await stream_ids(redis_client, "doc") == ids[kept:]
+    assert await redis_client.hlen(dedup_key("doc")) == count - kept
+    snapshot = await store.load_snapshot("doc")
+    assert snapshot.offset == ids[kept - 1]
+    assert crdt.text_of(_doc_of(snapshot.update)) == "".join(f"w{i} " for i in range(kept))
+    assert await server_text(store, "doc") == text
+    digests = StreamDigests(redis_client)
+    assert not (await digests.recompute("doc", fix=False)).wrong
+    window = await digests.window("doc", ids[kept - 1], ids[-1])
+    assert window is not None and window.digest == digest_of([str(i) for i in ids[kept:]])

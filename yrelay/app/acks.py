@@ -163,6 +163,10 @@ class AckWindow:
         self.resends += 1
         return self.acked
 
+    def full(self, max_unacked: int) -> bool:
+        """Sending must wait for acks (what :meth:`paused` checks, without waiting)."""
+        return len(self._sent) >= max_unacked or self._budget.spent
+
     def paused(self, max_unacked: int, wake: Callable[[], None]) -> bool:
         """True when sending must wait for acks: this window holds
         ``max_unacked`` entries (the next ack wakes the sender), or the

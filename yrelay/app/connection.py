@@ -38,6 +38,7 @@ from .connection_presence import ConnectionPresence
 from .context import ServerContext
 from .handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened, refuse
 from .payloads import decode_b64
+from .prepared_frames import PREPARED_FRAMES, WritePrepared
 from .update_parts import frame_identity
 from .write_path import WritePath
 
@@ -69,7 +70,9 @@ class Connection:
         self.allowance = Allowance(ctx, self.address)
         self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
         self.writes = WritePath(ctx, self.allowance, self.send, self._reject, self._spawn)
-        self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send)
+        self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send, self.send_prepared)
+        #: The websocket server's prepared-frame writer, when it offers one (yrelay's uvicorn protocol).
+        self._write_prepared: WritePrepared | None = (websocket.scope.get("extensions") or {}).get(PREPARED_FRAMES)
 
     @property
     def principal(self) -> Principal | None:
@@ -117,6 +120,16 @@ class Connection:
             if self.session is not None:
                 self.ctx.events.emit("disconnect", session=self.session, docs=len(self.documents),
                                      duration_ms=int((time.monotonic() - opened) * 1000))
+
+    def send_prepared(self, frame: bytes) -> bool:
+        """Write a deliver frame framed once for many sockets now, from the
+        fan-out's dispatch (:meth:`.sending.Sender.deliver_now`), if the
+        websocket server offers it and no send of this connection is under
+        way (frames stay whole and in order); False: send it with ``send``."""
+        write = self._write_prepared
+        if write is None or self._send_lock.locked() or self.state is ConnectionState.CLOSED:
+            return False
+        return write(frame)
 
     async def send(self, frame: dict[str, Any] | str) -> None:
         text = frame if isinstance(frame, str) else protocol.encode(frame)  # str: encoded once for many

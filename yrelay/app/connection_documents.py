@@ -21,6 +21,7 @@ from .allowance import Allowance
 from .connection_presence import ConnectionPresence
 from .context import ServerContext
 from .limits import DeliveryBudget
+from .sending import SendPrepared
 from .subscription import Send, Subscription, SubscriptionState
 
 SendFrame = Callable[[dict[str, Any] | str], Awaitable[None]]
@@ -30,13 +31,16 @@ class ConnectionDocuments:
     """``send`` is the connection's; a subscription's frames go through it
     and then tell presence that the subscribe was answered."""
 
-    __slots__ = ("_ctx", "_allowance", "_presence", "_send", "subscriptions", "budget")
+    __slots__ = ("_ctx", "_allowance", "_presence", "_send", "_send_prepared", "subscriptions", "budget")
 
-    def __init__(self, ctx: ServerContext, allowance: Allowance, presence: ConnectionPresence, send: SendFrame):
+    def __init__(self, ctx: ServerContext, allowance: Allowance, presence: ConnectionPresence, send: SendFrame,
+                 send_prepared: SendPrepared | None = None):
         self._ctx = ctx
         self._allowance = allowance
         self._presence = presence
         self._send = send
+        #: Writes a deliver frame framed once for many sockets now (False: it cannot).
+        self._send_prepared = send_prepared
         self.subscriptions: dict[str, Subscription] = {}
         #: Unacked deliveries of all this connection's documents.
         self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
@@ -69,7 +73,8 @@ class ConnectionDocuments:
             await self._allowance.open_subscription(frame.doc)
         self._presence.join(frame.doc, session, principal)
         subscription = Subscription(self._ctx, frame.doc, session, self._document_sender(frame.doc), requested,
-                                    claimed, budget=self.budget, on_deleted=partial(self._deleted, frame.doc))  # not a lambda: it would keep the frame
+                                    claimed, budget=self.budget, on_deleted=partial(self._deleted, frame.doc),
+                                    send_prepared=self._send_prepared)  # not a lambda: it would keep the frame
         self.subscriptions[frame.doc] = subscription
         subscription.start()
 

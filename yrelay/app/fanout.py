@@ -57,12 +57,15 @@ class Batch:
     """Entries of one document with ids in ``(after, last]``, all of them.
 
     ``frames``: deliver frames already encoded from this batch, shared by
-    every subscriber that sends the same entries (encode once, send to many).
+    every subscriber that sends the same entries (encode once, send to many);
+    ``prepared``: the same, framed for the websocket.
     """
 
     after: StreamId
     entries: list[Entry]
     frames: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False, repr=False)
+    #: The same frames as websocket frames (:func:`.prepared_frames.text_frame`), by the same keys.
+    prepared: dict[tuple[object, ...], bytes] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def last(self) -> StreamId:

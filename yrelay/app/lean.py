@@ -107,23 +107,62 @@ class Kick:
     task of its own while the flag is set and ends when it finds it clear,
     so nothing waits while there is nothing to do. ``start`` must do nothing
     while that task runs (it sees the flag before it ends: a set and the
-    task's last check cannot interleave, as neither awaits)."""
+    task's last check cannot interleave, as neither awaits).
 
-    __slots__ = ("_value", "_start")
+    A loop that expects more work soon (a subscription of a busy document)
+    may :meth:`park` instead of ending: the next ``set`` wakes it without a
+    new task (making one per batch per subscriber was a tenth of a busy
+    server's CPU, BENCHMARKS.md "Issue 20: hot p99"), and :meth:`release_if_quiet`,
+    called periodically, ends a park no ``set`` reached since its last call.
+    """
+
+    __slots__ = ("_value", "_start", "_parked", "_kicked")
 
     def __init__(self, start: Callable[[], None]) -> None:
         self._value = False
         self._start = start
+        #: The parked loop's future: True wakes it to work, False ends it.
+        self._parked: asyncio.Future[bool] | None = None
+        #: A set since the last release_if_quiet.
+        self._kicked = False
 
     def is_set(self) -> bool:
         return self._value
 
     def set(self) -> None:
         self._value = True
-        self._start()
+        self._kicked = True
+        parked, self._parked = self._parked, None
+        if parked is not None and not parked.done():
+            parked.set_result(True)
+        else:
+            self._start()
 
     def clear(self) -> None:
         self._value = False
+
+    @property
+    def parked(self) -> bool:
+        return self._parked is not None
+
+    async def park(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Wait for the next ``set`` (True) or a quiet period (False: end the
+        loop, unless the flag was set meanwhile: check it before ending)."""
+        parked = self._parked = loop.create_future()
+        try:
+            return await parked
+        finally:
+            if self._parked is parked:  # cancelled: nobody resolved it
+                self._parked = None
+
+    def release_if_quiet(self) -> None:
+        """End a park no ``set`` reached since the previous call."""
+        parked = self._parked
+        if parked is not None and not self._kicked:
+            self._parked = None
+            if not parked.done():
+                parked.set_result(False)
+        self._kicked = False
 
 
 __all__ = ["Flag", "Inbox", "Kick"]

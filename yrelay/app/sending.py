@@ -23,6 +23,7 @@ from ..store import Entry
 from . import sizing
 from .acks import AckWindow
 from .fanout import Batch
+from .prepared_frames import text_frame
 
 if TYPE_CHECKING:
     from .context import ServerContext
@@ -33,6 +34,8 @@ MAX_PENDING_BATCHES = 64
 Send = Callable[[dict[str, Any] | str], Awaitable[None]]
 #: Deliver frames of one fan-out batch, encoded once (see :meth:`Sender.deliver_frame`).
 Shared = dict[tuple[object, ...], str]
+#: Writes a frame framed once for many sockets now; False when it cannot (:mod:`.prepared_frames`).
+SendPrepared = Callable[[bytes], bool]
 
 
 class PendingBatches:
@@ -101,6 +104,14 @@ class Sender:
         """The last id this process knows for the document (for lag figures)."""
         return self.ctx.fanout.cursor(self.doc) or self.cursor
 
+    def has_work(self) -> bool:
+        """Batches wait, or the fan-out has read past the cursor: what a paused
+        window resumes once acked (a resend comes from the periodic check)."""
+        if self.pending:
+            return True
+        target = self.ctx.fanout.cursor(self.doc)
+        return target is not None and self.cursor < target
+
     async def send_more(self, wake: Callable[[], None]) -> bool:
         """Send one batch or page; False when there is nothing to send now
         (``wake`` is called when the connection's budget has room again)."""
@@ -143,11 +154,48 @@ class Sender:
             return
         if is_deletion(entries[-1]):  # the marker is the stream's last entry (yrelay/deletion.py)
             raise DocumentDeleted(self.doc)
-        visible = [entry for entry in entries
-                   if entry.session != self.session or entry.id <= self.own_visible_through]
+        visible = self._visible(entries)
         if visible:
             for frame in frames(visible, self.ctx.settings.max_page_bytes):
                 await self.send(self.deliver_frame(frame, len(visible) < len(entries), shared))
+        self._sent(entries, visible)
+
+    def deliver_now(self, batch: Batch, send_prepared: SendPrepared) -> bool:
+        """Send a fan-out batch from the fan-out's dispatch, without the pump
+        (a task wake-up and the ASGI send path per subscriber were most of a
+        busy document's CPU): only when this subscriber is caught up, i.e.
+        nothing waits, the batch follows the cursor, the window has room, no
+        resend is due, the entries fit one frame and hold no deletion marker,
+        and the socket takes the frame now. False: nothing was done, queue it."""
+        settings = self.ctx.settings
+        if (self.pending or not batch.after <= self.cursor < batch.last
+                or self.window.full(settings.max_unacked_entries) or self.window.resend_due(settings.resend_after)):
+            return False
+        entries = [entry for entry in batch.entries if entry.id > self.cursor]
+        if is_deletion(entries[-1]):
+            return False
+        visible = self._visible(entries)
+        if visible:
+            [frame, *more] = frames(visible, settings.max_page_bytes)
+            if more:
+                return False
+            filtered = len(visible) < len(entries)
+            key = self._frame_key(visible, filtered)
+            prepared = batch.prepared.get(key)
+            if prepared is None:
+                prepared = batch.prepared[key] = text_frame(self.deliver_frame(visible, filtered, batch.frames))
+            if not send_prepared(prepared):
+                return False
+        self._sent(entries, visible)
+        return True
+
+    def _visible(self, entries: list[Entry]) -> list[Entry]:
+        """What the client is sent of ``entries``: not its own (past ``own_visible_through``)."""
+        return [entry for entry in entries if entry.session != self.session or entry.id <= self.own_visible_through]
+
+    def _sent(self, entries: list[Entry], visible: list[Entry]) -> None:
+        """``entries`` were sent (``visible`` of them to the client): the event, the window, the cursor."""
+        if visible:
             self.ctx.events.emit("deliver", self.doc, self.session, first=str(visible[0].id), last=str(visible[-1].id),
                                  entries=len(visible), bytes=sum(len(entry.update) for entry in visible),
                                  head=str(max(self.head(), entries[-1].id)))
@@ -158,16 +206,21 @@ class Sender:
 
     def deliver_frame(self, visible: list[Entry], filtered: bool, shared: Shared | None) -> dict[str, Any] | str:
         """The deliver frame of ``visible``; from a fan-out batch it is encoded
-        once and shared by every subscriber sending the same entries of it
-        (named by the first, the count, and whose own entries were left out)."""
+        once and shared by every subscriber sending the same entries (named
+        by :meth:`_frame_key`)."""
         if shared is None:
             return protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible])
-        key = (visible[0].id, len(visible), *((self.session, self.own_visible_through) if filtered else ()))
+        key = self._frame_key(visible, filtered)
         text = shared.get(key)
         if text is None:
             text = shared[key] = protocol.encode(
                 protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible]))
         return text
+
+    def _frame_key(self, visible: list[Entry], filtered: bool) -> tuple[object, ...]:
+        """A shared frame's name: its first entry, its count, and whose own
+        entries were left out (if any were)."""
+        return (visible[0].id, len(visible), *((self.session, self.own_visible_through) if filtered else ()))
 
 
 def frames(entries: list[Entry], max_bytes: int) -> list[list[Entry]]:
@@ -183,4 +236,4 @@ def frames(entries: list[Entry], max_bytes: int) -> list[list[Entry]]:
     return result
 
 
-__all__ = ["MAX_PENDING_BATCHES", "PendingBatches", "Send", "Sender", "frames"]
+__all__ = ["MAX_PENDING_BATCHES", "PendingBatches", "Send", "SendPrepared", "Sender", "frames"]

@@ -40,7 +40,7 @@ from .fanout import Batch
 from .lean import Kick
 from .limits import DeliveryBudget
 from .resync import Resume, answer_sync, resume_point
-from .sending import Send, Sender
+from .sending import Send, SendPrepared, Sender
 
 if TYPE_CHECKING:
     from .context import ServerContext
@@ -74,6 +74,7 @@ class Subscription:
         claimed: WindowDigest | None = None,
         budget: DeliveryBudget | None = None,
         on_deleted: Callable[[], Awaitable[None]] | None = None,
+        send_prepared: SendPrepared | None = None,
     ):
         self.ctx = ctx
         self.doc = doc
@@ -98,9 +99,13 @@ class Subscription:
         #: work and then ends; an idle subscription has no task (issue 20).
         self._wake = Kick(self._pump_if_open)
         self._pump = BackgroundTask(f"yrelay-sub-{doc}", self._run)
+        #: The fan-out offered a batch since the pump last parked (it parks only then).
+        self._offered = False
         self.drift_detected = 0
         #: Called once the client was told the document was deleted (the subscription then ends).
         self._on_deleted = on_deleted
+        #: Writes a prepared deliver frame now (None: the server offers no such writer).
+        self._send_prepared = send_prepared
 
     # ------------------------------------------------------------ lifecycle
 
@@ -148,8 +153,17 @@ class Subscription:
         """A batch from the fan-out (synchronous: called for every subscriber)."""
         if self.state not in (SubscriptionState.LIVE, SubscriptionState.STARTING):
             return  # read back from the stream once live again
+        if self._send_prepared is not None and self._pump_idle() and self._sender.deliver_now(batch, self._send_prepared):
+            return  # sent from here: a caught-up subscriber's pump is not woken
         self._sender.pending.offer(batch)  # a slow consumer catches up from the stream instead
+        self._offered = True
         self._wake.set()
+
+    def _pump_idle(self) -> bool:
+        """Live, with nothing for the pump to do and no step of it under way
+        (parked or ended): a frame sent from outside cannot overtake one of its."""
+        return (self.state is SubscriptionState.LIVE and not self._wake.is_set() and self._synced_at is None
+                and (self._wake.parked or not self._pump.running))
 
     def document_failed(self, reason: str) -> None:
         self._failure = reason
@@ -176,16 +190,19 @@ class Subscription:
         offset = min(offset, self.cursor)  # it cannot hold what was never sent
         self.ctx.events.emit("ack", self.doc, self.session, offset=str(offset), head=str(self._sender.head()))
         self._window.ack(offset, self.cursor)
-        self._wake.set()
+        if self._sender.has_work():  # an ack only matters to a pump that waits for it
+            self._wake.set()
 
     def request_sync(self, state_vector: bytes) -> None:
         self._sync_vector = state_vector
         self._wake.set()
 
     def check_resend(self) -> None:
-        """Called periodically: resend when the document went quiet."""
+        """Called periodically: resend when the document went quiet; a pump
+        parked through a whole period without work ends."""
         if self.state is SubscriptionState.LIVE and self._window.resend_due(self.ctx.settings.resend_after):
             self._wake.set()
+        self._wake.release_if_quiet()
 
     # ------------------------------------------------------------ the pump
 
@@ -193,30 +210,48 @@ class Subscription:
         logs.doc.set(self.doc)  # this task's own context
         logs.session.set(self.session)
         reconnect = Reconnect()  # a run ends only once a step succeeded: its backoff is this run's
+        loop = asyncio.get_running_loop()
         try:
-            while self.state is not SubscriptionState.CLOSED and self._wake.is_set():
-                self._wake.clear()
-                try:
-                    if self.state is SubscriptionState.STARTING:  # retried like any step while Redis is away
-                        await self.ctx.fanout.register(self)
-                        await self._start()
-                    else:
-                        await self._step()
-                    reconnect.succeeded()
-                except HistoryTrimmed:
-                    await self._require_resync(ResyncReason.TRIMMED)
-                except DocumentDeleted:
-                    await self._deleted()
-                except (redis.exceptions.RedisError, OSError) as exc:
-                    log.warning("document %s: Redis error %s; retrying", self.doc, exc)
-                    await self._error(ErrorCode.UNAVAILABLE, "storage unavailable; retrying")
-                    await reconnect.wait()
-                    self._wake.set()
+            while await self._work(reconnect) and await self._linger(loop):
+                pass
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the socket closed under us, most likely
             if self.state is not SubscriptionState.CLOSED:  # else: closed while a step was finishing
                 log.warning("subscription %s stopped: %r", self.doc, exc)
+
+    async def _work(self, reconnect: Reconnect) -> bool:
+        """Steps while there is work; False once closed."""
+        while self.state is not SubscriptionState.CLOSED and self._wake.is_set():
+            self._wake.clear()
+            try:
+                if self.state is SubscriptionState.STARTING:  # retried like any step while Redis is away
+                    await self.ctx.fanout.register(self)
+                    await self._start()
+                else:
+                    await self._step()
+                reconnect.succeeded()
+            except HistoryTrimmed:
+                await self._require_resync(ResyncReason.TRIMMED)
+            except DocumentDeleted:
+                await self._deleted()
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("document %s: Redis error %s; retrying", self.doc, exc)
+                await self._error(ErrorCode.UNAVAILABLE, "storage unavailable; retrying")
+                await reconnect.wait()
+                self._wake.set()
+        return self.state is not SubscriptionState.CLOSED
+
+    async def _linger(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """While the document is busy (the fan-out offered a batch since the
+        last park), keep this task parked for the next batch instead of
+        ending it and making a new one per batch; a tick without work ends
+        the park (:meth:`check_resend`), so an idle subscription has no task.
+        True: there is work again."""
+        if not self._offered:
+            return False
+        self._offered = False
+        return await self._wake.park(loop) or self._wake.is_set()
 
     async def _start(self) -> None:
         if self._requested is None:

@@ -21,9 +21,11 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from .lean import Flag, Inbox
+from .prepared_frames import PREPARED_FRAMES
 
 #: uvicorn's ``ws`` choices a deployment may pick (``ws_implementation``).
 IMPLEMENTATIONS = ("websockets-sansio", "websockets", "wsproto")
@@ -31,8 +33,6 @@ IMPLEMENTATIONS = ("websockets-sansio", "websockets", "wsproto")
 #: a frame of yrelay is mostly base64, which gains little from a longer window.
 WINDOW_BITS = 12
 MEM_LEVEL = 5
-
-
 def deflate_without_context() -> ServerPerMessageDeflateFactory:
     """permessage-deflate that keeps nothing between messages (RFC 7692: a
     server may ask for ``client_no_context_takeover`` and declare
@@ -58,6 +58,25 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         self.queue = Inbox()  # type: ignore[assignment]
         self.writable = Flag()  # type: ignore[assignment]
         self.writable.set()
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:  # None: the handshake was refused
+            scope["extensions"][PREPARED_FRAMES] = self.write_prepared
+
+    def write_prepared(self, frame: bytes) -> bool:
+        """Write ``frame`` (from :func:`text_frame`) now, if the socket is open
+        and takes it: what ``send`` does for a text message after websockets
+        has framed it, for a frame framed once for many sockets. No when
+        permessage-deflate was negotiated (the frame would have to be
+        compressed) or while uvicorn waits for the socket to drain."""
+        if (self.disconnected or not self.handshake_complete or self.close_sent or self.initial_response is not None
+                or self.conn.extensions or self.conn.state is not State.OPEN or not self.writable.is_set()
+                or self.transport.is_closing()):
+            return False
+        self.transport.write(frame)
+        return True
 
     async def send(self, message: Any) -> None:
         await super().send(message)

@@ -26,7 +26,12 @@ Per document, the steps and why each crash point is safe:
    report and the scheduler.
 
 Every step is one pipeline over the whole batch of documents, so a pass over
-a thousand changed documents costs a handful of round trips.
+a thousand changed documents costs a handful of round trips. A long stream
+is read and trimmed in pieces (:data:`READ_PAGE`, :data:`TRIM_CHUNK`): one
+read of thousands of entries held the server's event loop while redis-py
+parsed it, and one trim script of thousands held Redis, each for tens of
+milliseconds, and every client of the process waited (BENCHMARKS.md,
+"Issue 20: hot p99").
 """
 
 from __future__ import annotations
@@ -62,6 +67,11 @@ class Step(str, enum.Enum):
 
 
 Checkpoint = Callable[[Step], Awaitable[None]]
+#: Entries per read of the entries to fold: redis-py parses ~1,000 in a few ms.
+READ_PAGE = 1_000
+#: Entries per trim script: it reads them, HDELs their dedup fields and XORs
+#: their hashes out of the digest in Lua, Redis serving nobody else meanwhile.
+TRIM_CHUNK = 500
 #: Folds updates into a snapshot: :func:`yrelay.engine.fold`, somewhere off the loop.
 Folder = Callable[[bytes, Sequence[bytes]], Awaitable[engine.Fold]]
 
@@ -242,7 +252,7 @@ class Collector:
                 else:
                     pipe.exists(snapshot_key(plan.doc))  # a dry run needs no bytes
                 pipe.xrange(stream_key(plan.doc), min=f"({plan.snapshot_offset}", max=str(plan.target),
-                            count=self.policy.max_fold_entries)
+                            count=min(READ_PAGE, self.policy.max_fold_entries))
                 pipe.smembers(dropped_key(plan.doc))
             results = await pipe.execute(raise_on_error=False)
         for index, plan in enumerate(to_read):
@@ -255,8 +265,24 @@ class Collector:
             else:
                 plan.base = snapshot if isinstance(snapshot, bytes) else b""
                 plan.entries = [to_entry(entry_id, fields) for entry_id, fields in entries]
+                await self._read_rest(plan)
                 _empty_dropped(plan.entries, {text(member) for member in dropped})
         return [plan for plan in plans if plan.report.error is None and not plan.report.conflict]
+
+    async def _read_rest(self, plan: _Plan) -> None:
+        """The entries to fold past the first page, a page per round trip.
+        Read outside the pipeline that checked the snapshot offset: should
+        another collector store a snapshot meanwhile (and trim under these
+        reads), this one's compare-and-set of the snapshot fails."""
+        limit = self.policy.max_fold_entries
+        asked = min(READ_PAGE, limit)
+        got = len(plan.entries)
+        while got == asked and len(plan.entries) < limit and plan.entries[-1].id < plan.target:
+            asked = min(READ_PAGE, limit - len(plan.entries))
+            page = await self.redis.xrange(stream_key(plan.doc), min=f"({plan.entries[-1].id}",
+                                           max=str(plan.target), count=asked)
+            got = len(page)
+            plan.entries.extend(to_entry(entry_id, fields) for entry_id, fields in page)
 
     async def _count_trimmable(self, plans: list[_Plan]) -> None:
         """Dry run: how many entries a trim through the target would remove."""
@@ -340,8 +366,12 @@ class Collector:
                 elif removed:
                     plan.report.trimmed += removed
                     plan.trimmed_to = text(result[1])
-                if removed < self.policy.max_fold_entries:
+                if removed < self._trim_chunk:
                     del pending[plan.doc]
+
+    @property
+    def _trim_chunk(self) -> int:
+        return min(TRIM_CHUNK, self.policy.max_fold_entries)
 
     async def _trim_chunks(self, pending: list[tuple[_Plan, StreamId]], first_round: bool) -> list[list[str]]:
         """The ids of the next chunk to trim per document: the trim script
@@ -351,12 +381,13 @@ class Collector:
         stream starts right after the old snapshot offset), so those are not
         read again; the rest are read from the stream."""
         chunks = [_folded_ids(plan, through) if first_round else None for plan, through in pending]
+        chunks = [None if ids is None else ids[:self._trim_chunk] for ids in chunks]
         to_read = [index for index, ids in enumerate(chunks) if ids is None]
         if to_read:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for index in to_read:
                     plan, through = pending[index]
-                    pipe.xrange(stream_key(plan.doc), min="-", max=str(through), count=self.policy.max_fold_entries)
+                    pipe.xrange(stream_key(plan.doc), min="-", max=str(through), count=self._trim_chunk)
                 pages = await pipe.execute(raise_on_error=False)
             for index, page in zip(to_read, pages):
                 chunks[index] = [] if isinstance(page, Exception) else [text(entry_id) for entry_id, _ in page]
