@@ -309,3 +309,24 @@ async def test_metrics_switched_off_answer_404_and_delivery_is_unchanged(redis_u
         assert (await writer.update(DOC, 0, updates[0]))["op"] == "appended"
         assert len(await receive_entries(reader, 1)) == 1
         assert (await http.get("/metrics", headers=AUTH)).status_code == 404
+
+
+def test_loop_metrics_expose_what_prometheus_clients_own_would() -> None:
+    """The lock-free per-delivery metrics (yrelay/loop_metrics.py) read the
+    same at a scrape as prometheus_client's (but for its _created samples)."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from yrelay.loop_metrics import LoopMetrics
+
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    their_histogram = Histogram("x_seconds", "d", buckets=(0.001, 0.01, 1.0), registry=theirs)
+    their_counter = Counter("x_frames", "e", registry=theirs)
+    loop = LoopMetrics(ours)
+    our_histogram, our_counter = loop.histogram("x_seconds", "d", (0.001, 0.01, 1.0)), loop.counter("x_frames", "e")
+    for value in (0.0005, 0.001, 0.002, 0.01, 0.5, 3.0):  # bounds are inclusive ("le")
+        their_histogram.observe(value)
+        our_histogram.observe(value)
+        their_counter.inc(2)
+        our_counter.inc(2)
+    expected = [line for line in generate_latest(theirs).decode().splitlines() if "_created" not in line]
+    assert generate_latest(ours).decode().splitlines() == expected

@@ -34,6 +34,7 @@ from . import __version__
 from .consumers.stats import GroupStats, group_stats
 from .consumers.webhook_stats import WebhookCollector
 from .listing import registry_counts
+from .loop_metrics import LoopMetrics
 from .protocol import ErrorCode, ResyncReason
 
 if TYPE_CHECKING:
@@ -88,21 +89,20 @@ class Metrics:
                                         "From an update frame received to its appended frame sent.",
                                         buckets=LATENCY_BUCKETS, registry=registry)
 
-        self.deliver_frames = Counter("yrelay_deliver_frames", "Deliver frames sent.", registry=registry)
-        self.deliveries = Counter("yrelay_deliveries", "Entries sent in deliver frames (resent ones too).",
-                                  registry=registry)
-        self.delivered_bytes = Counter("yrelay_delivered_bytes", "Update bytes sent in deliver frames.",
-                                       registry=registry)
-        self.delivery_lag = Histogram(
+        # Moved per delivery and per ack: lock-free (yrelay/loop_metrics.py), same exposition.
+        loop = LoopMetrics(registry)
+        self.deliver_frames = loop.counter("yrelay_deliver_frames", "Deliver frames sent.")
+        self.deliveries = loop.counter("yrelay_deliveries", "Entries sent in deliver frames (resent ones too).")
+        self.delivered_bytes = loop.counter("yrelay_delivered_bytes", "Update bytes sent in deliver frames.")
+        self.delivery_lag = loop.histogram(
             "yrelay_delivery_lag_seconds",
             "Per deliver frame: from the newest entry's append (its stream id time) to the frame being sent.",
-            buckets=LAG_BUCKETS, registry=registry)
-
-        self.acks = Counter("yrelay_acks", "Ack frames received.", registry=registry)
-        self.ack_lag = Histogram(
+            LAG_BUCKETS)
+        self.acks = loop.counter("yrelay_acks", "Ack frames received.")
+        self.ack_lag = loop.histogram(
             "yrelay_ack_lag_seconds",
             "Per ack: the newest entry this process knows of the document minus the acked entry, in time.",
-            buckets=LAG_BUCKETS, registry=registry)
+            LAG_BUCKETS)
         self.resends = Counter("yrelay_resends", "Rewinds: unacked entries sent again from the acked offset.",
                                registry=registry)
         self.resent_entries = Counter("yrelay_resent_entries", "Entries unacked when a resend rewound.",
