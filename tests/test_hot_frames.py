@@ -82,3 +82,42 @@ def test_frames_encode_as_compact_json():
     assert text == '{"op":"appended","doc":"d-é","clock":3,"id":"1-2","duplicate":false}'
     assert json.loads(protocol.encode(protocol.error(ProtocolError(protocol.ErrorCode.MISSING_DEPENDENCY, "m",
                                                                    missing={5: 2}))))["missing"] == {"5": 2}
+
+
+def test_a_prepared_frame_is_the_frame_websockets_would_send() -> None:
+    """One framing for every reader (yrelay/app/prepared_frames.py): byte for
+    byte what websockets frames for a server's text message, at every length
+    encoding (7-bit, 16-bit, 64-bit)."""
+    from websockets.frames import Frame, Opcode
+
+    from yrelay.app.prepared_frames import text_frame
+
+    for size in (0, 5, 125, 126, 65_535, 65_536, 70_000):
+        text = "é" * (size // 2) + "x" * (size % 2)
+        expected = Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
+        assert text_frame(text) == expected, size
+
+
+def test_prepared_frames_are_used_only_when_nothing_wraps_send() -> None:
+    """Middleware that wraps ``send`` (an embedding app's telemetry) would not
+    see a prepared frame: then there is no writer, and every frame goes through ``send``."""
+    from yrelay.app.prepared_frames import PREPARED_FRAMES, prepared_writer
+
+    class Protocol:
+        def write_prepared(self, frame: bytes) -> bool:
+            return True
+
+        async def send(self, message: dict) -> None:
+            pass
+
+    protocol = Protocol()
+    scope = {"extensions": {PREPARED_FRAMES: protocol.write_prepared}}
+
+    async def wrapped(message: dict) -> None:
+        await protocol.send(message)
+
+    assert prepared_writer(scope, protocol.send) == protocol.write_prepared
+    assert prepared_writer(scope, wrapped) is None
+    assert prepared_writer({"extensions": {}}, protocol.send) is None
+    assert prepared_writer({}, protocol.send) is None
+    assert prepared_writer(scope, Protocol().send) is None  # another connection's send

@@ -203,3 +203,99 @@ def test_uvicorn_options_carry_the_compression_choice_and_refuse_an_unknown_impl
     assert Settings(ws_implementation="wsproto").uvicorn_options()["ws"] == "wsproto"
     with pytest.raises(ValueError, match="ws_implementation"):
         Settings(ws_implementation="granian")
+
+
+# ------------------------------------------- a busy document (issue 20, hot p99)
+
+
+def pumps() -> list[asyncio.Task]:
+    return [task for task in asyncio.all_tasks() if task.get_name().startswith("yrelay-sub-")]
+
+
+async def burst(url: str, doc: str, count: int, deflate: bool,
+                seen: list[int] | None = None) -> tuple[Peer, list[dict]]:
+    """A reader (offering compression or not) and a writer; ``count`` updates
+    of one Yjs client in order; the reader's deliver frames once it has them
+    all. ``seen``: how many pumps ran, sampled every loop turn from after the subscribes."""
+    from yrelay import crdt
+    from yrelay.offsets import StreamId
+
+    ydoc = crdt.new_doc(7)
+    updates: list[bytes] = []
+    crdt.observe_updates(ydoc, updates.append)
+    for index in range(count):
+        crdt.insert_text(ydoc, index, "x")
+    reader, writer = await Peer().open(url, deflate=deflate), await Peer().open(url, deflate=False)
+    for peer in (reader, writer):
+        await peer.hello()
+        assert peer.ws is not None
+        peer.ws.send_text(json.dumps({"op": "subscribe", "doc": doc}))
+        await peer.expect("subscribed")
+    await asyncio.sleep(0.05)  # the subscribe's own pump run ends
+    assert writer.ws is not None and reader.ws is not None
+    delivers: list[dict] = []
+
+    async def watch() -> None:
+        while seen is not None:
+            seen.append(len(pumps()))
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    for clock, update in enumerate(updates, 1):
+        import base64
+
+        writer.ws.send_text(json.dumps({"op": "update", "doc": doc, "clock": clock,
+                                        "update": base64.b64encode(update).decode()}))
+        await writer.expect("appended")
+        delivers.append(await reader.expect("deliver"))
+        if len(delivers) % 5 == 0:  # ack as clients do: cumulatively, now and then
+            reader.ws.send_text(json.dumps({"op": "ack", "doc": doc, "offset": delivers[-1]["entries"][-1]["id"]}))
+    watcher.cancel()
+    ids = [StreamId.parse(entry["id"]) for frame in delivers for entry in frame["entries"]]
+    assert ids == sorted(set(ids)) and len(ids) == count  # each once, in stream order
+    writer.ws.close()
+    return reader, delivers
+
+
+async def test_a_caught_up_reader_is_sent_live_batches_without_a_pump(redis_url: str) -> None:
+    """The fan-out writes a caught-up subscriber's frame itself (framed once
+    for every socket): no pump task runs for live traffic."""
+    async with running_server(redis_url, insecure_no_auth=True) as url:
+        seen: list[int] = []
+        reader, _ = await burst(url, "inline", 30, deflate=False, seen=seen)
+        assert len(seen) > 30 and max(seen) == 0
+        assert reader.ws is not None
+        reader.ws.close()
+
+
+async def test_a_reader_the_fan_out_cannot_write_to_is_served_by_a_pump_that_parks_and_then_ends(
+        redis_url: str) -> None:
+    """With compression negotiated the prepared frames cannot be used: the
+    pump sends, stays parked between batches while the document is busy, and
+    ends after a period without work (resend_check_interval 0.1 s here)."""
+    async with running_server(redis_url, insecure_no_auth=True, ws_compression=True) as url:
+        created: list[str] = []
+        original = asyncio.get_running_loop().create_task
+
+        def counting(coro, **kwargs):  # type: ignore[no-untyped-def]
+            owner = getattr(getattr(coro, "cr_frame", None), "f_locals", {}).get("self")  # BackgroundTask._guarded's
+            if getattr(owner, "name", "").startswith("yrelay-sub-"):  # (asyncio names the task only after this)
+                created.append(owner.name)
+            return original(coro, **kwargs)
+
+        loop = asyncio.get_running_loop()
+        loop.create_task = counting  # type: ignore[method-assign]
+        try:
+            reader, delivers = await burst(url, "squeezed", 30, deflate=True)
+            assert reader.ws is not None and reader.ws.deflate is not None
+            assert len(delivers) >= 30
+            assert 1 <= len(created) < 10  # not one per batch: the pump parked between them
+            assert pumps()
+            for _ in range(100):
+                if not pumps():
+                    break
+                await asyncio.sleep(0.05)
+            assert not pumps()  # quiet: it ended
+        finally:
+            del loop.create_task
+        reader.ws.close()

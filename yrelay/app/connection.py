@@ -38,7 +38,7 @@ from .connection_presence import ConnectionPresence
 from .context import ServerContext
 from .handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened, refuse
 from .payloads import decode_b64
-from .prepared_frames import PREPARED_FRAMES, WritePrepared
+from .prepared_frames import WritePrepared
 from .update_parts import frame_identity
 from .write_path import WritePath
 
@@ -56,7 +56,9 @@ class ConnectionState(enum.Enum):
 
 
 class Connection:
-    def __init__(self, websocket: WebSocket, ctx: ServerContext):
+    def __init__(self, websocket: WebSocket, ctx: ServerContext, write_prepared: WritePrepared | None = None):
+        """``write_prepared``: the server's writer of prepared frames
+        (:func:`.prepared_frames.prepared_writer`), for the fan-out's inline deliveries."""
         self.websocket = websocket
         self.ctx = ctx
         self.state = ConnectionState.AWAITING_HELLO
@@ -71,8 +73,7 @@ class Connection:
         self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
         self.writes = WritePath(ctx, self.allowance, self.send, self._reject, self._spawn)
         self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send, self.send_prepared)
-        #: The websocket server's prepared-frame writer, when it offers one (yrelay's uvicorn protocol).
-        self._write_prepared: WritePrepared | None = (websocket.scope.get("extensions") or {}).get(PREPARED_FRAMES)
+        self._write_prepared = write_prepared
 
     @property
     def principal(self) -> Principal | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import Any
 
 #: The ASGI scope extension through which the app writes a text frame framed
 #: once for many sockets (:func:`text_frame`) straight to this connection's
@@ -25,6 +26,18 @@ from collections.abc import Callable
 PREPARED_FRAMES = "yrelay.prepared_frames"
 #: Writes a prepared frame now, or says it cannot (False).
 WritePrepared = Callable[[bytes], bool]
+
+
+def prepared_writer(scope: dict[str, Any], send: object) -> WritePrepared | None:
+    """The server's prepared-frame writer for this connection, if it offers
+    one and ``send`` is the server's own: ASGI middleware that wraps ``send``
+    (an embedding app's telemetry, say) would not see what the writer sends,
+    so then every frame goes through ``send``."""
+    write = (scope.get("extensions") or {}).get(PREPARED_FRAMES)
+    owner = getattr(write, "__self__", None)
+    if owner is None or getattr(send, "__self__", None) is not owner:
+        return None
+    return write  # type: ignore[no-any-return]
 
 
 def text_frame(text: str) -> bytes:
@@ -41,4 +54,4 @@ def text_frame(text: str) -> bytes:
     return header + payload
 
 
-__all__ = ["PREPARED_FRAMES", "WritePrepared", "text_frame"]
+__all__ = ["PREPARED_FRAMES", "WritePrepared", "prepared_writer", "text_frame"]

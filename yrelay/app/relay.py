@@ -37,6 +37,7 @@ from .binding import binder
 from .connection import Connection
 from .context import ServerContext
 from .health import router as health_router
+from .prepared_frames import prepared_writer
 from .ops import router as ops_router
 from .ops_groups import router as ops_groups_router
 from .scrape import router as scrape_router
@@ -133,7 +134,7 @@ class SyncEndpoint:
             return
         if isinstance(self.relay.authenticator, HostAuthenticator):  # ~0.4 kB per connection: only when read
             current_connection.set(websocket)  # this connection's task only: for the host's authenticate
-        await Connection(websocket, context).run()
+        await Connection(websocket, context, prepared_writer(scope, send)).run()
 
 
 class SyncShortcut:

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from .context import ServerContext
 
 MAX_PENDING_BATCHES = 64
+#: A deliver frame longer than this goes through the pump: a batch keeps its
+#: prepared copy beside the encoded text for as long as it is pending, and
+#: what the shortcut saves (a few microseconds per socket) is nothing next to
+#: the bytes of a large update.
+MAX_PREPARED_CHARS = 16 * 1024
 
 #: Sends a frame, or a frame already encoded (a deliver shared by many subscribers).
 Send = Callable[[dict[str, Any] | str], Awaitable[None]]
@@ -165,8 +170,9 @@ class Sender:
         (a task wake-up and the ASGI send path per subscriber were most of a
         busy document's CPU): only when this subscriber is caught up, i.e.
         nothing waits, the batch follows the cursor, the window has room, no
-        resend is due, the entries fit one frame and hold no deletion marker,
-        and the socket takes the frame now. False: nothing was done, queue it."""
+        resend is due, the entries fit one frame (of at most
+        :data:`MAX_PREPARED_CHARS`) and hold no deletion marker, and the
+        socket takes the frame now. False: nothing was done, queue it."""
         settings = self.ctx.settings
         if (self.pending or not batch.after <= self.cursor < batch.last
                 or self.window.full(settings.max_unacked_entries) or self.window.resend_due(settings.resend_after)):
@@ -183,7 +189,11 @@ class Sender:
             key = self._frame_key(visible, filtered)
             prepared = batch.prepared.get(key)
             if prepared is None:
-                prepared = batch.prepared[key] = text_frame(self.deliver_frame(visible, filtered, batch.frames))
+                text = self.deliver_frame(visible, filtered, batch.frames)
+                assert isinstance(text, str)
+                if len(text) > MAX_PREPARED_CHARS:
+                    return False
+                prepared = batch.prepared[key] = text_frame(text)
             if not send_prepared(prepared):
                 return False
         self._sent(entries, visible)

@@ -65,6 +65,12 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         if scope is not None:  # None: the handshake was refused
             scope["extensions"][PREPARED_FRAMES] = self.write_prepared
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        scope = getattr(self, "scope", None)
+        if scope is not None:  # the writer is bound to this protocol: a cycle the young GC may not reach for long
+            scope["extensions"].pop(PREPARED_FRAMES, None)
+
     def write_prepared(self, frame: bytes) -> bool:
         """Write ``frame`` (from :func:`text_frame`) now, if the socket is open
         and takes it: what ``send`` does for a text message after websockets
