@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,8 +68,9 @@ class Step(str, enum.Enum):
 
 
 Checkpoint = Callable[[Step], Awaitable[None]]
-#: Entries per read of the entries to fold: redis-py parses ~1,000 in a few ms.
-READ_PAGE = 1_000
+#: Entries per read of the entries to fold: redis-py parses (and this module
+#: wraps) 250 in about a millisecond, which the event loop waits for.
+READ_PAGE = 250
 #: Entries per trim script: it reads them, HDELs their dedup fields and XORs
 #: their hashes out of the digest in Lua, Redis serving nobody else meanwhile.
 TRIM_CHUNK = 500
@@ -380,8 +382,7 @@ class Collector:
         In the first round they are usually the entries just folded (the
         stream starts right after the old snapshot offset), so those are not
         read again; the rest are read from the stream."""
-        chunks = [_folded_ids(plan, through) if first_round else None for plan, through in pending]
-        chunks = [None if ids is None else ids[:self._trim_chunk] for ids in chunks]
+        chunks = [_folded_ids(plan, through, self._trim_chunk) if first_round else None for plan, through in pending]
         to_read = [index for index, ids in enumerate(chunks) if ids is None]
         if to_read:
             async with self.redis.pipeline(transaction=False) as pipe:
@@ -440,11 +441,11 @@ def _record_blocked(pipe, doc: str, blocked_at: str | None, now_ms: int) -> None
         pipe.hsetnx(meta_key(doc), "blocked_since", now_ms)
 
 
-def _folded_ids(plan: _Plan, through: StreamId) -> list[str] | None:
-    """The ids of the stream's first entries through ``through``, when the
-    fold read them all (None when they must be read)."""
+def _folded_ids(plan: _Plan, through: StreamId, limit: int) -> list[str] | None:
+    """The ids of the stream's first entries through ``through`` (at most
+    ``limit``), when the fold read them all (None when they must be read)."""
     if plan.trimmed_through != plan.snapshot_offset or not plan.entries or plan.entries[-1].id < through:
         return None
-    return [str(entry.id) for entry in plan.entries if entry.id <= through]  # at most max_fold_entries
+    return [str(entry.id) for entry in itertools.islice(plan.entries, limit) if entry.id <= through]
 
 
