@@ -2,7 +2,10 @@
 the task that sends everything about the document.
 
 Every frame about this document is sent by the subscription's own pump task,
-so a catch-up, a live batch, a resend and a sync answer can never interleave.
+so a catch-up, a live batch, a resend and a sync answer can never interleave;
+the one exception is a live batch for a caught-up subscriber whose pump has
+nothing to do (idle or parked), which the fan-out's dispatch sends itself
+(:meth:`.sending.Sender.deliver_now`): no frame of the pump can be under way then.
 The parts: :mod:`.sending` (cursor, pending fan-out batches, stream pages,
 deliver frames), :mod:`.acks` (what was sent and acked, what the tracker
 holds, the resend clock), :mod:`.resync` (where a resubscribing client
