@@ -302,3 +302,33 @@ async def test_a_long_stream_is_read_and_trimmed_in_pieces_and_loses_nothing(red
     assert not (await digests.recompute("doc", fix=False)).wrong
     window = await digests.window("doc", ids[kept - 1], ids[-1])
     assert window is not None and window.digest == digest_of([str(i) for i in ids[kept:]])
+
+
+async def test_a_page_that_fails_to_read_costs_only_its_document_this_pass(redis_client, store, monkeypatch):
+    """The pages after the first are read one by one: a Redis error there is
+    that document's error in the report (it waits for the next pass), not
+    the whole batch's."""
+    import redis.exceptions
+
+    from yrelay.gc.collector import READ_PAGE
+
+    long_updates, _ = text_updates(READ_PAGE + 10, client_id=1)
+    short_updates, short_text = text_updates(3, client_id=2)
+    long_ids = await append_all(store, "long", long_updates)
+    short_ids = await append_all(store, "short", short_updates)
+    await track(redis_client, "long", {"a": long_ids[-1]})
+    await track(redis_client, "short", {"a": short_ids[-1]})
+    real = redis_client.xrange
+
+    async def failing(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == stream_key("long"):
+            raise redis.exceptions.ConnectionError("lost while reading a page")
+        return await real(name, *args, **kwargs)
+
+    monkeypatch.setattr(redis_client, "xrange", failing)
+    long_report, short_report = await Collector(redis_client, POLICY).collect(["long", "short"])
+
+    assert long_report.error is not None and "lost while reading" in long_report.error
+    assert long_report.folded == 0 and await redis_client.xlen(stream_key("long")) == len(long_ids)
+    assert short_report.error is None and short_report.folded == 3
+    assert crdt.text_of(_doc_of((await store.load_snapshot("short")).update)) == short_text

@@ -72,7 +72,8 @@ class Connection:
         self.allowance = Allowance(ctx, self.address)
         self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
         self.writes = WritePath(ctx, self.allowance, self.send, self._reject, self._spawn)
-        self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send, self.send_prepared)
+        self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send,
+                                             self.send_prepared if write_prepared is not None else None)
         self._write_prepared = write_prepared
 
     @property

@@ -156,11 +156,21 @@ class Subscription:
         """A batch from the fan-out (synchronous: called for every subscriber)."""
         if self.state not in (SubscriptionState.LIVE, SubscriptionState.STARTING):
             return  # read back from the stream once live again
-        if self._send_prepared is not None and self._pump_idle() and self._sender.deliver_now(batch, self._send_prepared):
+        if self._send_prepared is not None and self._pump_idle() and self._deliver_now(batch, self._send_prepared):
             return  # sent from here: a caught-up subscriber's pump is not woken
         self._sender.pending.offer(batch)  # a slow consumer catches up from the stream instead
         self._offered = True
         self._wake.set()
+
+    def _deliver_now(self, batch: Batch, send_prepared: SendPrepared) -> bool:
+        """:meth:`.sending.Sender.deliver_now`, from inside the fan-out's
+        dispatch: an error must not stop the dispatch to the document's
+        other subscribers (the pump then sends the batch)."""
+        try:
+            return self._sender.deliver_now(batch, send_prepared)
+        except Exception:
+            log.exception("document %s: inline delivery failed; the pump sends the batch", self.doc)
+            return False
 
     def _pump_idle(self) -> bool:
         """Live, with nothing for the pump to do and no step of it under way

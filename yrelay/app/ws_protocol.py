@@ -62,7 +62,7 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
-        if scope is not None:  # None: the handshake was refused
+        if scope is not None and not self.conn.extensions:  # refused, or compressed: every frame the ASGI way
             scope["extensions"][PREPARED_FRAMES] = self.write_prepared
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from .. import crdt, engine
 from ..keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
@@ -267,7 +268,11 @@ class Collector:
             else:
                 plan.base = snapshot if isinstance(snapshot, bytes) else b""
                 plan.entries = [to_entry(entry_id, fields) for entry_id, fields in entries]
-                await self._read_rest(plan)
+                try:
+                    await self._read_rest(plan)
+                except (RedisError, OSError) as exc:  # this document waits for the next pass, as in the pipeline
+                    plan.report.error = str(exc)[:200]
+                    continue
                 _empty_dropped(plan.entries, {text(member) for member in dropped})
         return [plan for plan in plans if plan.report.error is None and not plan.report.conflict]
 
