@@ -153,7 +153,8 @@ class LocalCluster:
         return next(node for node in self.nodes if node.port == port)
 
     def master_of_slot(self, slot: int) -> int:
-        with self.client(self.nodes[0]) as client:
+        live = next(node for node in self.nodes if node.process is not None)  # node 0 may be a killed master
+        with self.client(live) as client:
             for start, end, master, *_ in client.execute_command("CLUSTER SLOTS"):
                 if start <= slot <= end:
                     return int(master[1])
@@ -188,7 +189,34 @@ class LocalCluster:
         assert replica is not None
         self.node(master).kill()
         self.wait_promoted(replica, timeout)
+        self.wait_forgotten_as_master(master, timeout)
         return replica
+
+    def wait_forgotten_as_master(self, port: int, timeout: float = 30.0) -> None:
+        """Wait until no live node's slot map names ``port`` as a master.
+        The promoted replica knows at once; the others hear it by gossip a
+        moment later, and a cluster client seeded by one of them would be
+        sent to the dead node meanwhile (seen: a chaos run's probe after a
+        master kill, refused, failed the run)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stale = []
+            for node in self.nodes:
+                if node.process is None or node.port == port:
+                    continue
+                try:
+                    with self.client(node) as client:
+                        slots = client.execute_command("CLUSTER SLOTS")
+                except redis.RedisError:
+                    stale.append(node.port)
+                    continue
+                if any(int(master[1]) == port for _start, _end, master, *_ in slots):
+                    stale.append(node.port)
+            if not stale:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nodes {stale} still name {port} as a master")
+            time.sleep(0.05)
 
     def wait_promoted(self, replica: int, timeout: float = 30.0) -> None:
         """Wait until ``replica`` says it is a master (its old master failed)."""
