@@ -171,12 +171,11 @@ class AckWindow:
         """True when sending must wait for acks: this window holds
         ``max_unacked`` entries (the next ack wakes the sender), or the
         connection's budget is spent (``wake`` is called when it has room)."""
-        if len(self._sent) >= max_unacked:
-            return True
-        if self._budget.spent:  # the connection's other documents hold it
+        if not self.full(max_unacked):
+            return False
+        if len(self._sent) < max_unacked:  # the budget: the connection's other documents hold it
             self._budget.wait(id(self), wake)
-            return True
-        return False
+        return True
 
     def _count(self) -> None:
         """Tell the connection's budget how many of ours are unacked now."""

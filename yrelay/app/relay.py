@@ -37,9 +37,9 @@ from .binding import binder
 from .connection import Connection
 from .context import ServerContext
 from .health import router as health_router
-from .prepared_frames import prepared_writer
 from .ops import router as ops_router
 from .ops_groups import router as ops_groups_router
+from .prepared_frames import prepared_writer
 from .scrape import router as scrape_router
 from .yws_endpoint import YWS_PREFIX, YwsEndpoint
 

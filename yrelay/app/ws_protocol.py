@@ -33,6 +33,8 @@ IMPLEMENTATIONS = ("websockets-sansio", "websockets", "wsproto")
 #: a frame of yrelay is mostly base64, which gains little from a longer window.
 WINDOW_BITS = 12
 MEM_LEVEL = 5
+
+
 def deflate_without_context() -> ServerPerMessageDeflateFactory:
     """permessage-deflate that keeps nothing between messages (RFC 7692: a
     server may ask for ``client_no_context_takeover`` and declare
