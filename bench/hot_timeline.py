@@ -1,14 +1,14 @@
-"""When the slow updates of a hot run happened: the tail, over time.
+"""When the slow updates of a hot (or many) run happened: the tail, over time.
 
 Runs one step of ``yrelay bench``'s hot scenario (1 document, 2 writers, 50
-readers) against one target and prints, besides p50/p99/max, the send time
+readers; or ``--scenario many``: 1,000 documents x 2 clients) against one target and prints, besides p50/p99/max, the send time
 (seconds into the run) and latency of every update at or above the p99. A
 tail spread over the run is queueing; a cluster at one moment is a stall
 (issue 20: the GC pass every ``gc_interval`` seconds, see BENCHMARKS.md
 "Issue 20: hot p99"). The server's work directory (its log, its event log
 with the ``snapshot`` and ``trim`` events) is kept and named at the end.
 
-    cd /tmp && PYTHONPATH=/work/main /work/main/.venv/bin/python /work/main/bench/hot_timeline.py [--target yrelay] [--rate 500] [--duration 10]
+    cd /tmp && PYTHONPATH=/work/main /work/main/.venv/bin/python /work/main/bench/hot_timeline.py [--target yrelay] [--rate 500] [--duration 10] [--scenario many]
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ def main() -> None:
     parser.add_argument("--target", default="yrelay", help="a target of yrelay bench (yrelay, yrelay@TREE, node...)")
     parser.add_argument("--rate", type=float, default=500.0, help="updates/s offered")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of sending")
+    parser.add_argument("--scenario", choices=("hot", "many"), default="hot")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hot-timeline-"))
     target = make_target(args.target, work)
     target.start()
     try:
-        generator = load.Generator(target, replace(load.hot_document(args.rate, args.duration), deflate=True), 10.0)
+        shape = (load.hot_document if args.scenario == "hot" else load.many_documents)(args.rate, args.duration)
+        generator = load.Generator(target, replace(shape, deflate=True), 10.0)
         generator.connect()
         results = generator.go()
         generator.close()

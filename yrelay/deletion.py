@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import redis.exceptions
 from redis.asyncio import Redis
 
+from .change_feed import announce
 from .keys import (bucket_documents_key, bucket_gc_due_key, document_bucket, document_keys, documents_key,
                    gc_due_key, group_dead_letters_key, group_leases_key, group_progress_key, groups_key, meta_key,
                    replication_probe_key, stream_key, tracker_key)
@@ -88,6 +89,7 @@ async def delete_document(redis: Redis, doc: str, tombstone_seconds: float) -> D
     script = redis.register_script(source("delete_document"))
     marker, raw_sessions = await script(keys=first + rest, args=[max(1, round(tombstone_seconds)), DELETION_SESSION])
     sessions = [text(session) for session in raw_sessions]
+    await announce(redis, [doc])  # the subscribers' fan-outs read the marker now, not at their next sweep
     groups = [text(group) for group in await redis.smembers(groups_key())]
     await unlist(redis, doc, groups)
     for session in sessions:

@@ -153,6 +153,13 @@ def bucket_documents_key(bucket: int) -> str:
     return f"{PREFIX}:{{bucket:{bucket:02d}}}:docs"
 
 
+def changes_key() -> str:
+    """Stream (capped): on one Redis, one entry per append batch naming the
+    documents it appended to (field ``d``, newline-separated): what wakes the
+    fan-out (yrelay/change_feed.py)."""
+    return f"{PREFIX}:changes"
+
+
 def bucket_changes_key(bucket: int) -> str:
     """Stream (capped): on a Redis Cluster only, one entry per append batch
     naming the documents of this bucket it appended to (field ``d``,

@@ -18,6 +18,7 @@ from .admission import Needs, needs_of
 from .clocks import bring_clocks_up_to_date
 from .update_format import MalformedUpdate, read_layout
 from .keys import clocks_key, dedup_key, meta_key, snapshot_key, stream_key
+from .change_feed import announce_in
 from .listing import mark_changed
 from .offsets import ZERO, StreamId
 from .protocol import b64encode
@@ -91,13 +92,13 @@ class DocumentStore:
             await self.scripts.append(keys=append_keys(doc), args=append_args([(session, clock, update, needs)]),
                                       client=pipe)
             mark_changed(pipe, [doc])
-            try:
-                [reply, *_] = await pipe.execute()
-            except redis.exceptions.ResponseError as exc:
-                from .deletion import is_deleted_error, unlist  # deletion builds on this module
-                if is_deleted_error(exc):  # refused, but mark_changed listed it again
-                    await unlist(self.redis, doc)
-                raise
+            announce_in(pipe, [doc])
+            [reply, *_] = await pipe.execute(raise_on_error=False)  # the bookkeeping's errors are not the append's
+        if isinstance(reply, redis.exceptions.ResponseError):
+            from .deletion import is_deleted_error, unlist  # deletion builds on this module
+            if is_deleted_error(reply):  # refused, but mark_changed listed it again
+                await unlist(self.redis, doc)
+            raise reply
         if reply == [b"stale"]:
             await bring_clocks_up_to_date(self, doc)
             return await self.append(doc, session, clock, update, needs)

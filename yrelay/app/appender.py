@@ -4,7 +4,8 @@ goes out together, one append-script call per document, in one pipeline.
 On this machine batching is the difference between ~10k and ~60k XADD/s. Order
 is kept: updates of one document are appended in the order they were submitted.
 A failing document (say, a key of the wrong type) fails only its own updates.
-The same pipeline marks the documents as changed for GC (``listing.mark_changed``).
+The same pipeline marks the documents as changed for GC (``listing.mark_changed``)
+and, on one Redis, announces them to the fan-outs (:mod:`yrelay.change_feed`).
 
 The script admits an update only if the document can apply it (causal
 admission, :mod:`yrelay.admission`). A refused update fails with
@@ -26,6 +27,7 @@ from redis.exceptions import NoScriptError
 
 from .. import redis_packed
 from ..admission import Needs, ready_part
+from ..change_feed import announce, announce_in
 from ..clocks import bring_clocks_up_to_date
 from ..deletion import is_deleted_error, unlist
 from ..redis_client import UNREACHABLE
@@ -120,11 +122,12 @@ class Appender:
                     args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
                     await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
                 mark_changed(pipe, list(by_doc))
+                announce_in(pipe, list(by_doc))
                 wait_of: dict[str, int] = {}
                 if self.replicas is not None:  # on the connection(s) of the writes, after them
                     wait_of = self.replicas.queue(pipe, {doc: append_keys(doc)[0] for doc in by_doc})
                 results = await pipe.execute(raise_on_error=False)
-                await self._load_and_rerun(pipe, results, len(by_doc))
+                await self._load_and_rerun(pipe, results, list(by_doc))
             unconfirmed = await self._unconfirmed(list(by_doc), results, wait_of)
         except Exception as exc:  # Redis unreachable: every caller gets the error
             log.warning("append batch failed: %s", exc)
@@ -139,13 +142,14 @@ class Appender:
             else:
                 self._resolve(doc, items, result, doc not in unconfirmed)
 
-    async def _load_and_rerun(self, pipe: object, results: list[Any], appends: int) -> None:
+    async def _load_and_rerun(self, pipe: object, results: list[Any], docs: list[str]) -> None:
         """Packed, the batch skips redis-py's ``SCRIPT EXISTS`` before every
         batch (a round trip): appends refused NOSCRIPT (Redis restarted
         without its script cache) run again, with the WAIT after them, once
         the script is loaded; their replies replace the refusals in
-        ``results``. Nothing else of the batch runs twice."""
-        missing = [i for i, result in enumerate(results[:appends]) if isinstance(result, NoScriptError)]
+        ``results``, and they are announced again (the batch's announcement
+        came before them). Nothing else of the batch runs twice."""
+        missing = [i for i, result in enumerate(results[:len(docs)]) if isinstance(result, NoScriptError)]
         if not missing or not isinstance(pipe, redis_packed.Batch):
             return
         script = self.store.scripts.append
@@ -156,6 +160,7 @@ class Appender:
             results[i] = result
         if wait:
             results[-1] = again[-1]
+        await announce(self.store.redis, [docs[i] for i in missing])
 
     async def _unconfirmed(self, docs: list[str], results: list[Any], wait_of: dict[str, int]) -> set[str]:
         """The documents whose entries ``ack_replicas`` replicas did not

@@ -108,7 +108,12 @@ class ServerContext:
             ctx.presence.start()
             ctx.limits.subjects.start()
             ctx.revocations.start()
+            # The engine's workers start beside the validator's, and both are
+            # up before the first client: started later, they competed with
+            # the clients for the CPU (yrelay/app/engine_pool.py).
+            ctx.engine.warm_up()
             await ctx.validator.start()
+            await ctx.engine.warmed()
             ctx._stack = stack.pop_all()
         return ctx
 

@@ -19,11 +19,14 @@ With ``workers = 0`` the engine runs in a thread of the server process
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Sequence
 
 from .. import crdt, engine
 from .validator import WorkerFailed, WorkerProcess
+
+log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct(">BI")
 _U32 = struct.Struct(">I")
@@ -50,9 +53,7 @@ class EnginePool:
 
     def __init__(self, workers: int, timeout: float, module: str = "yrelay.engine"):
         """``module``: what each worker runs (tests name a misbehaving one).
-        Workers start on first use (~0.1 s of Python start-up, paid by the
-        first sync or fold): a server start does not compete with them, and
-        a process nobody syncs with runs none."""
+        Workers start when :meth:`warm_up` is called, else on first use."""
         self.timeout = timeout
         self._workers = [WorkerProcess(module) for _ in range(workers)]
         #: Last in, first out: a lone caller keeps getting the warm worker.
@@ -62,12 +63,44 @@ class EnginePool:
         self._jobs: set[asyncio.Task[tuple[int, list[bytes]]]] = set()
         #: Requests that hung or crashed a worker.
         self.failures = 0
+        self._warming: asyncio.Task[None] | None = None
 
     @property
     def restarts(self) -> int:
         return sum(worker.restarts for worker in self._workers)
 
+    def warm_up(self) -> None:
+        """Start the workers now, in the background (:meth:`warmed` waits
+        for them). Started on first use instead, the first GC pass of a busy
+        server spawned them: a fork of a process holding every connection,
+        then two Python start-ups competing for the CPU with its clients
+        (~190 ms of delay for every update in flight, the p99 of a
+        many-documents bench run: BENCHMARKS.md "Issue 20: many"); and the
+        first sync waited for the start-up."""
+        if self._workers and self._warming is None:
+            self._warming = asyncio.create_task(self._warm_up(), name="yrelay-engine-warm-up")
+
+    async def warmed(self) -> None:
+        if self._warming is not None:
+            await asyncio.shield(self._warming)
+
+    async def _warm_up(self) -> None:
+        """Every idle worker started at once (a request arriving meanwhile
+        waits for one of them: they are out of the idle queue)."""
+        workers = [self._idle.get_nowait() for _ in range(self._idle.qsize())]
+        try:
+            results = await asyncio.gather(*(worker.start() for worker in workers if worker.process is None),
+                                           return_exceptions=True)
+            for failure in (result for result in results if isinstance(result, Exception)):
+                log.warning("an engine worker did not start (%r): the first request starts it", failure)
+        finally:
+            for worker in workers:
+                self._idle.put_nowait(worker)
+
     async def stop(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
+            await asyncio.gather(self._warming, return_exceptions=True)
         for job in list(self._jobs):
             job.cancel()
         await asyncio.gather(*self._jobs, return_exceptions=True)

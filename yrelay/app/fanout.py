@@ -1,6 +1,11 @@
-"""One reader per server process: a blocking XREAD over the streams of every
-document that has a subscriber here, handing each batch of new entries to
-those subscribers.
+"""One reader per server process: a blocking XREAD over the streams of the
+documents subscribed here that have something new, handing each batch of new
+entries to those subscribers.
+
+Which have something new, the change stream says (:mod:`yrelay.change_feed`):
+each round reads it, with the documents its announcements named the round
+before; every ``block_ms`` a sweep reads every subscribed document, for what
+no announcement named.
 
 Fan-out goes through Redis streams, never through process memory, so any
 number of server processes can serve one document. Batches of one document are
@@ -37,7 +42,8 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..backoff import Reconnect
-from ..keys import stream_key
+from ..change_feed import ChangeFeed
+from ..keys import changes_key, stream_key
 from ..offsets import ZERO, StreamId
 from ..redis_client import REDIS_PY_RACE, UNREACHABLE
 from ..redis_packed import bulk as _bulk
@@ -125,6 +131,9 @@ class Fanout:
         self._loop = BackgroundTask("yrelay-fanout", self._run)
         #: doc -> (cursor, its stream key and cursor packed as RESP bulk strings)
         self._packed: dict[str, tuple[StreamId, bytes, bytes]] = {}
+        #: The documents to read next (:mod:`yrelay.change_feed`).
+        self.changes = ChangeFeed()
+        self._next_sweep = 0.0
         #: Documents to check for a stream that went back before the next
         #: read, with the ids to look for (cursor, stored) as they were when
         #: the reader saw Redis fail (:mod:`.rewind`): appends acked since
@@ -153,7 +162,7 @@ class Fanout:
             feed = self.feeds.get(subscriber.doc)  # another task may have won the race
             if feed is None:
                 feed = self.feeds[subscriber.doc] = Feed(cursor=last)
-                self._documents_changed()
+                self._documents_changed(subscriber.doc)
         self.subscribers.add(subscriber)
         return feed.cursor
 
@@ -170,14 +179,17 @@ class Fanout:
             self._packed.pop(subscriber.doc, None)
             self._generation += 1
 
-    def _documents_changed(self) -> None:
+    def _documents_changed(self, added: str) -> None:
+        """``added`` is followed from now on: read it now (an entry appended
+        since its cursor may have been announced before it was followed)."""
+        self.changes.woken.add(added)
         self._generation += 1
         self._changed.set()
         if self._interrupting is None or self._interrupting.done():
             self._interrupting = asyncio.create_task(self._interrupt_read())
 
     async def _interrupt_read(self) -> None:
-        """Wake the blocking XREAD so it picks up new documents now, not after
+        """Wake the blocking XREAD so it reads new documents now, not after
         ``block_ms``: until the reader has started a read that covers the
         newest change (it may be between two reads, or start one that
         misses a document added meanwhile), for at most 50 tries."""
@@ -241,28 +253,60 @@ class Fanout:
         now = time.monotonic()
         return {doc: feed.cursor for doc, feed in self.feeds.items() if feed.broken_until <= now}
 
+    def _round(self, now: float) -> dict[str, StreamId]:
+        """The documents (-> cursor) to read this round: every readable one
+        on a sweep (every ``block_ms``, and every round while the change
+        stream cannot be read), else those woken."""
+        woken, self.changes.woken = self.changes.woken, set()
+        if now >= self._next_sweep or not self.changes.listening(now):
+            self._next_sweep = now + self.block_ms / 1000
+            return self._readable()
+        feeds = self.feeds
+        return {doc: feed.cursor for doc in woken
+                if (feed := feeds.get(doc)) is not None and feed.broken_until <= now}
+
     async def _read_once(self) -> None:
         if self._reader_id is None:
             self._reader_id = await self.reader.client_id()
-        readable = self._readable()
-        self._reading_generation = self._generation
-        if not readable:
+        if not self.feeds:
+            self._reading_generation = self._generation
             self._changed.clear()
             await wait_event(self._changed, self.block_ms / 1000)
             return
-        try:
-            reply = await self._xread(readable)
-        except redis.exceptions.ResponseError:
-            await self._isolate_broken(readable)
+        if self.changes.cursor is None and self.changes.broken_until <= time.monotonic():
+            try:
+                await self.changes.start_at_end(self.reader)
+            except redis.exceptions.ResponseError as exc:  # read every document meanwhile
+                self.changes.set_aside(exc, QUARANTINE_SECONDS)
+            self._next_sweep = 0.0
+        self._reading_generation = self._generation
+        now = time.monotonic()
+        readable = self._round(now)
+        listening = self.changes.listening(now)
+        if not readable and not listening:  # every document set aside
+            self._changed.clear()
+            await wait_event(self._changed, self.block_ms / 1000)
             return
-        self._dispatch(reply or [])
+        block_ms = max(1, min(self.block_ms, int((self._next_sweep - now) * 1000)))
+        count = self.count
+        try:
+            reply = await self._xread(readable, count, block_ms, listening)
+        except redis.exceptions.ResponseError:
+            await self._isolate_broken(readable, listening)
+            return
+        self._dispatch(self._take_changes(reply, count))
 
-    async def _xread(self, readable: dict[str, StreamId]) -> list:
-        """XREAD BLOCK over ``readable``, packed here: redis-py spends ~1.5 ms
-        packing a command over 1,000 streams, more than Redis takes to answer
-        it; each document's key and cursor are packed once and reused."""
-        parts = (b"XREAD", b"COUNT", b"%d" % self.count, b"BLOCK", b"%d" % self.block_ms, b"STREAMS")
+    async def _xread(self, readable: dict[str, StreamId], count: int, block_ms: int, listening: bool) -> list:
+        """XREAD BLOCK over the change stream (when ``listening``) and
+        ``readable``, packed here: redis-py spends ~1.5 ms packing a command
+        over 1,000 streams, more than Redis takes to answer it; each
+        document's key and cursor are packed once and reused."""
+        parts = (b"XREAD", b"COUNT", b"%d" % count, b"BLOCK", b"%d" % block_ms, b"STREAMS")
         keys, ids = [], []
+        if listening:
+            assert self.changes.cursor is not None
+            keys.append(_CHANGES_KEY)
+            ids.append(_bulk(self.changes.cursor.encode()))
         for doc, cursor in readable.items():
             packed = self._packed.get(doc)
             if packed is None or packed[0] != cursor:
@@ -275,6 +319,20 @@ class Fanout:
         command = b"".join([b"*%d\r\n" % (len(parts) + 2 * len(keys)), *map(_bulk, parts), *keys, *ids])
         await connection.send_packed_command(command, check_health=False)
         return _stream_pairs(await connection.read_response())
+
+    def _take_changes(self, reply: list, count: int) -> list:
+        """The documents' part of ``reply``; the change stream's entries wake
+        the documents they name, and a document whose read came back full
+        (``count`` entries: there may be more) is read again next round."""
+        documents = []
+        for raw_key, raw_entries in reply:
+            if raw_key == _CHANGES_RAW_KEY:
+                self.changes.take(raw_entries, self.feeds.__contains__)
+                continue
+            documents.append((raw_key, raw_entries))
+            if len(raw_entries) >= count:
+                self.changes.woken.add(_doc_of(raw_key))
+        return documents
 
     def _dispatch(self, reply: list) -> None:
         for raw_key, raw_entries in reply:
@@ -292,7 +350,14 @@ class Fanout:
             for subscriber in self.subscribers.of(doc):
                 subscriber.offer(batch)
 
-    async def _isolate_broken(self, readable: dict[str, StreamId]) -> None:
+    async def _isolate_broken(self, readable: dict[str, StreamId], listening: bool) -> None:
+        if listening:
+            assert self.changes.cursor is not None
+            try:
+                self._take_changes(await self.store.redis.xread({changes_key(): self.changes.cursor},
+                                                                count=self.count) or [], self.count)
+            except redis.exceptions.ResponseError as exc:
+                self.changes.set_aside(exc, QUARANTINE_SECONDS)
         for doc, cursor in readable.items():
             try:
                 reply = await self.store.redis.xread({stream_key(doc): str(cursor)}, count=self.count)
@@ -320,6 +385,10 @@ def _stream_pairs(reply: object) -> list:
     pairs = reply.items() if isinstance(reply, dict) else reply
     return [(key, [(entry_id, dict(zip(fields[::2], fields[1::2]))) for entry_id, fields in entries])
             for key, entries in pairs]  # type: ignore[union-attr]
+
+
+_CHANGES_RAW_KEY = changes_key().encode()
+_CHANGES_KEY = _bulk(_CHANGES_RAW_KEY)
 
 
 def _doc_of(raw_key: bytes) -> str:

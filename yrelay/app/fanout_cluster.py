@@ -50,16 +50,12 @@ class ClusterFanout(Fanout):
         await self._loop.stop()
         await self.reader.aclose()
 
-    async def register(self, subscriber: Subscriber) -> StreamId:
-        """As the single-Redis fan-out; the document is also read once right
-        away: an entry appended while it was registering may have woken the
-        watchers before it was listed."""
-        cursor = await super().register(subscriber)
-        self.wakeups.wake(subscriber.doc)
-        return cursor
-
-    def _documents_changed(self) -> None:
-        self._generation += 1  # no blocking read to interrupt here
+    def _documents_changed(self, added: str) -> None:
+        """Read ``added`` once right away (an entry appended while it was
+        registering may have woken the watchers before it was listed); no
+        blocking read to interrupt here."""
+        self._generation += 1
+        self.wakeups.wake(added)
 
     async def _read_once(self) -> None:
         self._reading_generation = self._generation

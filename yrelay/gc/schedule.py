@@ -136,6 +136,16 @@ async def collect_documents(
     return summary
 
 
+#: Documents per collection of a pass (of a claim of ``gc_batch_size``).
+#: Each step of a collection is one pipeline over its documents, packed and
+#: parsed on the server's event loop, and its scripts run back to back in
+#: Redis: over 500 documents of ~30 entries, a pass held every client of the
+#: process for ~200 ms (the p99 of the many-documents bench; BENCHMARKS.md
+#: "Issue 20: many"). Slices of 25 hold it for a few ms at a time, for a few
+#: more round trips per pass.
+COLLECT_SLICE = 25
+
+
 async def run_due_pass(
     collector: Collector, due: DueSet, *, batch_size: int, lease_ms: int, next_due_ms: int
 ) -> PassSummary:
@@ -147,10 +157,13 @@ async def run_due_pass(
         claim = await due.claim(batch_size, lease_ms)
         fresh = [doc for doc in claim.docs if doc not in seen]
         if fresh:
-            reports = await collector.collect(fresh)
-            summary.add(reports)
+            settled: dict[str, bool] = {}
+            for start in range(0, len(fresh), COLLECT_SLICE):
+                reports = await collector.collect(fresh[start : start + COLLECT_SLICE])
+                summary.add(reports)
+                settled.update((report.doc, report.settled) for report in reports)
             seen.update(fresh)
-            await due.release(claim, {report.doc: report.settled for report in reports}, next_due_ms)
+            await due.release(claim, settled, next_due_ms)
         again = {doc: False for doc in claim.docs if doc not in fresh}
         if again:  # changed again during this pass: due at the next one
             await due.release(claim, again, next_due_ms=0)

@@ -1,0 +1,83 @@
+"""The fan-out on one Redis reads the documents the change stream names
+(yrelay/change_feed.py), and every followed document at each sweep: an edit
+reaches the other clients long before a sweep, an append nobody announced
+arrives with the next sweep, and a change stream that cannot be read costs
+nothing but the old way of reading."""
+
+from __future__ import annotations
+
+from conftest import eventually, running_server
+
+from yrelay import crdt
+from yrelay.app.fanout import Fanout
+from yrelay.keys import changes_key
+from yrelay.store import DocumentStore, append_args, append_keys, needs_or_nothing
+
+#: A sweep so rare that a test waiting for a delivery never sees one.
+NO_SWEEP_MS = 120_000
+
+
+async def test_an_edit_reaches_the_reader_without_waiting_for_a_sweep(redis_url, make_client, monkeypatch):
+    reads: list[int] = []
+    xread = Fanout._xread
+
+    async def counting(self, readable, count, block_ms, listening):  # type: ignore[no-untyped-def]
+        reads.append(len(readable))
+        return await xread(self, readable, count, block_ms, listening)
+
+    monkeypatch.setattr(Fanout, "_xread", counting)
+    async with running_server(redis_url, block_ms=NO_SWEEP_MS) as url:
+        writer, reader = await make_client(url), await make_client(url)
+        for i in range(30):  # documents followed, untouched
+            await reader.subscribe(f"quiet-{i}")
+        await writer.subscribe("typed")
+        doc = await reader.subscribe("typed")
+        reads.clear()
+        crdt.insert_text(writer.docs["typed"].ydoc, 0, "hello")
+        await eventually(lambda: doc.text == "hello")
+    # Delivered by rounds over the announced document, not over all 31.
+    assert reads and max(reads) <= 1, reads
+
+
+async def test_an_append_nobody_announced_arrives_with_the_next_sweep(redis_url, redis_client, make_client):
+    async with running_server(redis_url, block_ms=300) as url:
+        reader = await make_client(url)
+        doc = await reader.subscribe("by-hand")
+        before = await redis_client.xlen(changes_key())
+        # An append as a server of an older version makes it: the script alone.
+        source = crdt.new_doc()
+        crdt.insert_text(source, 0, "unannounced")
+        update = crdt.encode_state(source)
+        store = DocumentStore(redis_client)
+        await store.scripts.append(keys=append_keys("by-hand"),
+                                   args=append_args([("old-server-session-01", 1, update, needs_or_nothing(update))]))
+        assert await redis_client.xlen(changes_key()) == before  # nothing announced it
+        await eventually(lambda: doc.text == "unannounced", timeout=10)
+
+
+async def test_a_change_stream_of_the_wrong_type_loses_no_edit(redis_url, redis_client, make_client):
+    await redis_client.delete(changes_key())
+    await redis_client.set(changes_key(), "not a stream")
+    try:
+        async with running_server(redis_url, block_ms=NO_SWEEP_MS) as url:
+            writer, reader = await make_client(url), await make_client(url)
+            await writer.subscribe("wrong-type")
+            doc = await reader.subscribe("wrong-type")
+            crdt.insert_text(writer.docs["wrong-type"].ydoc, 0, "still here")
+            # Acked (the announcement's refusal is not the append's) and delivered
+            # (the reader, unable to read the change stream, reads every document).
+            await eventually(lambda: writer.pending == 0 and doc.text == "still here")
+            entries = await redis_client.xrange("yrelay:{wrong-type}:stream")
+            assert len(entries) == 1
+    finally:
+        await redis_client.delete(changes_key())
+
+
+async def test_a_direct_append_announces_its_document(redis_client):
+    store = DocumentStore(redis_client)
+    source = crdt.new_doc()
+    crdt.insert_text(source, 0, "x")
+    last = await redis_client.xrevrange(changes_key(), count=1)
+    await store.append("announced", "tool-session-0001", 1, crdt.encode_state(source))
+    [(_, fields)] = await redis_client.xrange(changes_key(), min=f"({last[0][0].decode()}" if last else "-")
+    assert fields[b"d"] == b"announced"

@@ -1,0 +1,100 @@
+"""Which documents have new entries: what wakes the fan-out on one Redis.
+
+The fan-out of a process used to block in one XREAD over the streams of
+every document subscribed there. Redis checks each stream named, and the
+server packs every key and cursor and walks every document, on every round:
+with 1,000 documents at a few thousand updates/s that was ~10% of the
+server's samples and a good part of Redis' CPU, for rounds that found one or
+two documents with something new (BENCHMARKS.md, issue 20). Now a round
+costs what happened since the last one:
+
+- every append batch ends with one entry on the capped change stream
+  (``yrelay:changes``, field ``d``: the documents, newline-separated),
+  queued by :func:`announce_in` on the batch's own pipeline after the
+  appends: Redis runs a pipeline's commands in order, so whoever reads the
+  announcement finds the entries it names;
+- the reader blocks in one XREAD over the change stream and the documents
+  woken by the announcements it read the round before (:class:`ChangeFeed`);
+- a sweep every ``block_ms`` reads every followed document, as before: an
+  append that announced nothing (a server of an older version, a write by
+  hand) or an announcement lost (the stream trimmed past the reader, a
+  failure) is delivered within ``block_ms``.
+
+A Redis Cluster refuses a multi-key XREAD across slots: there a change
+stream per bucket wakes a read per document (:mod:`yrelay.cluster_reads`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from redis.asyncio import Redis
+
+from .keys import changes_key
+from .redis_client import is_cluster
+from .replies import text
+
+log = logging.getLogger(__name__)
+
+#: Entries the change stream keeps (approximately): a reader further behind
+#: than this has the sweep to catch it up.
+CHANGES_MAXLEN = 10_000
+
+
+def announce_in(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Queue the announcement of an append to ``docs`` on ``pipe``, after
+    the appends (nothing on a cluster: :mod:`yrelay.cluster_reads`)."""
+    if docs and not is_cluster(pipe):
+        pipe.execute_command("XADD", changes_key(), "MAXLEN", "~", CHANGES_MAXLEN, "*", "d", "\n".join(docs))
+
+
+async def announce(redis: Redis, docs: list[str]) -> None:
+    """Announce ``docs`` on their own (a write outside an append batch)."""
+    if not is_cluster(redis):
+        async with redis.pipeline(transaction=False) as pipe:
+            announce_in(pipe, docs)
+            await pipe.execute()
+
+
+class ChangeFeed:
+    """The reader's side: where it is in the change stream, and the
+    documents the announcements it read asked it to read."""
+
+    def __init__(self) -> None:
+        #: The last announcement read; None when not known (at the start and
+        #: after a failure): the reader starts at the stream's end, and sweeps.
+        self.cursor: str | None = None
+        #: Documents to read in the next round.
+        self.woken: set[str] = set()
+        #: The change stream cannot be read (a key of the wrong type) until
+        #: then: every round sweeps, as the reader did before wake-ups.
+        self.broken_until = 0.0
+
+    def listening(self, now: float) -> bool:
+        return self.cursor is not None and self.broken_until <= now
+
+    async def start_at_end(self, redis: Redis) -> None:
+        """Follow announcements from now on; the caller sweeps next (what
+        was announced before is in the streams the sweep reads)."""
+        last = await redis.xrevrange(changes_key(), count=1)
+        self.cursor = text(last[0][0]) if last else "0-0"
+
+    def lost(self) -> None:
+        """Redis failed: announcements may be lost (a failover); start again at the end."""
+        self.cursor = None
+
+    def set_aside(self, exc: Exception, seconds: float) -> None:
+        log.error("the change stream %s cannot be read (%s): every document followed is read every round for %ss",
+                  changes_key(), exc, seconds)
+        self.broken_until = time.monotonic() + seconds
+
+    def take(self, entries: Iterable[tuple[bytes, dict[bytes, bytes]]], wanted: Callable[[str], bool]) -> None:
+        """Read ``entries`` of the change stream: wake the documents they name that are ``wanted``."""
+        for entry_id, fields in entries:
+            self.cursor = text(entry_id)
+            self.woken.update(doc for doc in text(fields.get(b"d", b"")).split("\n") if wanted(doc))
+
+
+__all__ = ["CHANGES_MAXLEN", "ChangeFeed", "announce", "announce_in"]
