@@ -104,7 +104,7 @@ class Settings:
     #: killed and restarted (its updates are then checked one by one).
     validate_timeout: float = 2.0
     #: CRDT engine processes (pycrdt) that compute sync answers and GC
-    #: folds, started on first use (0: a thread of the server process) ...
+    #: folds, started with the server (0: a thread of the server process) ...
     engine_workers: int = 2
     #: ... and the seconds one may spend on one document before it is killed
     #: (the sync is answered ``document_unavailable``, the fold waits).
