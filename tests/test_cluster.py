@@ -255,8 +255,10 @@ async def test_updates_a_failover_lost_come_back_from_live_clients(redis_cluster
             with redis.Redis(port=replica) as new_master:  # read where the slot lives now, not through a server
                 held = {entry_id.decode() for entry_id, _ in new_master.xrange(stream_key(doc))}
             lost = [update.id for update in acked if update.id not in held]
+            # The ids prove the loss: a repair appends the content again under
+            # new ids, and it may already have (the engine workers are warm:
+            # the resync is answered at once), so the text proves nothing here.
             assert lost, "the replica had every acked update: nothing was lost, so nothing is proven"
-            assert "<a4>" not in await stored_text(replica, doc)
 
             expected = a.text  # the clients hold it all; neither is closed nor reconnects
             promoted = asyncio.get_running_loop().time()

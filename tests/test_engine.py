@@ -164,6 +164,32 @@ async def test_a_cancelled_caller_leaves_no_reply_behind():
         await pool.stop()
 
 
+async def test_warmed_workers_answer_the_first_request_without_a_restart():
+    """Started before the first request (the server does it before it takes
+    clients): the first fold finds its worker running."""
+    pool = EnginePool(workers=2, timeout=5.0)
+    try:
+        pool.warm_up()
+        await pool.warmed()
+        assert all(worker.process is not None and worker.process.returncode is None for worker in pool._workers)
+        fold = await pool.fold(b"", one_character_chain(3))
+        assert fold.held == 3 and pool.restarts == 0
+    finally:
+        await pool.stop()
+    assert all(worker.process is None for worker in pool._workers)
+
+
+async def test_a_worker_that_cannot_start_is_started_by_the_first_request_instead():
+    pool = EnginePool(workers=1, timeout=5.0, module="yrelay_tools.testing.no_such_engine")
+    try:
+        pool.warm_up()
+        await pool.warmed()  # logged, not raised: the server starts anyway
+        with pytest.raises(EngineFailed):
+            await pool.fold(b"", one_character_chain(1))
+    finally:
+        await pool.stop()
+
+
 # ------------------------------------------------- over a real server, Redis
 
 
