@@ -301,3 +301,32 @@ async def test_the_search_indexer_recipe_indexes_every_documents_text(redis_url,
                      timeout=10)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_cancel_that_a_redis_call_drops_still_ends_the_iteration(redis_client, monkeypatch):
+    """redis-py sends under asyncio.wait_for, which on Python 3.11 drops a
+    cancel that lands as the write completes: the caller's ``async for`` over
+    ``batches()`` must end anyway, not run on for ever."""
+    from yrelay.consumers import reader as reader_module
+
+    async def swallowing_step(self):  # type: ignore[no-untyped-def]
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            pass  # what asyncio.wait_for does on 3.11 when its future completes as the cancel lands
+        return []
+
+    monkeypatch.setattr(reader_module.Reader, "_step", swallowing_step)
+    member = await ConsumerGroup(redis_client, "cancel-lost", member="m1", lease=LEASE).__aenter__()
+    try:
+        async def consume() -> None:
+            async for _ in member.batches():
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.02)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert task in done and task.cancelled()
+    finally:
+        await member.leave()

@@ -39,8 +39,10 @@ from .replies import text
 log = logging.getLogger(__name__)
 
 #: Entries the change stream keeps (approximately): a reader further behind
-#: than this has the sweep to catch it up.
-CHANGES_MAXLEN = 10_000
+#: than this has the sweep to catch it up. An entry names every document of
+#: one append batch (hundreds under load: a few kB), so a few seconds of
+#: batches, not minutes.
+CHANGES_MAXLEN = 1_000
 
 
 def announce_in(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]

@@ -87,4 +87,18 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     return True
 
 
-__all__ = ["BackgroundTask", "wait_event"]
+def raise_lost_cancel() -> None:
+    """Raise the cancel of the current task if something swallowed it.
+
+    redis-py sends a command under ``asyncio.wait_for``, which on Python 3.11
+    drops a cancel that lands as the write completes (python/cpython#86296);
+    the task still counts it (``Task.cancelling()``), but a loop that goes on
+    would never end (seen: a test's ``async for batch in member.batches()``
+    cancelled during the reader's XREAD). Call it at the top of each turn of
+    a loop a caller may cancel."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+__all__ = ["BackgroundTask", "raise_lost_cancel", "wait_event"]

@@ -37,7 +37,7 @@ from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import is_cluster
 from ..replies import stream_id, text
 from ..store import DocumentStore, to_entry
-from ..tasks import wait_event
+from ..tasks import raise_lost_cancel, wait_event
 from .batch import Batch
 from .progress import AckResult, Progress, StaleClaim
 
@@ -223,6 +223,7 @@ class Reader:
         lease the member holds nothing until its heartbeat is back."""
         reconnect = Reconnect()
         while not self.closed:
+            raise_lost_cancel()
             try:
                 ready = await self._step()
             except (redis.exceptions.RedisError, OSError) as exc:
