@@ -10,6 +10,7 @@ from conftest import eventually, running_server
 
 from yrelay import crdt
 from yrelay.app.fanout import Fanout
+from yrelay.change_feed import announce
 from yrelay.keys import changes_key
 from yrelay.store import DocumentStore, append_args, append_keys, needs_or_nothing
 
@@ -81,3 +82,13 @@ async def test_a_direct_append_announces_its_document(redis_client):
     await store.append("announced", "tool-session-0001", 1, crdt.encode_state(source))
     [(_, fields)] = await redis_client.xrange(changes_key(), min=f"({last[0][0].decode()}" if last else "-")
     assert fields[b"d"] == b"announced"
+
+
+async def test_an_announcement_redis_refuses_is_only_logged(redis_client, caplog):
+    await redis_client.delete(changes_key())
+    await redis_client.set(changes_key(), "not a stream")
+    try:
+        await announce(redis_client, ["anything"])  # after a write that is done: nothing to fail
+        assert "the next sweep delivers them" in caplog.text
+    finally:
+        await redis_client.delete(changes_key())

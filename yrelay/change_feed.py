@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+import redis.exceptions as redis_exceptions
 from redis.asyncio import Redis
 
 from .keys import changes_key
@@ -53,11 +54,17 @@ def announce_in(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]
 
 
 async def announce(redis: Redis, docs: list[str]) -> None:
-    """Announce ``docs`` on their own (a write outside an append batch)."""
-    if not is_cluster(redis):
+    """Announce ``docs`` on their own (after a write outside an append
+    batch). Never raises: the write is done, and an announcement lost is
+    delivered by the next sweep."""
+    if is_cluster(redis) or not docs:
+        return
+    try:
         async with redis.pipeline(transaction=False) as pipe:
             announce_in(pipe, docs)
             await pipe.execute()
+    except (redis_exceptions.RedisError, OSError) as exc:
+        log.warning("could not announce appends to %d documents (%s); the next sweep delivers them", len(docs), exc)
 
 
 class ChangeFeed:
