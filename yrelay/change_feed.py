@@ -46,11 +46,24 @@ log = logging.getLogger(__name__)
 CHANGES_MAXLEN = 1_000
 
 
+def announcement(docs: list[str]) -> dict[str, str]:
+    """The fields of a change-stream entry naming ``docs`` (here and on a
+    cluster's bucket streams: :mod:`yrelay.cluster_reads`). Document ids
+    hold no newline (:data:`yrelay.keys.DOC_ID_PATTERN`)."""
+    return {"d": "\n".join(docs)}
+
+
+def announced(fields: dict[bytes, bytes]) -> list[str]:
+    """The documents a change-stream entry names."""
+    return text(fields.get(b"d", b"")).split("\n")
+
+
 def announce_in(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]
     """Queue the announcement of an append to ``docs`` on ``pipe``, after
     the appends (nothing on a cluster: :mod:`yrelay.cluster_reads`)."""
     if docs and not is_cluster(pipe):
-        pipe.execute_command("XADD", changes_key(), "MAXLEN", "~", CHANGES_MAXLEN, "*", "d", "\n".join(docs))
+        [(field, value)] = announcement(docs).items()
+        pipe.execute_command("XADD", changes_key(), "MAXLEN", "~", CHANGES_MAXLEN, "*", field, value)
 
 
 async def announce(redis: Redis, docs: list[str]) -> None:
@@ -103,7 +116,7 @@ class ChangeFeed:
         """Read ``entries`` of the change stream: wake the documents they name that are ``wanted``."""
         for entry_id, fields in entries:
             self.cursor = text(entry_id)
-            self.woken.update(doc for doc in text(fields.get(b"d", b"")).split("\n") if wanted(doc))
+            self.woken.update(doc for doc in announced(fields) if wanted(doc))
 
 
-__all__ = ["CHANGES_MAXLEN", "ChangeFeed", "announce", "announce_in"]
+__all__ = ["CHANGES_MAXLEN", "ChangeFeed", "announce", "announce_in", "announced", "announcement"]

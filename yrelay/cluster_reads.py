@@ -42,6 +42,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from .backoff import Reconnect
+from .change_feed import announced, announcement
 from .keys import DOCUMENT_BUCKETS, bucket_changes_key, stream_key
 from .listing import by_bucket
 from .offsets import StreamId
@@ -64,7 +65,7 @@ async def announce(client: Redis, docs: list[str]) -> None:
     try:
         async with client.pipeline(transaction=False) as pipe:
             for bucket, members in by_bucket(docs).items():
-                pipe.xadd(bucket_changes_key(bucket), {"d": "\n".join(members)}, maxlen=CHANGES_MAXLEN,
+                pipe.xadd(bucket_changes_key(bucket), announcement(members), maxlen=CHANGES_MAXLEN,
                           approximate=True)
             await pipe.execute()
     except (redis.exceptions.RedisError, OSError, *REDIS_PY_RACE) as exc:  # the sweep delivers them within block_ms
@@ -182,6 +183,6 @@ class BucketWakeups:
             for _, entries in (reply.items() if isinstance(reply, dict) else reply or []):
                 for entry_id, fields in entries:
                     cursor = text(entry_id)
-                    self.woken.update(doc for doc in text(fields.get(b"d", b"")).split("\n") if self.wanted(doc))
+                    self.woken.update(doc for doc in announced(fields) if self.wanted(doc))
             if self.woken:
                 self._event.set()
