@@ -18,6 +18,13 @@ Prints a table; not a test.
    one (not the leader) is killed with SIGKILL; timed until every document
    it held was claimed by another member (its fence holds the new version).
 
+``--follow RATE`` measures instead a member following live appends: one
+member (its own process, ``--tree`` chooses whose ``yrelay`` it runs)
+drains the seeded documents, then a writer appends ``RATE`` entries/s, each
+to a random document, for ``--seconds``; printed: Redis' CPU and the
+member's per 1,000 entries, and the lag from each append (its entry id's
+time) to the batch that holds it, p50/p99.
+
 Each drain uses a new group name on the same Redis, so nothing is cached
 between runs; the ceiling runs on the same server in the same process run.
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -33,6 +41,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -72,9 +82,10 @@ async def xread_ceiling(redis: Redis, docs: list[str], total: int) -> float:
     return read / (time.perf_counter() - started)
 
 
-def spawn(url: str, group: str, member: str, lease: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, "member", url, group, member, str(lease)],
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+def spawn(url: str, group: str, member: str, lease: float, *extra: str, tree: str | None = None) -> subprocess.Popen:
+    role = "follower" if extra else "member"
+    return subprocess.Popen([sys.executable, __file__, role, url, group, member, str(lease), *extra],
+                            env={**os.environ, "PYTHONPATH": tree or str(Path(__file__).resolve().parent.parent)})
 
 
 async def balanced(redis: Redis, group: str, members: int, docs: int) -> dict[str, int]:
@@ -165,19 +176,98 @@ async def member(url: str, group: str, name: str, lease: float) -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def follower(url: str, group: str, name: str, lease: float, out: str) -> None:
+    """A member that records, for each entry, how long after its append
+    (the entry id's time) its batch arrived; writes them and its CPU to ``out``."""
+    redis = Redis.from_url(url)
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
+    lags: list[float] = []
+    async with ConsumerGroup(redis, group, member=name, lease=lease) as consumer:
+        async def consume() -> None:
+            async for batch in consumer.batches():
+                now = time.time() * 1000
+                lags.extend(now - int(entry_id.split("-")[0]) for entry_id in map(str, batch.ids))
+                await batch.ack()
+
+        task = asyncio.create_task(consume())
+        while not await redis.exists(GO_KEY) and not stopping.is_set():
+            await asyncio.sleep(0.01)
+        lags.clear()
+        cpu = time.process_time()
+        await stopping.wait()
+        cpu = time.process_time() - cpu
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    Path(out).write_text(json.dumps({"cpu": cpu, "lags": lags}))
+
+
+async def redis_cpu(redis: Redis) -> float:
+    info = await redis.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+async def follow(redis: Redis, store: DocumentStore, url: str, docs: list[str], last: dict[str, float],
+                 rate: int, seconds: float, lease: float, tree: str | None) -> None:
+    """One member drains, then follows ``rate`` appends/s to random documents."""
+    import random
+
+    await redis.delete(GO_KEY)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "follower.json")
+        process = spawn(url, "follow", "follow-m0", lease, out, tree=tree)
+        await balanced(redis, "follow", 1, len(docs))
+        await drained(redis, "follow", last)
+        await redis.set(GO_KEY, 1)
+        await asyncio.sleep(0.5)
+        update, sent, clock = b"y" * 24, 0, 1_000
+        cpu, started = await redis_cpu(redis), time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds:
+            due = int(elapsed * rate) - sent
+            if due > 0:
+                await asyncio.gather(*(store.append(random.choice(docs), "follow", clock + i, update) for i in range(due)))
+                clock, sent = clock + due, sent + due
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(1.0)
+        cpu = await redis_cpu(redis) - cpu
+        stop([process])
+        result = json.loads(Path(out).read_text())
+    lags = sorted(result["lags"])
+    pick = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] if lags else float("nan")  # noqa: E731
+    print(f"follow {len(docs)} documents at {rate}/s for {seconds:.0f} s ({tree or 'this tree'}): "
+          f"{sent} appended, {len(lags)} handed out; Redis CPU {cpu / sent * 1000:.3f} s per 1k entries "
+          f"(appends included), member CPU {result['cpu'] / sent * 1000:.3f} s per 1k; "
+          f"lag p50 {pick(0.5):.1f} ms, p99 {pick(0.99):.1f} ms")
+
+
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-async def main(docs_count: int, entries: int, lease: float) -> None:
-    print(f"load average before: {load()} (2 cores; other engineers' test runs share the machine)")
+@asynccontextmanager
+async def seeded(docs_count: int, entries: int) -> AsyncIterator[tuple[RedisProcess, Redis, DocumentStore, list[str], dict[str, float]]]:
+    """A fresh redis-server holding ``docs_count`` documents of ``entries`` entries (:func:`seed`)."""
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp)) as server:
         redis = Redis.from_url(server.url)
         store = DocumentStore(redis)
         await store.load_scripts()
         docs = [f"doc-{i:05d}" for i in range(docs_count)]
         last = await seed(store, docs, entries)
+        yield server, redis, store, docs, last
+        await redis.aclose()
+
+
+async def main(docs_count: int, entries: int, lease: float, rate: int = 0, seconds: float = 20.0,
+               trees: list[str] | None = None) -> None:
+    print(f"load average before: {load()} (2 cores; other engineers' test runs share the machine)")
+    if rate:
+        for tree in trees or [None]:  # type: ignore[list-item]
+            async with seeded(docs_count, entries) as (server, redis, store, docs, last):
+                await follow(redis, store, server.url, docs, last, rate, seconds, lease, tree)
+        print(f"load average after: {load()}")
+        return
+    async with seeded(docs_count, entries) as (server, redis, store, docs, last):
         total = docs_count * entries
         print(f"seeded {docs_count} documents x {entries} entries = {total:,} entries")
         ceiling = await xread_ceiling(redis, docs, total)
@@ -195,17 +285,23 @@ async def main(docs_count: int, entries: int, lease: float) -> None:
         finally:
             stop(processes)
         print(f"\ntakeover after kill -9: {seconds:.2f} s for {held} documents (lease {lease} s)")
-        await redis.aclose()
     print(f"load average after: {load()}")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "member":
         asyncio.run(member(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "follower":
+        asyncio.run(follower(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]), sys.argv[6]))
     else:
         parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         parser.add_argument("--docs", type=int, default=1000)
         parser.add_argument("--entries", type=int, default=20)
         parser.add_argument("--lease", type=float, default=3.0)
+        parser.add_argument("--follow", type=int, default=0, metavar="RATE",
+                            help="measure a member following RATE appends/s instead (see the module doc)")
+        parser.add_argument("--seconds", type=float, default=20.0)
+        parser.add_argument("--tree", action="append",
+                            help="run the member with this checkout's yrelay (repeat: one run each, in order)")
         args = parser.parse_args()
-        asyncio.run(main(args.docs, args.entries, args.lease))
+        asyncio.run(main(args.docs, args.entries, args.lease, args.follow, args.seconds, args.tree))

@@ -1,17 +1,21 @@
-"""The fan-out on one Redis reads the documents the change stream names
-(yrelay/change_feed.py), and every followed document at each sweep: an edit
-reaches the other clients long before a sweep, an append nobody announced
-arrives with the next sweep, and a change stream that cannot be read costs
-nothing but the old way of reading."""
+"""The fan-out and the consumer groups' reader on one Redis read the
+documents the change stream names (yrelay/change_feed.py), and every
+followed document at each sweep: an edit reaches the other clients (a
+group's member) long before a sweep, an append nobody announced arrives
+with the next sweep, and a change stream that cannot be read costs nothing
+but the old way of reading."""
 
 from __future__ import annotations
+
+import asyncio
 
 from conftest import eventually, running_server
 
 from yrelay import crdt
 from yrelay.app.fanout import Fanout
 from yrelay.change_feed import announce
-from yrelay.keys import changes_key
+from yrelay.consumers import ConsumerGroup
+from yrelay.keys import changes_key, stream_key
 from yrelay.store import DocumentStore, append_args, append_keys, needs_or_nothing
 
 #: A sweep so rare that a test waiting for a delivery never sees one.
@@ -93,3 +97,93 @@ async def test_an_announcement_redis_refuses_is_only_logged(redis_client, caplog
         assert "the next sweep delivers them" in caplog.text
     finally:
         await redis_client.delete(changes_key())
+
+
+# ------------------------------------------------- a consumer group's reader
+
+
+async def _member(redis_client, group: str, prefix: str, lease: float) -> tuple[ConsumerGroup, asyncio.Task, list]:
+    """A member of ``group`` over the documents under ``prefix`` that acks
+    each batch; the (doc, id) of every entry it was handed."""
+    member = ConsumerGroup(redis_client, group, member=f"{group}-m", lease=lease, prefix=prefix)
+    await member.start()
+    got: list[tuple[str, str]] = []
+
+    async def consume() -> None:
+        async for batch in member.batches():
+            got.extend((batch.doc, str(entry_id)) for entry_id in batch.ids)
+            await batch.ack()
+
+    return member, asyncio.create_task(consume()), got
+
+
+async def _stop(member: ConsumerGroup, task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await member.leave()
+
+
+async def _append(store: DocumentStore, doc: str, clock: int, text: str) -> str:
+    source = crdt.new_doc()
+    crdt.insert_text(source, 0, text)
+    entry_id, _ = await store.append(doc, "feed-writer-session", clock, crdt.encode_state(source))
+    return str(entry_id)
+
+
+async def test_a_group_member_is_woken_by_the_change_stream(redis_client, monkeypatch):
+    store = DocumentStore(redis_client)
+    docs = [f"cf-woken-{i}" for i in range(30)]
+    first = {(doc, await _append(store, doc, 1, "a")) for doc in docs}
+    reads: list[int] = []
+    xread = redis_client.xread
+
+    async def counting(streams, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads.append(sum(1 for key in streams if key != changes_key()))
+        return await xread(streams, *args, **kwargs)
+
+    monkeypatch.setattr(redis_client, "xread", counting)
+    # A lease of 300 s: the member's sweep (every lease / 3) never comes in this test.
+    member, task, got = await _member(redis_client, "cf-woken", "cf-woken-", lease=300.0)
+    try:
+        await eventually(lambda: first <= set(got), timeout=15)
+        reads.clear()
+        later = await _append(store, "cf-woken-7", 2, "b")
+        await eventually(lambda: ("cf-woken-7", later) in got, timeout=10)
+    finally:
+        await _stop(member, task)
+    # Read because the change stream named it, in rounds over what was woken, never all 30.
+    assert reads and max(reads) < len(docs), reads
+
+
+async def test_a_group_member_reads_an_unannounced_append_at_the_next_sweep(redis_client):
+    store = DocumentStore(redis_client)
+    member, task, got = await _member(redis_client, "cf-sweep", "cf-sweep-", lease=1.2)
+    try:
+        await _append(store, "cf-sweep-doc", 1, "a")
+        await eventually(lambda: len(got) == 1, timeout=10)
+        source = crdt.new_doc()
+        crdt.insert_text(source, 0, "unannounced")
+        update = crdt.encode_state(source)
+        before = await redis_client.xlen(changes_key())
+        await store.scripts.append(keys=append_keys("cf-sweep-doc"),
+                                   args=append_args([("old-server-session-02", 1, update, needs_or_nothing(update))]))
+        assert await redis_client.xlen(changes_key()) == before  # nothing announced it
+        [(last, _)] = await redis_client.xrevrange(stream_key("cf-sweep-doc"), count=1)
+        await eventually(lambda: len(got) == 2, timeout=10)
+        assert got[1] == ("cf-sweep-doc", last.decode())
+    finally:
+        await _stop(member, task)
+
+
+async def test_a_group_member_reads_on_past_a_change_stream_of_the_wrong_type(redis_client):
+    store = DocumentStore(redis_client)
+    await redis_client.delete(changes_key())
+    await redis_client.set(changes_key(), "not a stream")
+    member, task, got = await _member(redis_client, "cf-wrong", "cf-wrong-", lease=1.2)
+    try:
+        first = await _append(store, "cf-wrong-doc", 1, "a")
+        second = await _append(store, "cf-wrong-doc", 2, "b")
+        await eventually(lambda: [entry for _, entry in got] == [first, second], timeout=10)
+    finally:
+        await redis_client.delete(changes_key())
+        await _stop(member, task)

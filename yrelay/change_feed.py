@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 import redis.exceptions as redis_exceptions
 from redis.asyncio import Redis
@@ -38,6 +39,8 @@ from .redis_client import is_cluster
 from .replies import text
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Entries the change stream keeps (approximately): a reader further behind
 #: than this has the sweep to catch it up. An entry names every document of
@@ -53,9 +56,11 @@ def announcement(docs: list[str]) -> dict[str, str]:
     return {"d": "\n".join(docs)}
 
 
-def announced(fields: dict[bytes, bytes]) -> list[str]:
-    """The documents a change-stream entry names."""
-    return text(fields.get(b"d", b"")).split("\n")
+def announced(fields: Mapping[bytes, bytes] | Mapping[str, str]) -> list[str]:
+    """The documents a change-stream entry names (read by a client that
+    decodes replies or not: a consumer group's is the application's)."""
+    value = fields.get(b"d") or fields.get("d") or ""  # type: ignore[call-overload]
+    return text(value).split("\n")
 
 
 def announce_in(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]
@@ -80,16 +85,50 @@ async def announce(redis: Redis, docs: list[str]) -> None:
         log.warning("could not announce appends to %d documents (%s); the next sweep delivers them", len(docs), exc)
 
 
-class ChangeFeed:
-    """The reader's side: where it is in the change stream, and the
-    documents the announcements it read asked it to read."""
+class Rounds:
+    """Which followed documents a round reads: every one at a sweep (every
+    ``block_ms``, and at once after :meth:`sweep_soon`), else those woken
+    since the last round. Shared by every follower of many documents (the
+    fan-out, the consumer groups' reader, on one Redis and on a cluster)."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_ms: int) -> None:
+        self.block_ms = block_ms
+        #: Documents to read in the next round.
+        self.woken: set[str] = set()
+        self.next_sweep = 0.0
+
+    def wake(self, doc: str) -> None:
+        """Read ``doc`` in the next round, announced or not."""
+        self.woken.add(doc)
+
+    def sweep_soon(self) -> None:
+        self.next_sweep = 0.0
+
+    def due(self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None],
+            *, sweep: bool = False) -> dict[str, T]:
+        """The documents (-> cursor) to read now: all of ``every()`` on a
+        sweep (or when ``sweep``), else those woken that ``one`` gives a
+        cursor (so a round costs what was woken, not what is followed)."""
+        woken, self.woken = self.woken, set()
+        if sweep or now >= self.next_sweep:
+            self.next_sweep = now + self.block_ms / 1000
+            return dict(every())
+        return {doc: cursor for doc in woken if (cursor := one(doc)) is not None}
+
+    def block_ms_left(self, now: float) -> int:
+        """How long a blocking read may wait: until the next sweep, 1 ms at least."""
+        return max(1, min(self.block_ms, int((self.next_sweep - now) * 1000)))
+
+
+class ChangeFeed(Rounds):
+    """The reader's side on one Redis: the rounds, and where it is in the
+    change stream whose announcements wake documents."""
+
+    def __init__(self, block_ms: int) -> None:
+        super().__init__(block_ms)
         #: The last announcement read; None when not known (at the start and
         #: after a failure): the reader starts at the stream's end, and sweeps.
         self.cursor: str | None = None
-        #: Documents to read in the next round.
-        self.woken: set[str] = set()
         #: The change stream cannot be read (a key of the wrong type) until
         #: then: every round sweeps, as the reader did before wake-ups.
         self.broken_until = 0.0
@@ -97,10 +136,24 @@ class ChangeFeed:
     def listening(self, now: float) -> bool:
         return self.cursor is not None and self.broken_until <= now
 
-    async def start_at_end(self, redis: Redis) -> None:
-        """Follow announcements from now on; the caller sweeps next (what
-        was announced before is in the streams the sweep reads)."""
-        last = await redis.xrevrange(changes_key(), count=1)
+    def due(self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None],
+            *, sweep: bool = False) -> dict[str, T]:
+        """:meth:`Rounds.due`; every round is a sweep while the change stream is not listened to."""
+        return super().due(now, every, one, sweep=sweep or not self.listening(now))
+
+    async def follow(self, redis: Redis, set_aside_seconds: float) -> None:
+        """Before a round: when not following the change stream (at the
+        start, after a failure), follow it from its end and sweep next
+        (what was announced before is in the streams the sweep reads); a
+        change stream that cannot be read is set aside meanwhile."""
+        if self.cursor is not None or self.broken_until > time.monotonic():
+            return
+        self.sweep_soon()
+        try:
+            last = await redis.xrevrange(changes_key(), count=1)
+        except redis_exceptions.ResponseError as exc:
+            self.set_aside(exc, set_aside_seconds)
+            return
         self.cursor = text(last[0][0]) if last else "0-0"
 
     def lost(self) -> None:
@@ -119,4 +172,4 @@ class ChangeFeed:
             self.woken.update(doc for doc in announced(fields) if wanted(doc))
 
 
-__all__ = ["CHANGES_MAXLEN", "ChangeFeed", "announce", "announce_in", "announced", "announcement"]
+__all__ = ["CHANGES_MAXLEN", "ChangeFeed", "Rounds", "announce", "announce_in", "announced", "announcement"]

@@ -42,7 +42,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from .backoff import Reconnect
-from .change_feed import announced, announcement
+from .change_feed import Rounds, announced, announcement
 from .keys import DOCUMENT_BUCKETS, bucket_changes_key, stream_key
 from .listing import by_bucket
 from .offsets import StreamId
@@ -119,10 +119,9 @@ class BucketWakeups:
         self.redis = client
         self.block_ms = block_ms
         self.wanted = wanted
-        #: Documents a wake-up (or :meth:`wake`) asked to read.
-        self.woken: set[str] = set()
+        #: Documents a wake-up (or :meth:`wake`) asked to read, and the sweep.
+        self.rounds = Rounds(block_ms)
         self._event = asyncio.Event()
-        self._next_sweep = 0.0
         self._watchers = [BackgroundTask(f"{name}-bucket-{bucket}", partial(self._watch, bucket))
                           for bucket in range(DOCUMENT_BUCKETS)]
 
@@ -144,24 +143,18 @@ class BucketWakeups:
 
     def wake(self, doc: str) -> None:
         """Read ``doc`` in the next round, announced or not."""
-        self.woken.add(doc)
+        self.rounds.wake(doc)
         self._event.set()
 
     async def next_round(self, readable: Callable[[], Mapping[str, StreamId]]) -> dict[str, StreamId]:
         """Wait for a wake-up or the sweep (at most ``block_ms``); the
         documents (-> cursor) of ``readable()`` to read now: all of them on a
         sweep, else those woken."""
-        if not self.woken:
+        if not self.rounds.woken:
             self._event.clear()
-            await wait_event(self._event, max(self._next_sweep - time.monotonic(), 0.001))
+            await wait_event(self._event, self.rounds.block_ms_left(time.monotonic()) / 1000)
         cursors = readable()
-        if time.monotonic() >= self._next_sweep:
-            self._next_sweep = time.monotonic() + self.block_ms / 1000
-            docs = dict(cursors)
-        else:
-            docs = {doc: cursors[doc] for doc in self.woken if doc in cursors}
-        self.woken.clear()
-        return docs
+        return self.rounds.due(time.monotonic(), lambda: cursors, cursors.get)
 
     async def _watch(self, bucket: int) -> None:
         """Block on ``bucket``'s change stream; collect the documents it names
@@ -183,6 +176,6 @@ class BucketWakeups:
             for _, entries in (reply.items() if isinstance(reply, dict) else reply or []):
                 for entry_id, fields in entries:
                     cursor = text(entry_id)
-                    self.woken.update(doc for doc in announced(fields) if self.wanted(doc))
-            if self.woken:
+                    self.rounds.woken.update(doc for doc in announced(fields) if self.wanted(doc))
+            if self.rounds.woken:
                 self._event.set()

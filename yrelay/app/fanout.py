@@ -132,8 +132,7 @@ class Fanout:
         #: doc -> (cursor, its stream key and cursor packed as RESP bulk strings)
         self._packed: dict[str, tuple[StreamId, bytes, bytes]] = {}
         #: The documents to read next (:mod:`yrelay.change_feed`).
-        self.changes = ChangeFeed()
-        self._next_sweep = 0.0
+        self.changes = ChangeFeed(block_ms)
         #: Documents to check for a stream that went back before the next
         #: read, with the ids to look for (cursor, stored) as they were when
         #: the reader saw Redis fail (:mod:`.rewind`): appends acked since
@@ -182,7 +181,7 @@ class Fanout:
     def _documents_changed(self, added: str) -> None:
         """``added`` is followed from now on: read it now (an entry appended
         since its cursor may have been announced before it was followed)."""
-        self.changes.woken.add(added)
+        self.changes.wake(added)
         self._generation += 1
         self._changed.set()
         if self._interrupting is None or self._interrupting.done():
@@ -224,7 +223,10 @@ class Fanout:
 
     def _suspect_all(self) -> None:
         """Redis failed: a failover may have lost entries this process had
-        seen; check every document before reading on (the first marks kept)."""
+        seen; check every document before reading on (the first marks kept),
+        and follow the change stream again from its end (announcements may
+        be lost: the round after sweeps)."""
+        self.changes.lost()
         for doc, feed in self.feeds.items():
             self._unverified.setdefault(doc, (feed.cursor, feed.stored))
 
@@ -257,13 +259,9 @@ class Fanout:
         """The documents (-> cursor) to read this round: every readable one
         on a sweep (every ``block_ms``, and every round while the change
         stream cannot be read), else those woken."""
-        woken, self.changes.woken = self.changes.woken, set()
-        if now >= self._next_sweep or not self.changes.listening(now):
-            self._next_sweep = now + self.block_ms / 1000
-            return self._readable()
         feeds = self.feeds
-        return {doc: feed.cursor for doc in woken
-                if (feed := feeds.get(doc)) is not None and feed.broken_until <= now}
+        return self.changes.due(now, self._readable, lambda doc: feed.cursor if (feed := feeds.get(doc)) is not None
+                                and feed.broken_until <= now else None)
 
     async def _read_once(self) -> None:
         if self._reader_id is None:
@@ -273,12 +271,7 @@ class Fanout:
             self._changed.clear()
             await wait_event(self._changed, self.block_ms / 1000)
             return
-        if self.changes.cursor is None and self.changes.broken_until <= time.monotonic():
-            try:
-                await self.changes.start_at_end(self.reader)
-            except redis.exceptions.ResponseError as exc:  # read every document meanwhile
-                self.changes.set_aside(exc, QUARANTINE_SECONDS)
-            self._next_sweep = 0.0
+        await self.changes.follow(self.reader, QUARANTINE_SECONDS)
         self._reading_generation = self._generation
         now = time.monotonic()
         readable = self._round(now)
@@ -287,7 +280,7 @@ class Fanout:
             self._changed.clear()
             await wait_event(self._changed, self.block_ms / 1000)
             return
-        block_ms = max(1, min(self.block_ms, int((self._next_sweep - now) * 1000)))
+        block_ms = self.changes.block_ms_left(now)
         count = self.count
         try:
             reply = await self._xread(readable, count, block_ms, listening)
@@ -331,7 +324,7 @@ class Fanout:
                 continue
             documents.append((raw_key, raw_entries))
             if len(raw_entries) >= count:
-                self.changes.woken.add(_doc_of(raw_key))
+                self.changes.wake(_doc_of(raw_key))
         return documents
 
     def _dispatch(self, reply: list) -> None:

@@ -1,9 +1,12 @@
-"""One member's read loop: every document it holds, in one blocking XREAD.
+"""One member's read loop: the documents it holds, woken by the change stream.
 
 A member holds a handful to thousands of documents; most are quiet. The
-loop therefore never polls a document: one ``XREAD BLOCK`` over all of
-them (from each one's cursor) waits for the first new entry anywhere, like
-the server's fan-out (:mod:`yrelay.app.fanout`). Documents newly assigned
+loop therefore never polls a document, nor names every one of them in
+every read: like the server's fan-out (:mod:`yrelay.app.fanout`), it blocks
+in one ``XREAD`` over the change stream and the documents the announcements
+read the round before named (and those with more to read), and a sweep
+every ``block_ms`` reads every document held, for what nothing announced
+(:mod:`yrelay.change_feed`). Documents newly assigned
 are claimed first (:mod:`yrelay.consumers.progress`): read from the group's
 last ack, or from the snapshot when the group has none. After each read the
 trim marks of the documents read are checked in one round trip: a stream
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,10 +33,11 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from ..backoff import Reconnect
+from ..change_feed import ChangeFeed
 from ..cluster_reads import BucketWakeups
 from ..deletion import is_deletion
 from ..events import EventSink
-from ..keys import meta_key, stream_key
+from ..keys import changes_key, meta_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import is_cluster
 from ..replies import stream_id, text
@@ -44,6 +49,11 @@ from .progress import AckResult, Progress, StaleClaim
 log = logging.getLogger(__name__)
 
 _STREAM_PREFIX, _STREAM_SUFFIX = stream_key("\0").split("\0")
+
+
+#: How long a change stream that cannot be read (a key of the wrong type)
+#: is left aside, every round sweeping meanwhile.
+SET_ASIDE_SECONDS = 30.0
 
 
 def _doc_of_stream(key: bytes | str) -> str:
@@ -119,6 +129,8 @@ class Reader:
         #: On a Redis Cluster: the per-bucket wake-ups and the sweep (else None).
         self.wakeups = (BucketWakeups(redis, block_ms=block_ms, wanted=lambda doc: doc in self.held,
                                       name=f"yrelay-consumer-{progress.group}") if is_cluster(redis) else None)
+        #: On one Redis: the change stream's announcements and the sweep.
+        self.changes = ChangeFeed(block_ms)
 
     def start(self) -> None:
         """Start the wake-up watchers (a Redis Cluster only)."""
@@ -315,10 +327,11 @@ class Reader:
         return []
 
     def _read_soon(self, doc: str) -> None:
-        """On a cluster: read ``doc`` in the next round, not at the next
-        sweep (one XREAD over every document reads it anyway)."""
+        """Read ``doc`` in the next round, not at the next sweep."""
         if self.wakeups is not None:
             self.wakeups.wake(doc)
+        else:
+            self.changes.wake(doc)
 
     async def _start(self, doc: str, held: Held) -> Batch | None:
         """Claim ``doc``; the snapshot batch when the group starts from it."""
@@ -345,11 +358,11 @@ class Reader:
 
     async def _xread(self, cursors: dict[str, StreamId]) -> list:
         """The new entries of ``cursors``' documents, as ``(stream key,
-        entries)``, within ``block_ms``: one blocking XREAD, or on a cluster
-        per-document reads of the documents woken (all of them on a sweep)."""
+        entries)``, within ``block_ms``, of the documents woken (all of them
+        on a sweep): one blocking XREAD with the change stream on one Redis,
+        per-document reads on a cluster."""
         if self.wakeups is None:
-            return await self.redis.xread({stream_key(doc): str(cursor) for doc, cursor in cursors.items()},
-                                          count=self.batch_size, block=self.block_ms) or []
+            return await self._xread_announced(cursors)
         due = await self.wakeups.next_round(lambda: cursors)
         if not due:
             return []
@@ -357,6 +370,33 @@ class Reader:
         for doc, exc in reads.refused.items():  # the others go on; this one is read again at the next sweep
             log.warning("consumer group %s: could not read %s (%s)", self.progress.group, doc, exc)
         return reads.pairs
+
+    async def _xread_announced(self, cursors: dict[str, StreamId]) -> list:
+        """One Redis: XREAD BLOCK over the change stream and the documents
+        due (:class:`~yrelay.change_feed.ChangeFeed`); a Redis failure
+        loses our place in the change stream (the round after sweeps)."""
+        changes = self.changes
+        await changes.follow(self.redis, SET_ASIDE_SECONDS)
+        now = time.monotonic()
+        due = changes.due(now, lambda: cursors, cursors.get)
+        streams = {stream_key(doc): str(cursor) for doc, cursor in due.items()}
+        if changes.listening(now):
+            assert changes.cursor is not None
+            streams = {changes_key(): changes.cursor, **streams}
+        try:
+            reply = await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or []
+        except (redis.exceptions.RedisError, OSError):
+            changes.lost()  # a change stream of the wrong type is set aside at the next follow()
+            raise
+        documents = []
+        for key, entries in (reply.items() if isinstance(reply, dict) else reply):
+            if text(key) == changes_key():
+                changes.take(entries, self.held.__contains__)
+                continue
+            documents.append((key, entries))
+            if len(entries) >= self.batch_size:  # there may be more
+                changes.wake(_doc_of_stream(key))
+        return documents
 
     async def _read(self, cursors: dict[str, StreamId]) -> list[Batch]:
         reply = await self._xread(cursors)
