@@ -330,3 +330,22 @@ async def test_a_cancel_that_a_redis_call_drops_still_ends_the_iteration(redis_c
         assert task in done and task.cancelled()
     finally:
         await member.leave()
+
+
+async def test_a_member_reads_on_after_redis_forgot_its_scripts(redis_client, store):
+    """The reader's fenced marks are packed by hand (no SCRIPT EXISTS round
+    trip per batch); Redis restarted without its script cache refuses them
+    NOSCRIPT: they run again once loaded, and nothing is lost or repeated."""
+    docs = ["noscript-a", "noscript-b"]
+    ids = await write(store, docs, 2)
+    processed: Counter = Counter()
+    worker = await Worker(redis_client, "m0", processed, group="noscript", prefix="noscript-").start()
+    try:
+        await eventually(lambda: set(processed) == every(ids), timeout=15)
+        await redis_client.script_flush()
+        more = await write(store, docs, 2, word="x")  # (the append script is loaded again by its caller)
+        await eventually(lambda: set(processed) == every(ids) | every(more), timeout=15)
+        assert max(processed.values()) == 1
+        assert not worker.group.reader.refused
+    finally:
+        await worker.stop()

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Iterable
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import ResponseError
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, ResponseError
 
 
 def bulk(value: bytes) -> bytes:
@@ -105,8 +107,19 @@ class Batch:
         lands here); a NOSCRIPT reply is the caller's to handle."""
         return self.execute_command(b"EVALSHA", sha, numkeys, *keys_and_args)
 
-    async def execute(self, raise_on_error: bool = True) -> list[object]:
+    async def execute(self, raise_on_error: bool = True, scripts: Iterable[AsyncScript] = ()) -> list[object]:
+        """The replies in order. With ``scripts`` (those the batch may call):
+        EVALSHAs refused NOSCRIPT (Redis restarted without its script cache)
+        run again once they are loaded, as redis-py's pipeline would have
+        made sure before sending (a ``SCRIPT EXISTS`` round trip per batch)."""
         replies = await execute(self.redis, self.commands)
+        missing = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing and scripts:
+            for script in scripts:
+                await self.redis.script_load(script.script)  # its sha is the one sent
+            again = await execute(self.redis, [self.commands[index] for index in missing])
+            for index, reply in zip(missing, again):
+                replies[index] = reply
         failed = next((reply for reply in replies if isinstance(reply, ResponseError)), None)
         if raise_on_error and failed is not None:
             raise failed

@@ -93,11 +93,6 @@ class Progress:
         await self.scripts.consumer_read(keys=[group_leases_key(doc), meta_key(doc)],
                                          args=[self.group, version, mark], client=pipe)
 
-    async def reset_read(self, pipe: Any, doc: str, version: int, acked: StreamId | None) -> None:
-        """Queue on ``pipe``: all this member read of ``doc`` was acked or
-        dropped (before a handover); its next owner reads nothing again."""
-        await self.mark_read(pipe, doc, version, acked or StreamId(0, 0))
-
     async def offsets(self, docs: list[str]) -> dict[str, StreamId | None]:
         """The group's acked offset per document (None: none recorded)."""
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -28,10 +28,12 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.exceptions
 from redis.asyncio import Redis
 
+from .. import redis_packed
 from ..backoff import Reconnect
 from ..change_feed import ChangeFeed
 from ..cluster_reads import BucketWakeups
@@ -113,6 +115,11 @@ class Reader:
         self.held: dict[str, Held] = {}
         #: Held documents not read until :meth:`resume` (a webhook's dead letters).
         self.paused: set[str] = set()
+        #: Held documents being handed over (:meth:`release_finished`).
+        self._releasing: set[str] = set()
+        #: Held documents to claim (no cursor yet: new, resumed, restarted);
+        #: a round looks at these, not at every document held.
+        self._unclaimed: set[str] = set()
         self._changed = asyncio.Event()
         #: The group was deleted: ``batches()`` ends.
         self.closed = False
@@ -151,8 +158,10 @@ class Reader:
         for doc, version in mine.items():
             if doc not in self.held or self.held[doc].version != version:
                 self.held[doc] = Held(version)
+                self._unclaimed.add(doc)
                 self._to_claim = True
             self.held[doc].releasing = doc in releasing
+        self._releasing = set(releasing) & mine.keys()
         self.paused &= mine.keys()
         self._changed.set()
 
@@ -165,6 +174,7 @@ class Reader:
         self.paused.discard(doc)
         if (held := self.held.get(doc)) is not None:
             self.held[doc] = Held(held.version)
+            self._unclaimed.add(doc)
             self.held[doc].releasing = held.releasing
             self._to_claim = True
         self._changed.set()
@@ -176,18 +186,22 @@ class Reader:
         self._changed.set()
 
     async def release_finished(self) -> None:
-        """Release every document being handed over that has nothing unacked."""
-        for doc, held in list(self.held.items()):
-            await self._release_if_finished(doc, held)
+        """Release every document being handed over that has nothing unacked
+        (called every round: it looks at those being handed over only)."""
+        for doc in list(self._releasing):
+            held = self.held.get(doc)
+            if held is None or not held.releasing:
+                self._releasing.discard(doc)
+            else:
+                await self._release_if_finished(doc, held)
 
     async def _release_if_finished(self, doc: str, held: Held) -> None:
         if not held.releasing or held.unacked or self.held.get(doc) is not held:
             return
         del self.held[doc]  # read no more, whatever the answer (the next assignment read tells)
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:  # all read was acked (or dropped)
-                await self.progress.reset_read(pipe, doc, held.version, held.acked)
-                await pipe.execute()
+            # All read was acked (or dropped): its next owner reads nothing again.
+            await self._marks([(doc, held.version, held.acked or StreamId(0, 0))])
             released = await self.release(doc, self.member, held.version)
         except (redis.exceptions.RedisError, OSError) as exc:
             log.warning("consumer group %s: could not release %s (%s); the leader moves it at the deadline",
@@ -225,6 +239,7 @@ class Reader:
                 del self.held[batch.doc]
             elif mine:
                 self.held[batch.doc] = Held(batch.version, restart="evicted")
+                self._unclaimed.add(batch.doc)
         return result
 
     # ------------------------------------------------------------ reading
@@ -272,10 +287,7 @@ class Reader:
         if not batches:
             return True
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for batch in batches:
-                    await self.progress.mark_read(pipe, batch.doc, batch.version, batch.offset)
-                replies = await pipe.execute()
+            replies = await self._marks([(batch.doc, batch.version, batch.offset) for batch in batches])
         except (redis.exceptions.RedisError, OSError) as exc:
             log.warning("consumer group %s: read failed (%s)", self.progress.group, exc)
             for batch in batches:
@@ -288,6 +300,18 @@ class Reader:
                 del self.held[batch.doc]  # claimed by another since we read: hand nothing out
         return True
 
+    async def _marks(self, marks: list[tuple[str, int, StreamId | None]]) -> list[Any]:
+        """:meth:`~.progress.Progress.mark_read` for each (doc, version,
+        through), in one round trip: packed by hand on one Redis (redis-py's
+        pipeline sends a ``SCRIPT EXISTS`` first, a second round trip per
+        batch: :mod:`yrelay.redis_packed`), redis-py's on a cluster."""
+        async with redis_packed.pipeline(self.redis) as pipe:
+            for doc, version, through in marks:
+                await self.progress.mark_read(pipe, doc, version, through)
+            if isinstance(pipe, redis_packed.Batch):
+                return await pipe.execute(scripts=[self.progress.scripts.consumer_read])
+            return await pipe.execute()
+
     def _unread(self, batch: Batch, held: Held) -> None:
         """Forget a batch read and not handed out: it is read again (a
         snapshot batch: the document is claimed again from its snapshot)."""
@@ -298,6 +322,7 @@ class Reader:
                 held.cursor = _before(first)
             else:
                 held.cursor, held.restart = None, batch.restart
+                self._unclaimed.add(batch.doc)
 
     async def _drop(self, batch: Batch, held: Held) -> None:
         """Forget a batch read and not handed out (the document is being
@@ -307,24 +332,39 @@ class Reader:
 
     async def _step(self) -> list[Batch]:
         """Claim the documents new to us (their snapshot batches, if any),
-        else one blocking read over every document held."""
+        else one blocking read over the documents due (:meth:`_xread`)."""
         if not self.valid():  # our lease lapsed (a pause, Redis unreachable): hold nothing
             self.held.clear()
         starts = []
         await self.release_finished()  # those handed over before they were claimed
         self._to_claim = False
-        for doc, held in list(self.held.items()):
-            if held.cursor is None and doc not in self.paused and (batch := await self._start(doc, held)) is not None:
+        for doc in list(self._unclaimed):
+            held = self.held.get(doc)
+            if held is None or held.cursor is not None:
+                self._unclaimed.discard(doc)
+            elif doc not in self.paused and (batch := await self._start(doc, held)) is not None:
                 starts.append(batch)
         if starts:
             return starts
-        cursors = {doc: held.cursor for doc, held in self.held.items()
-                   if held.cursor is not None and not held.releasing and doc not in self.paused}
-        if cursors:
-            return await self._read(cursors)
-        self._changed.clear()
-        await wait_event(self._changed, self.block_ms / 1000)
-        return []
+        if not self.held:
+            self._changed.clear()
+            await wait_event(self._changed, self.block_ms / 1000)
+            return []
+        due, reply = await self._xread()
+        return await self._read(due, reply) if reply else []
+
+    def _cursor(self, doc: str) -> StreamId | None:
+        """Where ``doc`` is read from; None when it is not read now (not
+        held, not claimed yet, paused, being handed over)."""
+        held = self.held.get(doc)
+        if held is None or held.cursor is None or held.releasing or doc in self.paused:
+            return None
+        return held.cursor
+
+    def _cursors(self) -> dict[str, StreamId]:
+        """:meth:`_cursor` of every document held (for a sweep)."""
+        return {doc: held.cursor for doc, held in self.held.items()
+                if held.cursor is not None and not held.releasing and doc not in self.paused}
 
     def _read_soon(self, doc: str) -> None:
         """Read ``doc`` in the next round, not at the next sweep."""
@@ -356,33 +396,37 @@ class Reader:
         held.unacked.append((snapshot.offset, snapshot.offset, 0))
         return Batch(doc, [], held.version, snapshot.offset, snapshot.update, reason, self.ack)
 
-    async def _xread(self, cursors: dict[str, StreamId]) -> list:
-        """The new entries of ``cursors``' documents, as ``(stream key,
-        entries)``, within ``block_ms``, of the documents woken (all of them
-        on a sweep): one blocking XREAD with the change stream on one Redis,
-        per-document reads on a cluster."""
+    async def _xread(self) -> tuple[dict[str, StreamId], list]:
+        """The documents due (-> the cursor read from), and their new
+        entries as ``(stream key, entries)``, within ``block_ms``: those
+        woken, all of them on a sweep; one blocking XREAD with the change
+        stream on one Redis, per-document reads on a cluster."""
         if self.wakeups is None:
-            return await self._xread_announced(cursors)
-        due = await self.wakeups.next_round(lambda: cursors)
+            return await self._xread_announced()
+        due = await self.wakeups.next_round(self._cursors)
         if not due:
-            return []
+            return due, []
         reads = await self.wakeups.read(due, self.batch_size)
         for doc, exc in reads.refused.items():  # the others go on; this one is read again at the next sweep
             log.warning("consumer group %s: could not read %s (%s)", self.progress.group, doc, exc)
-        return reads.pairs
+        return due, reads.pairs
 
-    async def _xread_announced(self, cursors: dict[str, StreamId]) -> list:
+    async def _xread_announced(self) -> tuple[dict[str, StreamId], list]:
         """One Redis: XREAD BLOCK over the change stream and the documents
         due (:class:`~yrelay.change_feed.ChangeFeed`); a Redis failure
         loses our place in the change stream (the round after sweeps)."""
         changes = self.changes
         await changes.follow(self.redis, SET_ASIDE_SECONDS)
         now = time.monotonic()
-        due = changes.due(now, lambda: cursors, cursors.get)
+        due = changes.due(now, self._cursors, self._cursor)
         streams = {stream_key(doc): str(cursor) for doc, cursor in due.items()}
         if changes.listening(now):
             assert changes.cursor is not None
             streams = {changes_key(): changes.cursor, **streams}
+        if not streams:  # nothing to read now (paused, being handed over)
+            self._changed.clear()
+            await wait_event(self._changed, changes.block_ms_left(now) / 1000)
+            return due, []
         try:
             reply = await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or []
         except (redis.exceptions.RedisError, OSError):
@@ -396,19 +440,15 @@ class Reader:
             documents.append((key, entries))
             if len(entries) >= self.batch_size:  # there may be more
                 changes.wake(_doc_of_stream(key))
-        return documents
+        return due, documents
 
-    async def _read(self, cursors: dict[str, StreamId]) -> list[Batch]:
-        reply = await self._xread(cursors)
-        if not reply:
-            return []
+    async def _read(self, cursors: dict[str, StreamId], reply: list) -> list[Batch]:
+        """Batches of ``reply``, read from ``cursors``: each document's fence
+        and trim mark checked in one round trip first."""
         read = [(_doc_of_stream(key), entries) for key, entries in reply if entries]
         versions = {doc: self.held[doc].version for doc, _ in read if doc in self.held}
         read = [(doc, entries) for doc, entries in read if doc in versions]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for doc, entries in read:
-                await self.progress.mark_read(pipe, doc, versions[doc])
-            marks = await pipe.execute()
+        marks = await self._marks([(doc, versions[doc], None) for doc, _ in read])
         batches = []
         for (doc, raw_entries), (fence, mark, head) in zip(read, marks):
             held = self.held.get(doc)
@@ -420,6 +460,7 @@ class Reader:
             trimmed = stream_id(mark or None)
             if trimmed is not None and cursors[doc] < trimmed:
                 held.cursor, held.restart = None, "trimmed"
+                self._unclaimed.add(doc)
                 continue
             entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
             held.cursor = entries[-1].id
