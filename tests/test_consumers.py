@@ -349,3 +349,15 @@ async def test_a_member_reads_on_after_redis_forgot_its_scripts(redis_client, st
         assert not worker.group.reader.refused
     finally:
         await worker.stop()
+
+
+async def test_a_client_that_decodes_replies_or_speaks_resp3_is_refused_at_once(redis_url):
+    """Entries hold binary updates and the reader parses RESP2 replies: such a
+    client would hand out broken batches, so the group refuses it up front."""
+    from redis.asyncio import Redis
+
+    for options, words in (({"decode_responses": True}, "decode_responses=False"), ({"protocol": 3}, "RESP2")):
+        client = Redis.from_url(redis_url, **options)
+        with pytest.raises(ValueError, match=words):
+            ConsumerGroup(client, "refused")
+        await client.aclose()

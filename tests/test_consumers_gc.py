@@ -123,3 +123,43 @@ async def test_dry_run_reports_without_evicting_groups(redis_client, store):
     await Collector(redis_client, POLICY).collect(["doc"], dry_run=True)
     assert await redis_client.zscore(group_progress_key("doc"), "idx") == ids[1].score()
     assert await stream_ids(redis_client, "doc") == ids
+
+
+async def test_a_claim_that_fails_after_another_made_a_snapshot_batch_loses_no_snapshot(redis_client, store):
+    """A member claiming its documents builds their snapshot batches one by
+    one; Redis failing on a later claim must not drop the batches already
+    built (their documents would then be read from after the snapshot, and
+    the snapshot never handed out)."""
+    import redis.exceptions
+
+    docs = ["snapclaim-a", "snapclaim-b"]
+    for doc in docs:
+        await history(store, doc, 4)
+    await Collector(redis_client, POLICY).collect(docs)
+    member = ConsumerGroup(redis_client, "snapclaim", member="m", lease=LEASE, prefix="snapclaim-")
+    claim, calls = member.reader.progress.claim, []
+
+    async def failing_second(doc: str, version: int):  # type: ignore[no-untyped-def]
+        calls.append(doc)
+        if len(calls) == 2:
+            raise redis.exceptions.ConnectionError("lost Redis between two claims")
+        return await claim(doc, version)
+
+    member.reader.progress.claim = failing_second  # type: ignore[method-assign]
+    snapshots: list[str] = []
+
+    async def consume() -> None:
+        async for batch in member.batches():
+            if batch.snapshot:
+                snapshots.append(batch.doc)
+            await batch.ack()
+
+    await member.start()
+    task = asyncio.create_task(consume())
+    try:
+        await eventually(lambda: sorted(set(snapshots)) == docs, timeout=15)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await member.leave()
+    assert len(calls) > 2  # the failure happened, and the claims ran again

@@ -165,11 +165,17 @@ class ChangeFeed(Rounds):
                   changes_key(), exc, seconds)
         self.broken_until = time.monotonic() + seconds
 
-    def take(self, entries: Iterable[tuple[bytes, dict[bytes, bytes]]], wanted: Callable[[str], bool]) -> None:
-        """Read ``entries`` of the change stream: wake the documents they name that are ``wanted``."""
+    def take(self, entries: list[tuple[bytes, dict[bytes, bytes]]], wanted: Callable[[str], bool], count: int) -> None:
+        """Read ``entries`` of the change stream: wake the documents they
+        name that are ``wanted``. A read that came back full (``count``: the
+        stream names every append on the Redis, not only the follower's) may
+        be behind more than rounds catch up with: follow it again from its
+        end, and sweep."""
         for entry_id, fields in entries:
             self.cursor = text(entry_id)
             self.woken.update(doc for doc in announced(fields) if wanted(doc))
+        if len(entries) >= count:
+            self.lost()
 
 
 __all__ = ["CHANGES_MAXLEN", "ChangeFeed", "Rounds", "announce", "announce_in", "announced", "announcement"]

@@ -146,15 +146,19 @@ class BucketWakeups:
         self.rounds.wake(doc)
         self._event.set()
 
-    async def next_round(self, readable: Callable[[], Mapping[str, StreamId]]) -> dict[str, StreamId]:
+    async def next_round(self, readable: Callable[[], Mapping[str, StreamId]],
+                         one: Callable[[str], StreamId | None] | None = None) -> dict[str, StreamId]:
         """Wait for a wake-up or the sweep (at most ``block_ms``); the
         documents (-> cursor) of ``readable()`` to read now: all of them on a
-        sweep, else those woken."""
+        sweep, else those woken (``one(doc)``: a woken one's cursor, so that
+        such a round does not build ``readable()``)."""
         if not self.rounds.woken:
             self._event.clear()
             await wait_event(self._event, self.rounds.block_ms_left(time.monotonic()) / 1000)
-        cursors = readable()
-        return self.rounds.due(time.monotonic(), lambda: cursors, cursors.get)
+        if one is None:
+            cursors = readable()
+            readable, one = (lambda: cursors), cursors.get
+        return self.rounds.due(time.monotonic(), readable, one)
 
     async def _watch(self, bucket: int) -> None:
         """Block on ``bucket``'s change stream; collect the documents it names

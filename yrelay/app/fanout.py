@@ -320,7 +320,7 @@ class Fanout:
         documents = []
         for raw_key, raw_entries in reply:
             if raw_key == _CHANGES_RAW_KEY:
-                self.changes.take(raw_entries, self.feeds.__contains__)
+                self.changes.take(raw_entries, self.feeds.__contains__, count)
                 continue
             documents.append((raw_key, raw_entries))
             if len(raw_entries) >= count:

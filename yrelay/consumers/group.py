@@ -48,6 +48,19 @@ from .reader import Reader
 log = logging.getLogger(__name__)
 
 
+def _check_client(redis: Redis) -> None:
+    """The group reads entries raw (their updates are binary) and parses
+    RESP2 replies: a client made with ``decode_responses=True`` or
+    ``protocol=3`` would hand out broken batches, so it is refused here."""
+    kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", None)
+    if kwargs is None:
+        kwargs = getattr(redis, "connection_kwargs", None) or {}
+    if kwargs.get("decode_responses"):
+        raise ValueError("ConsumerGroup needs a Redis client with decode_responses=False (updates are binary)")
+    if str(kwargs.get("protocol") or 2) == "3":
+        raise ValueError("ConsumerGroup needs a Redis client speaking RESP2 (protocol=2, redis-py's default)")
+
+
 class ConsumerGroup:
     def __init__(self, redis: Redis, name: str, *, member: str | None = None, prefix: str = "",
                  lease: float = 3.0, batch_size: int = 500, events: EventSink | None = None,
@@ -59,6 +72,7 @@ class ConsumerGroup:
         leases, since noticing takes up to a beat and the application's acks
         come on top, on a host that may be loaded; 0 moves at once, and
         those batches are processed again)."""
+        _check_client(redis)
         self.name = validate_group_name(name)
         self.member = member or f"{socket.gethostname()}-{secrets.token_hex(4)}"
         self.prefix = prefix

@@ -160,6 +160,8 @@ class Reader:
                 self.held[doc] = Held(version)
                 self._unclaimed.add(doc)
                 self._to_claim = True
+            elif self.held[doc].releasing and doc not in releasing:
+                self._read_soon(doc)  # the handover was cancelled: what was announced meanwhile was not read
             self.held[doc].releasing = doc in releasing
         self._releasing = set(releasing) & mine.keys()
         self.paused &= mine.keys()
@@ -238,7 +240,7 @@ class Reader:
             if mine and result is AckResult.STALE:
                 del self.held[batch.doc]
             elif mine:
-                self.held[batch.doc] = Held(batch.version, restart="evicted")
+                self.held[batch.doc] = Held(batch.version, restart="evicted", releasing=self.held[batch.doc].releasing)
                 self._unclaimed.add(batch.doc)
         return result
 
@@ -256,6 +258,7 @@ class Reader:
             except (redis.exceptions.RedisError, OSError) as exc:
                 log.warning("consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc,
                             reconnect.delay)
+                self.changes.lost()  # what was read and woken may not have been handed out: sweep next
                 await reconnect.wait()
                 continue
             reconnect.succeeded()
@@ -338,12 +341,18 @@ class Reader:
         starts = []
         await self.release_finished()  # those handed over before they were claimed
         self._to_claim = False
-        for doc in list(self._unclaimed):
-            held = self.held.get(doc)
-            if held is None or held.cursor is not None:
-                self._unclaimed.discard(doc)
-            elif doc not in self.paused and (batch := await self._start(doc, held)) is not None:
-                starts.append(batch)
+        try:
+            for doc in list(self._unclaimed):
+                held = self.held.get(doc)
+                if held is None or held.cursor is not None:
+                    self._unclaimed.discard(doc)
+                elif doc not in self.paused and (batch := await self._start(doc, held)) is not None:
+                    starts.append(batch)
+        except BaseException:  # the snapshot batches made so far are not handed out: claim them again
+            for batch in starts:
+                if (held := self.held.get(batch.doc)) is not None and held.version == batch.version:
+                    self._unread(batch, held)
+            raise
         if starts:
             return starts
         if not self.held:
@@ -403,7 +412,7 @@ class Reader:
         stream on one Redis, per-document reads on a cluster."""
         if self.wakeups is None:
             return await self._xread_announced()
-        due = await self.wakeups.next_round(self._cursors)
+        due = await self.wakeups.next_round(self._cursors, self._cursor)
         if not due:
             return due, []
         reads = await self.wakeups.read(due, self.batch_size)
@@ -435,7 +444,7 @@ class Reader:
         documents = []
         for key, entries in (reply.items() if isinstance(reply, dict) else reply):
             if text(key) == changes_key():
-                changes.take(entries, self.held.__contains__)
+                changes.take(entries, self.held.__contains__, self.batch_size)
                 continue
             documents.append((key, entries))
             if len(entries) >= self.batch_size:  # there may be more
