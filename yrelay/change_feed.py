@@ -56,11 +56,9 @@ def announcement(docs: list[str]) -> dict[str, str]:
     return {"d": "\n".join(docs)}
 
 
-def announced(fields: Mapping[bytes, bytes] | Mapping[str, str]) -> list[str]:
-    """The documents a change-stream entry names (read by a client that
-    decodes replies or not: a consumer group's is the application's)."""
-    value = fields.get(b"d") or fields.get("d") or ""  # type: ignore[call-overload]
-    return text(value).split("\n")
+def announced(fields: Mapping[bytes, bytes]) -> list[str]:
+    """The documents a change-stream entry names."""
+    return text(fields.get(b"d", b"")).split("\n")
 
 
 def announce_in(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]

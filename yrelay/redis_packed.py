@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -113,17 +113,30 @@ class Batch:
         run again once they are loaded, as redis-py's pipeline would have
         made sure before sending (a ``SCRIPT EXISTS`` round trip per batch)."""
         replies = await execute(self.redis, self.commands)
-        missing = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing and scripts:
-            for script in scripts:
-                await self.redis.script_load(script.script)  # its sha is the one sent
-            again = await execute(self.redis, [self.commands[index] for index in missing])
-            for index, reply in zip(missing, again):
-                replies[index] = reply
+        if scripts:
+            await rerun_refused_scripts(self, replies, scripts)
         failed = next((reply for reply in replies if isinstance(reply, ResponseError)), None)
         if raise_on_error and failed is not None:
             raise failed
         return replies
+
+
+async def rerun_refused_scripts(batch: Batch, replies: list[object], scripts: Iterable[AsyncScript],
+                                then: Sequence[bytes] = ()) -> list[object]:
+    """The commands of ``batch`` that Redis refused NOSCRIPT (restarted
+    without its script cache) run again once ``scripts`` are loaded (the
+    same sha: the commands stand), followed by ``then`` (what must come
+    after them, e.g. a WAIT); their replies replace the refusals in
+    ``replies``. Returns the replies of ``then`` ([] when nothing was refused)."""
+    missing = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if not missing:
+        return []
+    for script in scripts:
+        await batch.redis.script_load(script.script)
+    again = await execute(batch.redis, [*(batch.commands[index] for index in missing), *then])
+    for index, reply in zip(missing, again):
+        replies[index] = reply
+    return again[len(missing):]
 
 
 def pipeline(redis: Redis) -> Batch | Pipeline:
@@ -131,4 +144,4 @@ def pipeline(redis: Redis) -> Batch | Pipeline:
     return Batch(redis) if packable(redis) else redis.pipeline(transaction=False)
 
 
-__all__ = ["Batch", "arg", "bulk", "command", "execute", "packable", "pipeline"]
+__all__ = ["Batch", "arg", "bulk", "command", "execute", "packable", "pipeline", "rerun_refused_scripts"]

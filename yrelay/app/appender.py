@@ -149,18 +149,15 @@ class Appender:
         the script is loaded; their replies replace the refusals in
         ``results``, and they are announced again (the batch's announcement
         came before them). Nothing else of the batch runs twice."""
-        missing = [i for i, result in enumerate(results[:len(docs)]) if isinstance(result, NoScriptError)]
-        if not missing or not isinstance(pipe, redis_packed.Batch):
+        if not isinstance(pipe, redis_packed.Batch):
             return
-        script = self.store.scripts.append
-        script.sha = await self.store.redis.script_load(script.script)  # the same sha: the commands stand
+        refused = [doc for doc, result in zip(docs, results) if isinstance(result, NoScriptError)]
         wait = pipe.commands[-1:] if self.replicas is not None else []
-        again = await redis_packed.execute(self.store.redis, [*(pipe.commands[i] for i in missing), *wait])
-        for i, result in zip(missing, again):
-            results[i] = result
-        if wait:
-            results[-1] = again[-1]
-        await announce(self.store.redis, [docs[i] for i in missing])
+        waited = await redis_packed.rerun_refused_scripts(pipe, results, [self.store.scripts.append], then=wait)
+        if wait and waited:
+            results[-1] = waited[-1]
+        if refused:
+            await announce(self.store.redis, refused)
 
     async def _unconfirmed(self, docs: list[str], results: list[Any], wait_of: dict[str, int]) -> set[str]:
         """The documents whose entries ``ack_replicas`` replicas did not

@@ -372,8 +372,7 @@ class Reader:
 
     def _cursors(self) -> dict[str, StreamId]:
         """:meth:`_cursor` of every document held (for a sweep)."""
-        return {doc: held.cursor for doc, held in self.held.items()
-                if held.cursor is not None and not held.releasing and doc not in self.paused}
+        return {doc: cursor for doc in self.held if (cursor := self._cursor(doc)) is not None}
 
     def _read_soon(self, doc: str) -> None:
         """Read ``doc`` in the next round, not at the next sweep."""
@@ -442,7 +441,7 @@ class Reader:
             changes.lost()  # a change stream of the wrong type is set aside at the next follow()
             raise
         documents = []
-        for key, entries in (reply.items() if isinstance(reply, dict) else reply):
+        for key, entries in reply:  # RESP2: ConsumerGroup refuses a RESP3 client
             if text(key) == changes_key():
                 changes.take(entries, self.held.__contains__, self.batch_size)
                 continue
