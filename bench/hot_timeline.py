@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,6 +55,8 @@ def main() -> None:
           f"max {latencies[-1]:.2f} ms")
     print("at or above the p99 (s into the run: ms):")
     print(" ".join(f"{at:.2f}:{ms:.1f}" for at, ms in timeline if ms >= p99))
+    print(f"the run started at {time.time() - (time.perf_counter() - generator.start):.3f} (unix time; "
+          f"the stall probe's clock)")
     print(f"server's work directory: {work}")
 
 

@@ -127,14 +127,15 @@ def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
     let GC delete content. If even ``base`` is not fully held, ``held`` is 0
     and the snapshot must not be stored.
     """
-    snapshot = _load([base, *updates]).get_update()
-    snapshot = update_format.with_deletes(snapshot, _pending_deletes(snapshot, [base, *updates]))
+    base_part, *parts = [update_format.decode_or_none(update) for update in (base, *updates)]
+    doc = _load([base, *updates])
+    snapshot = update_format.with_deletes(doc.get_update(), _pending_deletes(doc.get_state(), [base_part, *parts]))
     wholes = [_coverage(_load([snapshot]).get_update())]
     if (by_ypy := _coverage_by_ypy(snapshot)) != wholes[0]:
         wholes.append(by_ypy)
-    if base and any(update_format.held_prefix(whole, [base]) == 0 for whole in wholes):
+    if base and any(update_format.held_count(whole, [base_part]) == 0 for whole in wholes):
         return Fold(snapshot, 0)
-    return Fold(snapshot, min(update_format.held_prefix(whole, updates) for whole in wholes))
+    return Fold(snapshot, min(update_format.held_count(whole, parts) for whole in wholes))
 
 
 def sync_answer(state_vector: bytes, base: bytes, updates: Sequence[bytes]) -> SyncAnswer:
@@ -147,24 +148,21 @@ def sync_answer(state_vector: bytes, base: bytes, updates: Sequence[bytes]) -> S
         diff = doc.get_update(state_vector)
     except ValueError as exc:
         raise crdt.InvalidUpdate(f"not a Yjs state vector: {str(exc)[:200]}") from None
-    whole = doc.get_update()
-    held = update_format.held_prefix(_coverage(whole), updates)
-    diff = update_format.with_deletes(diff, _pending_deletes(whole, [base, *updates]))
-    return SyncAnswer(diff, doc.get_state(), held)
+    base_part, *parts = [update_format.decode_or_none(update) for update in (base, *updates)]
+    held = update_format.held_count(_coverage(doc.get_update()), parts)
+    state = doc.get_state()
+    diff = update_format.with_deletes(diff, _pending_deletes(state, [base_part, *parts]))
+    return SyncAnswer(diff, state, held)
 
 
-def _pending_deletes(encoded: bytes, updates: Sequence[bytes]) -> update_format.Ranges:
-    """Deletions among ``updates`` of content the document (``encoded``) does
-    not hold: kept in what the server hands on (snapshot, sync answer), as
-    Yjs keeps them pending, so content deleted before it arrived stays deleted."""
-    parts = []
-    for update in updates:
-        if update:
-            try:
-                parts.append(update_format.decode(update))
-            except update_format.MalformedUpdate:
-                continue
-    return update_format.pending_deletes(_coverage(encoded), parts)
+def _pending_deletes(state_vector: bytes, parts: Sequence[update_format.Coverage | None]) -> update_format.Ranges:
+    """Deletions among the updates (``parts``, decoded; None for one that is
+    not an update) of content past the document's state (``state_vector``,
+    its engine's encoding): kept in what the server hands on (snapshot, sync
+    answer), as Yjs keeps them pending, so content deleted before it arrived
+    stays deleted."""
+    return update_format.pending_deletes(update_format.decode_state_vector(state_vector),
+                                         [part for part in parts if part is not None])
 
 
 # -------------------------------------------------------- the worker's wire

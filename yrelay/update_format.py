@@ -226,12 +226,12 @@ def _clip(deletes: Ranges, state: dict[int, int]) -> Ranges:
     return clipped
 
 
-def pending_deletes(whole: Coverage, parts: Iterable[Coverage]) -> Ranges:
-    """Deletions among ``parts`` of content past the document's state: Yjs
-    keeps them pending and applies them if the content ever arrives, but an
-    engine's encoding of the document drops them; a snapshot must carry them
+def pending_deletes(state: dict[int, int], parts: Iterable[Coverage]) -> Ranges:
+    """Deletions among ``parts`` of content past the document's ``state``
+    (its state vector, or :func:`state_of` its coverage): Yjs keeps them
+    pending and applies them if the content ever arrives, but an engine's
+    encoding of the document drops them; a snapshot must carry them
     (:func:`with_deletes`) or content deleted before it arrived comes back."""
-    state = state_of(whole)
     pending: Ranges = {}
     for part in parts:
         for client, ranges in part.deletes.items():
@@ -263,14 +263,30 @@ def with_deletes(update: bytes, extra: Ranges) -> bytes:
 
 def held_prefix(whole: Coverage, updates: Sequence[bytes]) -> int:
     """How many of ``updates``, from the first on, ``whole`` fully holds
-    (an update that does not decode is not held)."""
-    for index, update in enumerate(updates):
-        try:
-            if not covers(whole, decode(update)):
-                return index
-        except MalformedUpdate:
-            return index
-    return len(updates)
+    (an update that does not decode is not held). Decodes only up to the
+    first one not held; :func:`held_count` for updates decoded already."""
+    return held_count(whole, (decode_or_none(update) for update in updates))
+
+
+def held_count(whole: Coverage, parts: Iterable[Coverage | None]) -> int:
+    """How many of ``parts`` (None: an update that did not decode), from the
+    first on, ``whole`` fully holds."""
+    held = 0
+    for part in parts:
+        if part is None or not covers(whole, part):
+            break
+        held += 1
+    return held
+
+
+def decode_or_none(update: bytes) -> Coverage | None:
+    """:func:`decode`, None for bytes that are not a v1 update (an empty
+    snapshot included): a fold decodes each entry once, for both the
+    deletions it must keep pending and the proof that it holds the entry."""
+    try:
+        return decode(update)
+    except MalformedUpdate:
+        return None
 
 
 def decode_state_vector(data: bytes) -> dict[int, int]:

@@ -1,7 +1,8 @@
 """Where a server's latency spikes come from: put this directory first on a
 server's ``PYTHONPATH`` and every stall it has is written to
 ``$STALL_LOG`` (default ``/tmp/stall_probe.log``) with a wall-clock time, to
-set beside a bench timeline (``bench/hot_timeline.py``) and the event log:
+set beside a bench timeline (``bench/hot_timeline.py``) and the event log
+(``STALL_THRESHOLD`` seconds, default 0.03, for LAG, HELD and young collections):
 
 - ``LAG``: the event loop took more than 30 ms to run a callback another
   thread scheduled every 5 ms (anything that holds the loop);
@@ -30,7 +31,7 @@ import threading
 import time
 
 OUT = os.environ.get("STALL_LOG", "/tmp/stall_probe.log")
-THRESHOLD = 0.03
+THRESHOLD = float(os.environ.get("STALL_THRESHOLD", "0.03"))
 
 
 def _write(line: str) -> None:
@@ -44,6 +45,9 @@ def _on_gc(phase: str, info: dict, started: list[float] = [0.0]) -> None:  # noq
     elif info["generation"] == 2:
         _write(f"GC full collection {1000 * (time.perf_counter() - started[0]):.0f} ms, "
                f"{len(gc.get_objects())} objects, {info['collected']} collected")
+    elif time.perf_counter() - started[0] >= THRESHOLD:
+        _write(f"GC generation {info['generation']} {1000 * (time.perf_counter() - started[0]):.1f} ms, "
+               f"{info['collected']} collected")
 
 
 def _lag_probe(loop: asyncio.AbstractEventLoop) -> None:

@@ -360,7 +360,7 @@ class Collector:
                 for (plan, _), ids in zip(pending.values(), chunks):
                     await self.scripts.gc_trim(
                         keys=[stream_key(plan.doc), meta_key(plan.doc), dedup_key(plan.doc)],
-                        args=[part for entry_id in ids for part in (entry_id, hash_hex(item_hash(entry_id)))],
+                        args=_ids_with_running_xor(ids),
                         client=pipe,
                     )
                 results = await pipe.execute(raise_on_error=False)
@@ -444,6 +444,17 @@ def _record_blocked(pipe, doc: str, blocked_at: str | None, now_ms: int) -> None
     else:
         pipe.hset(meta_key(doc), "blocked_at", blocked_at)
         pipe.hsetnx(meta_key(doc), "blocked_since", now_ms)
+
+
+def _ids_with_running_xor(ids: list[str]) -> list[str]:
+    """``gc_trim.lua``'s arguments: each id, then the XOR of the hashes of it
+    and every id before it (the script XORs the one at the last id it hashes
+    out of the digest)."""
+    args, running = [], 0
+    for entry_id in ids:
+        running ^= item_hash(entry_id)
+        args += (entry_id, hash_hex(running))
+    return args
 
 
 def _folded_ids(plan: _Plan, through: StreamId, limit: int) -> list[str] | None:

@@ -52,7 +52,7 @@ class YrelayTarget(Target):
         self.server: ServerProcess | None = None
 
     def start(self) -> "YrelayTarget":
-        self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync="always").start()
+        self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync=self.env.get("appendfsync", "always")).start()
         return self._serve(self.redis.url)
 
     def _serve(self, redis_url: str) -> "YrelayTarget":
@@ -212,7 +212,7 @@ def make_target(key: str, work_dir: Path) -> Target:
         return YrelayClusterTarget(work_dir, masters=int(key[len("yrelay-cluster"):] or 3))
     if key.startswith("yrelay@"):
         return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
-    if key.startswith("yrelay+"):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0)
+    if key.startswith("yrelay+"):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0), or Redis's appendfsync
         name, value = key[len("yrelay+"):].split("=", 1)
         target = YrelayTarget(work_dir, env={name: value})
         target.name = f"yrelay ({name}={value})"
