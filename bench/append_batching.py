@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 
 from yrelay.app.appender import Appender
 from yrelay.redis_server import RedisProcess
-from yrelay.store import DocumentStore
+from yrelay.store import DocumentStore, needs_or_nothing
 
-UPDATE = bytes(40)  # a small Yjs-update-sized payload (not decoded here)
+UPDATE = bytes(40)  # a small Yjs-update-sized payload (not an update: it needs nothing)
 
 
 async def unbatched(store: DocumentStore, n: int) -> float:
@@ -32,7 +32,7 @@ async def grouped(store: DocumentStore, n: int, docs: int) -> float:
     appender = Appender(store)
     appender.start()
     start = time.perf_counter()
-    futures = [appender.submit(f"doc-{clock % docs}", "s", clock, UPDATE) for clock in range(n)]
+    futures = [appender.submit(f"doc-{clock % docs}", "s", clock, UPDATE, needs_or_nothing(UPDATE)) for clock in range(n)]
     await asyncio.gather(*futures)
     rate = n / (time.perf_counter() - start)
     await appender.stop()

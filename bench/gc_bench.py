@@ -32,7 +32,7 @@ from yrelay.keys import snapshot_key, stream_key, tracker_key
 from yrelay.listing import registry_counts
 from yrelay.offsets import StreamId
 from yrelay.redis_server import RedisProcess
-from yrelay.store import DocumentStore
+from yrelay.store import DocumentStore, needs_or_nothing
 
 
 def edits(count: int, client_id: int) -> list[bytes]:
@@ -55,7 +55,7 @@ async def gc_pass(docs: int, changed: int, entries: int) -> None:
         updates = edits(entries * 2, 1)
         names = [f"doc-{index:05d}" for index in range(docs)]
         print(f"seeding {docs} documents x {entries} entries ...")
-        await asyncio.gather(*(appender.submit(name, "w", c, updates[c]) for name in names for c in range(entries)))
+        await asyncio.gather(*(appender.submit(name, "w", c, updates[c], needs_or_nothing(updates[c])) for name in names for c in range(entries)))
         collector, due = Collector(redis, GcPolicy()), DueSet(redis)
         for name in names:  # every reader acked everything
             await redis.zadd(tracker_key(name), {"reader": (await store.last_id(name)).score()})
@@ -64,7 +64,7 @@ async def gc_pass(docs: int, changed: int, entries: int) -> None:
         # Now only `changed` documents get new entries; the rest are settled.
         for name in names[:changed]:
             for c in range(entries, entries * 2):
-                await appender.submit(name, "w", c, updates[c])
+                await appender.submit(name, "w", c, updates[c], needs_or_nothing(updates[c]))
             await redis.zadd(tracker_key(name), {"reader": (await store.last_id(name)).score()})
         pending = (await registry_counts(redis))[1]
         rounds = []
@@ -73,7 +73,7 @@ async def gc_pass(docs: int, changed: int, entries: int) -> None:
             summary = await run_due_pass(collector, due, batch_size=500, lease_ms=60_000, next_due_ms=10_000)
             rounds.append((time.perf_counter() - started, summary))
             for name in names[:changed]:  # touch them again for the next round
-                await appender.submit(name, "w", 10_000 + len(rounds), updates[0])
+                await appender.submit(name, "w", 10_000 + len(rounds), updates[0], needs_or_nothing(updates[0]))
                 await redis.zadd(tracker_key(name), {"reader": (await store.last_id(name)).score()})
         await appender.stop()
         print(f"\n| documents | changed | due set | pass seconds (3 runs) | folded per pass | docs/s |")
@@ -106,7 +106,7 @@ class Load:
 
     async def edit(self, doc: str, update: bytes) -> None:
         clock, self.clock = self.clock, self.clock + 1  # before awaiting: edits run concurrently
-        entry_id, _ = await self.appender.submit(doc, "writer", clock, update)
+        entry_id, _ = await self.appender.submit(doc, "writer", clock, update, needs_or_nothing(update))
         score = StreamId.parse(entry_id).score()
         # Readers ack what they get; the stalled one never does.
         await self.redis.zadd(tracker_key(doc), {f"reader-{r}": score for r in range(3)}, xx=True, gt=True)

@@ -227,6 +227,8 @@ def flat_clocks(flat: list[bytes]) -> dict[int, int]:
 
 
 def needs_or_nothing(update: bytes) -> Needs:
+    """What ``update`` needs to apply; nothing when it does not decode (for
+    tools that append without the server's validation: benches, seeding)."""
     try:
         return needs_of(read_layout(update))
     except MalformedUpdate:

@@ -22,7 +22,7 @@ from typing import Any
 
 from yrelay import protocol
 from yrelay.app.appender import Appender
-from yrelay.store import DocumentStore
+from yrelay.store import DocumentStore, needs_or_nothing
 from . import ceilings, load, metrics
 from .drivers import _dumps, _loads
 from .edits import writer_edits
@@ -178,7 +178,7 @@ async def _append_all(redis_url: str, doc: str, updates: list[bytes]) -> None:
     appender.start()
     try:
         for offset in range(0, len(updates), 5000):
-            await asyncio.gather(*(appender.submit(doc, "bench-writer", offset + i + 1, update)
+            await asyncio.gather(*(appender.submit(doc, "bench-writer", offset + i + 1, update, needs_or_nothing(update))
                                    for i, update in enumerate(updates[offset:offset + 5000])))
     finally:
         await appender.stop()

@@ -216,5 +216,7 @@ def make_target(key: str, work_dir: Path) -> Target:
         name, value = key[len("yrelay+"):].split("=", 1)
         target = YrelayTarget(work_dir, env={name: value})
         target.name = f"yrelay ({name}={value})"
+        if name == "appendfsync":
+            target.note = f"acks after a write to the AOF (appendfsync {value})"
         return target
     return TARGETS[key](work_dir)
