@@ -187,3 +187,19 @@ async def test_a_group_member_reads_on_past_a_change_stream_of_the_wrong_type(re
     finally:
         await redis_client.delete(changes_key())
         await _stop(member, task)
+
+
+async def test_a_document_of_the_wrong_type_does_not_stop_a_member(redis_client, caplog):
+    store = DocumentStore(redis_client)
+    member, task, got = await _member(redis_client, "cf-poison", "cf-poison-", lease=1.2)
+    try:
+        bad = await _append(store, "cf-poison-bad", 1, "a")
+        await eventually(lambda: ("cf-poison-bad", bad) in got, timeout=10)
+        await redis_client.delete(stream_key("cf-poison-bad"))
+        await redis_client.set(stream_key("cf-poison-bad"), "not a stream")  # held by the member, unreadable
+        good = [await _append(store, "cf-poison-good", clock, text) for clock, text in ((1, "b"), (2, "c"))]
+        await eventually(lambda: [entry for doc, entry in got if doc == "cf-poison-good"] == good, timeout=10)
+        assert "cf-poison-bad cannot be read" in caplog.text
+    finally:
+        await redis_client.delete(stream_key("cf-poison-bad"))
+        await _stop(member, task)

@@ -54,7 +54,8 @@ _STREAM_PREFIX, _STREAM_SUFFIX = stream_key("\0").split("\0")
 
 
 #: How long a change stream that cannot be read (a key of the wrong type)
-#: is left aside, every round sweeping meanwhile.
+#: is left aside, every round sweeping meanwhile; and a document whose
+#: stream cannot be read, the others read on meanwhile.
 SET_ASIDE_SECONDS = 30.0
 
 
@@ -92,6 +93,9 @@ class Held:
     #: The leader is handing the document to another member: read no more,
     #: release it once ``unacked`` is empty.
     releasing: bool = False
+    #: Redis refused to read the document's stream (a key of the wrong
+    #: type): not read until then (``time.monotonic()``).
+    set_aside_until: float = 0.0
     #: After a takeover: entries up to here were handed out by the previous
     #: owner and not acked; handing them out again counts as redelivery.
     redeliver_through: StreamId | None = None
@@ -368,6 +372,8 @@ class Reader:
         held = self.held.get(doc)
         if held is None or held.cursor is None or held.releasing or doc in self.paused:
             return None
+        if held.set_aside_until and held.set_aside_until > time.monotonic():
+            return None
         return held.cursor
 
     def _cursors(self) -> dict[str, StreamId]:
@@ -437,8 +443,11 @@ class Reader:
             return due, []
         try:
             reply = await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or []
-        except (redis.exceptions.RedisError, OSError):
+        except redis.exceptions.ResponseError:  # a key of the wrong type: the change stream or a document's
             changes.lost()  # a change stream of the wrong type is set aside at the next follow()
+            reply = await self._read_each(due)
+        except (redis.exceptions.RedisError, OSError):
+            changes.lost()
             raise
         documents = []
         for key, entries in reply:  # RESP2: ConsumerGroup refuses a RESP3 client
@@ -449,6 +458,33 @@ class Reader:
             if len(entries) >= self.batch_size:  # there may be more
                 changes.wake(_doc_of_stream(key))
         return due, documents
+
+    async def _read_each(self, due: dict[str, StreamId]) -> list:
+        """Redis refused the XREAD over several keys: each document read on
+        its own (one pipeline; XREAD's reply pairs), those Redis refuses set
+        aside. Without this, one stream of the wrong type stopped the member
+        for every document it holds."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for doc, cursor in due.items():
+                pipe.xread({stream_key(doc): str(cursor)}, count=self.batch_size)
+            replies = await pipe.execute(raise_on_error=False)
+        pairs = []
+        for doc, reply in zip(due, replies):
+            if isinstance(reply, redis.exceptions.ResponseError):
+                self._set_aside(doc, reply)
+            elif isinstance(reply, Exception):
+                raise reply
+            elif reply:
+                pairs += reply
+        return pairs
+
+    def _set_aside(self, doc: str, exc: Exception) -> None:
+        """Read ``doc`` no more for :data:`SET_ASIDE_SECONDS` (then again,
+        at a sweep: someone may have repaired the key)."""
+        if (held := self.held.get(doc)) is not None:
+            held.set_aside_until = time.monotonic() + SET_ASIDE_SECONDS
+            log.error("consumer group %s: document %s cannot be read (%s); set aside for %ss",
+                      self.progress.group, doc, exc, SET_ASIDE_SECONDS, extra={"doc": doc})
 
     async def _read(self, cursors: dict[str, StreamId], reply: list) -> list[Batch]:
         """Batches of ``reply``, read from ``cursors``: each document's fence
