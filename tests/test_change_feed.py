@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
+import redis.exceptions
+from redis.asyncio import Redis
+
 from conftest import eventually, running_server
 
 from yrelay import crdt
@@ -112,7 +115,10 @@ async def _member(redis_client, group: str, prefix: str, lease: float) -> tuple[
     async def consume() -> None:
         async for batch in member.batches():
             got.extend((batch.doc, str(entry_id)) for entry_id in batch.ids)
-            await batch.ack()
+            try:
+                await batch.ack()
+            except redis.exceptions.RedisError:  # as an application would: the batch comes again
+                pass
 
     return member, asyncio.create_task(consume()), got
 
@@ -203,3 +209,75 @@ async def test_a_document_of_the_wrong_type_does_not_stop_a_member(redis_client,
     finally:
         await redis_client.delete(stream_key("cf-poison-bad"))
         await _stop(member, task)
+
+
+async def make_redis_busy(redis_client, doc: str, seconds: float, windows: int = 5) -> None:
+    """Redis answers BUSY to everyone for ``seconds``, ``windows`` times (a
+    script that loops past ``lua-time-limit``, 0.1 s here, then SCRIPT
+    KILL), while ``doc`` is being appended to, so its readers are likely in
+    the middle of reading when Redis turns busy."""
+    store, appended, stop = DocumentStore(redis_client), 0, asyncio.Event()
+
+    async def append_on() -> None:  # stopped, not cancelled: a command cancelled in flight can hang redis-py
+        nonlocal appended
+        while not stop.is_set():
+            try:
+                await _append(store, doc, 1000 + appended, "x")
+                appended += 1
+            except redis.exceptions.ResponseError:  # BUSY: the append is not made
+                pass
+            await asyncio.sleep(0.003)
+
+    limit = (await redis_client.config_get("lua-time-limit"))["lua-time-limit"]
+    appending = asyncio.create_task(append_on())
+    await redis_client.config_set("lua-time-limit", 100)
+    try:
+        for _ in range(windows):  # a reader blocked in XREAD when one starts waits it out: several chances
+            started = appended
+            await eventually(lambda: appended >= started + 10)
+            await _busy(redis_client, seconds)
+    finally:
+        stop.set()
+        await appending
+        await redis_client.config_set("lua-time-limit", limit)
+
+
+async def _busy(redis_client, seconds: float) -> None:
+    looping = asyncio.create_task(Redis(connection_pool=redis_client.connection_pool).eval("while true do end", 0))
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        while not looping.done():
+            try:
+                await redis_client.script_kill()
+            except redis.exceptions.ResponseError:  # not running yet, or already killed
+                await asyncio.sleep(0.05)
+        await asyncio.gather(looping, return_exceptions=True)
+
+
+async def test_a_busy_redis_sets_no_document_aside_for_a_member(redis_client, caplog):
+    """BUSY (a long script) is Redis's passing state, not a document's: a
+    member retries, and an append after it is read at once, not in 30 s."""
+    store = DocumentStore(redis_client)
+    member, task, got = await _member(redis_client, "cf-busy", "cf-busy-", lease=3.0)
+    try:
+        first = await _append(store, "cf-busy-doc", 1, "before")
+        await eventually(lambda: ("cf-busy-doc", first) in got, timeout=10)
+        await make_redis_busy(redis_client, "cf-busy-doc", 0.4)
+        last = await _append(store, "cf-busy-doc", 2, "after")
+        await eventually(lambda: ("cf-busy-doc", last) in got, timeout=8)
+        assert "cannot be read" not in caplog.text
+    finally:
+        await _stop(member, task)
+
+
+async def test_a_busy_redis_sets_no_document_aside_for_the_fan_out(redis_url, redis_client, make_client, caplog):
+    async with running_server(redis_url) as url:
+        reader = await make_client(url)
+        doc = await reader.subscribe("busy-doc")
+        await _append(DocumentStore(redis_client), "busy-doc", 1, "before")
+        await eventually(lambda: "before" in doc.text)
+        await make_redis_busy(redis_client, "busy-doc", 0.4)
+        await _append(DocumentStore(redis_client), "busy-doc", 2, "after")
+        await eventually(lambda: "after" in doc.text, timeout=8)
+    assert "cannot be read" not in caplog.text  # nor its subscribers told it is unavailable

@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 
 from .keys import changes_key
 from .redis_client import is_cluster
-from .replies import text
+from .replies import is_wrong_type, text
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,8 @@ class ChangeFeed(Rounds):
         try:
             last = await redis.xrevrange(changes_key(), count=1)
         except redis_exceptions.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
             self.set_aside(exc, set_aside_seconds)
             return
         self.cursor = text(last[0][0]) if last else "0-0"

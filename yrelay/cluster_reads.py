@@ -47,7 +47,7 @@ from .keys import DOCUMENT_BUCKETS, bucket_changes_key, stream_key
 from .listing import by_bucket
 from .offsets import StreamId
 from .redis_client import CLUSTER_TRANSIENT, REDIS_PY_RACE, xread_one
-from .replies import text
+from .replies import is_wrong_type, text
 from .tasks import BackgroundTask, wait_event
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ async def announce(client: Redis, docs: list[str]) -> None:
 class Reads(NamedTuple):
     #: ``(stream key, entries)`` of the documents with new entries, like a multi-key XREAD.
     pairs: list[tuple[Any, Any]]
-    #: The documents Redis refused to read, and its reply.
+    #: The documents Redis refused to read (a key of the wrong type), and its reply.
     refused: dict[str, redis.exceptions.ResponseError]
     #: The documents whose read came back full (``count`` entries): there may be more.
     full: set[str]
@@ -97,10 +97,10 @@ async def read_each(client: Redis, cursors: Mapping[str, StreamId], count: int) 
     for doc, reply in zip(cursors, replies):
         if isinstance(reply, CLUSTER_TRANSIENT):
             raise redis.exceptions.ConnectionError(f"{doc}: {reply}")
-        if isinstance(reply, redis.exceptions.ResponseError):
+        if is_wrong_type(reply):
             reads.refused[doc] = reply
         elif isinstance(reply, Exception):
-            raise reply  # connection trouble: the caller reconnects
+            raise reply  # connection trouble, or Redis busy (a long script): the caller retries
         elif reply:
             pairs = list(reply.items() if isinstance(reply, dict) else reply)
             reads.pairs.extend(pairs)

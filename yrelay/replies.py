@@ -5,6 +5,8 @@ One place for it, so every module reads ids and names the same way.
 
 from __future__ import annotations
 
+import redis.exceptions
+
 from .offsets import StreamId
 
 
@@ -16,3 +18,12 @@ def text(raw: bytes | str) -> str:
 def stream_id(raw: bytes | str | None) -> StreamId | None:
     """A stream id reply, or None for a missing (nil or empty) one."""
     return StreamId.parse(text(raw)) if raw else None
+
+
+def is_wrong_type(exc: BaseException) -> bool:
+    """Redis refused a command on a key that holds another type
+    (``WRONGTYPE``): that key stays broken until someone repairs it, so its
+    reader sets it aside and reads the others. Every other refusal (``BUSY``
+    while a script runs long, ``MASTERDOWN``, ``LOADING``...) is Redis's
+    passing state: retried, nothing set aside."""
+    return isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("WRONGTYPE")

@@ -19,9 +19,11 @@ call :meth:`Fanout.register` and :meth:`Fanout.unregister`; the fan-out
 talks back only through the small :class:`Subscriber` protocol, so it never
 depends on the subscription's module.
 
-Isolation: if Redis rejects the multi-stream XREAD (a key of the wrong type,
-say), every document is probed on its own, the broken ones are set aside for a
-while and reported to their subscribers, and the rest carry on.
+Isolation: if Redis rejects the multi-stream XREAD because a key has the
+wrong type, every document is probed on its own, the broken ones are set aside
+for a while and reported to their subscribers, and the rest carry on. Any other
+refusal (``BUSY`` while a script runs long, ``MASTERDOWN``) is Redis's, not a
+document's: the loop retries, nothing is set aside.
 
 Streams that went back: after the reader saw Redis fail, and before it reads
 again, it checks that the entries it had seen (and those this process's
@@ -47,6 +49,7 @@ from ..keys import changes_key, stream_key
 from ..offsets import ZERO, StreamId
 from ..redis_client import REDIS_PY_RACE, UNREACHABLE
 from ..redis_packed import bulk as _bulk
+from ..replies import is_wrong_type
 from ..store import DocumentStore, Entry, to_entry
 from ..tasks import BackgroundTask, wait_event
 from . import sizing
@@ -284,7 +287,9 @@ class Fanout:
         count = self.count
         try:
             reply = await self._xread(readable, count, block_ms, listening)
-        except redis.exceptions.ResponseError:
+        except redis.exceptions.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
             await self._isolate_broken(readable, listening)
             return
         self._dispatch(self._take_changes(reply, count))
@@ -350,11 +355,15 @@ class Fanout:
                 self._take_changes(await self.store.redis.xread({changes_key(): self.changes.cursor},
                                                                 count=self.count) or [], self.count)
             except redis.exceptions.ResponseError as exc:
+                if not is_wrong_type(exc):
+                    raise
                 self.changes.set_aside(exc, QUARANTINE_SECONDS)
         for doc, cursor in readable.items():
             try:
                 reply = await self.store.redis.xread({stream_key(doc): str(cursor)}, count=self.count)
             except redis.exceptions.ResponseError as exc:
+                if not is_wrong_type(exc):
+                    raise
                 self._set_aside(doc, exc)
                 continue
             self._dispatch(reply or [])

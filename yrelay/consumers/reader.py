@@ -42,7 +42,7 @@ from ..events import EventSink
 from ..keys import changes_key, meta_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import is_cluster
-from ..replies import stream_id, text
+from ..replies import is_wrong_type, stream_id, text
 from ..store import DocumentStore, to_entry
 from ..tasks import raise_lost_cancel, wait_event
 from .batch import Batch
@@ -443,9 +443,11 @@ class Reader:
             return due, []
         try:
             reply = await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or []
-        except redis.exceptions.ResponseError:  # a key of the wrong type: the change stream or a document's
+        except redis.exceptions.ResponseError as exc:
             changes.lost()  # a change stream of the wrong type is set aside at the next follow()
-            reply = await self._read_each(due)
+            if not is_wrong_type(exc):  # BUSY, MASTERDOWN...: Redis's passing state, retried
+                raise
+            reply = await self._read_each(due)  # the change stream's or a document's key
         except (redis.exceptions.RedisError, OSError):
             changes.lost()
             raise
@@ -470,7 +472,7 @@ class Reader:
             replies = await pipe.execute(raise_on_error=False)
         pairs = []
         for doc, reply in zip(due, replies):
-            if isinstance(reply, redis.exceptions.ResponseError):
+            if is_wrong_type(reply):
                 self._set_aside(doc, reply)
             elif isinstance(reply, Exception):
                 raise reply
