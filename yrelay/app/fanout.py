@@ -219,6 +219,10 @@ class Fanout:
                 self._reader_id = None
                 self._suspect_all()
                 await reconnect.wait()
+            except redis.exceptions.ResponseError as exc:  # BUSY, MASTERDOWN...: Redis's passing state
+                log.warning("fan-out reader: Redis refused a read (%s); retrying in %.1fs", exc, reconnect.delay)
+                self._suspect_all()
+                await reconnect.wait()
             except Exception:
                 log.exception("fan-out reader failed; retrying")
                 self._suspect_all()
