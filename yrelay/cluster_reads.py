@@ -46,7 +46,7 @@ from .change_feed import Rounds, announced, announcement
 from .keys import DOCUMENT_BUCKETS, bucket_changes_key, stream_key
 from .listing import by_bucket
 from .offsets import StreamId
-from .redis_client import CLUSTER_TRANSIENT, REDIS_PY_RACE, xread_one
+from .redis_client import CLUSTER_TRANSIENT, REDIS_PY_RACE, is_cluster, xread_one
 from .replies import is_wrong_type, text
 from .tasks import BackgroundTask, wait_event
 
@@ -85,11 +85,16 @@ async def read_each(client: Redis, cursors: Mapping[str, StreamId], count: int) 
     """One ``XREAD`` per document from its cursor, in one pipeline (per node
     on the wire). A failover or a resharding in progress raises
     :class:`redis.exceptions.ConnectionError` (not the documents' fault:
-    read again)."""
+    read again). Also how a follower on one Redis tells which document broke
+    the XREAD over all of them (a key of the wrong type: ``refused``)."""
+    clustered = is_cluster(client)
     try:
         async with client.pipeline(transaction=False) as pipe:
             for doc, cursor in cursors.items():
-                xread_one(pipe, stream_key(doc), str(cursor), count)
+                if clustered:
+                    xread_one(pipe, stream_key(doc), str(cursor), count)
+                else:
+                    pipe.xread({stream_key(doc): str(cursor)}, count=count)
             replies = await pipe.execute(raise_on_error=False)
     except REDIS_PY_RACE as exc:
         raise redis.exceptions.ConnectionError(f"connection reset during a failover ({exc!r})") from exc

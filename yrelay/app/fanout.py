@@ -45,6 +45,7 @@ from redis.asyncio import Redis
 
 from ..backoff import Reconnect
 from ..change_feed import ChangeFeed
+from ..cluster_reads import read_each
 from ..keys import changes_key, stream_key
 from ..offsets import ZERO, StreamId
 from ..redis_client import REDIS_PY_RACE, UNREACHABLE
@@ -214,13 +215,10 @@ class Fanout:
                 reconnect.succeeded()
             except asyncio.CancelledError:
                 raise
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                log.warning("fan-out reader lost Redis (%s); retrying in %.1fs", exc, reconnect.delay)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+                    redis.exceptions.ResponseError) as exc:  # lost, or refused for its own reasons (BUSY, MASTERDOWN)
+                log.warning("fan-out reader: Redis failed (%s); retrying in %.1fs", exc, reconnect.delay)
                 self._reader_id = None
-                self._suspect_all()
-                await reconnect.wait()
-            except redis.exceptions.ResponseError as exc:  # BUSY, MASTERDOWN...: Redis's passing state
-                log.warning("fan-out reader: Redis refused a read (%s); retrying in %.1fs", exc, reconnect.delay)
                 self._suspect_all()
                 await reconnect.wait()
             except Exception:
@@ -362,15 +360,12 @@ class Fanout:
                 if not is_wrong_type(exc):
                     raise
                 self.changes.set_aside(exc, QUARANTINE_SECONDS)
-        for doc, cursor in readable.items():
-            try:
-                reply = await self.store.redis.xread({stream_key(doc): str(cursor)}, count=self.count)
-            except redis.exceptions.ResponseError as exc:
-                if not is_wrong_type(exc):
-                    raise
-                self._set_aside(doc, exc)
-                continue
-            self._dispatch(reply or [])
+        reads = await read_each(self.store.redis, readable, self.count)  # one pipeline, a read per document
+        for doc, exc in reads.refused.items():
+            self._set_aside(doc, exc)
+        for doc in reads.full:
+            self.changes.wake(doc)
+        self._dispatch(reads.pairs)
 
     def _set_aside(self, doc: str, exc: Exception) -> None:
         """``doc``'s stream cannot be read: skip it for a while, tell its subscribers."""

@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 from .. import redis_packed
 from ..backoff import Reconnect
 from ..change_feed import ChangeFeed
-from ..cluster_reads import BucketWakeups
+from ..cluster_reads import BucketWakeups, read_each
 from ..deletion import is_deletion
 from ..events import EventSink
 from ..keys import changes_key, meta_key, stream_key
@@ -421,8 +421,8 @@ class Reader:
         if not due:
             return due, []
         reads = await self.wakeups.read(due, self.batch_size)
-        for doc, exc in reads.refused.items():  # the others go on; this one is read again at the next sweep
-            log.warning("consumer group %s: could not read %s (%s)", self.progress.group, doc, exc)
+        for doc, exc in reads.refused.items():  # the others go on
+            self._set_aside(doc, exc)
         return due, reads.pairs
 
     async def _xread_announced(self) -> tuple[dict[str, StreamId], list]:
@@ -447,7 +447,10 @@ class Reader:
             changes.lost()  # a change stream of the wrong type is set aside at the next follow()
             if not is_wrong_type(exc):  # BUSY, MASTERDOWN...: Redis's passing state, retried
                 raise
-            reply = await self._read_each(due)  # the change stream's or a document's key
+            reads = await read_each(self.redis, due, self.batch_size)  # each on its own: whose key is it?
+            for doc, refused in reads.refused.items():
+                self._set_aside(doc, refused)
+            reply = reads.pairs
         except (redis.exceptions.RedisError, OSError):
             changes.lost()
             raise
@@ -461,28 +464,11 @@ class Reader:
                 changes.wake(_doc_of_stream(key))
         return due, documents
 
-    async def _read_each(self, due: dict[str, StreamId]) -> list:
-        """Redis refused the XREAD over several keys: each document read on
-        its own (one pipeline; XREAD's reply pairs), those Redis refuses set
-        aside. Without this, one stream of the wrong type stopped the member
-        for every document it holds."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for doc, cursor in due.items():
-                pipe.xread({stream_key(doc): str(cursor)}, count=self.batch_size)
-            replies = await pipe.execute(raise_on_error=False)
-        pairs = []
-        for doc, reply in zip(due, replies):
-            if is_wrong_type(reply):
-                self._set_aside(doc, reply)
-            elif isinstance(reply, Exception):
-                raise reply
-            elif reply:
-                pairs += reply
-        return pairs
-
     def _set_aside(self, doc: str, exc: Exception) -> None:
-        """Read ``doc`` no more for :data:`SET_ASIDE_SECONDS` (then again,
-        at a sweep: someone may have repaired the key)."""
+        """Redis refused to read ``doc`` (a key of the wrong type): read it
+        no more for :data:`SET_ASIDE_SECONDS` (then again, at a sweep:
+        someone may have repaired the key). Without this, on one Redis, one
+        broken stream stopped the member for every document it holds."""
         if (held := self.held.get(doc)) is not None:
             held.set_aside_until = time.monotonic() + SET_ASIDE_SECONDS
             log.error("consumer group %s: document %s cannot be read (%s); set aside for %ss",

@@ -38,10 +38,13 @@ class YrelayTarget(Target):
     #: What ``python -m`` runs with ``serve --port ... --redis-url ...``.
     module = "yrelay"
 
-    def __init__(self, work_dir: Path, env: dict[str, str] | None = None, tree: str | None = None):
+    def __init__(self, work_dir: Path, env: dict[str, str] | None = None, tree: str | None = None,
+                 fsync: str = "always"):
         """``tree``: run the server from another checkout (PYTHONPATH), to
-        compare two builds in one run (``--targets yrelay,yrelay@../main``)."""
+        compare two builds in one run (``--targets yrelay,yrelay@../main``);
+        ``fsync``: Redis's ``appendfsync``."""
         super().__init__(work_dir)
+        self.fsync = fsync
         self.env = {**(env or {}), **({"PYTHONPATH": str(Path(tree).resolve())} if tree else {})}
         #: ``python -m`` imports from its working directory before PYTHONPATH:
         #: without this, every tree ran the checkout the bench started in.
@@ -52,7 +55,7 @@ class YrelayTarget(Target):
         self.server: ServerProcess | None = None
 
     def start(self) -> "YrelayTarget":
-        self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync=self.env.get("appendfsync", "always")).start()
+        self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync=self.fsync).start()
         return self._serve(self.redis.url)
 
     def _serve(self, redis_url: str) -> "YrelayTarget":
@@ -214,9 +217,11 @@ def make_target(key: str, work_dir: Path) -> Target:
         return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
     if key.startswith("yrelay+"):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0), or Redis's appendfsync
         name, value = key[len("yrelay+"):].split("=", 1)
-        target = YrelayTarget(work_dir, env={name: value})
-        target.name = f"yrelay ({name}={value})"
-        if name == "appendfsync":
+        if name == "appendfsync":  # Redis's, not the server's
+            target = YrelayTarget(work_dir, fsync=value)
             target.note = f"acks after a write to the AOF (appendfsync {value})"
+        else:
+            target = YrelayTarget(work_dir, env={name: value})
+        target.name = f"yrelay ({name}={value})"
         return target
     return TARGETS[key](work_dir)
