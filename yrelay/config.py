@@ -92,6 +92,29 @@ class Settings:
     updates_per_second: float = 200.0
     #: ... with this many saved up for bursts (a reconnect resending its buffer).
     update_burst: int = 1_000
+    #: Frames per second one websocket is read at, any kind, and its burst;
+    #: past it the socket is read more slowly (yrelay/app/pacing.py) ...
+    frames_per_second: float = 1_000.0
+    frame_burst: int = 4_000
+    #: ... control frames (ping, subscribe, unsubscribe, sync, digests,
+    #: awareness queries) per second and at once ...
+    control_per_second: float = 50.0
+    control_burst: int = 2_000
+    #: ... bytes per second of answers larger than their requests
+    #: (snapshots, sync replies, greetings) and at once ...
+    answer_bytes_per_second: int = 4 * 1024 * 1024
+    answer_burst_bytes: int = 32 * 1024 * 1024
+    #: ... and the hard bound: a websocket held back by these rates (and the
+    #: update limits) for more than this many seconds of the last ~30 is
+    #: closed with 4429 (0: never).
+    throttle_close_seconds: float = 10.0
+    #: Largest websocket message before the connection authenticated
+    #: (``hello`` on /ws, the upgrade's token on /yws); 1009 past it.
+    preauth_max_frame_bytes: int = 64 * 1024
+    #: Bytes of websocket messages being received (partial frames and
+    #: unparsed reads) across every connection of the process; a connection
+    #: that takes it past is closed with 1013 (0: no cap).
+    max_receiving_bytes: int = 128 * 1024 * 1024
     #: New websockets admitted per second by one process (0: no cap) ...
     admission_rate: float = 200.0
     #: ... and at once after a quiet spell.
@@ -137,6 +160,11 @@ class Settings:
     #: Awareness updates per second of one subject, and its burst.
     subject_presence_per_second: float = 100.0
     subject_presence_burst: int = 300
+    #: Bytes per second of answers larger than their requests (snapshots,
+    #: sync replies, awareness greetings) one subject may be sent, all its
+    #: connections together, and its burst; past it its requests wait.
+    subject_answer_bytes_per_second: int = 16 * 1024 * 1024
+    subject_answer_burst_bytes: int = 64 * 1024 * 1024
     #: Live subscriptions (connection x document) of one subject.
     max_subscriptions_per_subject: int = 2_000
     #: A process's count of a subject's subscriptions lapses this many
@@ -313,7 +341,8 @@ class Settings:
         # /yws takes one update per message (stock clients cannot split), up to max_update_bytes.
         return {"ws_max_size": max(self.max_frame_bytes * 4, self.max_update_bytes + 64), "ws_ping_interval": 20, "ws_ping_timeout": 20,
                 "ws_max_queue": self.ws_max_queue, "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes),
-                **uvicorn_ws_options(self.ws_implementation, self.ws_compression), **self.proxy_options()}
+                **uvicorn_ws_options(self.ws_implementation, self.ws_compression, self.preauth_max_frame_bytes,
+                                         self.max_receiving_bytes), **self.proxy_options()}
 
     def proxy_options(self) -> dict[str, object]:
         """uvicorn's ``X-Forwarded-For`` handling, from ``trusted_proxies``

@@ -115,6 +115,10 @@ class Metrics:
         rejected = Counter("yrelay_rejected_frames", "Error frames sent, by code.", ["code"], registry=registry)
         self._rejected = {code.value: rejected.labels(code.value) for code in ErrorCode}
 
+        self._throttled = Counter("yrelay_throttled_seconds", "Seconds websockets were held back (read more slowly) "
+                                  "by a rate, by limit.", ["limit"], registry=registry)
+        self._flooded = Counter("yrelay_flood_closes", "Websockets closed with 4429: held back by a rate for too long, "
+                                "by the limit that held them last.", ["limit"], registry=registry)
         self.gc_runs = Counter("yrelay_gc_runs", "GC passes completed, by trigger (the loop, or POST /ops/gc).",
                                ["trigger"], registry=registry)
         self.gc_seconds = Histogram("yrelay_gc_pass_seconds", "Duration of GC passes.", ["trigger"],
@@ -218,6 +222,14 @@ class Metrics:
         if counter is not None:
             counter.inc()
 
+    def throttled(self, limit: str, seconds: float) -> None:
+        """A websocket waits ``seconds`` for ``limit`` (yrelay/app/pacing.py)."""
+        self._throttled.labels(limit).inc(seconds)
+
+    def flooded(self, limit: str) -> None:
+        """A websocket is closed with 4429, last held back by ``limit``."""
+        self._flooded.labels(limit).inc()
+
     def gc_pass(self, summary: "PassSummary", trigger: str = "loop") -> None:
         self.gc_runs.labels(trigger).inc()
         self.gc_seconds.labels(trigger).observe(summary.seconds)
@@ -266,6 +278,12 @@ class NullMetrics(Metrics):
         pass
 
     def rejected(self, code: str) -> None:
+        pass
+
+    def throttled(self, limit: str, seconds: float) -> None:
+        pass
+
+    def flooded(self, limit: str) -> None:
         pass
 
     def gc_pass(self, summary: "PassSummary", trigger: str = "loop") -> None:
@@ -333,5 +351,9 @@ class _ServerState(Collector):
                                   value=ctx.presence.updates)
         yield CounterMetricFamily("yrelay_presence_frames_relayed", "Awareness frames queued to local connections.",
                                   value=ctx.presence.relayed)
+        yield CounterMetricFamily("yrelay_receiving_closes", "Websockets closed (1013) because the messages being "
+                                  "received by the process reached max_receiving_bytes.", value=ctx.receiving.closed)
+        yield GaugeMetricFamily("yrelay_receiving_bytes", "Bytes of websocket messages being received (partial "
+                                "frames, unparsed reads) on this process.", value=ctx.receiving.held)
         yield CounterMetricFamily("yrelay_event_log_dropped_events", "Events the event log could not write.",
                                   value=ctx.events.log.dropped)

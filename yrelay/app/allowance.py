@@ -2,8 +2,13 @@
 presence rate, and its subject's deployment-wide buckets and subscription
 count (docs/operations.md#limits).
 
-Over a rate, the frame is refused with ``rate_limited`` and the time to wait;
-nothing is stored or relayed. The subject is the token's, or with auth off
+Over an update rate, or the answers a connection or its subject may be
+sent, the connection waits (:meth:`.pacing.Pacer.hold`: its socket is read
+more slowly) instead of refusing: a refused update would turn every update
+of the same Yjs client behind it into ``missing_dependency`` (issue 30).
+Held back for too long, the connection is closed (4429). Over the presence
+rate, an awareness update is refused with ``rate_limited`` (a dropped state
+heals with its next renewal). The subject is the token's, or with auth off
 the client's address; its buckets are acquired on first use and released
 with the connection.
 """
@@ -15,17 +20,20 @@ from ..keys import subject_id
 from ..protocol import AnyUpdate, ErrorCode, ProtocolError
 from .context import ServerContext
 from .limits import TokenBucket
-from .quotas import SubjectBuckets
+from .pacing import Pacer
+from .quotas import SharedBucket, SubjectBuckets
 
 
 class Allowance:
     """One connection's rates and its share of its subject's quotas."""
 
-    __slots__ = ("_ctx", "_address", "_principal", "_session", "_rate", "_presence_rate", "_subject")
+    __slots__ = ("_ctx", "_address", "_principal", "_session", "_rate", "_presence_rate", "_subject", "pacer")
 
     def __init__(self, ctx: ServerContext, address: str):
         self._ctx = ctx
         self._address = address
+        #: How fast the connection is read (every frame passes it first).
+        self.pacer = Pacer(ctx.settings, ctx.metrics)
         self._principal: Principal | None = None
         self._session: str | None = None
         #: The session's update rate (shared with its other connections here).
@@ -39,20 +47,33 @@ class Allowance:
         """``hello`` was answered: the session's rate applies from now on."""
         self._session, self._principal = session, principal
         self._rate = self._ctx.limits.sessions.acquire(session)
+        self.pacer.trust()
 
     async def take_update(self, frame: AnyUpdate) -> None:
-        """One update's tokens, or ``rate_limited`` (the client resends after
-        ``retry_after_ms``). No Redis call for most updates: quotas.py."""
-        settings = self._ctx.settings
+        """One update's tokens: the session's, then the subject's, waiting
+        for each (no Redis call for most updates: quotas.py). Raises
+        :class:`~.pacing.Flooded` once the connection was held back too long."""
         assert self._rate is not None
-        if not self._rate.take():
-            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {settings.updates_per_second:g} updates/s",
-                                doc=frame.doc, clock=frame.clock, retry_after_ms=self._rate.retry_after_ms())
-        wait = await self.subject().updates.take()
-        if wait is not None:
-            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {settings.subject_updates_per_second:g} "
-                                "updates/s for this user, all connections together", doc=frame.doc, clock=frame.clock,
-                                retry_after_ms=wait)
+        while not self._rate.take():
+            await self.pacer.hold(self._rate.retry_after_ms() / 1000, "session_updates")
+        await self._wait_for(self.subject().updates, "subject_updates")
+
+    async def take_answer(self) -> None:
+        """A request whose answer may be larger than itself (a subscribe,
+        a sync, an awareness query): a control token, and the connection's
+        and the subject's answers paid for; waits for each."""
+        await self.pacer.answer()
+        await self._wait_for(self.subject().answers, "subject_answers")
+
+    def answered(self, sent: int) -> None:
+        """An answer of ``sent`` bytes to such a request went out."""
+        self.pacer.charge(sent)
+        if self._subject is not None or self._principal is not None:
+            self.subject().answers.spend(sent // 1024)
+
+    async def _wait_for(self, bucket: SharedBucket, limit: str) -> None:
+        while (wait := await bucket.take()) is not None:
+            await self.pacer.hold(wait / 1000, limit)
 
     async def take_awareness(self, doc: str) -> None:
         """One awareness update's tokens, or ``rate_limited``."""

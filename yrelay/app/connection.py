@@ -37,10 +37,12 @@ from .connection_documents import ConnectionDocuments
 from .connection_presence import ConnectionPresence
 from .context import ServerContext
 from .handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened, refuse
+from .pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
 from .payloads import decode_b64
 from .prepared_frames import WritePrepared
 from .update_parts import frame_identity
 from .write_path import WritePath
+from .ws_protocol import trust
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class Connection:
         self._stop_ticking: Callable[[], None] = _nothing
         self.address = websocket.client.host if websocket.client else ""
         self.allowance = Allowance(ctx, self.address)
+        self.pacer = self.allowance.pacer
         self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
         self.writes = WritePath(ctx, self.allowance, self.send, self._reject, self._spawn)
         self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send,
@@ -104,13 +107,18 @@ class Connection:
         opened = time.monotonic()
         self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
-            while True:
+            while self.state is not ConnectionState.CLOSED:  # cut off (a tick, a flood): its socket is closing
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
-                await self._handle_message(message)
+                await self.pacer.admit(len(message.get("text") or message.get("bytes") or ""))
+                if self.state is not ConnectionState.CLOSED:
+                    await self._handle_message(message)
         except (WebSocketDisconnect, WebSocketDisconnected):  # the peer left, or the server closed it
             pass
+        except Flooded as flood:
+            await self._cut_off(CutOff(str(flood), ErrorCode.RATE_LIMITED, CLOSE_TOO_MANY_MESSAGES,
+                                       flood.retry_after_ms))
         finally:
             self.state = ConnectionState.CLOSED
             self.writes.close()
@@ -165,7 +173,7 @@ class Connection:
         except (redis.exceptions.RedisError, OSError) as exc:
             log.warning("Redis error while handling a frame: %s", exc)
             await self._reject(ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; retry later"))
-        except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError):
+        except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError, Flooded):
             raise
         except Exception:
             log.exception("unexpected error handling a frame")
@@ -190,16 +198,24 @@ class Connection:
             self.documents.get(frame.doc).on_ack(StreamId.parse(frame.offset))
         elif isinstance(frame, Subscribe):
             assert self.principal is not None
+            await self.allowance.take_answer()  # its snapshot is booked as it is sent (connection_documents)
             await self.documents.subscribe(frame, self.session, self.principal)
         elif isinstance(frame, Unsubscribe):
+            await self.pacer.control()
             await self.documents.unsubscribe(frame, self.session)
         elif isinstance(frame, Sync):
+            await self.allowance.take_answer()
             self.documents.get(frame.doc).request_sync(decode_b64(frame.state_vector, frame.doc, None))
         elif isinstance(frame, CheckSubscriptions):
+            await self.pacer.control()
             await self.send(await subscription_set.check(self.ctx, self.session, frame))
         elif isinstance(frame, Reconcile):
-            await self.send(await subscription_set.reconcile(self.ctx, self.session, frame))
+            await self.allowance.take_answer()
+            answer = protocol.encode(await subscription_set.reconcile(self.ctx, self.session, frame))
+            self.allowance.answered(len(answer))
+            await self.send(answer)
         elif isinstance(frame, Ping):
+            await self.pacer.control()
             await self.send(protocol.pong())
         elif isinstance(frame, Awareness):
             self.documents.get(frame.doc)
@@ -218,6 +234,7 @@ class Connection:
     def _open(self, opened: Opened) -> None:
         self.session = self.writes.session = opened.session
         self.allowance.open(opened.session, opened.principal)
+        trust(self.websocket)  # messages may now be as large as ws_max_size
         self.state = ConnectionState.OPEN
         self.ctx.events.emit("connect", session=opened.session, resumed=opened.resumed)
 
@@ -225,7 +242,7 @@ class Connection:
         """Refuse or end the session: say why, then close (docs/security.md)."""
         self.state = ConnectionState.CLOSED
         with contextlib.suppress(Exception):  # the socket may be gone already
-            await self.send(protocol.error(ProtocolError(cut.code, cut.reason)))
+            await self.send(protocol.error(ProtocolError(cut.code, cut.reason, retry_after_ms=cut.retry_after_ms)))
         with contextlib.suppress(Exception):
             await self.websocket.close(code=cut.close_code, reason=cut.reason[:120])
 

@@ -25,6 +25,9 @@ from .sending import SendPrepared
 from .subscription import Send, Subscription, SubscriptionState
 
 SendFrame = Callable[[dict[str, Any] | str], Awaitable[None]]
+#: Frames that answer a subscribe or a sync with a document's content: their
+#: bytes are booked against the connection's and the subject's answer rates.
+_ANSWER_OPS = frozenset({"snapshot", "sync_reply"})
 
 
 class ConnectionDocuments:
@@ -111,7 +114,10 @@ class ConnectionDocuments:
         follow `subscribed` or `resync_required`, never precede it)."""
         async def send(frame: dict[str, Any] | str) -> None:
             await self._send(frame)
-            self._presence.sent(doc, frame)
+            if isinstance(frame, dict):  # a str is a delivery encoded once for many
+                self._presence.sent(doc, frame)
+                if frame["op"] in _ANSWER_OPS:  # the subscribe's or the sync's answer
+                    self._allowance.answered(len(frame["update"]))
         return send
 
 

@@ -52,7 +52,12 @@ class ConnectionPresence:
         the subscribe come the states of the others, never before it."""
         member = self.members.get(doc)
         if member is not None and not member.listening and isinstance(frame, dict) and frame["op"] in _ANSWERS:
-            self._spawn(self._ctx.presence.greet(member))
+            self._spawn(self.greet(member))
+
+    async def greet(self, member: Member) -> None:
+        """Send ``member`` the others' states; their bytes count as an answer
+        of the connection (:meth:`.allowance.Allowance.answered`)."""
+        self._allowance.answered(await self._ctx.presence.greet(member))
 
     async def leave(self, doc: str) -> None:
         member = self.members.pop(doc, None)

@@ -52,6 +52,8 @@ class CutOff:
     reason: str
     code: ErrorCode = ErrorCode.UNAUTHORIZED
     close_code: int = CLOSE_UNAUTHORIZED
+    #: When the client may come back (in the ``error`` frame), if it matters.
+    retry_after_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 #: How long a newcomer waits for its channel subscription before reading.
 SUBSCRIBE_WAIT = 1.0
+#: Seconds a read of a document's states serves further greetings of it
+#: (those whose member was listening before the read began: whatever changed
+#: since was relayed to them). An awareness query answered from Redis each
+#: time was the 34,000x amplifier of issue 30.
+GREETING_REUSE = 1.0
 _REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
@@ -56,6 +61,8 @@ class Presence:
         self._pubsub: PubSub | None = None
         self._channel_lock = asyncio.Lock()
         self._ids = itertools.count(1)
+        #: Per document, the newest read of its states: when it began, and its values.
+        self._readings: dict[str, tuple[float, asyncio.Future[list[Any] | None]]] = {}
         self._reconnect = Reconnect()
         self._put = redis.register_script(source("presence_put"))
         self._forget = redis.register_script(source("presence_forget"))
@@ -80,23 +87,58 @@ class Presence:
         self.members.setdefault(doc, set()).add(member)
         return member
 
-    async def greet(self, member: Member) -> None:
-        """Start relaying to ``member`` and send it the states of the others.
-        The channel is subscribed before the hash is read, so a state stored
+    async def greet(self, member: Member) -> int:
+        """Start relaying to ``member`` and send it the states of the others
+        (again, for an awareness query); the bytes of states sent. The
+        channel is subscribed before the hash is read, so a state stored
         after the read is also published after the subscription."""
-        member.listening = True
+        loop = asyncio.get_running_loop()
+        if not member.listening:
+            member.listening, member.listening_since = True, loop.time()
         await asyncio.shield(self._sync_channel(member.doc))  # a closing connection must not cut a SUBSCRIBE in half
         ready = self._channels.get(member.doc)
         if ready is not None:
             await wait_event(ready, SUBSCRIBE_WAIT)
-        try:
-            values = await self._read(keys=[presence_key(member.doc)], args=[self.timeout_ms, self.greeting_bytes])
-        except _REDIS_ERRORS as exc:
-            log.debug("presence of %s not read: %s", member.doc, exc)
-            return
+        values = await self._states(member, loop)
+        if values is None:
+            return 0
         entries = [entry for session, entry in map(_parse_value, values) if session != member.session]
-        if entries:
-            member.push(protocol.awareness(member.doc, join_encoded(entries)))
+        if not entries:
+            return 0
+        update = join_encoded(entries)
+        member.push(protocol.awareness(member.doc, update))
+        return len(update)
+
+    async def _states(self, member: Member, loop: asyncio.AbstractEventLoop) -> list[Any] | None:
+        """The document's states from a read that began after ``member``
+        listened and at most ``GREETING_REUSE`` ago (shared by every greeting
+        that needs one meanwhile), else from a new read; None: Redis failed."""
+        doc, now = member.doc, loop.time()
+        reading = self._readings.get(doc)
+        if reading is not None and member.listening_since <= reading[0] and now - reading[0] <= GREETING_REUSE:
+            return await asyncio.shield(reading[1])
+        future: asyncio.Future[list[Any] | None] = loop.create_future()
+        self._readings[doc] = (now, future)
+        try:
+            values = await self._read(keys=[presence_key(doc)], args=[self.timeout_ms, self.greeting_bytes])
+        except _REDIS_ERRORS as exc:
+            log.debug("presence of %s not read: %s", doc, exc)
+            values = None
+        except BaseException:
+            future.set_result(None)  # a cancelled reader: its sharers read again next time
+            self._forget_reading(doc, future)
+            raise
+        future.set_result(values)
+        if values is None:
+            self._forget_reading(doc, future)
+        else:  # the states (up to greeting_bytes) are let go once they cannot serve anyone
+            loop.call_later(GREETING_REUSE, self._forget_reading, doc, future)
+        return values
+
+    def _forget_reading(self, doc: str, future: asyncio.Future[list[Any] | None]) -> None:
+        reading = self._readings.get(doc)
+        if reading is not None and reading[1] is future:
+            del self._readings[doc]
 
     async def update(self, member: Member, entries: list[AwarenessEntry]) -> None:
         """Store and relay one client update, or raise :class:`NotOwner` or

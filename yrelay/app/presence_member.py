@@ -47,6 +47,9 @@ class Member:
         self.owner = owner
         self.clocks: dict[int, int] = {}
         self.listening = False
+        #: When it started listening (event loop time): a greeting read that
+        #: began after it may serve this member too (presence.Presence.greet).
+        self.listening_since = 0.0
         self._send = send
         #: The newest MAX_QUEUED; a list, as an empty deque is a 760-byte block per idle member.
         self._outbox: list[dict[str, Any]] = []

@@ -4,8 +4,8 @@ A subject (the token's ``sub``; with auth off, the client address) may hold
 many sockets on many server processes, so its limits live in Redis, under
 keys hash-tagged by the subject (one cluster slot per subject):
 
-- :class:`SharedBucket`: a token bucket of one subject (updates, or
-  presence) kept by ``quota_take.lua``. A process takes a *chunk* of tokens
+- :class:`SharedBucket`: a token bucket of one subject (updates, presence,
+  or KiB of answers) kept by ``quota_take.lua``. A process takes a *chunk* of tokens
   at a time and spends it locally, fetching the next chunk in the
   background once half is spent, so the update path makes no Redis call for
   most updates (bench/quota_cost.py measures it). The deployment's rate is
@@ -80,6 +80,16 @@ class SharedBucket:
             self._fetching = asyncio.create_task(self._fetch())  # the next chunk, before it is needed
         return None
 
+    def spend(self, tokens: int) -> None:
+        """Book ``tokens`` used already (an answer's size is known once it
+        is sent): the balance may go below zero, and :meth:`take` waits
+        until the subject's rate has paid it back."""
+        if self.rate <= 0 or tokens <= 0:
+            return
+        self.tokens -= tokens
+        if self.tokens < self.chunk / 2 and self._fetching is None and self._denied_until <= time.monotonic():
+            self._fetching = asyncio.create_task(self._fetch())
+
     def _wait_ms(self) -> int:
         return max(1, math.ceil((self._denied_until - time.monotonic()) * 1000))
 
@@ -108,6 +118,8 @@ class SubjectBuckets:
     subject: str
     updates: SharedBucket
     presence: SharedBucket
+    #: KiB of answers larger than their requests (snapshots, sync replies, greetings).
+    answers: SharedBucket
     users: int = 0
 
 
@@ -141,7 +153,9 @@ class SubjectQuotas:
                 SharedBucket(self, subject_bucket_key(subject, "updates"), s.subject_updates_per_second,
                              s.subject_update_burst),
                 SharedBucket(self, subject_bucket_key(subject, "presence"), s.subject_presence_per_second,
-                             s.subject_presence_burst))
+                             s.subject_presence_burst),
+                SharedBucket(self, subject_bucket_key(subject, "answers"), s.subject_answer_bytes_per_second / 1024,
+                             s.subject_answer_burst_bytes // 1024))
         buckets.users += 1
         return buckets
 

@@ -47,8 +47,10 @@ from .connection_presence import ConnectionPresence
 from .context import ServerContext
 from .engine_pool import EngineFailed
 from .handshake import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, Handshake
+from .pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
 from .resync import sync_answer
 from .write_path import WritePath
+from .ws_protocol import trust
 from .yws_feed import YwsFeed
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,11 @@ class YwsConnection:
         self.address = websocket.client.host if websocket.client else ""
         self.handshake = Handshake(ctx, websocket.headers, YWS_SUBPROTOCOL)
         self.allowance = Allowance(ctx, self.address)
+        self.pacer = self.allowance.pacer
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The greeting answering an awareness query, while it runs: queries
+        #: meanwhile are answered by it (one at a time per connection).
+        self._greeting: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
         self._clock = 0
         self._closed = False
@@ -114,20 +120,24 @@ class YwsConnection:
         logs.session.set(self.session)
         logs.doc.set(self.doc)
         self.allowance.open(self.session, principal)
+        trust(self.websocket)  # messages may now be as large as ws_max_size
         if not await self._count_subscription():
             return
         self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
             await self.feed.start()
             self.presence.join(self.doc, self.session, principal)
-            self._spawn(self.ctx.presence.greet(self.presence.members[self.doc]))
+            self._spawn(self.presence.greet(self.presence.members[self.doc]))
             while not self._closed:
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
+                await self.pacer.admit(len(message.get("bytes") or message.get("text") or ""))
                 await self._handle(message, principal)
         except (WebSocketDisconnect, WebSocketDisconnected):
             pass
+        except Flooded as flood:
+            await self.close(CLOSE_TOO_MANY_MESSAGES, str(flood))
         except Exception as exc:  # the fan-out could not read the document (Redis down)
             log.warning("/yws connection to %s failed: %s", self.doc, exc)
             await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
@@ -191,12 +201,12 @@ class YwsConnection:
             elif isinstance(parsed, AwarenessMessage):
                 await self._awareness(parsed.update)
             elif isinstance(parsed, QueryAwarenessMessage):
-                self._spawn(self.ctx.presence.greet(self.presence.members[self.doc]))
+                await self._query_awareness()
         except ProtocolError as error:
             await self._refused(error)
         except InvalidUpdate as exc:
             await self.close(CLOSE_PROTOCOL_ERROR, f"invalid state vector: {exc}")
-        except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError):
+        except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError, Flooded):
             raise
         except EngineFailed:
             await self.close(CLOSE_TRY_AGAIN, "the document could not be read; reconnect")
@@ -206,8 +216,10 @@ class YwsConnection:
 
     async def _sync(self, message: SyncMessage, principal: Principal, received: float) -> None:
         if message.step is SyncStep.STEP1:
+            await self.allowance.take_answer()
             answer = await sync_answer(self.ctx, self.doc, message.payload)
             await self.send(yprotocol.sync_step2(answer.diff))
+            self.allowance.answered(len(answer.diff))
             await self.send(yprotocol.sync_step1(answer.state_vector))  # the client answers with what we lack
             self.feed.answered(answer.offset)
             return
@@ -221,6 +233,15 @@ class YwsConnection:
         self._clock += 1
         await self.allowance.take_update(frame)
         await self.writes.submit(frame, message.payload, received)
+
+    async def _query_awareness(self) -> None:
+        """Send the others' states again, at the rate of answers; a query
+        while the last one's greeting still runs is answered by it."""
+        await self.allowance.take_answer()
+        if self._greeting is None or self._greeting.done():
+            self._greeting = asyncio.create_task(self.presence.greet(self.presence.members[self.doc]))
+            self._tasks.add(self._greeting)
+            self._greeting.add_done_callback(self._tasks.discard)
 
     async def _awareness(self, update: bytes) -> None:
         """Relay presence; one over a limit is dropped (a stock client

@@ -1,0 +1,181 @@
+"""How fast one websocket is read: fairness, rates as backpressure, a hard bound.
+
+One socket read can deliver thousands of tiny frames, and a handler that
+works through them without yielding lets one client starve every other
+connection of the process (issue 30: a ping flood from a socket that never
+said ``hello`` took other users' deliveries from 2 ms to 6 s). Every frame
+of every websocket endpoint (``/ws``, ``/yws``) therefore passes
+:meth:`Pacer.admit` before it is handled:
+
+- **a turn budget**: after ``FRAMES_PER_TURN`` frames or ``BYTES_PER_TURN``
+  bytes the connection yields to the event loop, so the others run between
+  its frames whatever one read delivered;
+- **rates that wait instead of refusing**: every frame takes a token of the
+  connection's frame bucket (:meth:`admit`), control frames (ping,
+  subscribe, unsubscribe, sync, digests, awareness queries) one of its
+  control bucket (:meth:`control`), and requests whose answer is larger
+  than the request (:meth:`answer`) wait while the connection's answer-byte
+  bucket is in debt (:meth:`charge` books an answer's bytes once it is sent). Over a rate the connection simply stops reading: its
+  unread frames stay in the socket and TCP slows the sender down
+  (the websocket protocol, :mod:`.ws_protocol`, parses no more than a few
+  frames ahead). Nothing is refused, so nothing cascades: the updates behind
+  a slowed one are not turned into ``missing_dependency``;
+- **a hard bound**: time spent held back decays with ``PRESSURE_TAU``
+  seconds; a connection held back for more than ``throttle_close_seconds``
+  of that (about 12 s of 30 s for the default 10) raises :class:`Flooded`,
+  and the endpoint closes it with **4429** after saying when to come back.
+
+Before authentication a connection has tiny buckets of its own: a client
+has exactly one frame to send then (``hello``), and the ``hello`` deadline
+ends the rest. The per-session and per-subject update limits wait through
+the same :meth:`hold` (:mod:`.allowance`), so their waits count towards the
+bound too. A ban by address is not a defence: users behind one NAT share
+one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .limits import TokenBucket
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..metrics import Metrics
+
+#: Frames a connection handles in a row before it yields to the event loop ...
+FRAMES_PER_TURN = 16
+#: ... or bytes of frames.
+BYTES_PER_TURN = 256 * 1024
+#: Time constant (seconds) of the decaying sum of time held back.
+PRESSURE_TAU = 30.0
+#: Before authentication: frames per second and at once (one ``hello`` is
+#: all a client sends before its ``welcome``).
+PREAUTH_RATE = 1.0
+PREAUTH_BURST = 4
+#: Close code of a connection held back by its rates past the hard bound.
+CLOSE_TOO_MANY_MESSAGES = 4429
+
+
+class Flooded(Exception):
+    """The connection was held back by its rates for too long: close it (4429)."""
+
+    def __init__(self, retry_after_ms: int):
+        super().__init__(f"too many messages: held back by the server's rates for too long; "
+                         f"reconnect no sooner than {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms
+
+
+class Pacer:
+    """One websocket's share of the event loop and its rates."""
+
+    __slots__ = ("_settings", "_metrics", "_clock", "_frames", "_control", "_answers", "_turn_frames",
+                 "_turn_bytes", "_pressure", "_pressure_at", "trusted")
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._frames = TokenBucket(PREAUTH_RATE, PREAUTH_BURST, clock)
+        self._control: TokenBucket | None = None
+        #: Answer bytes: may go negative (an answer's size is known once sent).
+        self._answers = _ByteBudget(settings.answer_bytes_per_second, settings.answer_burst_bytes, clock)
+        self._turn_frames = 0
+        self._turn_bytes = 0
+        self._pressure = 0.0
+        self._pressure_at = clock()
+        self.trusted = False
+
+    def trust(self) -> None:
+        """The connection authenticated: its full rates apply from now on."""
+        s = self._settings
+        self.trusted = True
+        self._frames = TokenBucket(s.frames_per_second, s.frame_burst, self._clock)
+        self._control = TokenBucket(s.control_per_second, s.control_burst, self._clock)
+
+    async def admit(self, size: int) -> None:
+        """Wait until the connection may handle one more frame of ``size``
+        bytes: yield at the end of a turn, wait for a frame token. Raises
+        :class:`Flooded` past the hard bound."""
+        self._turn_frames += 1
+        self._turn_bytes += size
+        if self._turn_frames >= FRAMES_PER_TURN or self._turn_bytes >= BYTES_PER_TURN:
+            self._turn_frames = self._turn_bytes = 0
+            await asyncio.sleep(0)  # the rest of the loop runs before our next frame
+        await self._take(self._frames, "frames")
+
+    async def control(self) -> None:
+        """A control frame (after :meth:`admit`): wait for a control token."""
+        if self._control is not None:
+            await self._take(self._control, "control")
+
+    async def answer(self) -> None:
+        """A request whose answer may be larger than itself (after
+        :meth:`admit`): a control token, and the answers paid for."""
+        await self.control()
+        while (wait := self._answers.wait()) > 0:
+            await self.hold(wait, "answers")
+
+    def charge(self, sent: int) -> None:
+        """An answer of ``sent`` bytes went out: the next requests that ask
+        for answers wait until the bucket has paid for it."""
+        self._answers.spend(sent)
+
+    async def hold(self, seconds: float, limit: str) -> None:
+        """Wait ``seconds`` for ``limit`` (reading nothing meanwhile), or
+        raise :class:`Flooded` when the connection has been held back too long."""
+        now = self._clock()
+        self._pressure = self._pressure * math.exp(-(now - self._pressure_at) / PRESSURE_TAU) + seconds
+        self._pressure_at = now
+        bound = self._settings.throttle_close_seconds
+        if bound > 0 and self._pressure > bound:
+            if self._metrics is not None:
+                self._metrics.flooded(limit)
+            raise Flooded(max(1000, math.ceil(seconds * 1000)))
+        if self._metrics is not None:
+            self._metrics.throttled(limit, seconds)
+        await asyncio.sleep(seconds)
+
+    async def _take(self, bucket: TokenBucket, limit: str) -> None:
+        while not bucket.take():
+            await self.hold(bucket.retry_after_ms() / 1000, limit)
+
+
+class _ByteBudget:
+    """A token bucket of bytes whose balance may go negative: ``spend``
+    books what was sent, ``wait`` says how long until it is paid back.
+    A rate of 0 means unlimited."""
+
+    __slots__ = ("rate", "burst", "_clock", "_balance", "_at")
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float]):
+        self.rate = rate
+        self.burst = max(burst, 1.0)
+        self._clock = clock
+        self._balance = self.burst
+        self._at = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._balance = min(self.burst, self._balance + (now - self._at) * self.rate)
+        self._at = now
+
+    def spend(self, amount: int) -> None:
+        if self.rate > 0:
+            self._refill()
+            self._balance -= amount
+
+    def wait(self) -> float:
+        """Seconds until the balance is back above zero (0: now)."""
+        if self.rate <= 0:
+            return 0.0
+        self._refill()
+        return 0.0 if self._balance >= 0 else -self._balance / self.rate
+
+
+__all__ = ["CLOSE_TOO_MANY_MESSAGES", "Flooded", "Pacer"]
