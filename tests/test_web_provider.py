@@ -4,7 +4,8 @@ send buffer, ordering and update parts, and the protocol tests (convergence,
 several documents on one socket, offline edits, resume without resync,
 batching, two-way sync, rejected updates, presence; issue 15: ordered resends
 and causal refusals while Redis refuses writes, 5 MB and 20 MB pastes,
-`synced` only with the text there, the bundle of 2455dc5 against this server)."""
+`synced` only with the text there, the bundle of 2455dc5 against this server;
+issue 30: 4429 closes wait retry_after_ms and back off, against a `ws` peer)."""
 
 from __future__ import annotations
 

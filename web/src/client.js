@@ -28,6 +28,22 @@ export const FATAL_UPDATE_ERRORS = new Set([
   'document_deleted'
 ])
 
+/**
+ * Close codes by which the server asks for a pause: 4429 (held back by its
+ * rates for too long), 1013 (try again later), 1008 (too many connections).
+ * The reconnect waits the `retry_after_ms` of the error frame before the
+ * close (SLOW_DOWN_DEFAULT_MS without one), and at least the backoff.
+ */
+export const SLOW_DOWN_CLOSES = new Set([4429, 1013, 1008])
+const SLOW_DOWN_DEFAULT_MS = 1000
+/**
+ * A connection ended by a slow-down close sooner than this after its
+ * `welcome` does not reset the reconnect backoff: repeated 4429s back off
+ * up to the maximum instead of reconnecting at the first step each time
+ * (the server's hard bound ends a flooding connection after ~12 s).
+ */
+const STABLE_CONNECTION_MS = 60000
+
 const OPEN = 1
 const shared = new Map()
 
@@ -72,8 +88,10 @@ export class YrelayClient extends ObservableV2 {
     this._attempt = 0
     this._shouldConnect = false
     this._reconnectTimer = null
-    /** ms the server asked us to wait before reconnecting (`overloaded`, `too_many_connections`). */
+    /** ms the server asked us to wait before reconnecting (`overloaded`, `too_many_connections`, `rate_limited` + 4429). */
     this._retryAfter = 0
+    /** When the current connection got its `welcome` (ms). */
+    this._welcomedAt = 0
     this._ticker = null
     this._lastReceived = 0
     this._lastSent = 0
@@ -189,6 +207,7 @@ export class YrelayClient extends ObservableV2 {
 
   _open () {
     clearTimeout(this._reconnectTimer)
+    this._retryAfter = 0 // said about an earlier socket
     this._setStatus('connecting')
     let ws
     try {
@@ -214,7 +233,7 @@ export class YrelayClient extends ObservableV2 {
       this._receive(event.data)
     }
     ws.onerror = () => {} // a close event follows; the reconnect is scheduled there
-    ws.onclose = () => { if (this._ws === ws) this._closed() }
+    ws.onclose = (event) => { if (this._ws === ws) this._closed(event?.code) }
   }
 
   _write (frame) {
@@ -227,11 +246,16 @@ export class YrelayClient extends ObservableV2 {
     }
   }
 
-  _closed () {
+  /** The socket closed (`code`: its close code; none when the client dropped it). */
+  _closed (code) {
     this._ws = null
     clearInterval(this._ticker)
     this._ticker = null
     const wasConnected = this.status === 'connected'
+    const slowDown = SLOW_DOWN_CLOSES.has(code)
+    if (slowDown) this._retryAfter = this._retryAfter || SLOW_DOWN_DEFAULT_MS
+    // A session that opened resets the backoff, unless the server told it to slow down soon after.
+    if (wasConnected && !(slowDown && Date.now() - this._welcomedAt < STABLE_CONNECTION_MS)) this._attempt = 0
     this._setStatus('disconnected')
     if (wasConnected) for (const provider of this.providers.values()) provider._disconnected()
     if (this._shouldConnect) this._scheduleReconnect()
@@ -285,7 +309,7 @@ export class YrelayClient extends ObservableV2 {
     this.session = frame.session
     this.limits = frame.limits || null
     this.features = new Set(Array.isArray(frame.features) ? frame.features : [])
-    this._attempt = 0
+    this._welcomedAt = Date.now() // the backoff is reset when this connection ends (_closed)
     this._setStatus('connected')
     this.buffer.resetAttempts()
     for (const provider of this.providers.values()) provider._connected()
@@ -307,8 +331,9 @@ export class YrelayClient extends ObservableV2 {
     // Every error about an update names its document.
     if (item !== undefined && typeof frame.doc !== 'string') frame = { ...frame, doc: item.doc }
     if (item === undefined) {
-      if (Number.isInteger(frame.retry_after_ms) && this.status !== 'connected') {
-        this._retryAfter = frame.retry_after_ms // refused: the close follows; reconnect no sooner
+      if (Number.isInteger(frame.retry_after_ms) && typeof frame.doc !== 'string') {
+        // About the connection (a refusal, or rate_limited before a 4429): the close follows; reconnect no sooner.
+        this._retryAfter = frame.retry_after_ms
       }
     } else if (frame.code === 'malformed_frame' && item.parts > 1) {
       this.buffer.hold(frame.clock) // its parts were discarded (one was refused): all again, from part 0

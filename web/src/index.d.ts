@@ -26,7 +26,7 @@ export interface ErrorFrame {
   doc?: string
   /** The session clock of the update it is about. */
   clock?: number
-  /** `rate_limited`, `overloaded`, `too_many_connections`: wait at least this long. */
+  /** `rate_limited` (without `doc`: before a close 4429), `overloaded`, `too_many_connections`: wait at least this long. */
   retry_after_ms?: number
   /** `update_too_large` refused by the provider itself, never sent. */
   local?: boolean

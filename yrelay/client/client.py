@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,24 @@ IGNORED_OPS = {"unsubscribed", "pong", "welcome"}
 #: deliveries in between (an entry stays unacked at most this long after its
 #: delivery, far below the server's ``resend_after``; docs/protocol.md#acks).
 ACK_INTERVAL = 0.025
+#: Close codes by which the server asks for a pause: 4429 (held back by its
+#: rates for too long), 1013 (try again later), 1008 (too many connections).
+#: The reconnect waits the ``retry_after_ms`` of the error frame before the
+#: close (SLOW_DOWN_DEFAULT seconds without one), and at least the backoff.
+SLOW_DOWN_CLOSES = {4429, 1013, 1008}
+SLOW_DOWN_DEFAULT = 1.0
+#: A connection ended by a slow-down close sooner than this (seconds) after
+#: its ``welcome`` does not reset the reconnect backoff: repeated 4429s back
+#: off up to the maximum (the server's hard bound ends a flooding connection
+#: after ~12 s held back).
+STABLE_CONNECTION = 60.0
+#: websockets' keepalive: a ping every PING_INTERVAL seconds, the connection
+#: taken for dead when its pong is not back within PING_TIMEOUT. Not the
+#: library's 20 s: a server slowing this connection down (issue 30) reads
+#: its frames late, the ping among them, for up to ~12 s before it ends it
+#: itself (4429); 45 s is the browser client's idle timeout.
+PING_INTERVAL = 20.0
+PING_TIMEOUT = 45.0
 
 
 class RetryLater(ConnectionError):
@@ -170,6 +189,9 @@ class YrelayClient:
         self.features: frozenset[str] = frozenset()
         self.limits: dict[str, int] = {}
         self._ws: Any = None
+        #: Seconds the server asked to wait before the next connection, said
+        #: in an error frame about the connection (``rate_limited`` before a 4429).
+        self._retry_after = 0.0
         self._flush_lock = asyncio.Lock()
         self._flush_scheduled = False
         self._parts_lock = asyncio.Lock()  # one update in parts at a time per connection
@@ -408,12 +430,16 @@ class YrelayClient:
         attempt = 0
         while not self._closing:
             retry_after = 0.0
+            self._retry_after = 0.0
+            welcomed_at: float | None = None
+            close_code: int | None = None
             url = self.urls[attempt % len(self.urls)]
             try:
-                async with websockets.connect(url, max_size=None, open_timeout=10) as ws:
+                async with websockets.connect(url, max_size=None, open_timeout=10, ping_interval=PING_INTERVAL,
+                                              ping_timeout=PING_TIMEOUT) as ws:
                     self._ws = ws
                     await self._handshake(ws)
-                    attempt = 0
+                    welcomed_at = time.monotonic()
                     helpers = [asyncio.create_task(self._retry_loop())]
                     if self.subscription_check_interval:
                         helpers.append(asyncio.create_task(self._check_loop()))
@@ -428,6 +454,8 @@ class YrelayClient:
             except (OSError, ConnectionClosed, asyncio.TimeoutError, websockets.InvalidHandshake) as exc:
                 log.debug("connection lost: %r", exc)
                 retry_after = getattr(exc, "delay", 0.0)  # RetryLater: the server said when
+                if isinstance(exc, ConnectionClosed) and exc.rcvd is not None:
+                    close_code = exc.rcvd.code
             finally:
                 self._ws = None
                 self.connected.clear()
@@ -435,6 +463,12 @@ class YrelayClient:
             if self._closing:
                 return
             self._emit("disconnected", {})
+            slow_down = close_code in SLOW_DOWN_CLOSES
+            if slow_down:
+                retry_after = max(retry_after, self._retry_after or SLOW_DOWN_DEFAULT)
+            # A session that opened resets the backoff, unless the server told it to slow down soon after.
+            if welcomed_at is not None and not (slow_down and time.monotonic() - welcomed_at < STABLE_CONNECTION):
+                attempt = 0
             await asyncio.sleep(max(self.backoff.delay(attempt), retry_after))
             attempt += 1
 
@@ -650,7 +684,9 @@ class YrelayClient:
     def _on_error(self, frame: dict[str, Any]) -> None:
         self._record_error(frame)
         self._emit("error", frame)
-        if "clock" in frame and frame.get("code") in FATAL_UPDATE_ERRORS:
+        if "clock" not in frame and "doc" not in frame and frame.get("retry_after_ms"):
+            self._retry_after = float(frame["retry_after_ms"]) / 1000  # about the connection: a close follows
+        elif "clock" in frame and frame.get("code") in FATAL_UPDATE_ERRORS:
             self.buffer.pop(frame["clock"])  # resending cannot help; keep the local edit
         elif "clock" in frame and frame.get("code") == "rate_limited":
             self.buffer.defer(frame["clock"], frame.get("retry_after_ms", 1000) / 1000)
