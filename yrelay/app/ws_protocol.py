@@ -39,6 +39,9 @@ TRUST = "yrelay.trust"
 PARSED_AHEAD = 8
 #: Bytes of a read parsed at a time while small messages are parsed ahead.
 FEED_BYTES = 4 * 1024
+#: Bytes read after the server sent its close, waiting for the peer's
+#: answer; a peer that sends more (a flood that goes on) is disconnected.
+DISCARD_AFTER_CLOSE = 256 * 1024
 #: Close code of a connection closed for the process's ``max_receiving_bytes``.
 CLOSE_TRY_AGAIN_LATER = 1013
 
@@ -78,7 +81,10 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
       (uvicorn's own parses all of a read at once);
     - what is being received (partial frames, fragments, unparsed bytes)
       is booked in the process's :data:`~.receiving.RECEIVING`; a read that
-      takes the process past ``max_receiving`` closes its socket (1013).
+      takes the process past ``max_receiving`` closes its socket (1013);
+    - once the server sent its close, at most :data:`DISCARD_AFTER_CLOSE`
+      bytes more are read for the peer's answer: a flood that goes on is
+      disconnected instead of parsed and discarded until the close timeout.
 
     :func:`yrelay_protocol` makes the class with the two limits."""
 
@@ -97,6 +103,7 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         self.writable.set()
         self._unparsed = b""  # the rest of a read, parsed once the app caught up
         self._held = 0  # bytes this connection has booked in RECEIVING
+        self._discarded = 0  # bytes read after the close was sent
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -130,6 +137,13 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _feed(self, data: bytes) -> None:
         """Parse ``data`` while the app keeps up; keep the rest raw and stop reading."""
+        if self.close_sent:  # only the peer's close is wanted now, not what a flood still sends
+            self._discarded += len(data)
+            if self._discarded > DISCARD_AFTER_CLOSE:
+                self._unparsed = b""
+                self._book(0)
+                self.transport.close()
+                return
         position, size = 0, len(data)
         while position < size and (self.queue.qsize() < PARSED_AHEAD or self.close_sent):
             step = FEED_BYTES if len(self.conn.reader.buffer) < FEED_BYTES else size  # inside a large frame: all
