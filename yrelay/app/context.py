@@ -13,6 +13,7 @@ import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript as Script
@@ -34,6 +35,7 @@ from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
 from .acks import SubscriptionRegistry
+from .answer_cache import AnswerCache
 from .appender import Appender
 from .engine_pool import EnginePool
 from .fanout import Fanout, Subscriber
@@ -42,6 +44,7 @@ from .inflight import ByteBudget
 from .limits import Limits
 from .presence import Presence
 from .quotas import SubjectQuotas
+from .receiving import RECEIVING, Receiving
 from .replicas import ReplicaWait
 from .sessions import SessionRegistry
 from .ticker import Ticker
@@ -79,6 +82,10 @@ class ServerContext:
     #: Bytes of updates between arrival and answer, all connections together.
     inflight_bytes: ByteBudget
     process_id: str = field(default_factory=process_name)
+    #: Recent sync answers (answer_cache.py): one not changed is not computed again.
+    answers: AnswerCache[Any] = field(default_factory=AnswerCache)
+    #: Bytes of websocket messages being received by the process (receiving.py).
+    receiving: Receiving = field(default=RECEIVING, repr=False)
     #: Every connection's periodic checks, on one task (ticker.py).
     ticker: Ticker = field(init=False, repr=False)
     #: What ``close`` unwinds (see the module doc).

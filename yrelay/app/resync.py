@@ -84,11 +84,18 @@ async def answer_sync(ctx: "ServerContext", doc: str, session: str, state_vector
 
 async def sync_answer(ctx: "ServerContext", doc: str, state_vector: bytes) -> SyncAnswer:
     """:func:`answer_sync` without tracking anyone (``/yws`` connections
-    never pin a stream)."""
+    never pin a stream); an answer computed while nothing was appended since
+    is served again (:mod:`.answer_cache`)."""
     precheck_state_vector(state_vector)
+    last = str(await ctx.store.last_id(doc))
+    cached = ctx.answers.get(doc, state_vector, last)
+    if cached is not None:
+        return cached
     snapshot, entries = await ctx.store.load_entries(doc, ctx.settings.page_size)
     answer = await ctx.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])
-    return SyncAnswer(held_offset(snapshot, entries, answer.held), answer.diff, answer.state_vector)
+    result = SyncAnswer(held_offset(snapshot, entries, answer.held), answer.diff, answer.state_vector)
+    ctx.answers.put(doc, state_vector, last, result, len(result.diff) + len(result.state_vector))
+    return result
 
 
 __all__ = ["Resume", "SyncAnswer", "answer_sync", "resume_point", "sync_answer"]

@@ -1,0 +1,59 @@
+"""Recent sync answers, so an answer that has not changed is not computed again.
+
+A sync answer (what a state vector lacks: ``/yws`` sync step 1, ``/ws``
+``sync``) costs a read of the whole stream and a diff in an engine worker,
+and is often the same: every new client of a document sends the same empty
+state vector, and a hostile one may send one state vector again and again
+(issue 30's amplifiers). An answer is kept by document and state vector
+with the stream's last id when it was asked for; it is served again while
+that id is still the last one (nothing was appended since: a GC fold or
+trim does not change what the document holds). Bounded in entries and in
+bytes, least recently used first out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+__all__ = ["AnswerCache"]
+
+A = TypeVar("A")
+
+
+class AnswerCache(Generic[A]):
+    """Answers by ``(doc, state_vector)``, each valid for one last id."""
+
+    def __init__(self, max_bytes: int = 16 * 1024 * 1024, max_entries: int = 256):
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, bytes], tuple[str, A, int]] = OrderedDict()
+        self._bytes = 0
+        #: Answers served from here, and computed (for tests and metrics).
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, doc: str, state_vector: bytes, last: str | None) -> A | None:
+        """The answer kept for this state vector while ``last`` is the stream's last id."""
+        key = (doc, state_vector)
+        kept = self._entries.get(key)
+        if kept is None or last is None or kept[0] != last:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return kept[1]
+
+    def put(self, doc: str, state_vector: bytes, last: str | None, answer: A, size: int) -> None:
+        """Keep ``answer`` (``size`` bytes) for ``last``; too large ones are not kept."""
+        if last is None or size > self.max_bytes // 4:
+            return
+        key = (doc, state_vector)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= old[2]
+        self._entries[key] = (last, answer, size)
+        self._bytes += size
+        while self._entries and (self._bytes > self.max_bytes or len(self._entries) > self.max_entries):
+            _, (_, _, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped
