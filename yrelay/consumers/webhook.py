@@ -5,11 +5,17 @@ acked only after the receiver answered 2xx: at least once, never skipping.
 A failing delivery is retried with backoff (network errors, timeouts, 5xx,
 408 and 429 honouring ``Retry-After``); that document waits, the others go
 on: one task per document with a batch in flight, at most ``concurrency``
-requests at once. After ``max_attempts`` failed attempts of one batch (an
-unreachable receiver does not count: that is no document's fault), or at
-once when the receiver rejects it with another 4xx, the document is parked
-as a dead letter (:mod:`yrelay.consumers.dead_letters`) until an operator
-retries it. docs/consumers.md, "Webhooks" and "Dead letters".
+requests at once. The receiver is not trusted: each request, its answer's
+body included, has one total deadline (``timeout``: a receiver trickling
+its answer cannot stretch it) and the body is read up to
+``max_response_bytes`` and thrown away (a declared or streamed body over it
+ends the attempt), so a hostile receiver costs no memory and holds a
+concurrency slot no longer than the deadline. After ``max_attempts``
+failed attempts of one batch (an unreachable receiver does not count: that
+is no document's fault), or at once when the receiver rejects it with
+another 4xx, the document is parked as a dead letter
+(:mod:`yrelay.consumers.dead_letters`) until an operator retries it.
+docs/consumers.md, "Webhooks" and "Dead letters".
 """
 
 from __future__ import annotations
@@ -56,6 +62,12 @@ _TRANSIENT = {408, 429}
 MAX_ATTEMPTS = 8
 #: Seconds between two flushes of the counters and two looks for retried dead letters.
 WATCH_INTERVAL = 1.0
+#: Seconds one request may take in all, from sending it to the last byte of
+#: its answer (connecting included).
+TIMEOUT = 10.0
+#: Most bytes of an answer's body read (and thrown away: only the status and
+#: ``Retry-After`` are used); a body declared or streamed past it fails the attempt.
+MAX_RESPONSE_BYTES = 64 * 1024
 
 
 class Outcome(Enum):
@@ -123,9 +135,13 @@ class Webhook:
     """Deliver what ``group`` (started by the caller) reads to ``url``."""
 
     def __init__(self, group: ConsumerGroup, url: str, secret: str | bytes, *, client: httpx.AsyncClient | None = None,
-                 concurrency: int = 16, backoff: Backoff = WEBHOOK_BACKOFF, timeout: float = 10.0,
-                 max_queued: int = 10_000, max_attempts: int | None = MAX_ATTEMPTS, text: str | None = None):
-        """``max_queued``: batches read and not yet delivered, over all
+                 concurrency: int = 16, backoff: Backoff = WEBHOOK_BACKOFF, timeout: float = TIMEOUT,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES, max_queued: int = 10_000,
+                 max_attempts: int | None = MAX_ATTEMPTS, text: str | None = None):
+        """``timeout``: the total deadline of one request, answer included
+        (past it the attempt fails and frees its slot). ``max_response_bytes``:
+        the most of an answer's body read; more fails the attempt.
+        ``max_queued``: batches read and not yet delivered, over all
         documents; past it the member stops reading until some are delivered
         (memory stays bounded however long a receiver is down).
         ``max_attempts``: None never parks a document (every failure, a 4xx
@@ -143,6 +159,8 @@ class Webhook:
         self.url = url
         self.secret = secret
         self.client = client or httpx.AsyncClient(timeout=timeout)
+        self.timeout = timeout
+        self.max_response_bytes = max_response_bytes
         self._own_client = client is None
         self.backoff = backoff
         self.stats = WebhookStats()
@@ -318,28 +336,62 @@ class Webhook:
     async def _attempt(self, delivery: str, body: bytes, attempt: int) -> Failure | None:
         """One POST: None on 2xx, else what went wrong."""
         headers = {"Content-Type": "application/json", HEADER: sign(self.secret, body), DELIVERY_HEADER: delivery}
+        connected = False
+
+        async def trace(event: str, _info: object) -> None:  # httpcore's: the request goes out on a connection
+            nonlocal connected
+            connected = connected or event.endswith("send_request_headers.started")
+
         try:
-            async with self._sending:
+            async with self._sending:  # the deadline frees the slot: one receiver cannot hold them all
                 started = time.monotonic()
-                response = await self.client.post(self.url, content=body, headers=headers)
+                async with asyncio.timeout(self.timeout):
+                    response, too_large = await self._post(body, headers, trace)
                 self.stats.observe(time.monotonic() - started)
+        except TimeoutError:
+            # The whole request took too long. Before it went out on a connection,
+            # that is a connect timeout: the receiver could not be reached.
+            error = "TotalTimeout" if connected else "ConnectTimeout"
+            return self._failed(delivery, attempt, Failure(error, None, 0, counts=connected))
         except self._errors as exc:
-            self.stats.failed += 1
-            log.warning("webhook %s: delivery %s failed (%s), attempt %d", self.group.name, delivery,
-                        type(exc).__name__, attempt + 1)
-            return Failure(type(exc).__name__, None, 0, counts=not isinstance(exc, self._unreachable))
+            return self._failed(delivery, attempt, Failure(type(exc).__name__, None, 0,
+                                                           counts=not isinstance(exc, self._unreachable)))
+        status = response.status_code
+        if too_large:
+            return self._failed(delivery, attempt, Failure("ResponseTooLarge", status, 0))
         if response.is_success:
             return None
-        status = response.status_code
         if 400 <= status < 500 and status not in _TRANSIENT:
             self.stats.rejected += 1
             log.error("webhook %s: %s rejected delivery %s with %d (attempt %d)", self.group.name, self.url,
                       delivery, status, attempt + 1)
             return Failure(f"HTTP {status}", status, 0, permanent=True)
+        return self._failed(delivery, attempt, Failure(f"HTTP {status}", status, retry_after(response) or 0))
+
+    async def _post(self, body: bytes, headers: dict[str, str],
+                    trace: Callable[[str, object], Awaitable[None]]) -> tuple[httpx.Response, bool]:
+        """POST and read the answer's body up to ``max_response_bytes``,
+        keeping none of it. The response, and whether its body was declared
+        or streamed past the limit (the connection is then closed, not read to its end)."""
+        async with self.client.stream("POST", self.url, content=body, headers=headers,
+                                      extensions={"trace": trace}) as response:
+            try:
+                if int(response.headers.get("content-length", 0)) > self.max_response_bytes:
+                    return response, True
+            except ValueError:  # h11 refuses a malformed or conflicting length first: a guard only
+                pass
+            read = 0
+            async for chunk in response.aiter_raw():  # raw: a compressed body is not inflated either
+                read += len(chunk)
+                if read > self.max_response_bytes:
+                    return response, True
+        return response, False
+
+    def _failed(self, delivery: str, attempt: int, failure: Failure) -> Failure:
         self.stats.failed += 1
-        log.warning("webhook %s: delivery %s answered %d, attempt %d", self.group.name, delivery, status,
+        log.warning("webhook %s: delivery %s failed (%s), attempt %d", self.group.name, delivery, failure.error,
                     attempt + 1)
-        return Failure(f"HTTP {status}", status, retry_after(response) or 0)
+        return failure
 
 
 async def serve(redis: Redis, group: str, url: str, secret: str | bytes, *, prefix: str = "", lease: float = 3.0,
@@ -359,4 +411,4 @@ async def serve(redis: Redis, group: str, url: str, secret: str | bytes, *, pref
     return webhook.stats
 
 
-__all__ = ["MAX_ATTEMPTS", "WEBHOOK_BACKOFF", "Webhook", "WebhookStats", "delivery_id", "payload", "serve", "verify_signature"]
+__all__ = ["MAX_ATTEMPTS", "MAX_RESPONSE_BYTES", "TIMEOUT", "WEBHOOK_BACKOFF", "Webhook", "WebhookStats", "delivery_id", "payload", "serve", "verify_signature"]
