@@ -13,7 +13,15 @@ carry a secret.
   goes through :func:`redact`: the secrets given to :func:`add_secret`
   (the ops and metrics tokens, the Redis password), then anything shaped like
   one (``Bearer <token>``, a JWT ``eyJ...``, the password of a URL,
-  ``token=`` / ``password=`` query parameters).
+  ``token=`` / ``password=`` query parameters, a ``yrelay.auth.<token>``
+  subprotocol).
+- **The wire.** At debug level the websockets library (through uvicorn's
+  ``uvicorn.error`` logger) logs every frame, a long one as its first and
+  last characters, and every handshake header: a ``hello``'s token, whole
+  when short, and the token of a subprotocol or a cookie. :func:`guard_wire`
+  puts :class:`WireFilter` on those loggers, whatever handlers a host app
+  configured: a data frame is logged as its type and size only, a header
+  that can carry a credential as ``[redacted]``.
 - **Escaping.** What a client sends (an ``Origin`` header, a path, a frame's
   text) must not forge a log line or drive a terminal: U+0085 is a line break
   to many log readers, U+009B a terminal escape. :func:`untrusted` escapes
@@ -36,6 +44,8 @@ from collections.abc import Mapping
 from typing import IO
 from urllib.parse import urlsplit
 
+from websockets.frames import DATA_OPCODES, Frame
+
 doc: contextvars.ContextVar[str | None] = contextvars.ContextVar("yrelay_doc", default=None)
 session: contextvars.ContextVar[str | None] = contextvars.ContextVar("yrelay_session", default=None)
 
@@ -48,6 +58,7 @@ _PATTERNS = [
     (re.compile(r"\beyJ[\w-]{4,}(?:\.[\w-]*){0,2}"), REDACTED),  # a JWT (its header is base64url "{")
     (re.compile(r"(\b[a-zA-Z][\w+.-]*://[^/\s:@]*:)[^/\s@]+(@)"), rf"\1{REDACTED}\2"),  # scheme://user:PASSWORD@
     (re.compile(r"(?i)([?&;](?:token|access_token|auth|password|passwd|secret|key)=)[^&\s\"']+"), rf"\1{REDACTED}"),
+    (re.compile(r"(\byrelay\.auth\.)[^\s,;\"']+"), rf"\1{REDACTED}"),  # the subprotocol carrying a token
 ]
 
 
@@ -105,6 +116,39 @@ def redact(text: str) -> str:
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+#: The loggers the websockets library writes a server's frames and handshakes to.
+WIRE_LOGGERS = ("uvicorn.error", "websockets.server")
+#: Handshake headers whose value can be a credential.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie",
+                                "sec-websocket-protocol"})
+_HEADER_LINES = frozenset({"< %s: %s", "> %s: %s"})
+
+
+class WireFilter(logging.Filter):
+    """The websockets library's debug lines without what the connection
+    carries: a data frame as ``TEXT [57 bytes]``, a credential header's
+    value as ``[redacted]``. A filter of the logger, so it holds before any
+    handler (a host app's own included)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and args:
+            frame = args[0]
+            if isinstance(frame, Frame) and frame.opcode in DATA_OPCODES:
+                record.args = (f"{frame.opcode.name} [{len(frame.data)} bytes]", *args[1:])
+            elif record.msg in _HEADER_LINES and len(args) == 2 and str(args[0]).lower() in CREDENTIAL_HEADERS:
+                record.args = (args[0], REDACTED)
+        return True
+
+
+def guard_wire() -> None:
+    """Put :class:`WireFilter` on :data:`WIRE_LOGGERS` (once)."""
+    for name in WIRE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, WireFilter) for f in logger.filters):
+            logger.addFilter(WireFilter())
 
 
 class ContextFilter(logging.Filter):

@@ -166,7 +166,7 @@ class Hello(_Frame):
     protocol: int = PROTOCOL_VERSION
     #: The client's credential (a JWT by default); or sent as the websocket
     #: subprotocol ``yrelay.auth.<token>``. Never in the URL: URLs end up in logs.
-    token: str | None = Field(default=None, max_length=16_384)
+    token: str | None = Field(default=None, max_length=16_384, repr=False)
 
 
 

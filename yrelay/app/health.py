@@ -1,6 +1,8 @@
 """``GET /healthz`` and ``GET /readyz``: the process is up; Redis answers
 and every script is loaded. Part of the relay's router, so a host app that
-includes it under ``/collab`` probes ``/collab/readyz``."""
+includes it under ``/collab`` probes ``/collab/readyz``. Anyone may ask;
+only a caller with the ops or metrics token is told which process answered
+and why it is not ready (both name hosts)."""
 
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz")
 async def readyz(request: Request,
                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> JSONResponse:
-    """Redis answers and every script is loaded: ready for traffic. Why
-    not (Redis's error text names hosts and ports) only with the ops or
-    metrics token."""
+    """Redis answers and every script is loaded: ready for traffic. Which
+    process (``host:pid``) and why not (Redis's error text names hosts and
+    ports) only with the ops or metrics token."""
     ctx = relay_context(request)
+    operator = _operator(ctx.settings, credentials)
     try:
         await ctx.redis.ping()
         scripts = ctx.scripts()
@@ -40,10 +43,10 @@ async def readyz(request: Request,
                 script.sha = await ctx.redis.script_load(script.script)
     except Exception as exc:
         body = {"status": "unavailable"}
-        if _operator(ctx.settings, credentials):
+        if operator:
             body["reason"] = str(exc)[:200]
         return JSONResponse(body, status_code=503)
-    return JSONResponse({"status": "ready", "process": ctx.process_id})
+    return JSONResponse({"status": "ready", "process": ctx.process_id} if operator else {"status": "ready"})
 
 
 def _operator(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> bool:

@@ -2,7 +2,8 @@
 inspection, eviction by hand. All behind a bearer token of their own
 (``YRELAY_OPS_TOKEN``), separate from anything clients hold: without a
 configured token the endpoints are off (403), a missing token is 401, a wrong
-one 403.
+one 403, whatever the body: a body is read only after the token, and at most
+64 KiB of it (:mod:`.http_body`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from ..keys import InvalidDocumentId, validate_doc_id
 from ..listing import documents_page
 from ..tracker.lag import document_status
 from .binding import relay_context as _ctx, relay_settings
+from .http_body import documented, json_body
+from .paths import DOC_PARAM
 
 _bearer = HTTPBearer(auto_error=False, description="The ops token (YRELAY_OPS_TOKEN).")
 
@@ -66,8 +69,8 @@ class GcResponse(BaseModel):
 router = APIRouter(prefix="/ops", tags=["ops"], dependencies=[Depends(require_ops_token)])
 
 
-@router.post("/gc", response_model=GcResponse)
-async def run_gc(body: GcRequest, request: Request) -> GcResponse:
+@router.post("/gc", response_model=GcResponse, openapi_extra=documented(GcRequest))
+async def run_gc(body: Annotated[GcRequest, Depends(json_body(GcRequest))], request: Request) -> GcResponse:
     """Collect one document or all of them now (or, with ``dry_run``, report)."""
     ctx = _ctx(request)
     docs = None if body.doc is None else [_doc_id(body.doc)]
@@ -101,7 +104,7 @@ async def list_docs(
     return {"documents": statuses, "next_cursor": page[-1] if more else None}
 
 
-@router.get("/docs/{doc:path}")
+@router.get("/docs/" + DOC_PARAM)
 async def get_doc(doc: str, request: Request) -> dict[str, Any]:
     """One document: every tracked session with its offset and its lag in
     entries and in milliseconds."""
@@ -111,7 +114,7 @@ async def get_doc(doc: str, request: Request) -> dict[str, Any]:
     return asdict(status_)
 
 
-@router.delete("/docs/{doc:path}/sessions/{session}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/docs/" + DOC_PARAM + "/sessions/{session}", status_code=status.HTTP_204_NO_CONTENT)
 async def evict_session(doc: str, session: str, request: Request) -> Response:
     """Evict one session by hand. It resyncs on its next ack or reconnect."""
     ctx = _ctx(request)
@@ -121,7 +124,7 @@ async def evict_session(doc: str, session: str, request: Request) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/docs/{doc:path}/drop-blocked")
+@router.post("/docs/" + DOC_PARAM + "/drop-blocked")
 async def drop_blocked_entries(doc: str, request: Request) -> dict[str, Any]:
     """Resolve a document GC reports as blocked (``blocked_at``): the stored
     entries no replica can apply (written before causal admission) are
@@ -139,8 +142,8 @@ class RevokeRequest(BaseModel):
                                                  "then plus auth_leeway. 422 when that has passed already.")
 
 
-@router.post("/tokens/revoke", status_code=status.HTTP_204_NO_CONTENT)
-async def revoke_token(body: RevokeRequest, request: Request) -> Response:
+@router.post("/tokens/revoke", status_code=status.HTTP_204_NO_CONTENT, openapi_extra=documented(RevokeRequest))
+async def revoke_token(body: Annotated[RevokeRequest, Depends(json_body(RevokeRequest))], request: Request) -> Response:
     """Revoke a client token on every server process: its connections are
     closed with code 4401 within ``revocation_refresh`` + ``resend_check_interval`` seconds, and it is
     refused from then on."""

@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from ..consumers.dead_letters import DeadLetters
 from ..keys import InvalidDocumentId, validate_doc_id, validate_group_name
 from .binding import relay_context as _ctx
+from .paths import DOC_PARAM
 
 router = APIRouter(prefix="/groups")
 
@@ -32,7 +33,7 @@ async def list_dead_letters(group: str, request: Request) -> dict[str, Any]:
     return {"group": group, "dead_letters": [asdict(letter) for letter in letters]}
 
 
-@router.post("/{group}/dead-letters/{doc:path}/retry")
+@router.post("/{group}/dead-letters/" + DOC_PARAM + "/retry")
 async def retry_dead_letter(group: str, doc: str, request: Request) -> dict[str, Any]:
     """Send the document again from its last ack: the member holding it
     resumes within a second (404 when it is not parked)."""

@@ -10,11 +10,12 @@ from fastapi import APIRouter, HTTPException, Request, status
 from ..deletion import delete_document
 from ..keys import InvalidDocumentId, meta_key, snapshot_key, stream_key, validate_doc_id
 from .binding import relay_context as _ctx
+from .paths import DOC_PARAM
 
 router = APIRouter()
 
 
-@router.delete("/docs/{doc:path}")
+@router.delete("/docs/" + DOC_PARAM)
 async def delete_doc(doc: str, request: Request) -> dict[str, Any]:
     """Delete a document: its stream, snapshot, clocks, tracker, presence,
     groups' leases, listings. Subscribers get ``error document_deleted``

@@ -29,7 +29,7 @@ from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .. import pygc
+from .. import logs, pygc
 from ..auth import Authenticator
 from ..auth.host import AuthenticateFn, HostAuthenticator, current_connection
 from ..config import Settings
@@ -39,6 +39,7 @@ from .context import ServerContext
 from .health import router as health_router
 from .ops import router as ops_router
 from .ops_groups import router as ops_groups_router
+from .paths import DOC_PARAM
 from .prepared_frames import prepared_writer
 from .scrape import router as scrape_router
 from .yws_endpoint import YWS_PREFIX, YwsEndpoint
@@ -84,7 +85,7 @@ class Relay:
         this relay (:mod:`yrelay.app.binding`)."""
         router = APIRouter(dependencies=[Depends(binder(self))])
         router.add_websocket_route(WEBSOCKET_PATH, self.endpoint, name="yrelay_sync")
-        router.add_websocket_route(YWS_PREFIX + "{doc:path}", self.yws_endpoint, name="yrelay_yws")
+        router.add_websocket_route(YWS_PREFIX + DOC_PARAM, self.yws_endpoint, name="yrelay_yws")
         for part in (health_router, scrape_router, ops_router, ops_groups_router):
             router.include_router(part)
         return router
@@ -109,6 +110,7 @@ class Relay:
         context = await ServerContext.open(self.settings, self.redis_url, self.authenticator)
         self.context = context
         pygc.tune(self.settings.gc_young_threshold)
+        logs.guard_wire()  # no frame or credential header in a debug log, whatever the host's logging
         try:
             yield self
         finally:
