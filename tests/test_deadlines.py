@@ -34,9 +34,9 @@ def _host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def upgrade_request(port: int, protocols: str = "yrelay.v1") -> bytes:
+def upgrade_request(port: int, protocols: str = "yrelay.v1", path: str = "/ws") -> bytes:
     key = base64.b64encode(os.urandom(16)).decode()
-    return (f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    return (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {protocols}\r\n\r\n"
             ).encode()
 
@@ -49,30 +49,42 @@ class SilentSocket:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, port: int, source: str = "127.0.0.1") -> "SilentSocket":
+    async def open(cls, port: int, source: str = "127.0.0.1", path: str = "/ws",
+                   protocols: str = "yrelay.v1") -> "SilentSocket":
         reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
-        writer.write(upgrade_request(port))
+        writer.write(upgrade_request(port, protocols, path))
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         assert head.startswith(b"HTTP/1.1 101"), head[:100]
         return cls(reader, writer)
 
+    async def read_frame(self) -> tuple[int, bytes]:
+        """The server's next frame: (opcode, payload)."""
+        first, second = await self.reader.readexactly(2)
+        length = second & 0x7F
+        if length == 126:
+            length = struct.unpack("!H", await self.reader.readexactly(2))[0]
+        elif length == 127:
+            length = struct.unpack("!Q", await self.reader.readexactly(8))[0]
+        return first & 0x0F, await self.reader.readexactly(length)
+
+    async def read_frames(self, timeout: float) -> tuple[list[tuple[int, bytes]], int | None]:
+        """Frames until the server's close frame, and its code (None: EOF first)."""
+        frames: list[tuple[int, bytes]] = []
+
+        async def read() -> int:
+            while True:
+                opcode, payload = await self.read_frame()
+                if opcode == 0x8:
+                    return struct.unpack("!H", payload[:2])[0]
+                frames.append((opcode, payload))
+        try:
+            return frames, await asyncio.wait_for(read(), timeout)
+        except asyncio.IncompleteReadError:
+            return frames, None
+
     async def close_code(self, timeout: float) -> int | None:
         """Read frames until the server's close frame; its code (None: EOF first)."""
-        async def read() -> int | None:
-            while True:
-                first, second = await self.reader.readexactly(2)
-                length = second & 0x7F
-                if length == 126:
-                    length = struct.unpack("!H", await self.reader.readexactly(2))[0]
-                elif length == 127:
-                    length = struct.unpack("!Q", await self.reader.readexactly(8))[0]
-                payload = await self.reader.readexactly(length)
-                if first & 0x0F == 0x8:
-                    return struct.unpack("!H", payload[:2])[0]
-        try:
-            return await asyncio.wait_for(read(), timeout)
-        except asyncio.IncompleteReadError:
-            return None
+        return (await self.read_frames(timeout))[1]
 
     async def eof(self, timeout: float) -> bool:
         """True once the server has closed the TCP connection."""

@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 import websockets
-from test_deadlines import SilentSocket, upgrade_request
+from test_deadlines import SilentSocket
 from wsraw import RawPeer
 
 from yrelay import crdt, yprotocol
@@ -96,26 +96,11 @@ async def flood(sock: SilentSocket, frame: bytes, seconds: float) -> int:
 
 async def server_frames(sock: SilentSocket, timeout: float) -> tuple[list[dict], int | None]:
     """Text frames from the server until its close frame: (frames, close code)."""
-    frames: list[dict] = []
-
-    async def read() -> int | None:
-        while True:
-            first, second = await sock.reader.readexactly(2)
-            length = second & 0x7F
-            if length == 126:
-                length = struct.unpack("!H", await sock.reader.readexactly(2))[0]
-            elif length == 127:
-                length = struct.unpack("!Q", await sock.reader.readexactly(8))[0]
-            payload = await sock.reader.readexactly(length)
-            if first & 0x0F == 0x8:
-                return struct.unpack("!H", payload[:2])[0]
-            if first & 0x0F == 0x1:
-                frames.append(json.loads(payload))
-
     try:
-        return frames, await asyncio.wait_for(read(), timeout)
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return frames, None
+        frames, code = await sock.read_frames(timeout)
+    except ConnectionError:
+        return [], None
+    return [json.loads(payload) for opcode, payload in frames if opcode == 0x1], code
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -284,12 +269,8 @@ async def test_messages_being_received_are_bounded_for_the_whole_process(server:
     for _ in range(3):
         sock = await SilentSocket.open(server.port)
         sock.writer.write(masked(0x1, json.dumps({"op": "hello", "protocol": 1}).encode()))
-        frames = []
-        while not frames:
-            first, second = await sock.reader.readexactly(2)
-            frames.append(json.loads(await sock.reader.readexactly(second & 0x7F if second & 0x7F < 126 else
-                                                                  struct.unpack("!H", await sock.reader.readexactly(2))[0])))
-        assert frames[0]["op"] == "welcome"
+        opcode, payload = await asyncio.wait_for(sock.read_frame(), 10)
+        assert opcode == 0x1 and json.loads(payload)["op"] == "welcome"
         sockets.append(sock)
     for sock in sockets:  # each 2.5 MiB into an 8 MiB frame: the third passes 6 MiB
         sock.writer.write(masked(0x1, b"", declared=8 * 1024 * 1024) + b"x" * (5 * 1024 * 1024 // 2))

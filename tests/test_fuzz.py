@@ -319,9 +319,15 @@ def fuzz_server(redis_url: str, tmp_path: Path):
     # Rate limits high: the fuzz is about what a frame does, not how many. GC off:
     # every update the server accepted stays in its stream, to be checked.
     # The presence limits stay on: the awareness floods must meet them.
+    # The websocket pacing (frames, control frames, answers) is off for the same
+    # reason; test_floods_of_fuzzed_frames_on_every_endpoint meets it.
     server = ServerProcess(redis_url, tmp_path, env={"YRELAY_UPDATES_PER_SECOND": "1000000",
                                                      "YRELAY_UPDATE_BURST": "1000000",
                                                      "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
+                                                     "YRELAY_FRAMES_PER_SECOND": "0",
+                                                     "YRELAY_CONTROL_PER_SECOND": "0",
+                                                     "YRELAY_ANSWER_BYTES_PER_SECOND": "0",
+                                                     "YRELAY_SUBJECT_ANSWER_BYTES_PER_SECOND": "0",
                                                      "YRELAY_ADMISSION_RATE": "0",
                                                      "YRELAY_GC_INTERVAL": "0"}).start()
     yield server
@@ -529,3 +535,83 @@ def test_fuzz_yws_messages_against_a_live_server(fuzz_server: ServerProcess, red
     assert crdt.text_of(doc) == "secret"
     print("YWS FUZZ SUMMARY", json.dumps({"seconds": round(elapsed, 1), "documents": len(docs),
                                           "stored_entries": entries, **seen}))
+
+
+#: Seconds each fuzzed batch is flooded at one endpoint.
+FLOOD_SECONDS = 1.0
+#: The endpoints a flood goes to in turn: /ws before hello, /ws after it, /yws.
+FLOOD_ENDPOINTS = ("ws-before-hello", "ws-after-hello", "yws")
+
+
+async def _flood_endpoint(port: int, endpoint: str, messages: list[bytes], binary: bool) -> Counter:
+    """Flood ``messages`` over and over at ``endpoint`` for FLOOD_SECONDS,
+    reconnecting whenever the server closes the socket; how each socket ended."""
+    import asyncio
+
+    from test_deadlines import SilentSocket
+    from test_floods import flood, masked
+
+    ended: Counter = Counter()
+    deadline = time.monotonic() + FLOOD_SECONDS
+    while time.monotonic() < deadline:
+        if endpoint == "yws":
+            sock = await SilentSocket.open(port, path=f"/yws/{YWS_DOCS[0]}", protocols="yrelay.yws")
+        else:
+            sock = await SilentSocket.open(port)
+        if endpoint == "ws-after-hello":
+            sock.writer.write(masked(0x1, json.dumps({"op": "hello", "protocol": 1}).encode()))
+        batch = b"".join(masked(0x2 if binary else 0x1, message) for message in messages)
+        await flood(sock, batch, max(0.05, deadline - time.monotonic()))
+        sock.close()
+        ended[endpoint] += 1
+    return ended
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+def test_floods_of_fuzzed_frames_on_every_endpoint(redis_url: str, tmp_path: Path):
+    """Issue 30: one socket's flood of tiny frames held the event loop for
+    every other user. Fuzzed batches (the frames and y-websocket messages of
+    the tests above) are flooded at /ws before and after hello and at /yws,
+    reconnecting when closed, against a server with its default pacing: it
+    keeps serving a victim, logs no traceback, and the floods cost it well
+    under a core."""
+    import asyncio
+
+    server = ServerProcess(redis_url, tmp_path, env={"YRELAY_GC_INTERVAL": "0",
+                                                     "YRELAY_THROTTLE_CLOSE_SECONDS": "2"}).start()
+    try:
+        process = psutil.Process(server.process.pid)
+        writers = {_write_victim(server.ws_url, "secret")}
+        turn = iter(range(10**9))
+        ended: Counter = Counter()
+        before = process.cpu_times()
+        started = time.monotonic()
+
+        @settings(max_examples=9, deadline=None, database=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(st.lists(frames, min_size=BATCH, max_size=BATCH), st.lists(yws_messages, min_size=YWS_BATCH,
+                                                                           max_size=YWS_BATCH))
+        def fuzz(texts: list[str], binaries: list[bytes]) -> None:
+            endpoint = FLOOD_ENDPOINTS[next(turn) % len(FLOOD_ENDPOINTS)]
+            if endpoint == "yws":
+                ended.update(asyncio.run(_flood_endpoint(server.port, endpoint, binaries, binary=True)))
+            else:
+                messages = [text.encode("utf-8", "surrogatepass") for text in texts]
+                ended.update(asyncio.run(_flood_endpoint(server.port, endpoint, messages, binary=False)))
+
+        fuzz()
+        elapsed = time.monotonic() - started
+        after = process.cpu_times()
+        used = (after.user - before.user) + (after.system - before.system)
+        writers.add(_write_victim(server.ws_url, "more"))  # a user is served right after the floods
+        assert server.running, "the server process died"
+        assert httpx.get(f"http://127.0.0.1:{server.port}/readyz", timeout=5).status_code == 200
+        log = server.log_path.read_text(errors="replace")
+        assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
+        assert set(ended) == set(FLOOD_ENDPOINTS), ended
+        assert used < 0.6 * elapsed, f"{used:.1f} s of server CPU in {elapsed:.1f} s of floods"
+        print("FUZZED FLOODS", json.dumps({"seconds": round(elapsed, 1), "server_cpu_s": round(used, 2),
+                                           "sockets": dict(ended)}))
+    finally:
+        server.stop()

@@ -198,7 +198,9 @@ def test_uvicorn_options_carry_the_compression_choice_and_refuse_an_unknown_impl
     from yrelay.config import Settings
 
     options = Settings().uvicorn_options()
-    assert options["ws_per_message_deflate"] is False and options["ws"] is YrelayWebSocketProtocol
+    assert options["ws_per_message_deflate"] is False and issubclass(options["ws"], YrelayWebSocketProtocol)
+    assert options["ws"].preauth_max_size == Settings().preauth_max_frame_bytes  # the limits it is made with
+    assert options["ws"].max_receiving == Settings().max_receiving_bytes
     assert Settings(ws_compression=True).uvicorn_options()["ws_per_message_deflate"] is True
     assert Settings(ws_implementation="wsproto").uvicorn_options()["ws"] == "wsproto"
     with pytest.raises(ValueError, match="ws_implementation"):
