@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from yrelay import Relay
 from yrelay.app.http_body import MAX_BODY_BYTES
 from yrelay.auth import Principal
+from yrelay.client import YrelayClient
 from yrelay.config import Settings
 from yrelay.redis_server import free_port
 from yrelay_tools.testing.processes import ServerProcess, wait_ready
@@ -306,3 +307,28 @@ async def test_an_embedded_relay_logs_no_token_at_debug(redis_url: str):
     for piece in _fragments(OPAQUE):
         assert piece not in text, [line for line in text.splitlines() if piece in line]
 
+
+
+async def test_the_python_client_logs_no_token_at_debug(server_url: str):
+    """The client's own socket: the websockets library logs every frame it
+    sends at debug, a hello's token included, unless filtered."""
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler, root = Lines(logging.DEBUG), logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        async with YrelayClient(server_url, token=OPAQUE) as client:
+            await client.subscribe("logged")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    text = "\n".join(lines)
+    assert "> TEXT" in text  # the client's frames were logged
+    for piece in _fragments(OPAQUE):
+        assert piece not in text, [line for line in text.splitlines() if piece in line]

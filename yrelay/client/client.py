@@ -29,6 +29,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from .. import crdt, protocol
+from ..logs import WireFilter
 from ..awareness import AwarenessError
 from ..offsets import StreamId
 from ..reconciliation.digest import Digest
@@ -41,6 +42,10 @@ from .sendbuffer import PendingUpdate, SendBuffer
 from .subscription_check import SubscriptionCheck, compare_subscriptions
 
 log = logging.getLogger(__name__)
+#: The websockets library's debug lines of this client's sockets, without
+#: what they carry (a hello's token, frames): logs.WireFilter.
+wire_log = logging.getLogger(__name__ + ".wire")
+wire_log.addFilter(WireFilter())
 
 #: Errors after which resending the same update can never succeed.
 FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large",
@@ -436,7 +441,7 @@ class YrelayClient:
             url = self.urls[attempt % len(self.urls)]
             try:
                 async with websockets.connect(url, max_size=None, open_timeout=10, ping_interval=PING_INTERVAL,
-                                              ping_timeout=PING_TIMEOUT) as ws:
+                                              ping_timeout=PING_TIMEOUT, logger=wire_log) as ws:
                     self._ws = ws
                     await self._handshake(ws)
                     welcomed_at = time.monotonic()
