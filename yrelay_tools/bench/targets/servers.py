@@ -25,7 +25,9 @@ IN_MEMORY = "in memory, at most once"
 PER_CLIENT_LIMITS_OFF = {"YRELAY_UPDATES_PER_SECOND": "0", "YRELAY_ADMISSION_RATE": "0",
                          "YRELAY_MAX_CONNECTIONS_PER_ADDRESS": "0", "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
                          "YRELAY_MAX_SUBSCRIPTIONS_PER_SUBJECT": "0", "YRELAY_SUBJECT_PRESENCE_PER_SECOND": "0",
-                         "YRELAY_PRESENCE_PER_SECOND": "0"}
+                         "YRELAY_PRESENCE_PER_SECOND": "0", "YRELAY_FRAMES_PER_SECOND": "0",
+                         "YRELAY_CONTROL_PER_SECOND": "0", "YRELAY_ANSWER_BYTES_PER_SECOND": "0",
+                         "YRELAY_SUBJECT_ANSWER_BYTES_PER_SECOND": "0"}
 
 
 class YrelayTarget(Target):
