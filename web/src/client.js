@@ -7,12 +7,14 @@
  *
  * Guarantees (the same as the Python client's): a local change stays in the
  * send buffer until the server says it is in the stream (`appended`), and is
- * resent on its backoff schedule and after every reconnect; when an update
- * has used up its attempts the client reconnects and resyncs every document
- * with a two-way state-vector exchange. Per document, updates go out in
- * clock order and a refused one holds back the later ones (SendBuffer); an
- * update the server could never take is refused here with an `error` event
- * (doc, clock, size), so it never costs the socket (update-frames.js).
+ * resent on its backoff schedule (an unanswered one only while the
+ * connection answers nothing: a server slowing it down answers late, in
+ * order) and after every reconnect; when an update has used up its
+ * attempts the client reconnects and resyncs every document with a two-way
+ * state-vector exchange. Per document, updates go out in clock order and a
+ * refused one holds back the later ones (SendBuffer); an update the server
+ * could never take is refused here with an `error` event (doc, clock,
+ * size), so it never costs the socket (update-frames.js).
  */
 import { ObservableV2 } from 'lib0/observable'
 import { mergeUpdates } from 'yjs'
@@ -321,12 +323,14 @@ export class YrelayClient extends ObservableV2 {
   }
 
   _appended (frame) {
+    this.buffer.answered() // the connection is read: what was sent after this is answered in turn
     const item = this._settle(frame.clock)
     this.providers.get(frame.doc)?._appended(frame, item)
     this._pump() // an update refused behind this one may go now
   }
 
   _error (frame) {
+    if (Number.isInteger(frame.clock)) this.buffer.answered()
     const item = Number.isInteger(frame.clock) ? this.buffer.get(frame.clock) : undefined
     // Every error about an update names its document.
     if (item !== undefined && typeof frame.doc !== 'string') frame = { ...frame, doc: item.doc }

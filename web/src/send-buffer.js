@@ -17,11 +17,18 @@
  * unanswered) holds back every later update of its document; updates on the
  * wire that are still within their answer time do not (pipelining), and
  * other documents never wait.
+ *
+ * An update on the wire is resent only when the connection makes no
+ * progress: its answer time is over *and* no answer came for that long. The
+ * server answers a connection's updates in order and, over its rates, reads
+ * the socket more slowly instead of refusing (issue 30): while answers keep
+ * coming, the update's own is on its way, and a resend would only add to the
+ * load that slowed it. Refused updates keep their own schedule.
  */
 
 /** To be sent: never sent on this connection, or due again. */
 export const QUEUED = 'queued'
-/** On the wire; sent again at `nextSend` when still unanswered. */
+/** On the wire; sent again at `nextSend` when still unanswered and the connection answered nothing for `silence` ms. */
 export const SENT = 'sent'
 /** Refused for now (`unavailable`, `rate_limited`, ...): sent again at `nextSend`. */
 export const WAITING = 'waiting'
@@ -40,8 +47,10 @@ export class SendBuffer {
   constructor (backoff, clock = 0) {
     this.backoff = backoff
     this.clock = clock
-    this._items = new Map() // clock -> { clock, doc, update, sync, state, attempts, nextSend, sent }
+    this._items = new Map() // clock -> { clock, doc, update, sync, state, attempts, nextSend, silence, sent }
     this._docs = new Map() // doc -> its items in clock order
+    /** When the connection last answered an update (`appended`, or an `error` with a clock); -Infinity on a new one. */
+    this.lastAnswer = -Infinity
   }
 
   get size () { return this._items.size }
@@ -82,7 +91,8 @@ export class SendBuffer {
   needsSync (doc) { return this.forDoc(doc).some((item) => item.state === NEEDS_SYNC) }
 
   markSent (item, now = Date.now()) {
-    item.nextSend = now + this.backoff.delay(item.attempts) + Math.floor(item.update.length / ANSWER_BYTES_PER_MS)
+    item.silence = this.backoff.delay(item.attempts) + Math.floor(item.update.length / ANSWER_BYTES_PER_MS)
+    item.nextSend = now + item.silence
     item.attempts += 1
     item.state = SENT
     item.sent = true
@@ -127,10 +137,14 @@ export class SendBuffer {
     return covered
   }
 
+  /** The connection answered an update: it is being read. */
+  answered (now = Date.now()) { this.lastAnswer = now }
+
   /**
    * The updates to send now, in clock order: per document, nothing passes an
    * update that waits for a resend (or for a sync); an unanswered one is
-   * resent before those after it. `bound(doc)`: documents to consider.
+   * resent, before those after it, once the connection answered nothing for
+   * its answer time. `bound(doc)`: documents to consider.
    */
   due (now = Date.now(), bound = () => true) {
     const out = []
@@ -138,7 +152,8 @@ export class SendBuffer {
       if (!bound(doc)) continue
       for (const [index, item] of items.entries()) {
         if (item.state === SENT) {
-          if (item.nextSend <= now) out.push(item) // unanswered: again, before what follows
+          // Unanswered with no progress on the connection: again, before what follows.
+          if (item.nextSend <= now && this.lastAnswer + item.silence <= now) out.push(item)
         } else if (item.state === QUEUED || (item.state === WAITING && item.nextSend <= now) ||
                    (item.state === AFTER_EARLIER && index === 0)) {
           out.push(item)
@@ -179,18 +194,19 @@ export class SendBuffer {
     return this.all().some((item) => counts(item.doc) && item.attempts >= this.backoff.maxAttempts)
   }
 
-  /** A new connection: everything goes out again, in order (a refused update may be admissible now). */
+  /** A new connection: everything goes out again, in order (a refused update may be admissible now); nothing was answered on it yet. */
   resetAttempts () {
+    this.lastAnswer = -Infinity
     for (const item of this._items.values()) {
       item.attempts = 0
-      item.nextSend = 0
+      item.nextSend = item.silence = 0
       if (item.state !== NEEDS_SYNC) item.state = QUEUED
     }
   }
 
   _insert (fields) {
     this.pop(fields.clock) // a clock restored twice is one update
-    const item = { sync: false, sent: false, ...fields, state: QUEUED, attempts: 0, nextSend: 0 }
+    const item = { sync: false, sent: false, ...fields, state: QUEUED, attempts: 0, nextSend: 0, silence: 0 }
     this._items.set(item.clock, item)
     const items = this._docs.get(item.doc)
     if (items === undefined) this._docs.set(item.doc, [item])

@@ -105,6 +105,37 @@ test('send buffer: per document in clock order; a refused update holds back its 
   assert.deepEqual(buffer.forDoc('a'), [sync])
 })
 
+test('send buffer: an unanswered update is resent only once the connection answered nothing for its answer time', () => {
+  const buffer = new SendBuffer(new Backoff({ base: 100, jitter: 0, maxAttempts: 3 }))
+  const clocks = (now) => buffer.due(now).map((item) => item.clock)
+  const [a, b] = [buffer.add('d', bytes(1)), buffer.add('e', bytes(1))]
+  for (const item of buffer.due(1000)) buffer.markSent(item, 1000)
+  buffer.answered(1090) // an answer (of an earlier update, say): the server reads the connection, slowly
+  assert.deepEqual(clocks(1150), [], 'past their answer time, but 60 ms after an answer')
+  assert.deepEqual(clocks(1190), [a.clock, b.clock], '100 ms without an answer')
+  buffer.markSent(a, 1190) // its second attempt: 200 ms
+  buffer.pop(b.clock)
+  buffer.answered(1300)
+  assert.deepEqual(clocks(1450), [])
+  assert.deepEqual(clocks(1500), [a.clock])
+  buffer.hold(a.clock) // unavailable: resent on its schedule, answers or not
+  buffer.answered(1500)
+  assert.deepEqual(clocks(1500), [a.clock])
+  const c = buffer.add('f', bytes(1))
+  buffer.markSent(c, 1500)
+  buffer.defer(c.clock, 300, 1500) // rate_limited (an older server): after retry_after_ms, answers or not
+  buffer.answered(1799)
+  assert.deepEqual(clocks(1799), [a.clock])
+  assert.deepEqual(clocks(1800), [a.clock, c.clock])
+  buffer.resetAttempts() // a new connection: sent again at once, and nothing was answered on it yet
+  assert.equal(buffer.lastAnswer, -Infinity)
+  for (const item of buffer.due(2000)) buffer.markSent(item, 2000)
+  assert.deepEqual(clocks(2100), [a.clock, c.clock])
+  for (const item of buffer.due(2100)) buffer.markSent(item, 2100)
+  for (const item of buffer.due(2300)) buffer.markSent(item, 2300)
+  assert.equal(buffer.exhausted(), true, 'a connection that answers nothing still uses up the attempts')
+})
+
 test('send buffer: a rate_limited or unavailable update holds back later ones; restored updates are sorted by clock', () => {
   const buffer = new SendBuffer(new Backoff({ base: 10, jitter: 0 }))
   const first = buffer.add('d', bytes(1))

@@ -5,7 +5,9 @@ and what the tests, the checker and the benchmarks drive.
 
 Guarantees it keeps: every local change stays in the send buffer until the
 server acks it (appended to the stream), and is resent with exponential
-backoff + jitter; after ``max_attempts`` the client reconnects and resyncs
+backoff + jitter when refused, or when unanswered while the connection
+answers nothing (a server slowing it down answers late, in order); after
+``max_attempts`` the client reconnects and resyncs
 every document in full (a two-way state-vector exchange). Per document,
 updates go out in clock order and a refused one holds back the later ones
 (:mod:`.sendbuffer`). Deliveries are acked cumulatively per document once
@@ -543,6 +545,7 @@ class YrelayClient:
         self._dirty = True
 
     def _on_appended(self, frame: dict[str, Any]) -> None:
+        self.buffer.answered()  # the connection is read: what was sent after this is answered in turn
         item = self.buffer.pop(frame["clock"])
         doc = self.docs.get(frame["doc"])
         stored = frame["id"] is not None  # None: a sync push of which nothing could be stored
@@ -689,6 +692,8 @@ class YrelayClient:
     def _on_error(self, frame: dict[str, Any]) -> None:
         self._record_error(frame)
         self._emit("error", frame)
+        if "clock" in frame:
+            self.buffer.answered()
         if "clock" not in frame and "doc" not in frame and frame.get("retry_after_ms"):
             self._retry_after = float(frame["retry_after_ms"]) / 1000  # about the connection: a close follows
         elif "clock" in frame and frame.get("code") in FATAL_UPDATE_ERRORS:

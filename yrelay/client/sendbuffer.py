@@ -5,12 +5,20 @@ Per document, updates go out in clock order, and one the server refused
 it is sent again: Yjs applies one client's changes only in clock order, so
 a later update stored before an earlier one would wait for ever
 (docs/protocol.md#causal-admission). Other documents are never held back.
+
+An update on the wire is resent only when the connection makes no progress:
+its backoff delay is over *and* no answer came for that long. The server
+answers a connection's updates in order and, over its rates, reads the
+socket more slowly instead of refusing (issue 30): while answers keep
+coming, the update's own is on its way, and a resend would only add to the
+load that slowed it. Refused updates keep their own schedule.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backoff import Backoff
@@ -23,6 +31,9 @@ class PendingUpdate:
     update: bytes
     attempts: int = 0
     next_send: float = 0.0  # monotonic time of the next (re)send
+    #: Seconds of silence on the connection after which it is resent (its
+    #: backoff delay); 0 until sent on this connection.
+    silence: float = 0.0
     sent: bool = False  # ever sent (by this process, or before a restart)
     #: A two-way sync's diff (``update {sync: true}``): it covers the
     #: document's earlier updates, which wait while it is unacked.
@@ -37,10 +48,14 @@ class SendBuffer:
     """Clock-ordered pending updates; an update leaves only when acked (or
     rejected for good)."""
 
-    def __init__(self, backoff: Backoff):
+    def __init__(self, backoff: Backoff, timer: Callable[[], float] = time.monotonic):
         self.backoff = backoff
+        self._timer = timer
         self._items: OrderedDict[int, PendingUpdate] = OrderedDict()
         self._clock = 0
+        #: When the connection last answered an update (``appended``, or an
+        #: ``error`` with a clock); -inf on a new connection.
+        self.last_answer = float("-inf")
         #: Update frames sent, and how many of them were resends (for figures).
         self.sends = 0
         self.resends = 0
@@ -87,7 +102,8 @@ class SendBuffer:
         return covered
 
     def mark_sent(self, item: PendingUpdate) -> None:
-        item.next_send = time.monotonic() + self.backoff.delay(item.attempts)
+        item.silence = self.backoff.delay(item.attempts)
+        item.next_send = self._timer() + item.silence
         item.attempts += 1
         self.sends += 1
         self.resends += item.sent
@@ -97,7 +113,7 @@ class SendBuffer:
     def sent_in_full(self, item: PendingUpdate) -> None:
         """Its last part went out only now (a large update takes a while):
         its answer is awaited from now on."""
-        item.next_send = max(item.next_send, time.monotonic() + self.backoff.delay(item.attempts - 1))
+        item.next_send = max(item.next_send, self._timer() + self.backoff.delay(item.attempts - 1))
 
     def refused(self, clock: int) -> None:
         """The server did not store it (``unavailable``, ``missing_dependency``):
@@ -112,16 +128,21 @@ class SendBuffer:
         again after ``delay`` seconds; that send was not an attempt."""
         item = self._items.get(clock)
         if item is not None:
-            item.next_send = max(item.next_send, time.monotonic() + delay)
+            item.next_send = max(item.next_send, self._timer() + delay)
             item.attempts = max(item.attempts - 1, 0)
             item.waiting = True
 
+    def answered(self) -> None:
+        """The connection answered an update: it is being read."""
+        self.last_answer = self._timer()
+
     def due(self) -> list[PendingUpdate]:
-        """What to send now, in clock order: new updates and those whose
-        backoff delay is over, except behind an update of the same document
-        that waits (refused, or its parts still going out), and except the
-        updates a sync push of their document covers."""
-        now = time.monotonic()
+        """What to send now, in clock order: new updates, refused ones whose
+        backoff delay is over, and unanswered ones whose delay is over with
+        no answer on the connection for that long; except behind an update
+        of the same document that waits (refused, or its parts still going
+        out), and except the updates a sync push of their document covers."""
+        now = self._timer()
         pushed = {item.doc: item.clock for item in self._items.values() if item.sync}  # the last push wins
         held: set[str] = set()
         due = []
@@ -130,7 +151,7 @@ class SendBuffer:
                 continue
             if item.sending or (item.waiting and item.next_send > now):
                 held.add(item.doc)
-            elif item.next_send <= now:
+            elif item.next_send <= now and (item.waiting or self.last_answer + item.silence <= now):
                 due.append(item)
         return due
 
@@ -139,7 +160,9 @@ class SendBuffer:
         return any(item.attempts >= self.backoff.max_attempts for item in self._items.values())
 
     def reset_attempts(self) -> None:
+        """A new connection: everything goes out again, and nothing was answered on it yet."""
+        self.last_answer = float("-inf")
         for item in self._items.values():
             item.attempts = 0
-            item.next_send = 0.0
+            item.next_send = item.silence = 0.0
             item.waiting = item.sending = False
