@@ -529,3 +529,46 @@ async def test_presence_rate_per_subject_across_sockets_and_processes(redis_url)
         await watcher.send({"op": "ping"})
         while (frame := await watcher.recv())["op"] != "pong":
             assert frame["op"] == "awareness", frame
+
+
+async def test_a_greeting_whose_shared_read_began_for_a_closed_connection_still_arrives(redis_url, redis_client):
+    """Greetings of one document share one read of its states (issue 30:
+    an awareness query was answered from Redis each time). The read is a
+    task of its own: a member already listening that shares the read begun
+    for a newcomer whose connection then closed still gets the states."""
+    from redis.asyncio import Redis
+
+    from yrelay.app.presence import Presence
+
+    presence = Presence(redis_client, Redis.from_url(redis_url), timeout=30, process_id="test")
+    frames: list[dict] = []
+
+    async def keep(frame: dict) -> None:
+        frames.append(frame)
+
+    speaker = presence.join(DOC, "s-speaker", keep, owner="o-speaker")
+    await presence.update(speaker, [AwarenessEntry(7, 1, '{"name":"ada"}')])
+    member = presence.join(DOC, "s-member", keep, owner="o-member")
+    member.listening, member.listening_since = True, 0.0  # greeted long ago; now it asks again
+    newcomer = presence.join(DOC, "s-new", keep, owner="o-new")
+    reading, gate = asyncio.Event(), asyncio.Event()
+    read = presence._read
+
+    async def slow_read(**kwargs):
+        reading.set()
+        await gate.wait()
+        return await read(**kwargs)
+
+    presence._read = slow_read
+    closing = asyncio.create_task(presence.greet(newcomer))
+    await asyncio.wait_for(reading.wait(), 5)  # the newcomer's read has begun
+    sharing = asyncio.create_task(presence.greet(member))
+    await asyncio.sleep(0.05)
+    closing.cancel()  # the newcomer's connection closed
+    gate.set()
+    assert await asyncio.wait_for(sharing, 5) > 0
+    greeting = [frame for frame in frames if frame["op"] == "awareness"]
+    assert greeting and [e.client_id for e in received(greeting[-1])] == [7]
+    presence._read = read
+    await presence.leave(speaker)
+    await presence.listener.aclose()

@@ -6,7 +6,8 @@ Over an update rate, or the answers a connection or its subject may be
 sent, the connection waits (:meth:`.pacing.Pacer.hold`: its socket is read
 more slowly) instead of refusing: a refused update would turn every update
 of the same Yjs client behind it into ``missing_dependency`` (issue 30).
-Held back for too long, the connection is closed (4429). Over the presence
+It is slowed for as long as it sends faster, never closed for it (the hard
+bound of :mod:`.pacing` is for floods of frames). Over the presence
 rate, an awareness update is refused with ``rate_limited`` (a dropped state
 heals with its next renewal). The subject is the token's, or with auth off
 the client's address; its buckets are acquired on first use and released
@@ -51,11 +52,10 @@ class Allowance:
 
     async def take_update(self, frame: AnyUpdate) -> None:
         """One update's tokens: the session's, then the subject's, waiting
-        for each (no Redis call for most updates: quotas.py). Raises
-        :class:`~.pacing.Flooded` once the connection was held back too long."""
+        for each (no Redis call for most updates: quotas.py)."""
         assert self._rate is not None
         while not self._rate.take():
-            await self.pacer.hold(self._rate.retry_after_ms() / 1000, "session_updates")
+            await self.pacer.hold(self._rate.retry_after_ms() / 1000, "session_updates", bounded=False)
         await self._wait_for(self.subject().updates, "subject_updates")
 
     async def take_answer(self) -> None:
@@ -69,11 +69,11 @@ class Allowance:
         """An answer of ``sent`` bytes to such a request went out."""
         self.pacer.charge(sent)
         if self._subject is not None or self._principal is not None:
-            self.subject().answers.spend(sent // 1024)
+            self.subject().answers.spend(-(-sent // 1024))  # KiB, rounded up
 
     async def _wait_for(self, bucket: SharedBucket, limit: str) -> None:
         while (wait := await bucket.take()) is not None:
-            await self.pacer.hold(wait / 1000, limit)
+            await self.pacer.hold(wait / 1000, limit, bounded=False)
 
     async def take_awareness(self, doc: str) -> None:
         """One awareness update's tokens, or ``rate_limited``."""

@@ -5,10 +5,12 @@ A sync answer (what a state vector lacks: ``/yws`` sync step 1, ``/ws``
 and is often the same: every new client of a document sends the same empty
 state vector, and a hostile one may send one state vector again and again
 (issue 30's amplifiers). An answer is kept by document and state vector
-with the stream's last id when it was asked for; it is served again while
-that id is still the last one (nothing was appended since: a GC fold or
-trim does not change what the document holds). Bounded in entries and in
-bytes, least recently used first out.
+with the id of the last entry folded into it; it is served again while
+that id is still the stream's last one (nothing was appended since: a GC
+fold or trim does not change what the document holds; a deleted document
+starts again below any id it had). Bounded in entries and in bytes (keys
+included), least recently used first out; state vectors longer than
+:data:`MAX_KEY_BYTES` are not kept.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from collections import OrderedDict
 from typing import Generic, TypeVar
 
 __all__ = ["AnswerCache"]
+
+#: State vectors longer than this are not kept (a real one is ~10 bytes
+#: per Yjs client; a /yws step 1 may carry up to max_update_bytes).
+MAX_KEY_BYTES = 4 * 1024
 
 A = TypeVar("A")
 
@@ -34,7 +40,8 @@ class AnswerCache(Generic[A]):
         self.misses = 0
 
     def get(self, doc: str, state_vector: bytes, last: str | None) -> A | None:
-        """The answer kept for this state vector while ``last`` is the stream's last id."""
+        """The answer kept for this state vector, if ``last`` (the stream's
+        last id now) is the last entry folded into it."""
         key = (doc, state_vector)
         kept = self._entries.get(key)
         if kept is None or last is None or kept[0] != last:
@@ -45,8 +52,10 @@ class AnswerCache(Generic[A]):
         return kept[1]
 
     def put(self, doc: str, state_vector: bytes, last: str | None, answer: A, size: int) -> None:
-        """Keep ``answer`` (``size`` bytes) for ``last``; too large ones are not kept."""
-        if last is None or size > self.max_bytes // 4:
+        """Keep ``answer`` (``size`` bytes), computed from the entries up to
+        ``last``; too large ones (or keys) are not kept."""
+        size += len(state_vector) + len(doc)
+        if last is None or len(state_vector) > MAX_KEY_BYTES or size > self.max_bytes // 4:
             return
         key = (doc, state_vector)
         old = self._entries.pop(key, None)

@@ -7,6 +7,8 @@ otherwise). The connection holds one of these and calls it one way.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -20,11 +22,15 @@ from ..reconciliation.stream_digest import WindowDigest
 from .allowance import Allowance
 from .connection_presence import ConnectionPresence
 from .context import ServerContext
+from .lean import Flag
 from .limits import DeliveryBudget
 from .sending import SendPrepared
 from .subscription import Send, Subscription, SubscriptionState
 
 SendFrame = Callable[[dict[str, Any] | str], Awaitable[None]]
+#: Subscriptions of one connection sending their subscribe's answer at once;
+#: more subscribes wait (their bytes are booked as they are sent).
+ANSWERS_IN_FLIGHT = 4
 #: Frames that answer a subscribe or a sync with a document's content: their
 #: bytes are booked against the connection's and the subject's answer rates.
 _ANSWER_OPS = frozenset({"snapshot", "sync_reply"})
@@ -34,7 +40,8 @@ class ConnectionDocuments:
     """``send`` is the connection's; a subscription's frames go through it
     and then tell presence that the subscribe was answered."""
 
-    __slots__ = ("_ctx", "_allowance", "_presence", "_send", "_send_prepared", "subscriptions", "budget")
+    __slots__ = ("_ctx", "_allowance", "_presence", "_send", "_send_prepared", "subscriptions", "budget",
+                 "_answered")
 
     def __init__(self, ctx: ServerContext, allowance: Allowance, presence: ConnectionPresence, send: SendFrame,
                  send_prepared: SendPrepared | None = None):
@@ -45,6 +52,8 @@ class ConnectionDocuments:
         #: Writes a deliver frame framed once for many sockets now (False: it cannot).
         self._send_prepared = send_prepared
         self.subscriptions: dict[str, Subscription] = {}
+        #: Set when a subscription may have finished its subscribe's answer.
+        self._answered = Flag()
         #: Unacked deliveries of all this connection's documents.
         self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
 
@@ -57,6 +66,16 @@ class ConnectionDocuments:
         if subscription is None:
             raise ProtocolError(ErrorCode.NOT_SUBSCRIBED, "subscribe to the document first", doc=doc, clock=clock)
         return subscription
+
+    async def settle(self) -> None:
+        """Wait while ``ANSWERS_IN_FLIGHT`` subscriptions still send what
+        their subscribe asked for: a burst of subscribes must not pass the
+        answer rates before the first answers are booked (the state is read
+        from the subscriptions each time; a missed wake costs a second)."""
+        while sum(subscription.answering for subscription in self.subscriptions.values()) >= ANSWERS_IN_FLIGHT:
+            self._answered.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._answered.wait(), 1.0)
 
     async def subscribe(self, frame: Subscribe, session: str, principal: Principal) -> None:
         if not principal.can_read(frame.doc):
@@ -111,14 +130,29 @@ class ConnectionDocuments:
     def _document_sender(self, doc: str) -> Send:
         """The subscription's send, which greets the connection's presence
         on ``doc`` once the subscribe is answered (the states of the others
-        follow `subscribed` or `resync_required`, never precede it)."""
+        follow `subscribed` or `resync_required`, never precede it), and
+        books the answer to a subscribe (its snapshot and catch-up up to
+        ``synced``) or to a sync against the connection's answer rates."""
         async def send(frame: dict[str, Any] | str) -> None:
             await self._send(frame)
             if isinstance(frame, dict):  # a str is a delivery encoded once for many
                 self._presence.sent(doc, frame)
-                if frame["op"] in _ANSWER_OPS:  # the subscribe's or the sync's answer
-                    self._allowance.answered(len(frame["update"]))
+            subscription = self.subscriptions.get(doc)
+            answering = subscription is not None and subscription.answering
+            if answering or (isinstance(frame, dict) and frame["op"] in _ANSWER_OPS):
+                self._allowance.answered(_payload_bytes(frame))
+            if not answering:
+                self._answered.set()
         return send
+
+
+def _payload_bytes(frame: dict[str, Any] | str) -> int:
+    """What a frame carries of a document (a delivery encoded once: all of it)."""
+    if isinstance(frame, str):
+        return len(frame)
+    if "update" in frame:
+        return len(frame["update"])
+    return sum(len(entry["update"]) for entry in frame.get("entries", ()))
 
 
 def _claimed(frame: Subscribe) -> WindowDigest | None:

@@ -20,17 +20,24 @@ of every websocket endpoint (``/ws``, ``/yws``) therefore passes
   (the websocket protocol, :mod:`.ws_protocol`, parses no more than a few
   frames ahead). Nothing is refused, so nothing cascades: the updates behind
   a slowed one are not turned into ``missing_dependency``;
-- **a hard bound**: time spent held back decays with ``PRESSURE_TAU``
-  seconds; a connection held back for more than ``throttle_close_seconds``
-  of that (about 12 s of 30 s for the default 10) raises :class:`Flooded`,
-  and the endpoint closes it with **4429** after saying when to come back.
+- **a hard bound** for frames and control frames, which a well-behaved
+  client never sends faster than their rates for long (updates and answers
+  may legitimately wait a while: an offline client's flush, a large
+  workspace's first load; waiting costs the server nothing, so those are
+  never closed for): time held back by frames and control frames is
+  summed, forgetting with a time constant of ``PRESSURE_DECAY`` times
+  ``throttle_close_seconds``; past
+  ``throttle_close_seconds`` (held back without a pause: after ~12 s for
+  the default 10) :class:`Flooded` is raised, and the endpoint closes the
+  connection with **4429** after saying when to come back. (The server's
+  keepalive does not take a held-back connection for dead while frames it
+  sent wait unread: :mod:`.ws_protocol`.)
 
 Before authentication a connection has tiny buckets of its own: a client
 has exactly one frame to send then (``hello``), and the ``hello`` deadline
 ends the rest. The per-session and per-subject update limits wait through
-the same :meth:`hold` (:mod:`.allowance`), so their waits count towards the
-bound too. A ban by address is not a defence: users behind one NAT share
-one.
+the same :meth:`hold` (:mod:`.allowance`), unbounded. A ban by address is
+not a defence: users behind one NAT share one.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .limits import TokenBucket
+from .limits import DebtBucket, TokenBucket
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -51,8 +58,11 @@ if TYPE_CHECKING:
 FRAMES_PER_TURN = 16
 #: ... or bytes of frames.
 BYTES_PER_TURN = 256 * 1024
-#: Time constant (seconds) of the decaying sum of time held back.
-PRESSURE_TAU = 30.0
+#: The decaying sum of time held back forgets with a time constant of this
+#: many times ``throttle_close_seconds`` (10 s: 30 s). Held back without a
+#: pause, the sum reaches the bound after ~1.2 times the bound (it levels off
+#: at the time constant, so that must be larger than the bound).
+PRESSURE_DECAY = 3.0
 #: Before authentication: frames per second and at once (one ``hello`` is
 #: all a client sends before its ``welcome``).
 PREAUTH_RATE = 1.0
@@ -84,7 +94,7 @@ class Pacer:
         self._frames = TokenBucket(PREAUTH_RATE, PREAUTH_BURST, clock)
         self._control: TokenBucket | None = None
         #: Answer bytes: may go negative (an answer's size is known once sent).
-        self._answers = _ByteBudget(settings.answer_bytes_per_second, settings.answer_burst_bytes, clock)
+        self._answers = DebtBucket(settings.answer_bytes_per_second, settings.answer_burst_bytes, clock)
         self._turn_frames = 0
         self._turn_bytes = 0
         self._pressure = 0.0
@@ -119,20 +129,26 @@ class Pacer:
         :meth:`admit`): a control token, and the answers paid for."""
         await self.control()
         while (wait := self._answers.wait()) > 0:
-            await self.hold(wait, "answers")
+            await self.hold(wait, "answers", bounded=False)
 
     def charge(self, sent: int) -> None:
         """An answer of ``sent`` bytes went out: the next requests that ask
         for answers wait until the bucket has paid for it."""
         self._answers.spend(sent)
 
-    async def hold(self, seconds: float, limit: str) -> None:
-        """Wait ``seconds`` for ``limit`` (reading nothing meanwhile), or
-        raise :class:`Flooded` when the connection has been held back too long."""
-        now = self._clock()
-        self._pressure = self._pressure * math.exp(-(now - self._pressure_at) / PRESSURE_TAU) + seconds
+    async def hold(self, seconds: float, limit: str, bounded: bool = True) -> None:
+        """Wait ``seconds`` for ``limit`` (reading nothing meanwhile), or,
+        for a ``bounded`` limit, raise :class:`Flooded` when the connection
+        has been held back by such limits for too long."""
+        if not bounded:
+            if self._metrics is not None:
+                self._metrics.throttled(limit, seconds)
+            await asyncio.sleep(seconds)
+            return
+        now, bound = self._clock(), self._settings.throttle_close_seconds
+        tau = PRESSURE_DECAY * bound if bound > 0 else PRESSURE_DECAY
+        self._pressure = self._pressure * math.exp(-(now - self._pressure_at) / tau) + seconds
         self._pressure_at = now
-        bound = self._settings.throttle_close_seconds
         if bound > 0 and self._pressure > bound:
             if self._metrics is not None:
                 self._metrics.flooded(limit)
@@ -144,38 +160,6 @@ class Pacer:
     async def _take(self, bucket: TokenBucket, limit: str) -> None:
         while not bucket.take():
             await self.hold(bucket.retry_after_ms() / 1000, limit)
-
-
-class _ByteBudget:
-    """A token bucket of bytes whose balance may go negative: ``spend``
-    books what was sent, ``wait`` says how long until it is paid back.
-    A rate of 0 means unlimited."""
-
-    __slots__ = ("rate", "burst", "_clock", "_balance", "_at")
-
-    def __init__(self, rate: float, burst: float, clock: Callable[[], float]):
-        self.rate = rate
-        self.burst = max(burst, 1.0)
-        self._clock = clock
-        self._balance = self.burst
-        self._at = clock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._balance = min(self.burst, self._balance + (now - self._at) * self.rate)
-        self._at = now
-
-    def spend(self, amount: int) -> None:
-        if self.rate > 0:
-            self._refill()
-            self._balance -= amount
-
-    def wait(self) -> float:
-        """Seconds until the balance is back above zero (0: now)."""
-        if self.rate <= 0:
-            return 0.0
-        self._refill()
-        return 0.0 if self._balance >= 0 else -self._balance / self.rate
 
 
 __all__ = ["CLOSE_TOO_MANY_MESSAGES", "Flooded", "Pacer"]

@@ -61,8 +61,8 @@ class Presence:
         self._pubsub: PubSub | None = None
         self._channel_lock = asyncio.Lock()
         self._ids = itertools.count(1)
-        #: Per document, the newest read of its states: when it began, and its values.
-        self._readings: dict[str, tuple[float, asyncio.Future[list[Any] | None]]] = {}
+        #: Per document, the newest read of its states: when it began, and the read.
+        self._readings: dict[str, tuple[float, asyncio.Task[list[Any] | None]]] = {}
         self._reconnect = Reconnect()
         self._put = redis.register_script(source("presence_put"))
         self._forget = redis.register_script(source("presence_forget"))
@@ -112,32 +112,30 @@ class Presence:
     async def _states(self, member: Member, loop: asyncio.AbstractEventLoop) -> list[Any] | None:
         """The document's states from a read that began after ``member``
         listened and at most ``GREETING_REUSE`` ago (shared by every greeting
-        that needs one meanwhile), else from a new read; None: Redis failed."""
+        that needs one meanwhile), else from a new read; None: Redis failed.
+        The read is a task of its own: a greeting that is cancelled (its
+        connection closed) does not take the others' answer with it."""
         doc, now = member.doc, loop.time()
         reading = self._readings.get(doc)
-        if reading is not None and member.listening_since <= reading[0] and now - reading[0] <= GREETING_REUSE:
-            return await asyncio.shield(reading[1])
-        future: asyncio.Future[list[Any] | None] = loop.create_future()
-        self._readings[doc] = (now, future)
+        if reading is None or member.listening_since > reading[0] or now - reading[0] > GREETING_REUSE:
+            task = loop.create_task(self._read_states(doc))
+            reading = self._readings[doc] = (now, task)
+            # the states (up to greeting_bytes) are let go once they cannot serve anyone
+            task.add_done_callback(lambda _: loop.call_later(GREETING_REUSE, self._forget_reading, doc, task))
+        return await asyncio.shield(reading[1])
+
+    async def _read_states(self, doc: str) -> list[Any] | None:
         try:
-            values = await self._read(keys=[presence_key(doc)], args=[self.timeout_ms, self.greeting_bytes])
+            values: list[Any] = await self._read(keys=[presence_key(doc)], args=[self.timeout_ms, self.greeting_bytes])
         except _REDIS_ERRORS as exc:
             log.debug("presence of %s not read: %s", doc, exc)
-            values = None
-        except BaseException:
-            future.set_result(None)  # a cancelled reader: its sharers read again next time
-            self._forget_reading(doc, future)
-            raise
-        future.set_result(values)
-        if values is None:
-            self._forget_reading(doc, future)
-        else:  # the states (up to greeting_bytes) are let go once they cannot serve anyone
-            loop.call_later(GREETING_REUSE, self._forget_reading, doc, future)
+            self._forget_reading(doc, asyncio.current_task())
+            return None
         return values
 
-    def _forget_reading(self, doc: str, future: asyncio.Future[list[Any] | None]) -> None:
+    def _forget_reading(self, doc: str, task: asyncio.Future[Any] | None) -> None:
         reading = self._readings.get(doc)
-        if reading is not None and reading[1] is future:
+        if reading is not None and reading[1] is task:
             del self._readings[doc]
 
     async def update(self, member: Member, entries: list[AwarenessEntry]) -> None:

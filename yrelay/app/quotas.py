@@ -63,6 +63,9 @@ class SharedBucket:
         self._key = key
         self._denied_until = 0.0
         self._fetching: asyncio.Task[None] | None = None
+        #: Tokens used beyond the local chunk, not yet booked in Redis, and the booking.
+        self._owed = 0
+        self._owing: asyncio.Task[None] | None = None
 
     async def take(self) -> int | None:
         """None: one token taken. Otherwise the milliseconds until the
@@ -82,13 +85,32 @@ class SharedBucket:
 
     def spend(self, tokens: int) -> None:
         """Book ``tokens`` used already (an answer's size is known once it
-        is sent): the balance may go below zero, and :meth:`take` waits
-        until the subject's rate has paid it back."""
+        is sent): what the local chunk does not cover is owed to the
+        subject's bucket in Redis at once (its balance goes below zero, on
+        every process, and outlives this process's connections of the
+        subject), so the next :meth:`take` anywhere waits until the
+        subject's rate has paid it back."""
         if self.rate <= 0 or tokens <= 0:
             return
-        self.tokens -= tokens
-        if self.tokens < self.chunk / 2 and self._fetching is None and self._denied_until <= time.monotonic():
-            self._fetching = asyncio.create_task(self._fetch())
+        covered = min(tokens, max(self.tokens, 0))
+        self.tokens -= covered
+        self._owed += tokens - covered
+        if self._owed and self._owing is None:
+            self._owing = asyncio.create_task(self._owe())
+
+    async def _owe(self) -> None:
+        try:
+            while self._owed:
+                owed, self._owed = self._owed, 0
+                try:
+                    _, wait_ms = await self._quotas.take(self._key, self.rate, self.burst, owed, owe=True)
+                except _REDIS_ERRORS as exc:  # the per-connection limits still hold
+                    log.debug("subject bucket %s not reached (%s); a debt forgiven", self._key, exc)
+                    continue
+                if wait_ms:
+                    self._denied_until = max(self._denied_until, time.monotonic() + wait_ms / 1000)
+        finally:
+            self._owing = None
 
     def _wait_ms(self) -> int:
         return max(1, math.ceil((self._denied_until - time.monotonic()) * 1000))
@@ -166,9 +188,11 @@ class SubjectQuotas:
             if buckets.users <= 0:
                 del self._buckets[subject]  # its unspent chunk is lost: at most a tenth of a second
 
-    async def take(self, key: str, rate: float, burst: int, want: int) -> tuple[int, int]:
+    async def take(self, key: str, rate: float, burst: int, want: int, owe: bool = False) -> tuple[int, int]:
+        """Up to ``want`` tokens of the bucket at ``key`` (``owe``: all of
+        them, below zero if need be); ``(granted, ms until one is back)``."""
         self.bucket_calls += 1
-        granted, wait_ms = await self._take(keys=[key], args=[rate, burst, want])
+        granted, wait_ms = await self._take(keys=[key], args=[rate, burst, want, int(owe)])
         return int(granted), int(wait_ms)
 
     # ------------------------------------------------------------ subscriptions

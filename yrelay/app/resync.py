@@ -87,14 +87,14 @@ async def sync_answer(ctx: "ServerContext", doc: str, state_vector: bytes) -> Sy
     never pin a stream); an answer computed while nothing was appended since
     is served again (:mod:`.answer_cache`)."""
     precheck_state_vector(state_vector)
-    last = str(await ctx.store.last_id(doc))
-    cached = ctx.answers.get(doc, state_vector, last)
+    cached = ctx.answers.get(doc, state_vector, str(await ctx.store.last_id(doc)))
     if cached is not None:
         return cached
     snapshot, entries = await ctx.store.load_entries(doc, ctx.settings.page_size)
     answer = await ctx.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])
     result = SyncAnswer(held_offset(snapshot, entries, answer.held), answer.diff, answer.state_vector)
-    ctx.answers.put(doc, state_vector, last, result, len(result.diff) + len(result.state_vector))
+    folded = entries[-1].id if entries else snapshot.offset  # what the answer was computed from
+    ctx.answers.put(doc, state_vector, str(folded), result, len(result.diff) + len(result.state_vector))
     return result
 
 

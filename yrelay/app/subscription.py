@@ -150,6 +150,12 @@ class Subscription:
     def resends(self) -> int:
         return self._window.resends
 
+    @property
+    def answering(self) -> bool:
+        """Still sending what its subscribe asked for: the snapshot and the
+        entries up to ``synced`` (what the connection's answer rates count)."""
+        return self.state is SubscriptionState.STARTING or self._synced_at is not None
+
     # ------------------------------------------------------ called by others
 
     def offer(self, batch: Batch) -> None:

@@ -16,6 +16,7 @@ section).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from typing import Any
@@ -26,7 +27,9 @@ from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFact
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from .frame_walker import FrameWalker
 from .lean import Flag, Inbox
+from .limits import DebtBucket
 from .prepared_frames import PREPARED_FRAMES
 from .receiving import RECEIVING
 
@@ -37,8 +40,19 @@ TRUST = "yrelay.trust"
 #: Messages parsed ahead of the app at most: the rest of a read stays raw
 #: bytes until the app has read them, and the socket is not read meanwhile.
 PARSED_AHEAD = 8
-#: Bytes of a read parsed at a time while small messages are parsed ahead.
-FEED_BYTES = 4 * 1024
+#: Frames handed to the parser at a time (:mod:`.frame_walker` finds where they end).
+FEED_FRAMES = 8
+#: Frames (of any kind) parsed per event-loop turn; the rest on a later turn.
+FRAMES_PER_TURN = 32
+#: Websocket pings and pongs per second, and at once: the library answers
+#: a ping itself, so these never reach the app's pacing (browsers send none;
+#: client libraries one every 20 s or so).
+CONTROL_FRAMES_PER_SECOND = 10.0
+CONTROL_FRAMES_BURST = 20
+#: Frames one message may arrive in, and what a fragment costs besides its bytes.
+MAX_FRAGMENTS = 1024
+FRAGMENT_OVERHEAD = 64
+CLOSE_MESSAGE_TOO_BIG = 1009
 #: Bytes read after the server sent its close, waiting for the peer's
 #: answer; a peer that sends more (a flood that goes on) is disconnected.
 DISCARD_AFTER_CLOSE = 256 * 1024
@@ -64,7 +78,7 @@ def deflate_without_context() -> ServerPerMessageDeflateFactory:
 
 class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol, leaner per connection and
-    bounded in what it holds for a client (docs/security.md#frames):
+    bounded in what it holds and parses for a client (docs/security.md#frames):
 
     - :func:`deflate_without_context` when ``ws_per_message_deflate`` is on
       (uvicorn's own keeps contexts); its receive queue and ``writable``
@@ -74,17 +88,23 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     - until the app says the connection authenticated (:data:`TRUST`), a
       message may be at most ``preauth_max_size`` bytes: a frame header
       declaring more closes the socket (1009) before its payload is read;
-    - a read is parsed :data:`FEED_BYTES` at a time and only while fewer
-      than :data:`PARSED_AHEAD` messages wait for the app: one read of
-      thousands of tiny frames is not turned into thousands of queued
-      messages, and the socket is not read again until the app caught up
-      (uvicorn's own parses all of a read at once);
+    - a read is parsed :data:`FEED_FRAMES` frames at a time (a large frame
+      whole; :mod:`.frame_walker` finds where they end), only while fewer than
+      :data:`PARSED_AHEAD` messages wait for the app, at most
+      :data:`FRAMES_PER_TURN` frames of any kind per event-loop turn, and
+      websocket pings and pongs (which the library answers itself, never
+      reaching the app or its pacing) at :data:`CONTROL_FRAMES_PER_SECOND`:
+      past any of these the rest of the read stays raw bytes and the socket
+      is not read until it is parsed (uvicorn's own parses all of a read at
+      once, so one read of tiny frames held the event loop);
+    - a message in at most :data:`MAX_FRAGMENTS` frames (1009 past it);
     - what is being received (partial frames, fragments, unparsed bytes)
-      is booked in the process's :data:`~.receiving.RECEIVING`; a read that
-      takes the process past ``max_receiving`` closes its socket (1013);
-    - once the server sent its close, at most :data:`DISCARD_AFTER_CLOSE`
-      bytes more are read for the peer's answer: a flood that goes on is
-      disconnected instead of parsed and discarded until the close timeout.
+      is booked in the process's :data:`~.receiving.RECEIVING`; past
+      ``max_receiving`` the connection holding the most is closed (1013);
+    - once the server sent its close, the bytes that wait are parsed at
+      once for the peer's answer, and at most :data:`DISCARD_AFTER_CLOSE`
+      bytes more are read: a flood that goes on is disconnected instead of
+      parsed and discarded until the close timeout.
 
     :func:`yrelay_protocol` makes the class with the two limits."""
 
@@ -102,6 +122,12 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         self.writable = Flag()  # type: ignore[assignment]
         self.writable.set()
         self._unparsed = b""  # the rest of a read, parsed once the app caught up
+        self._resume: asyncio.TimerHandle | asyncio.Handle | None = None  # parses the rest later
+        self._walker = FrameWalker()  # where the client's frames end, before they are parsed
+        self._turn_frames = 0  # frames parsed in this event-loop turn
+        self._controls = DebtBucket(CONTROL_FRAMES_PER_SECOND, CONTROL_FRAMES_BURST)
+        self._fragments = 0  # frames of the message being received
+        self._message_bytes = 0  # and its bytes so far (with a per-fragment overhead)
         self._held = 0  # bytes this connection has booked in RECEIVING
         self._discarded = 0  # bytes read after the close was sent
 
@@ -121,6 +147,9 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._unparsed = b""
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         self._book(0)
         scope = getattr(self, "scope", None)
         if scope is not None:  # bound to this protocol: a cycle the young GC may not reach for long
@@ -130,13 +159,15 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     # ------------------------------------------------------------ reading
 
     def data_received(self, data: bytes) -> None:
-        if self._unparsed:  # a read that arrived before reading paused: after what waits
-            data = self._unparsed + data
-            self._unparsed = b""
+        if self._unparsed or self._resume is not None:  # arrived before reading paused: after what waits
+            self._unparsed += data
+            if self._resume is None:
+                self._continue()
+            return
         self._feed(data)
 
     def _feed(self, data: bytes) -> None:
-        """Parse ``data`` while the app keeps up; keep the rest raw and stop reading."""
+        """Parse ``data`` within this turn's budgets; keep the rest raw and stop reading."""
         if self.close_sent:  # only the peer's close is wanted now, not what a flood still sends
             self._discarded += len(data)
             if self._discarded > DISCARD_AFTER_CLOSE:
@@ -144,11 +175,23 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
                 self._book(0)
                 self.transport.close()
                 return
+        self._turn_frames = 0
         position, size = 0, len(data)
-        while position < size and (self.queue.qsize() < PARSED_AHEAD or self.close_sent):
-            step = FEED_BYTES if len(self.conn.reader.buffer) < FEED_BYTES else size  # inside a large frame: all
-            chunk = data[position:position + step]
-            position += len(chunk)
+        while position < size:
+            if not self.close_sent:
+                if self.queue.qsize() >= PARSED_AHEAD:
+                    break  # receive() parses on once the app has read them
+                wait = self._controls.wait()
+                if wait > 0 or self._turn_frames >= FRAMES_PER_TURN:
+                    self._resume = (self.loop.call_later(wait, self._resumed) if wait > 0
+                                    else self.loop.call_soon(self._resumed))
+                    break
+            if self.handshake_initiated:  # frames: a few at a time, a large one whole
+                end, _ = self._walker.walk(data, position, FEED_FRAMES)
+            else:  # the upgrade request (uvicorn hands it over in one piece)
+                end = size
+            chunk = data[position:end]
+            position = end
             self.conn.receive_data(chunk)
             if self.conn.parser_exc is not None:
                 self._book(0)
@@ -159,37 +202,99 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
                 self._book(0)
                 return
         self._unparsed = data[position:]
-        if self._unparsed and not self.read_paused:
+        if (self._unparsed or self._resume is not None) and not self.read_paused:
             self.read_paused = True
             self.transport.pause_reading()
-        held = len(self.conn.reader.buffer) + sum(map(len, self.frames)) + len(self._unparsed)
-        if not self._book(held) and self.handshake_complete and not self.close_sent:
-            self._refuse_receiving()
+        self._book(len(self.conn.reader.buffer) + self._message_bytes + len(self._unparsed))
+        if self.handshake_complete:
+            RECEIVING.enforce(self.max_receiving)
 
-    def _book(self, held: int) -> bool:
+    def _resumed(self) -> None:
+        self._resume = None
+        self._continue()
+
+    def _continue(self) -> None:
+        """Parse what waits, and read the socket again once nothing does."""
+        if self._unparsed and self._resume is None and not self.transport.is_closing():
+            data, self._unparsed = self._unparsed, b""
+            self._feed(data)
+        if (self.read_paused and self.queue.empty() and not self._unparsed and self._resume is None
+                and not self.transport.is_closing()):
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    # Every frame counts towards the turn; pings and pongs also against their
+    # rate; fragments of one message are counted and bounded.
+
+    def handle_text(self, event: Any) -> None:
+        self._turn_frames += 1
+        self._start_message(event)
+        super().handle_text(event)
+
+    def handle_bytes(self, event: Any) -> None:
+        self._turn_frames += 1
+        self._start_message(event)
+        super().handle_bytes(event)
+
+    def handle_cont(self, event: Any) -> None:
+        self._turn_frames += 1
+        self._fragments += 1
+        if self._fragments > MAX_FRAGMENTS:
+            self.frames = []
+            self._message_bytes = 0
+            self.conn.fail(CLOSE_MESSAGE_TOO_BIG, f"a message in more than {MAX_FRAGMENTS} frames")
+            self.handle_parser_exception()
+            return
+        self._message_bytes = 0 if event.fin else self._message_bytes + len(event.data) + FRAGMENT_OVERHEAD
+        super().handle_cont(event)
+
+    def handle_ping(self) -> None:
+        self._turn_frames += 1
+        self._controls.spend(1)
+        super().handle_ping()
+
+    def handle_pong(self, event: Any) -> None:
+        self._turn_frames += 1
+        self._controls.spend(1)
+        super().handle_pong(event)
+
+    def _start_message(self, event: Any) -> None:
+        self._fragments = 0 if event.fin else 1
+        self._message_bytes = 0 if event.fin else len(event.data) + FRAGMENT_OVERHEAD
+
+    def _book(self, held: int) -> None:
         """This connection now holds ``held`` bytes being received."""
-        within = RECEIVING.change(self._held, held, self.max_receiving)
-        self._held = held
-        return within
+        if held != self._held:
+            self._held = held
+            RECEIVING.book(self, held)
 
-    def _refuse_receiving(self) -> None:
-        RECEIVING.closed += 1
-        self.conn.fail(CLOSE_TRY_AGAIN_LATER, "the server is receiving too much; try again later")
+    def refuse_receiving(self) -> None:
+        """The process receives too much and this connection holds the most: close it (1013)."""
         self._unparsed = b""
-        self._book(0)
-        self.handle_parser_exception()
+        self._held = 0
+        if self.transport.is_closing():
+            return
+        if self.conn.state is State.OPEN:
+            self.conn.fail(CLOSE_TRY_AGAIN_LATER, "the server is receiving too much; try again later")
+            self.handle_parser_exception()
+        else:
+            self.transport.close()
+
+    def keepalive_timeout(self) -> None:
+        """uvicorn's keepalive gave up on the pong of its ping: unless the
+        peer's frames wait unread (the connection is read slowly, by its
+        rates: its pong is behind them), then the pong gets another period."""
+        if self._unparsed or self._resume is not None or not self.queue.empty():
+            self.pong_timer = self.loop.call_later(self.ping_timeout or 20.0, self.keepalive_timeout)
+            return
+        super().keepalive_timeout()
 
     async def receive(self) -> Any:
         """uvicorn's, and the rest of the last read is parsed once the app
         has read every message parsed before it."""
         message = await self.queue.get()
         if self.queue.empty():
-            if self._unparsed:
-                data, self._unparsed = self._unparsed, b""
-                self._feed(data)
-            if self.read_paused and self.queue.empty() and not self._unparsed and not self.transport.is_closing():
-                self.read_paused = False
-                self.transport.resume_reading()
+            self._continue()
         return message
 
     def write_prepared(self, frame: bytes) -> bool:
@@ -207,6 +312,11 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
 
     async def send(self, message: Any) -> None:
         await super().send(message)
+        if message["type"] == "websocket.close" and self.close_sent:  # the peer's answer may wait unparsed
+            if self._resume is not None:
+                self._resume.cancel()
+                self._resume = None
+            self._continue()
         if message["type"] == "websocket.accept" and self.handshake_complete:
             self.request.headers.clear()  # websockets' parser keeps the request until the socket closes
             self.request = self.response = None  # type: ignore[assignment]

@@ -79,13 +79,15 @@ SLOW_DOWN_DEFAULT = 1.0
 #: off up to the maximum (the server's hard bound ends a flooding connection
 #: after ~12 s held back).
 STABLE_CONNECTION = 60.0
-#: websockets' keepalive: a ping every PING_INTERVAL seconds, the connection
-#: taken for dead when its pong is not back within PING_TIMEOUT. Not the
-#: library's 20 s: a server slowing this connection down (issue 30) reads
-#: its frames late, the ping among them, for up to ~12 s before it ends it
-#: itself (4429); 45 s is the browser client's idle timeout.
-PING_INTERVAL = 20.0
-PING_TIMEOUT = 45.0
+#: Liveness: after IDLE_PING seconds without a frame from the server the
+#: client sends ``ping``; after DEAD_AFTER seconds without one it takes the
+#: connection for dead and reconnects. Not websockets' keepalive (a
+#: websocket ping whose pong must be back within 20 s): a server slowing
+#: this connection down (issue 30) reads its frames late, a ping queued
+#: behind a long offline flush among them, while its answers to the earlier
+#: frames keep arriving; any frame from the server shows it is alive.
+IDLE_PING = 20.0
+DEAD_AFTER = 60.0
 
 
 class RetryLater(ConnectionError):
@@ -199,6 +201,7 @@ class YrelayClient:
         #: Seconds the server asked to wait before the next connection, said
         #: in an error frame about the connection (``rate_limited`` before a 4429).
         self._retry_after = 0.0
+        self._heard = 0.0  # when the server last sent a frame (liveness)
         self._flush_lock = asyncio.Lock()
         self._flush_scheduled = False
         self._parts_lock = asyncio.Lock()  # one update in parts at a time per connection
@@ -322,6 +325,19 @@ class YrelayClient:
     _on_subscriptions = _answer
     _on_reconcile_reply = _answer
 
+    async def _liveness(self, ws: Any) -> None:
+        """Ping an idle connection; drop one the server has been silent on
+        for DEAD_AFTER seconds (it reconnects)."""
+        while True:
+            await asyncio.sleep(min(IDLE_PING, DEAD_AFTER) / 4)
+            silent = time.monotonic() - self._heard
+            if silent >= DEAD_AFTER:
+                log.info("nothing from the server for %.0f s: reconnecting", silent)
+                await ws.close(code=4000)
+                return
+            if silent >= IDLE_PING:
+                await self._send_quietly({"op": "ping"})
+
     async def _check_loop(self) -> None:
         assert self.subscription_check_interval is not None
         while True:
@@ -442,16 +458,17 @@ class YrelayClient:
             close_code: int | None = None
             url = self.urls[attempt % len(self.urls)]
             try:
-                async with websockets.connect(url, max_size=None, open_timeout=10, ping_interval=PING_INTERVAL,
-                                              ping_timeout=PING_TIMEOUT, logger=wire_log) as ws:
+                async with websockets.connect(url, max_size=None, open_timeout=10, ping_interval=None,
+                                              logger=wire_log) as ws:
                     self._ws = ws
                     await self._handshake(ws)
-                    welcomed_at = time.monotonic()
-                    helpers = [asyncio.create_task(self._retry_loop())]
+                    welcomed_at = self._heard = time.monotonic()
+                    helpers = [asyncio.create_task(self._retry_loop()), asyncio.create_task(self._liveness(ws))]
                     if self.subscription_check_interval:
                         helpers.append(asyncio.create_task(self._check_loop()))
                     try:
                         async for message in ws:
+                            self._heard = time.monotonic()
                             self._handle(json.loads(message))
                     finally:
                         for helper in helpers:
