@@ -13,17 +13,22 @@ from __future__ import annotations
 
 __all__ = ["FrameWalker"]
 
+#: The opcode of a close frame.
+CLOSE = 0x8
+
 
 class FrameWalker:
     """The frame boundaries of one direction of one connection."""
 
-    __slots__ = ("_need", "_head")
+    __slots__ = ("_need", "_head", "close_seen")
 
     def __init__(self) -> None:
         #: Payload bytes of the current frame not walked yet.
         self._need = 0
         #: Header bytes of the next frame, when a read ended inside them.
         self._head = bytearray()
+        #: A close frame's header was walked.
+        self.close_seen = False
 
     def walk(self, data: bytes, start: int, frames: int) -> tuple[int, int]:
         """From ``data[start]``: the offset just after at most ``frames``
@@ -39,6 +44,7 @@ class FrameWalker:
             if not self._head and size - position >= 2:
                 header = _header(data, position)
                 if header is not None:  # the whole header is here: the usual case
+                    self.close_seen |= data[position] & 0x0F == CLOSE
                     position += header[0]
                     self._need = header[1]
                     ended += self._need == 0
@@ -47,6 +53,7 @@ class FrameWalker:
             position += 1
             header = _header(self._head, 0)
             if header is not None:
+                self.close_seen |= self._head[0] & 0x0F == CLOSE
                 self._head.clear()
                 self._need = header[1]
                 ended += self._need == 0

@@ -101,10 +101,11 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     - what is being received (partial frames, fragments, unparsed bytes)
       is booked in the process's :data:`~.receiving.RECEIVING`; past
       ``max_receiving`` the connection holding the most is closed (1013);
-    - once the server sent its close, the bytes that wait are parsed at
-      once for the peer's answer, and at most :data:`DISCARD_AFTER_CLOSE`
-      bytes more are read: a flood that goes on is disconnected instead of
-      parsed and discarded until the close timeout.
+    - once the server sent its close, frames are walked, not parsed, for
+      the peer's close (the bytes that wait included), and at most
+      :data:`DISCARD_AFTER_CLOSE` bytes are read without it: a flood that
+      goes on is disconnected instead of parsed and discarded until the
+      close timeout.
 
     :func:`yrelay_protocol` makes the class with the two limits."""
 
@@ -168,13 +169,9 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _feed(self, data: bytes) -> None:
         """Parse ``data`` within this turn's budgets; keep the rest raw and stop reading."""
-        if self.close_sent:  # only the peer's close is wanted now, not what a flood still sends
-            self._discarded += len(data)
-            if self._discarded > DISCARD_AFTER_CLOSE:
-                self._unparsed = b""
-                self._book(0)
-                self.transport.close()
-                return
+        if self.close_sent and self.handshake_complete:
+            self._await_close(data)
+            return
         self._turn_frames = 0
         position, size = 0, len(data)
         while position < size:
@@ -209,6 +206,30 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.handshake_complete:
             RECEIVING.enforce(self.max_receiving)
 
+    def _await_close(self, data: bytes) -> None:
+        """The server sent its close: only the peer's close is wanted now.
+        Frames are walked, not parsed (a flood that goes on would cost as
+        much to discard), a turn's worth at a time; the peer's close ends
+        the connection, and so does a peer that sends
+        :data:`DISCARD_AFTER_CLOSE` bytes without it."""
+        end, _ = self._walker.walk(data, 0, FRAMES_PER_TURN)
+        self._discarded += end
+        if self._walker.close_seen or self._discarded > DISCARD_AFTER_CLOSE:
+            self._unparsed = b""
+            self._book(0)
+            if self.close_timer is not None:
+                self.close_timer.cancel()
+                self.close_timer = None
+            self.transport.close()
+            return
+        self._unparsed = data[end:]
+        if self._unparsed:
+            self._resume = self.loop.call_soon(self._resumed)
+            if not self.read_paused:
+                self.read_paused = True
+                self.transport.pause_reading()
+        self._book(len(self._unparsed))
+
     def _resumed(self) -> None:
         self._resume = None
         self._continue()
@@ -218,8 +239,8 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         if self._unparsed and self._resume is None and not self.transport.is_closing():
             data, self._unparsed = self._unparsed, b""
             self._feed(data)
-        if (self.read_paused and self.queue.empty() and not self._unparsed and self._resume is None
-                and not self.transport.is_closing()):
+        if (self.read_paused and (self.queue.empty() or self.close_sent) and not self._unparsed
+                and self._resume is None and not self.transport.is_closing()):
             self.read_paused = False
             self.transport.resume_reading()
 
@@ -239,7 +260,7 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     def handle_cont(self, event: Any) -> None:
         self._turn_frames += 1
         self._fragments += 1
-        if self._fragments > MAX_FRAGMENTS:
+        if self._fragments > MAX_FRAGMENTS and not self.close_sent:
             self.frames = []
             self._message_bytes = 0
             self.conn.fail(CLOSE_MESSAGE_TOO_BIG, f"a message in more than {MAX_FRAGMENTS} frames")
