@@ -52,8 +52,9 @@ class ConnectionDocuments:
         #: Writes a deliver frame framed once for many sockets now (False: it cannot).
         self._send_prepared = send_prepared
         self.subscriptions: dict[str, Subscription] = {}
-        #: Set when a subscription may have finished its subscribe's answer.
-        self._answered = Flag()
+        #: Set when a subscription may have finished its subscribe's answer
+        #: (made by the first wait: an idle connection's memory counts).
+        self._answered: Flag | None = None
         #: Unacked deliveries of all this connection's documents.
         self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
 
@@ -73,9 +74,10 @@ class ConnectionDocuments:
         answer rates before the first answers are booked (the state is read
         from the subscriptions each time; a missed wake costs a second)."""
         while sum(subscription.answering for subscription in self.subscriptions.values()) >= ANSWERS_IN_FLIGHT:
-            self._answered.clear()
+            answered = self._answered = self._answered or Flag()
+            answered.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._answered.wait(), 1.0)
+                await asyncio.wait_for(answered.wait(), 1.0)
 
     async def subscribe(self, frame: Subscribe, session: str, principal: Principal) -> None:
         if not principal.can_read(frame.doc):
@@ -141,7 +143,7 @@ class ConnectionDocuments:
             answering = subscription is not None and subscription.answering
             if answering or (isinstance(frame, dict) and frame["op"] in _ANSWER_OPS):
                 self._allowance.answered(_payload_bytes(frame))
-            if not answering:
+            if not answering and self._answered is not None:
                 self._answered.set()
         return send
 

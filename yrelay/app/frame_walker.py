@@ -25,8 +25,9 @@ class FrameWalker:
     def __init__(self) -> None:
         #: Payload bytes of the current frame not walked yet.
         self._need = 0
-        #: Header bytes of the next frame, when a read ended inside them.
-        self._head = bytearray()
+        #: Header bytes of the next frame, when a read ended inside them
+        #: (made then: an idle connection's memory counts).
+        self._head: bytearray | None = None
         #: A close frame's header was walked.
         self.close_seen = False
 
@@ -41,7 +42,7 @@ class FrameWalker:
                 self._need -= taken
                 ended += self._need == 0
                 continue
-            if not self._head and size - position >= 2:
+            if self._head is None and size - position >= 2:
                 header = _header(data, position)
                 if header is not None:  # the whole header is here: the usual case
                     self.close_seen |= data[position] & 0x0F == CLOSE
@@ -49,12 +50,14 @@ class FrameWalker:
                     self._need = header[1]
                     ended += self._need == 0
                     continue
+            if self._head is None:
+                self._head = bytearray()
             self._head.append(data[position])  # a header split between reads: a byte at a time
             position += 1
             header = _header(self._head, 0)
             if header is not None:
                 self.close_seen |= self._head[0] & 0x0F == CLOSE
-                self._head.clear()
+                self._head = None
                 self._need = header[1]
                 ended += self._need == 0
         return position, ended

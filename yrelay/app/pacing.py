@@ -93,8 +93,9 @@ class Pacer:
         self._clock = clock
         self._frames = TokenBucket(PREAUTH_RATE, PREAUTH_BURST, clock)
         self._control: TokenBucket | None = None
-        #: Answer bytes: may go negative (an answer's size is known once sent).
-        self._answers = DebtBucket(settings.answer_bytes_per_second, settings.answer_burst_bytes, clock)
+        #: Answer bytes: may go negative (an answer's size is known once sent);
+        #: made with the first answer (an idle connection's memory counts).
+        self._answers: DebtBucket | None = None
         self._turn_frames = 0
         self._turn_bytes = 0
         self._pressure = 0.0
@@ -128,13 +129,19 @@ class Pacer:
         """A request whose answer may be larger than itself (after
         :meth:`admit`): a control token, and the answers paid for."""
         await self.control()
-        while (wait := self._answers.wait()) > 0:
+        while (wait := self._answer_bucket().wait()) > 0:
             await self.hold(wait, "answers", bounded=False)
 
     def charge(self, sent: int) -> None:
         """An answer of ``sent`` bytes went out: the next requests that ask
         for answers wait until the bucket has paid for it."""
-        self._answers.spend(sent)
+        self._answer_bucket().spend(sent)
+
+    def _answer_bucket(self) -> DebtBucket:
+        if self._answers is None:
+            s = self._settings
+            self._answers = DebtBucket(s.answer_bytes_per_second, s.answer_burst_bytes, self._clock)
+        return self._answers
 
     async def hold(self, seconds: float, limit: str, bounded: bool = True) -> None:
         """Wait ``seconds`` for ``limit`` (reading nothing meanwhile), or,

@@ -126,7 +126,7 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         self._resume: asyncio.TimerHandle | asyncio.Handle | None = None  # parses the rest later
         self._walker = FrameWalker()  # where the client's frames end, before they are parsed
         self._turn_frames = 0  # frames parsed in this event-loop turn
-        self._controls = DebtBucket(CONTROL_FRAMES_PER_SECOND, CONTROL_FRAMES_BURST)
+        self._controls: DebtBucket | None = None  # pings and pongs (made with the first)
         self._fragments = 0  # frames of the message being received
         self._message_bytes = 0  # and its bytes so far (with a per-fragment overhead)
         self._held = 0  # bytes this connection has booked in RECEIVING
@@ -178,7 +178,7 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
             if not self.close_sent:
                 if self.queue.qsize() >= PARSED_AHEAD:
                     break  # receive() parses on once the app has read them
-                wait = self._controls.wait()
+                wait = self._controls.wait() if self._controls is not None else 0.0
                 if wait > 0 or self._turn_frames >= FRAMES_PER_TURN:
                     self._resume = (self.loop.call_later(wait, self._resumed) if wait > 0
                                     else self.loop.call_soon(self._resumed))
@@ -270,14 +270,18 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_cont(event)
 
     def handle_ping(self) -> None:
-        self._turn_frames += 1
-        self._controls.spend(1)
+        self._control_frame()
         super().handle_ping()
 
     def handle_pong(self, event: Any) -> None:
-        self._turn_frames += 1
-        self._controls.spend(1)
+        self._control_frame()
         super().handle_pong(event)
+
+    def _control_frame(self) -> None:
+        self._turn_frames += 1
+        if self._controls is None:
+            self._controls = DebtBucket(CONTROL_FRAMES_PER_SECOND, CONTROL_FRAMES_BURST)
+        self._controls.spend(1)
 
     def _start_message(self, event: Any) -> None:
         self._fragments = 0 if event.fin else 1
