@@ -80,34 +80,35 @@ class Flooded(Exception):
         self.retry_after_ms = retry_after_ms
 
 
-class Pacer:
-    """One websocket's share of the event loop and its rates."""
+class Pacer(TokenBucket):
+    """One websocket's share of the event loop and its rates. It is itself
+    the connection's frame bucket (one object less per idle connection)."""
 
-    __slots__ = ("_settings", "_metrics", "_clock", "_frames", "_control", "_answers", "_turn_frames",
-                 "_turn_bytes", "_pressure", "_pressure_at", "trusted")
+    __slots__ = ("_settings", "_metrics", "_control", "_answers", "_turn_frames", "_turn_bytes", "_pressure",
+                 "_pressure_at", "trusted")
 
     def __init__(self, settings: Settings, metrics: Metrics | None = None,
                  clock: Callable[[], float] = time.monotonic):
+        super().__init__(PREAUTH_RATE, PREAUTH_BURST, clock)
         self._settings = settings
         self._metrics = metrics
-        self._clock = clock
-        self._frames = TokenBucket(PREAUTH_RATE, PREAUTH_BURST, clock)
+        #: Control frames, and answer bytes (which may go negative: an
+        #: answer's size is known once sent); each made when first needed
+        #: (an idle connection's memory counts).
         self._control: TokenBucket | None = None
-        #: Answer bytes: may go negative (an answer's size is known once sent);
-        #: made with the first answer (an idle connection's memory counts).
         self._answers: DebtBucket | None = None
         self._turn_frames = 0
         self._turn_bytes = 0
         self._pressure = 0.0
-        self._pressure_at = clock()
+        self._pressure_at = 0.0
         self.trusted = False
 
     def trust(self) -> None:
         """The connection authenticated: its full rates apply from now on."""
         s = self._settings
         self.trusted = True
-        self._frames = TokenBucket(s.frames_per_second, s.frame_burst, self._clock)
-        self._control = TokenBucket(s.control_per_second, s.control_burst, self._clock)
+        self.rate, self.burst = s.frames_per_second, max(s.frame_burst, 1.0)
+        self._balance = self.burst
 
     async def admit(self, size: int) -> None:
         """Wait until the connection may handle one more frame of ``size``
@@ -118,12 +119,16 @@ class Pacer:
         if self._turn_frames >= FRAMES_PER_TURN or self._turn_bytes >= BYTES_PER_TURN:
             self._turn_frames = self._turn_bytes = 0
             await asyncio.sleep(0)  # the rest of the loop runs before our next frame
-        await self._take(self._frames, "frames")
+        await self._take(self, "frames")
 
     async def control(self) -> None:
         """A control frame (after :meth:`admit`): wait for a control token."""
-        if self._control is not None:
-            await self._take(self._control, "control")
+        if not self.trusted:
+            return
+        if self._control is None:
+            s = self._settings
+            self._control = TokenBucket(s.control_per_second, s.control_burst, self._clock)
+        await self._take(self._control, "control")
 
     async def answer(self) -> None:
         """A request whose answer may be larger than itself (after
@@ -154,7 +159,9 @@ class Pacer:
             return
         now, bound = self._clock(), self._settings.throttle_close_seconds
         tau = PRESSURE_DECAY * bound if bound > 0 else PRESSURE_DECAY
-        self._pressure = self._pressure * math.exp(-(now - self._pressure_at) / tau) + seconds
+        if self._pressure:
+            self._pressure *= math.exp(-(now - self._pressure_at) / tau)
+        self._pressure += seconds
         self._pressure_at = now
         if bound > 0 and self._pressure > bound:
             if self._metrics is not None:
