@@ -78,3 +78,37 @@ def test_the_frame_walker_finds_every_frame_end_across_any_reads():
                 position, count = walker.walk(read, position, rnd.randint(1, 5))
                 ended += count
         assert ended == len(sizes)
+
+
+async def test_subscribes_whose_catch_up_waits_for_acks_all_complete(redis_url):
+    """A subscribe's answer (its catch-up up to ``synced``) counts against
+    the answer rates; an earlier version also held further subscribes until
+    4 answers were done, and a catch-up past ``max_unacked_entries`` waits
+    for acks that sat unread behind those subscribes: the connection hung
+    (found by a review). Five documents of 12 entries, 3 unacked at most."""
+    from conftest import running_server
+    from gcutil import text_updates
+    from wsraw import RawPeer
+
+    updates, _ = text_updates(12)
+    async with running_server(redis_url, max_unacked_entries=3, page_size=2, resend_after=60, gc_interval=0) as url:
+        writer = await RawPeer.connect(url)
+        writer.quiet.add("deliver")
+        docs = [f"catch-up/{index}" for index in range(5)]
+        for doc in docs:
+            await writer.send({"op": "subscribe", "doc": doc})
+            await writer.expect("subscribed")
+            for clock, update in enumerate(updates, 1):
+                assert (await writer.update(doc, clock, update))["op"] == "appended"
+        reader = await RawPeer.connect(url)
+        for doc in docs:  # back to back, as a reconnecting client sends them
+            await reader.send({"op": "subscribe", "doc": doc})
+        synced: set[str] = set()
+        while len(synced) < len(docs):
+            frame = await reader.recv(timeout=10, wanted="synced")
+            if frame["op"] == "deliver":
+                await reader.send({"op": "ack", "doc": frame["doc"], "offset": frame["entries"][-1]["id"]})
+            elif frame["op"] == "synced":
+                synced.add(frame["doc"])
+        await writer.close()
+        await reader.close()

@@ -198,7 +198,6 @@ class Connection:
             self.documents.get(frame.doc).on_ack(StreamId.parse(frame.offset))
         elif isinstance(frame, Subscribe):
             assert self.principal is not None
-            await self.documents.settle()  # earlier subscribes' answers booked first
             await self.allowance.take_answer()  # its snapshot and catch-up are booked as they are sent
             await self.documents.subscribe(frame, self.session, self.principal)
         elif isinstance(frame, Unsubscribe):

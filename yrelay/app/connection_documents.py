@@ -7,8 +7,6 @@ otherwise). The connection holds one of these and calls it one way.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -22,15 +20,11 @@ from ..reconciliation.stream_digest import WindowDigest
 from .allowance import Allowance
 from .connection_presence import ConnectionPresence
 from .context import ServerContext
-from .lean import Flag
 from .limits import DeliveryBudget
 from .sending import SendPrepared
 from .subscription import Send, Subscription, SubscriptionState
 
 SendFrame = Callable[[dict[str, Any] | str], Awaitable[None]]
-#: Subscriptions of one connection sending their subscribe's answer at once;
-#: more subscribes wait (their bytes are booked as they are sent).
-ANSWERS_IN_FLIGHT = 4
 #: Frames that answer a subscribe or a sync with a document's content: their
 #: bytes are booked against the connection's and the subject's answer rates.
 _ANSWER_OPS = frozenset({"snapshot", "sync_reply"})
@@ -40,8 +34,7 @@ class ConnectionDocuments:
     """``send`` is the connection's; a subscription's frames go through it
     and then tell presence that the subscribe was answered."""
 
-    __slots__ = ("_ctx", "_allowance", "_presence", "_send", "_send_prepared", "subscriptions", "budget",
-                 "_answered")
+    __slots__ = ("_ctx", "_allowance", "_presence", "_send", "_send_prepared", "subscriptions", "budget")
 
     def __init__(self, ctx: ServerContext, allowance: Allowance, presence: ConnectionPresence, send: SendFrame,
                  send_prepared: SendPrepared | None = None):
@@ -52,9 +45,6 @@ class ConnectionDocuments:
         #: Writes a deliver frame framed once for many sockets now (False: it cannot).
         self._send_prepared = send_prepared
         self.subscriptions: dict[str, Subscription] = {}
-        #: Set when a subscription may have finished its subscribe's answer
-        #: (made by the first wait: an idle connection's memory counts).
-        self._answered: Flag | None = None
         #: Unacked deliveries of all this connection's documents.
         self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
 
@@ -67,17 +57,6 @@ class ConnectionDocuments:
         if subscription is None:
             raise ProtocolError(ErrorCode.NOT_SUBSCRIBED, "subscribe to the document first", doc=doc, clock=clock)
         return subscription
-
-    async def settle(self) -> None:
-        """Wait while ``ANSWERS_IN_FLIGHT`` subscriptions still send what
-        their subscribe asked for: a burst of subscribes must not pass the
-        answer rates before the first answers are booked (the state is read
-        from the subscriptions each time; a missed wake costs a second)."""
-        while sum(subscription.answering for subscription in self.subscriptions.values()) >= ANSWERS_IN_FLIGHT:
-            answered = self._answered = self._answered or Flag()
-            answered.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(answered.wait(), 1.0)
 
     async def subscribe(self, frame: Subscribe, session: str, principal: Principal) -> None:
         if not principal.can_read(frame.doc):
@@ -140,11 +119,9 @@ class ConnectionDocuments:
             if isinstance(frame, dict):  # a str is a delivery encoded once for many
                 self._presence.sent(doc, frame)
             subscription = self.subscriptions.get(doc)
-            answering = subscription is not None and subscription.answering
-            if answering or (isinstance(frame, dict) and frame["op"] in _ANSWER_OPS):
+            if (subscription is not None and subscription.answering) or (
+                    isinstance(frame, dict) and frame["op"] in _ANSWER_OPS):
                 self._allowance.answered(_payload_bytes(frame))
-            if not answering and self._answered is not None:
-                self._answered.set()
         return send
 
 

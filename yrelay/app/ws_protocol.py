@@ -50,6 +50,10 @@ FRAMES_PER_TURN = 32
 #: client libraries one every 20 s or so).
 CONTROL_FRAMES_PER_SECOND = 10.0
 CONTROL_FRAMES_BURST = 20
+#: Continuation frames that cost one ping of that rate (a message's fragments
+#: are parsed one by one, and only whole messages reach the app's pacing:
+#: 200 fragments per second past a burst of 400).
+FRAGMENTS_PER_CONTROL = 20
 #: Frames one message may arrive in, and what a fragment costs besides its bytes.
 MAX_FRAGMENTS = 1024
 FRAGMENT_OVERHEAD = 64
@@ -177,8 +181,8 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         position, size = 0, len(data)
         while position < size:
             if not self.close_sent:
-                if self.queue.qsize() >= PARSED_AHEAD:
-                    break  # receive() parses on once the app has read them
+                if self.queue.qsize() >= (PARSED_AHEAD if not self.conn.extensions else 1):
+                    break  # receive() parses on once the app has read them (compressed: one, it may inflate)
                 wait = self._controls.wait() if self._controls is not None else 0.0
                 if wait > 0 or self._turn_frames >= FRAMES_PER_TURN:
                     self._resume = (self.loop.call_later(wait, self._resumed) if wait > 0
@@ -261,6 +265,7 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     def handle_cont(self, event: Any) -> None:
         self._turn_frames += 1
         self._fragments += 1
+        self._control_bucket().spend(1 / FRAGMENTS_PER_CONTROL)  # fragments are cheap to send, not to parse
         if self._fragments > MAX_FRAGMENTS and not self.close_sent:
             self.frames = []
             self._message_bytes = 0
@@ -280,9 +285,12 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _control_frame(self) -> None:
         self._turn_frames += 1
+        self._control_bucket().spend(1)
+
+    def _control_bucket(self) -> DebtBucket:
         if self._controls is None:
             self._controls = DebtBucket(CONTROL_FRAMES_PER_SECOND, CONTROL_FRAMES_BURST)
-        self._controls.spend(1)
+        return self._controls
 
     def _start_message(self, event: Any) -> None:
         self._fragments = 0 if event.fin else 1
@@ -309,11 +317,15 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     def keepalive_timeout(self) -> None:
         """uvicorn's keepalive gave up on the pong of its ping: unless the
         peer's frames wait unread (the connection is read slowly, by its
-        rates: its pong is behind them), then the pong gets another period."""
-        if self._unparsed or self._resume is not None or not self.queue.empty():
+        rates: its pong is behind them) while it still reads what the server
+        sends; then the pong gets another period. A closed connection is
+        dropped after the close timeout even if the peer reads nothing (a
+        close waits for the send buffer to drain)."""
+        if (self._unparsed or self._resume is not None or not self.queue.empty()) and self.writable.is_set():
             self.pong_timer = self.loop.call_later(self.ping_timeout or 20.0, self.keepalive_timeout)
             return
         super().keepalive_timeout()
+        self.loop.call_later(self.close_timeout, self.transport.abort)
 
     async def receive(self) -> Any:
         """uvicorn's, and the rest of the last read is parsed once the app

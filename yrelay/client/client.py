@@ -18,6 +18,7 @@ are used when present: sync pushes, updates in parts, the ``synced`` frame.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -331,12 +332,13 @@ class YrelayClient:
         while True:
             await asyncio.sleep(min(IDLE_PING, DEAD_AFTER) / 4)
             silent = time.monotonic() - self._heard
-            if silent >= DEAD_AFTER:
+            if silent >= DEAD_AFTER:  # abort: a close (and a ping) would wait for a send buffer that never drains
                 log.info("nothing from the server for %.0f s: reconnecting", silent)
-                await ws.close(code=4000)
+                ws.transport.abort()
                 return
             if silent >= IDLE_PING:
-                await self._send_quietly({"op": "ping"})
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._send_quietly({"op": "ping"}), IDLE_PING / 4)
 
     async def _check_loop(self) -> None:
         assert self.subscription_check_interval is not None
