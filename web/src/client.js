@@ -31,12 +31,14 @@ export const FATAL_UPDATE_ERRORS = new Set([
 ])
 
 /**
- * Close codes by which the server asks for a pause: 4429 (held back by its
- * rates for too long), 1013 (try again later), 1008 (too many connections).
- * The reconnect waits the `retry_after_ms` of the error frame before the
- * close (SLOW_DOWN_DEFAULT_MS without one), and at least the backoff.
+ * The close code by which the server asks for a pause: 4429 (held back by
+ * its rates for too long). The reconnect waits the `retry_after_ms` of the
+ * error frame before the close (SLOW_DOWN_DEFAULT_MS without one), and at
+ * least the backoff. Not 1013: a server closes with it after a Redis
+ * failover or outage, and the client should be back at once to resync (a
+ * refusal at the connect, `overloaded`, says when in its error frame).
  */
-export const SLOW_DOWN_CLOSES = new Set([4429, 1013, 1008])
+export const SLOW_DOWN_CLOSES = new Set([4429])
 const SLOW_DOWN_DEFAULT_MS = 1000
 /**
  * A connection ended by a slow-down close sooner than this after its

@@ -69,11 +69,13 @@ IGNORED_OPS = {"unsubscribed", "pong", "welcome"}
 #: deliveries in between (an entry stays unacked at most this long after its
 #: delivery, far below the server's ``resend_after``; docs/protocol.md#acks).
 ACK_INTERVAL = 0.025
-#: Close codes by which the server asks for a pause: 4429 (held back by its
-#: rates for too long), 1013 (try again later), 1008 (too many connections).
-#: The reconnect waits the ``retry_after_ms`` of the error frame before the
-#: close (SLOW_DOWN_DEFAULT seconds without one), and at least the backoff.
-SLOW_DOWN_CLOSES = {4429, 1013, 1008}
+#: The close code by which the server asks for a pause: 4429 (held back by
+#: its rates for too long). The reconnect waits the ``retry_after_ms`` of the
+#: error frame before the close (SLOW_DOWN_DEFAULT seconds without one), and
+#: at least the backoff. Not 1013: a server closes with it after a Redis
+#: failover or outage, and the client should be back at once to resync
+#: (a refusal at the connect, ``overloaded``, says when in its error frame).
+SLOW_DOWN_CLOSES = {4429}
 SLOW_DOWN_DEFAULT = 1.0
 #: A connection ended by a slow-down close sooner than this (seconds) after
 #: its ``welcome`` does not reset the reconnect backoff: repeated 4429s back
