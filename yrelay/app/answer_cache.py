@@ -5,10 +5,11 @@ A sync answer (what a state vector lacks: ``/yws`` sync step 1, ``/ws``
 and is often the same: every new client of a document sends the same empty
 state vector, and a hostile one may send one state vector again and again
 (issue 30's amplifiers). An answer is kept by document and state vector
-with the id of the last entry folded into it; it is served again while
-that id is still the stream's last one (nothing was appended since: a GC
-fold or trim does not change what the document holds; a deleted document
-starts again below any id it had). Bounded in entries and in bytes (keys
+with the id of the last entry folded into it; it is served again, instead
+of a diff in an engine worker, when the entries read for a request end at
+that id (nothing was appended since; a deleted document starts again below
+any id it had). The stream is still read for every request: a Redis round
+trip, where the diff is a worker's CPU. Bounded in entries and in bytes (keys
 included), least recently used first out; state vectors longer than
 :data:`MAX_KEY_BYTES` are not kept.
 """

@@ -12,16 +12,21 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import redis.exceptions
+
 from ..offsets import StreamId
 from ..protocol import ResyncReason
 from ..reconciliation.stream_digest import WindowDigest
-from ..store import held_offset
+from ..store import Entry, Snapshot, held_offset
 from .engine_pool import precheck_state_vector
 
 if TYPE_CHECKING:
     from .context import ServerContext
 
 log = logging.getLogger(__name__)
+
+#: Reads of a document for a sync answer, when Redis closed the connection.
+READ_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -84,18 +89,32 @@ async def answer_sync(ctx: "ServerContext", doc: str, session: str, state_vector
 
 async def sync_answer(ctx: "ServerContext", doc: str, state_vector: bytes) -> SyncAnswer:
     """:func:`answer_sync` without tracking anyone (``/yws`` connections
-    never pin a stream); an answer computed while nothing was appended since
-    is served again (:mod:`.answer_cache`)."""
+    never pin a stream); an answer computed from the same entries is served
+    again instead of computed in an engine worker (:mod:`.answer_cache`)."""
     precheck_state_vector(state_vector)
-    cached = ctx.answers.get(doc, state_vector, str(await ctx.store.last_id(doc)))
-    if cached is not None:
+    snapshot, entries = await _read_again_if_lost(ctx, doc)
+    folded = str(entries[-1].id if entries else snapshot.offset)  # what the answer is computed from
+    cached = ctx.answers.get(doc, state_vector, folded)
+    if cached is not None:  # the same entries and state vector: the engine's diff would be the same
         return cached
-    snapshot, entries = await ctx.store.load_entries(doc, ctx.settings.page_size)
     answer = await ctx.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])
     result = SyncAnswer(held_offset(snapshot, entries, answer.held), answer.diff, answer.state_vector)
-    folded = entries[-1].id if entries else snapshot.offset  # what the answer was computed from
-    ctx.answers.put(doc, state_vector, str(folded), result, len(result.diff) + len(result.state_vector))
+    ctx.answers.put(doc, state_vector, folded, result, len(result.diff) + len(result.state_vector))
     return result
+
+
+async def _read_again_if_lost(ctx: "ServerContext", doc: str) -> tuple[Snapshot, list[Entry]]:
+    """The document's snapshot and entries. A read is all it is, so one that
+    met a connection Redis closed (the pool's connections after a Redis
+    restart fail once each) is made again, up to ``READ_ATTEMPTS`` times,
+    rather than closing the client's connection for it."""
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            return await ctx.store.load_entries(doc, ctx.settings.page_size)
+        except redis.exceptions.ConnectionError:
+            if attempt == READ_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 __all__ = ["Resume", "SyncAnswer", "answer_sync", "resume_point", "sync_answer"]
