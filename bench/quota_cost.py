@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from yrelay import crdt
 from yrelay.app import create_app
-from yrelay.app.limits import TokenBucket
+from yrelay.app.buckets import TokenBucket
 from yrelay.app.quotas import SubjectQuotas
 from yrelay.config import Settings
 from yrelay.keys import subject_bucket_key

@@ -14,7 +14,8 @@ from test_validation import good_update
 from wsraw import RawPeer
 
 from yrelay import crdt
-from yrelay.app.limits import Admission, AddressCounts, DeliveryBudget, SessionRates, TokenBucket
+from yrelay.app.buckets import TokenBucket
+from yrelay.app.limits import Admission, AddressCounts, DeliveryBudget, SessionRates
 from yrelay.client import YrelayClient
 
 

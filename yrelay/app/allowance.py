@@ -20,7 +20,7 @@ from ..auth import NoAuthenticator, Principal
 from ..keys import subject_id
 from ..protocol import AnyUpdate, ErrorCode, ProtocolError
 from .context import ServerContext
-from .limits import TokenBucket
+from .buckets import TokenBucket
 from .pacing import Pacer
 from .quotas import SharedBucket, SubjectBuckets
 

@@ -3,10 +3,8 @@
 Everything here is in-process arithmetic, never a Redis call: a limit must
 hold when Redis is slow, and must cost nothing on the hot path.
 
-- :class:`DebtBucket`: ``rate`` tokens per second, at most ``burst`` saved,
-  where what was used already is booked and may take the balance below
-  zero (an answer's size, a frame parsed); :class:`TokenBucket`: one taken
-  at a time, only while there is one.
+- token buckets (:mod:`.buckets`) for new connections per second and
+  updates per session.
 - :class:`Admission`: new connections per second of this process.
 - :class:`AddressCounts`: open websockets per client address.
 - :class:`SessionRates`: one update bucket per session, shared by that
@@ -28,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..protocol import ErrorCode, ProtocolError
+from .buckets import TokenBucket
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -38,61 +37,6 @@ CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_POLICY_VIOLATION = 1008
 #: How long a client refused for its address should wait before it retries.
 ADDRESS_RETRY_MS = 5_000
-
-
-class DebtBucket:
-    """A token bucket whose balance may go negative: ``spend`` books what
-    was used already (an answer sent, a frame parsed), ``wait`` says how
-    long until it is paid back. Tokens refill at ``rate``/s up to
-    ``burst``; a rate of 0 means unlimited."""
-
-    __slots__ = ("rate", "burst", "_clock", "_balance", "_at")
-
-    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic):
-        self.rate = rate
-        self.burst = max(burst, 1.0)
-        self._clock = clock
-        self._balance = self.burst
-        self._at = clock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._balance = min(self.burst, self._balance + (now - self._at) * self.rate)
-        self._at = now
-
-    def spend(self, amount: float) -> None:
-        if self.rate > 0:
-            self._refill()
-            self._balance -= amount
-
-    def wait(self) -> float:
-        """Seconds until the balance is back above zero (0: now)."""
-        if self.rate <= 0:
-            return 0.0
-        self._refill()
-        return 0.0 if self._balance >= 0 else -self._balance / self.rate
-
-
-class TokenBucket(DebtBucket):
-    """``take()`` succeeds while a whole token remains (never below zero)."""
-
-    __slots__ = ()
-
-    def take(self) -> bool:
-        if self.rate <= 0:
-            return True
-        self._refill()
-        if self._balance >= 1.0:
-            self._balance -= 1.0
-            return True
-        return False
-
-    def retry_after_ms(self) -> int:
-        """Milliseconds until one token is back (at least 1)."""
-        if self.rate <= 0:
-            return 0
-        self._refill()
-        return max(1, math.ceil((1.0 - self._balance) / self.rate * 1000))
 
 
 class Admission:
@@ -234,4 +178,4 @@ class Limits:
         self.addresses.close(address)
 
 
-__all__ = ["Limits", "Refusal", "AddressCounts", "Admission", "DebtBucket", "DeliveryBudget", "SessionRates", "TokenBucket"]
+__all__ = ["Limits", "Refusal", "AddressCounts", "Admission", "DeliveryBudget", "SessionRates"]

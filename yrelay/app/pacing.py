@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .limits import DebtBucket, TokenBucket
+from .buckets import DebtBucket, TokenBucket
 
 if TYPE_CHECKING:
     from ..config import Settings

@@ -29,7 +29,7 @@ from websockets.server import ServerProtocol
 
 from .frame_walker import FrameWalker
 from .lean import Flag, Inbox
-from .limits import DebtBucket
+from .buckets import DebtBucket
 from .prepared_frames import PREPARED_FRAMES
 from .receiving import RECEIVING
 
