@@ -127,6 +127,11 @@ async def test_kill_9_and_sigstop_under_steady_edits(redis_url, store, tmp_path)
         # its documents from its last acks.
         leader = (await store.redis.get(group_leader_key("procs"))).decode()
         victim = next(member for member in members if member.name == leader)
+        # Killed while it holds a batch it processed and has not acked (its
+        # last line a P line, as for the paused member below): killed between
+        # batches (a busy machine's timing), it would leave nothing to redeliver
+        # and the test nothing to check.
+        await eventually(lambda: (lines := victim.lines()) and lines[-1][0] == "P", timeout=10, interval=0.005)
         victim.process.kill()
         victim.process.wait()
         await asyncio.sleep(3 * LEASE)
