@@ -46,7 +46,7 @@ from .change_feed import Rounds, announced, announcement
 from .keys import DOCUMENT_BUCKETS, bucket_changes_key, stream_key
 from .listing import by_bucket
 from .offsets import StreamId
-from .redis_client import CLUSTER_TRANSIENT, REDIS_PY_RACE, is_cluster, xread_one
+from .redis_client import CLUSTER_TRANSIENT, is_cluster, lost_redis, xread_one
 from .replies import is_wrong_type, text
 from .tasks import BackgroundTask, wait_event
 
@@ -68,7 +68,9 @@ async def announce(client: Redis, docs: list[str]) -> None:
                 pipe.xadd(bucket_changes_key(bucket), announcement(members), maxlen=CHANGES_MAXLEN,
                           approximate=True)
             await pipe.execute()
-    except (redis.exceptions.RedisError, OSError, *REDIS_PY_RACE) as exc:  # the sweep delivers them within block_ms
+    except Exception as exc:  # the sweep delivers them within block_ms
+        if not lost_redis(exc):
+            raise
         log.warning("could not announce appends to %d documents (%s); the next sweep delivers them", len(docs), exc)
 
 
@@ -96,7 +98,9 @@ async def read_each(client: Redis, cursors: Mapping[str, StreamId], count: int) 
                 else:
                     pipe.xread({stream_key(doc): str(cursor)}, count=count)
             replies = await pipe.execute(raise_on_error=False)
-    except REDIS_PY_RACE as exc:
+    except (AttributeError, RuntimeError) as exc:
+        if not lost_redis(exc):
+            raise
         raise redis.exceptions.ConnectionError(f"connection reset during a failover ({exc!r})") from exc
     reads = Reads([], {}, set())
     for doc, reply in zip(cursors, replies):
@@ -127,7 +131,8 @@ class BucketWakeups:
         #: Documents a wake-up (or :meth:`wake`) asked to read, and the sweep.
         self.rounds = Rounds(block_ms)
         self._event = asyncio.Event()
-        self._watchers = [BackgroundTask(f"{name}-bucket-{bucket}", partial(self._watch, bucket))
+        self._watchers = [BackgroundTask(f"{name}-bucket-{bucket}", partial(self._watch, bucket),
+                                        kind=f"{name}-buckets")
                           for bucket in range(DOCUMENT_BUCKETS)]
 
     def start(self) -> None:
@@ -178,7 +183,9 @@ class BucketWakeups:
                 reconnect.succeeded()
             except asyncio.CancelledError:
                 raise
-            except (redis.exceptions.RedisError, OSError, *REDIS_PY_RACE) as exc:
+            except Exception as exc:
+                if not lost_redis(exc):
+                    raise  # a bug: logged with its traceback, the watcher restarted (yrelay.tasks)
                 log.warning("wake-ups of bucket %d lost Redis (%r); retrying in %.1fs", bucket, exc, reconnect.delay)
                 await reconnect.wait()
                 continue

@@ -36,6 +36,7 @@ from .consumers.webhook_stats import WebhookCollector
 from .listing import registry_counts
 from .loop_metrics import LoopMetrics
 from .protocol import ErrorCode, ResyncReason
+from .tasks import RESTARTS
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -154,6 +155,7 @@ class Metrics:
         registry.register(self._groups)
         self._webhooks = WebhookCollector()
         registry.register(self._webhooks)
+        registry.register(_TaskRestarts())
 
     # --------------------------------------------------------- event sink
 
@@ -291,6 +293,21 @@ class NullMetrics(Metrics):
 
     def watch(self, ctx: "ServerContext") -> None:
         pass
+
+
+class _TaskRestarts(Collector):
+    """Background loops restarted after a crash (:class:`yrelay.tasks.BackgroundTask`),
+    by kind of loop; counted per process (every app of the process reports them)."""
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        family = CounterMetricFamily("yrelay_background_restarts",
+                                     "Background loops restarted after they crashed, by loop.", labels=["task"])
+        for kind, count in sorted(RESTARTS.items()):
+            family.add_metric([kind], count)
+        yield family
 
 
 class _GroupState(Collector):

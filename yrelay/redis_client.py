@@ -20,7 +20,7 @@ by :class:`ClusterPipeline` here:
 
 from __future__ import annotations
 
-import os
+import re
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -39,31 +39,44 @@ CLUSTER_TRANSIENT = (ClusterDownError, AskError, TryAgainError)
 #: (in a cluster pipeline one node's connection can fail alone).
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, *CLUSTER_TRANSIENT)
 
-#: What redis-py 8.1's cluster client raises when a node fails under
-#: concurrent commands: on a connection error it closes every connection of
-#: the client, and a command of another task then writes to a connection
-#: whose writer is gone (seen in tests/test_cluster.py's kill -9); under
-#: uvloop the same race raises RuntimeError ("the handler is closed": seen in
-#: ``yrelay chaos --cluster``, where it ended a bucket's watcher for good).
-#: Taken as a lost connection (the fan-out, the subject quotas).
-REDIS_PY_RACE = (AttributeError, RuntimeError)
+# A command written to a connection torn down under it raises something
+# other than a ConnectionError, which lost_redis() takes as a lost connection
+# all the same. redis-py 8's cluster client, on one node's failure, closes
+# every connection of the client, and another task's command then writes to
+# a connection whose writer is gone: ``AttributeError: 'NoneType' object has
+# no attribute 'writelines'`` (seen in tests/test_cluster.py's kill -9);
+# under uvloop the transport itself refuses: ``RuntimeError: unable to
+# perform operation on <TCPTransport closed=True ...>; the handler is
+# closed`` (seen in ``yrelay chaos --cluster``, where it ended the token
+# revocation loop for good).
+
+#: Methods of a stream, transport or socket: one called on ``None`` is I/O on
+#: a connection that is gone.
+_IO_METHODS = frozenset({"write", "writelines", "drain", "read", "readline", "readexactly", "readuntil",
+                         "close", "wait_closed", "is_closing", "at_eof", "get_extra_info", "send", "recv",
+                         "feed_data", "set_exception"})
+#: What an event loop's transport says when asked to work after its close.
+_CLOSED_TRANSPORT = re.compile(r"handler is closed|[Tt]ransport is closed|closed=True|after write_eof")
 
 
 def lost_redis(exc: BaseException) -> bool:
-    """``exc`` says Redis was lost or failed, and the call may be retried:
-    a Redis or OS error, or :data:`REDIS_PY_RACE` raised inside redis-py
-    itself (never one of yrelay's own AttributeErrors: a bug still crashes
-    the loop it is in, loudly). For the background loops that retry."""
-    if isinstance(exc, (RedisError, OSError)):
+    """``exc`` says the connection to Redis was lost or Redis failed, and the
+    call may be made again: a Redis error, an OS error (refused, reset, timed
+    out), an end of stream, or I/O on a connection torn down under the call
+    (an attribute of ``None`` that is a stream's I/O method, or a transport
+    refusing to work after its close: :data:`_IO_METHODS`). Decided by
+    what the error means, never by which frame raised it: the same race
+    raises from redis-py, from asyncio or from uvloop's compiled transport.
+
+    What is not lost Redis is a bug: the background loops log it with its
+    traceback (:class:`yrelay.tasks.BackgroundTask` then restarts the loop)."""
+    if isinstance(exc, (RedisError, OSError, EOFError)):
         return True
-    return isinstance(exc, REDIS_PY_RACE) and _raised_in_redis_py(exc)
-
-
-def _raised_in_redis_py(exc: BaseException) -> bool:
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename
+    if isinstance(exc, AttributeError):
+        return getattr(exc, "obj", False) is None and getattr(exc, "name", None) in _IO_METHODS
+    if isinstance(exc, RuntimeError):
+        return bool(_CLOSED_TRANSPORT.search(str(exc)))
+    return False
 
 
 def is_cluster(redis: object) -> bool:

@@ -1,37 +1,68 @@
-"""One background task of a long-lived service: started by name, a crash
-logged and counted, stopped by cancel + await.
+"""The tasks of a long-lived service: loops that are restarted when they
+crash, and one-off tasks whose errors are never lost.
 
 Every service of a server process (appender, fan-out, presence, the ack
-writer, the GC loop, revocations, validator workers, subscription pumps)
-runs a loop for as long as it lives. Written out by hand, each had its own
-copy of "create the task, keep a reference, cancel it, wait for it", and a
-loop that died of an unexpected exception did so silently (asyncio only
-says "Task exception was never retrieved" when the task is collected).
+writer, the GC loop, revocations, subject leases, consumer heartbeats,
+validator workers, subscription pumps) runs a loop for as long as it lives.
+One rule supervises them all (:class:`BackgroundTask`): a loop that ends
+with an exception is logged once (a warning when Redis or its connection
+was lost, :func:`yrelay.redis_client.lost_redis`; an error with the
+traceback otherwise), counted (:data:`RESTARTS`, the metric
+``yrelay_background_restarts_total``) and started again after a backoff.
+Before, each loop decided for itself which errors it survived, and one that
+guessed wrong stopped for good with nothing but a log line: the token
+revocation refresh died of a uvloop ``RuntimeError`` in a cluster failover,
+and that process stopped enforcing revocations.
+
+A one-off task nothing awaits (a flush, a prefetch, a close) is started
+with :func:`spawn`: asyncio keeps only a weak reference to a task, and an
+exception nobody retrieves surfaces as "Task exception was never retrieved"
+when the task is collected, without saying what it was doing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+from .backoff import REDIS_RECONNECT
+from .redis_client import lost_redis
 
 log = logging.getLogger(__name__)
 
 Loop = Callable[[], Coroutine[Any, Any, None]]
 #: Seconds a cancelled loop has to end before it is cancelled again.
 RECANCEL_AFTER = 1.0
+#: A loop that ran this long before it crashed is restarted after the
+#: shortest backoff again: it was healthy, this is a new fault.
+HEALTHY_RUN = 30.0
+#: Restarts of each kind of loop in this process (read by :mod:`yrelay.metrics`).
+RESTARTS: Counter[str] = Counter()
+#: One-off tasks still running (:func:`spawn`): asyncio holds them weakly.
+_SPAWNED: set[asyncio.Task[Any]] = set()
 
 
 class BackgroundTask:
     """``start()`` runs ``loop()`` as a task named ``name``; ``stop()`` ends
-    it. Both are idempotent, and ``stop()`` before ``start()`` does nothing."""
+    it. Both are idempotent, and ``stop()`` before ``start()`` does nothing.
 
-    def __init__(self, name: str, loop: Loop):
+    ``loop()`` returning ends the task; raising restarts it after
+    :data:`~yrelay.backoff.REDIS_RECONNECT`'s backoff (0.1 s doubling to
+    5 s, from the start again after :data:`HEALTHY_RUN` seconds of health).
+    ``kind`` names the loop in :data:`RESTARTS` (a name without document
+    ids: the metric's label)."""
+
+    def __init__(self, name: str, loop: Loop, *, kind: str | None = None):
         self.name = name
+        self.kind = kind or name
         self._loop = loop
         self._task: asyncio.Task[None] | None = None
-        #: Times the loop ended with an exception (logged each time).
+        self._stopping = asyncio.Event()
+        #: Times the loop ended with an exception (logged each time) and was restarted.
         self.crashes = 0
 
     @property
@@ -40,6 +71,7 @@ class BackgroundTask:
 
     def start(self) -> None:
         if not self.running:
+            self._stopping.clear()
             self._task = asyncio.create_task(self._guarded(), name=self.name)
 
     async def stop(self, *, cancel: bool = True) -> None:
@@ -52,6 +84,7 @@ class BackgroundTask:
         loop ends: redis-py swallows one that lands while it connects (seen
         with a stop right after a start), and the loop would run on."""
         task, self._task = self._task, None
+        self._stopping.set()  # a loop waiting to be restarted is not
         if task is None or task is asyncio.current_task():
             return
         while cancel and not task.done():
@@ -60,13 +93,74 @@ class BackgroundTask:
         await asyncio.gather(task, return_exceptions=True)
 
     async def _guarded(self) -> None:
-        try:
-            await self._loop()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self.crashes += 1
-            log.exception("background task %s crashed", self.name)
+        failures = 0
+        while True:
+            started = time.monotonic()
+            try:
+                await self._loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if time.monotonic() - started >= HEALTHY_RUN:
+                    failures = 0
+                delay = REDIS_RECONNECT.delay(min(failures, 32))
+                failures += 1
+                self.crashes += 1
+                RESTARTS[self.kind] += 1
+                if lost_redis(exc):
+                    log.warning("background task %s lost Redis (%r); restarting it in %.1fs", self.name, exc, delay)
+                else:
+                    log.exception("background task %s crashed; restarting it in %.1fs", self.name, delay)
+            if await wait_event(self._stopping, delay):
+                return
+
+
+def spawn(work: Coroutine[Any, Any, Any], *, name: str | None = None) -> asyncio.Task[Any]:
+    """Run ``work`` as a task nothing has to await: referenced until it
+    ends, and its exception (if any) logged with ``name``: a warning when
+    Redis was lost, an error with the traceback otherwise; a cancel is not
+    an error."""
+    task = asyncio.create_task(work, name=name)
+    _SPAWNED.add(task)
+    task.add_done_callback(_spawned_done)
+    return task
+
+
+class TaskSet:
+    """The one-off tasks of one owner (a connection, the appender), started
+    with :func:`spawn` under ``name``: cancelled together when the owner
+    closes (:meth:`cancel`, then :meth:`wait` if it must see them end)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = spawn(work, name=self.name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _spawned_done(task: asyncio.Task[Any]) -> None:
+    _SPAWNED.discard(task)
+    if task.cancelled() or (exc := task.exception()) is None:
+        return
+    if lost_redis(exc):
+        log.warning("task %s: Redis was lost (%r)", task.get_name(), exc)
+    else:
+        log.error("task %s failed", task.get_name(), exc_info=exc)
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:
@@ -101,4 +195,4 @@ def raise_lost_cancel() -> None:
         raise asyncio.CancelledError
 
 
-__all__ = ["BackgroundTask", "raise_lost_cancel", "wait_event"]
+__all__ = ["RESTARTS", "BackgroundTask", "TaskSet", "raise_lost_cancel", "spawn", "wait_event"]

@@ -34,7 +34,7 @@ from ..redis_client import UNREACHABLE
 from ..replies import text
 from ..listing import mark_changed
 from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks
-from ..tasks import BackgroundTask
+from ..tasks import BackgroundTask, TaskSet
 from ..update_format import Layout, Ranges
 from .replicas import ReplicaWait, ReplicationTimeout
 
@@ -79,16 +79,15 @@ class Appender:
         self._loop = BackgroundTask("yrelay-appender", self._run)
         #: State-vector rebuilds and sync-push cuts under way (kept: the loop
         #: holds tasks weakly).
-        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._side_tasks = TaskSet("yrelay-appender-side")
 
     def start(self) -> None:
         self._loop.start()
 
     async def stop(self) -> None:
-        for task in self._side_tasks:
-            task.cancel()
+        self._side_tasks.cancel()
         await self._loop.stop()
-        await asyncio.gather(*self._side_tasks, return_exceptions=True)
+        await self._side_tasks.wait()
         for item in self._pending:
             item.future.cancel()
 
@@ -217,9 +216,7 @@ class Appender:
                 _fail(item, NotAdmitted(flat_clocks(refusal[0]), flat_clocks(refusal[1])))
 
     def _side_task(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
+        self._side_tasks.spawn(work)
 
     async def _append_ready_part(self, item: _Item, clocks: dict[int, int]) -> None:
         """A refused sync push: submit the part the document can apply (the

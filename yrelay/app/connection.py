@@ -28,6 +28,7 @@ from starlette.websockets import WebSocketDisconnected
 
 from .. import logs, protocol, pygc
 from ..auth import Principal
+from ..tasks import TaskSet
 from ..offsets import StreamId
 from ..protocol import (Ack, AckFrame, AnyUpdate, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError,
                         Reconcile, Subscribe, Sync, Unsubscribe, Update, UpdateFrame)
@@ -67,7 +68,7 @@ class Connection:
         self.session: str | None = None
         self.handshake = Handshake(ctx, websocket.headers)
         self._send_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("yrelay-connection")
         self._received = 0.0  # when the frame being handled arrived (append latency)
         self._stop_ticking: Callable[[], None] = _nothing
         self.address = websocket.client.host if websocket.client else ""
@@ -123,8 +124,7 @@ class Connection:
             self.state = ConnectionState.CLOSED
             self.writes.close()
             self._stop_ticking()
-            for task in list(self._tasks):
-                task.cancel()
+            self._tasks.cancel()
             await self.documents.close()
             await self.presence.leave_all()
             if self.session is not None:
@@ -255,9 +255,7 @@ class Connection:
         await self.writes.receive(frame, self._received)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(work)
 
     def _tick(self) -> None:
         """The connection's periodic checks, once per ``resend_check_interval``

@@ -48,7 +48,7 @@ from ..change_feed import ChangeFeed
 from ..cluster_reads import read_each
 from ..keys import changes_key, stream_key
 from ..offsets import ZERO, StreamId
-from ..redis_client import REDIS_PY_RACE, UNREACHABLE
+from ..redis_client import UNREACHABLE, lost_redis
 from ..redis_packed import bulk as _bulk
 from ..replies import is_wrong_type
 from ..store import DocumentStore, Entry, to_entry
@@ -215,16 +215,14 @@ class Fanout:
                 reconnect.succeeded()
             except asyncio.CancelledError:
                 raise
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
-                    redis.exceptions.ResponseError) as exc:  # lost, or refused for its own reasons (BUSY, MASTERDOWN)
-                log.warning("fan-out reader: Redis failed (%s); retrying in %.1fs", exc, reconnect.delay)
+            except Exception as exc:  # lost, or refused for its own reasons (BUSY, MASTERDOWN), or a bug
+                if lost_redis(exc):
+                    log.warning("fan-out reader: Redis failed (%r); retrying in %.1fs", exc, reconnect.delay)
+                else:
+                    log.exception("fan-out reader failed; retrying in %.1fs", reconnect.delay)
                 self._reader_id = None
                 self._suspect_all()
                 await reconnect.wait()
-            except Exception:
-                log.exception("fan-out reader failed; retrying")
-                self._suspect_all()
-                await asyncio.sleep(reconnect.delay)
 
     def _suspect_all(self) -> None:
         """Redis failed: a failover may have lost entries this process had
@@ -242,7 +240,9 @@ class Fanout:
         seen = {doc: marks for doc, marks in self._unverified.items() if doc in self.feeds}
         try:
             rewound = await find_rewound(self.store.redis, seen)
-        except (*UNREACHABLE, *REDIS_PY_RACE) as exc:  # not back yet (a failover in progress): after the backoff
+        except Exception as exc:  # not back yet (a failover in progress): after the backoff
+            if not (isinstance(exc, UNREACHABLE) or lost_redis(exc)):
+                raise
             raise redis.exceptions.ConnectionError(f"checking the streams after a failure: {exc!r}") from exc
         self._unverified.clear()
         for doc, last in rewound.items():

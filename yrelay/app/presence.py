@@ -23,7 +23,6 @@ import logging
 import secrets
 from typing import Any
 
-import redis.exceptions
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
@@ -31,6 +30,7 @@ from .. import protocol
 from ..awareness import AwarenessEntry, encode_update, join_encoded
 from ..backoff import Reconnect
 from ..keys import doc_of_presence_channel, presence_channel, presence_key, presence_owners_key
+from ..redis_client import lost_redis
 from ..scripts import source
 from ..tasks import BackgroundTask, wait_event
 from .presence_member import Member, NotOwner, PresenceFull, Send
@@ -44,7 +44,6 @@ SUBSCRIBE_WAIT = 1.0
 #: since was relayed to them). An awareness query answered from Redis each
 #: time was the 34,000x amplifier of issue 30.
 GREETING_REUSE = 1.0
-_REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
 class Presence:
@@ -127,7 +126,9 @@ class Presence:
     async def _read_states(self, doc: str) -> list[Any] | None:
         try:
             values: list[Any] = await self._read(keys=[presence_key(doc)], args=[self.timeout_ms, self.greeting_bytes])
-        except _REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.debug("presence of %s not read: %s", doc, exc)
             self._forget_reading(doc, asyncio.current_task())
             return None
@@ -143,7 +144,9 @@ class Presence:
         :class:`PresenceFull` (nothing stored or relayed then)."""
         try:
             answer = await self._put(keys=self._keys(member.doc), args=self._put_args(member, entries))
-        except _REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.debug("presence of %s not stored: %s", member.doc, exc)
             answer = [b"owner", *self._refused_locally(member, entries)]
         if answer and answer[0] == b"full":
@@ -191,7 +194,9 @@ class Presence:
     async def _forget_owned(self, member: Member, clients: list[int]) -> set[int]:
         try:
             gone = await self._forget(keys=self._keys(member.doc), args=[member.origin, self.timeout_ms, *clients])
-        except _REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.debug("presence of %s not forgotten: %s", member.doc, exc)
             return set(clients)  # the entries expire by themselves
         return {int(client) for client in gone}
@@ -203,7 +208,9 @@ class Presence:
         self._deliver(sender.doc, update, skip=sender)
         try:
             await self.redis.publish(presence_channel(sender.doc), sender.origin.encode() + b"\n" + update)
-        except _REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.debug("presence of %s not published: %s", sender.doc, exc)
 
     def _deliver(self, doc: str, update: bytes, skip: Member | None = None) -> None:
@@ -230,7 +237,9 @@ class Presence:
                 else:
                     del self._channels[doc]
                     await pubsub.unsubscribe(presence_channel(doc))
-            except _REDIS_ERRORS as exc:
+            except Exception as exc:
+                if not lost_redis(exc):
+                    raise
                 log.debug("presence channel of %s: %s", doc, exc)
 
     async def _run(self) -> None:
@@ -240,7 +249,10 @@ class Presence:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("presence reader lost Redis (%s); retrying in %.1fs", exc, self._reconnect.delay)
+                if lost_redis(exc):
+                    log.warning("presence reader lost Redis (%r); retrying in %.1fs", exc, self._reconnect.delay)
+                else:
+                    log.exception("presence reader failed; retrying in %.1fs", self._reconnect.delay)
                 await self._reconnect.wait()
 
     async def _listen(self) -> None:

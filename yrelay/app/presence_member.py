@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..awareness import AwarenessEntry
+from ..tasks import spawn
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -62,7 +63,7 @@ class Member:
             del self._outbox[0]
         self._outbox.append(frame)
         if self._drain is None or self._drain.done():
-            self._drain = asyncio.create_task(self._drain_outbox())
+            self._drain = spawn(self._drain_outbox(), name="yrelay-presence-drain")
 
     async def _drain_outbox(self) -> None:
         try:

@@ -30,13 +30,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import redis.exceptions
 from redis.asyncio import Redis
 
 from ..eventlog import process_name
-from ..redis_client import REDIS_PY_RACE
 from ..keys import subject_bucket_key, subject_subscriptions_key
-from ..tasks import BackgroundTask
+from ..redis_client import lost_redis
+from ..tasks import BackgroundTask, spawn
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -46,9 +45,6 @@ log = logging.getLogger(__name__)
 
 #: A chunk is this many seconds of a bucket's rate.
 CHUNK_SECONDS = 0.1
-#: REDIS_PY_RACE: a master killed under a cluster client (found by
-#: ``yrelay chaos --cluster``: "unexpected error handling a frame").
-_REDIS_ERRORS = (redis.exceptions.RedisError, OSError, *REDIS_PY_RACE)
 
 
 class SharedBucket:
@@ -80,7 +76,7 @@ class SharedBucket:
                 return self._wait_ms()
         self.tokens -= 1
         if self.tokens < self.chunk / 2 and self._fetching is None and self._denied_until <= time.monotonic():
-            self._fetching = asyncio.create_task(self._fetch())  # the next chunk, before it is needed
+            self._fetching = spawn(self._fetch(), name="yrelay-quota-fetch")  # the next chunk, before it is needed
         return None
 
     def spend(self, tokens: int) -> None:
@@ -96,7 +92,7 @@ class SharedBucket:
         self.tokens -= covered
         self._owed += tokens - covered
         if self._owed and self._owing is None:
-            self._owing = asyncio.create_task(self._owe())
+            self._owing = spawn(self._owe(), name="yrelay-quota-owe")
 
     async def _owe(self) -> None:
         try:
@@ -104,7 +100,9 @@ class SharedBucket:
                 owed, self._owed = self._owed, 0
                 try:
                     _, wait_ms = await self._quotas.take(self._key, self.rate, self.burst, owed, owe=True)
-                except _REDIS_ERRORS as exc:  # the per-connection limits still hold
+                except Exception as exc:  # the per-connection limits still hold
+                    if not lost_redis(exc):
+                        raise
                     log.debug("subject bucket %s not reached (%s); a debt forgiven", self._key, exc)
                     continue
                 if wait_ms:
@@ -117,7 +115,7 @@ class SharedBucket:
 
     async def _refill(self) -> None:
         if self._fetching is None:
-            self._fetching = asyncio.create_task(self._fetch())
+            self._fetching = spawn(self._fetch(), name="yrelay-quota-fetch")
         await asyncio.shield(self._fetching)  # a closing connection must not cancel its siblings' fetch
 
     async def _fetch(self) -> None:
@@ -126,7 +124,9 @@ class SharedBucket:
             self.tokens += granted
             if granted == 0:
                 self._denied_until = time.monotonic() + wait_ms / 1000
-        except _REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.debug("subject bucket %s not reached (%s); allowing a chunk", self._key, exc)
             self.tokens += self.chunk
         finally:
@@ -208,7 +208,9 @@ class SubjectQuotas:
         try:
             stored, _ = await self._count(keys=[subject_subscriptions_key(subject)],
                                           args=self._count_args(subject, count, check=True))
-        except _REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.debug("subscriptions of a subject not counted in Redis: %s", exc)
             stored = count <= cap  # this process's own count still holds
         if not stored:
@@ -226,7 +228,7 @@ class SubjectQuotas:
         if self.settings.max_subscriptions_per_subject > 0:
             self._dirty.add(subject)
             if self._flushing is None:
-                self._flushing = asyncio.create_task(self._flush())
+                self._flushing = spawn(self._flush(), name="yrelay-subscription-counts")
 
     def _count_args(self, subject: str, count: int, check: bool) -> list[object]:
         lease_ms = int(self.settings.subscription_lease * 1000)
@@ -240,18 +242,26 @@ class SubjectQuotas:
         finally:
             self._flushing = None
 
-    async def _store_counts(self, subjects: set[str]) -> None:
-        """This process's count of each subject, written with a fresh lease."""
+    async def _store_counts(self, subjects: set[str]) -> bool:
+        """This process's count of each subject, written with a fresh lease.
+        Never raises for a lost Redis (the next renewal writes them again):
+        the pipeline's set-up and tear-down can fail too, not only its
+        execution (a cluster failover: "Task exception was never retrieved"
+        from the flush, up to 35 times per chaos run)."""
         if not subjects:
-            return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for subject in subjects:
-                args = self._count_args(subject, self.subscriptions.get(subject, 0), check=False)
-                await self._count(keys=[subject_subscriptions_key(subject)], args=args, client=pipe)
-            try:
+            return True
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for subject in subjects:
+                    args = self._count_args(subject, self.subscriptions.get(subject, 0), check=False)
+                    await self._count(keys=[subject_subscriptions_key(subject)], args=args, client=pipe)
                 await pipe.execute()
-            except _REDIS_ERRORS as exc:
-                log.debug("subscription counts not stored: %s", exc)  # the next renewal tries again
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
+            log.debug("subscription counts not stored: %r", exc)  # the next renewal tries again
+            return False
+        return True
 
     def start(self) -> None:
         if self.settings.max_subscriptions_per_subject > 0:
@@ -261,10 +271,9 @@ class SubjectQuotas:
         """Renew this process's leases three times per lease."""
         while True:
             await asyncio.sleep(self.settings.subscription_lease / 3)
-            try:
-                await self._store_counts(set(self.subscriptions))
-            except Exception:
-                log.exception("renewing the subscription leases failed; retrying")
+            if not await self._store_counts(set(self.subscriptions)):  # a bug crashes the loop: restarted
+                log.warning("subscription leases not renewed (Redis unreachable); retrying in %.0fs",
+                            self.settings.subscription_lease / 3)
 
     async def stop(self) -> None:
         """Give the counts back (a clean stop need not wait for the lease)."""

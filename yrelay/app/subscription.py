@@ -101,7 +101,7 @@ class Subscription:
         #: Work to do: setting it starts the pump, which runs while there is
         #: work and then ends; an idle subscription has no task (issue 20).
         self._wake = Kick(self._pump_if_open)
-        self._pump = BackgroundTask(f"yrelay-sub-{doc}", self._run)
+        self._pump = BackgroundTask(f"yrelay-sub-{doc}", self._run, kind="yrelay-subscription")
         #: The fan-out offered a batch since the pump last parked (it parks only then).
         self._offered = False
         self.drift_detected = 0

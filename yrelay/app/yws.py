@@ -41,6 +41,7 @@ from ..auth import Principal
 from ..crdt import InvalidUpdate
 from ..keys import InvalidDocumentId, validate_doc_id
 from ..protocol import ProtocolError, Update
+from ..tasks import TaskSet
 from ..yprotocol import AwarenessMessage, QueryAwarenessMessage, SyncMessage, SyncStep, YProtocolError
 from .allowance import Allowance
 from .connection_presence import ConnectionPresence
@@ -83,7 +84,7 @@ class YwsConnection:
         self.handshake = Handshake(ctx, websocket.headers, YWS_SUBPROTOCOL)
         self.allowance = Allowance(ctx, self.address)
         self.pacer = self.allowance.pacer
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("yrelay-yws")
         #: The greeting answering an awareness query, while it runs: queries
         #: meanwhile are answered by it (one at a time per connection).
         self._greeting: asyncio.Task[None] | None = None
@@ -146,8 +147,7 @@ class YwsConnection:
             self._stop_ticking()
             self.writes.close()
             self.feed.stop()
-            for task in list(self._tasks):
-                task.cancel()
+            self._tasks.cancel()
             await self.presence.leave_all()
 
     async def _count_subscription(self) -> bool:
@@ -239,9 +239,7 @@ class YwsConnection:
         while the last one's greeting still runs is answered by it."""
         await self.allowance.take_answer()
         if self._greeting is None or self._greeting.done():
-            self._greeting = asyncio.create_task(self.presence.greet(self.presence.members[self.doc]))
-            self._tasks.add(self._greeting)
-            self._greeting.add_done_callback(self._tasks.discard)
+            self._greeting = self._tasks.spawn(self.presence.greet(self.presence.members[self.doc]))
 
     async def _awareness(self, update: bytes) -> None:
         """Relay presence; one over a limit is dropped (a stock client
@@ -287,9 +285,7 @@ class YwsConnection:
             self._spawn(self.close(CLOSE_UNAUTHORIZED, lapsed.reason))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(work)
 
 
 __all__ = ["CLOSE_NOT_STORED", "YWS_SUBPROTOCOL", "YwsConnection"]

@@ -22,6 +22,7 @@ from .. import yprotocol
 from ..deletion import DocumentDeleted, is_deletion
 from ..offsets import StreamId
 from ..store import Entry, HistoryTrimmed
+from ..tasks import spawn
 from .context import ServerContext
 from .fanout import Batch
 from .sending import PendingBatches
@@ -86,7 +87,7 @@ class YwsFeed:
         self._wake.set()
 
     def document_failed(self, reason: str) -> None:
-        asyncio.get_running_loop().create_task(self._close(CLOSE_DOCUMENT_FAILED, "document unavailable; reconnect"))
+        spawn(self._close(CLOSE_DOCUMENT_FAILED, "document unavailable; reconnect"), name="yrelay-yws-close")
 
     def evicted(self) -> None:
         """Never tracked, so never evicted."""
@@ -96,7 +97,7 @@ class YwsFeed:
         client may hold: the connection closes, and the stock client's
         reconnect sync (step 1 / step 2 both ways) gives them back, as after
         any other close."""
-        asyncio.get_running_loop().create_task(self._close(CLOSE_REWOUND, "storage lost entries; reconnect to resync"))
+        spawn(self._close(CLOSE_REWOUND, "storage lost entries; reconnect to resync"), name="yrelay-yws-close")
 
     # --- sending
     async def _pump(self) -> None:
