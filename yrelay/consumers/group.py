@@ -29,7 +29,6 @@ import socket
 from collections.abc import AsyncIterator
 from functools import partial
 
-import redis.exceptions
 from redis.asyncio import Redis
 
 from ..eventlog import NullEventLog
@@ -120,7 +119,9 @@ class ConsumerGroup:
                 await self.leader.rebalance(now_ms, self.prefix)
             await self.membership.leave()
             await self.redis.hdel(group_meta_key(self.name), f"lag:{self.member}")
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.warning("consumer group %s: could not leave cleanly (%s); the lease will lapse", self.name, exc)
         self.events.emit("consumer_leave", group=self.name, member=self.member)
 

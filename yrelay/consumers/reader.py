@@ -41,7 +41,7 @@ from ..deletion import is_deletion
 from ..events import EventSink
 from ..keys import changes_key, meta_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
-from ..redis_client import is_cluster
+from ..redis_client import is_cluster, lost_redis
 from ..replies import is_wrong_type, stream_id, text
 from ..store import DocumentStore, to_entry
 from ..tasks import raise_lost_cancel, wait_event
@@ -209,7 +209,9 @@ class Reader:
             # All read was acked (or dropped): its next owner reads nothing again.
             await self._marks([(doc, held.version, held.acked or StreamId(0, 0))])
             released = await self.release(doc, self.member, held.version)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.warning("consumer group %s: could not release %s (%s); the leader moves it at the deadline",
                         self.progress.group, doc, exc)
             return
@@ -259,7 +261,9 @@ class Reader:
             raise_lost_cancel()
             try:
                 ready = await self._step()
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except Exception as exc:
+                if not lost_redis(exc):
+                    raise
                 log.warning("consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc,
                             reconnect.delay)
                 self.changes.lost()  # what was read and woken may not have been handed out: sweep next
@@ -295,7 +299,9 @@ class Reader:
             return True
         try:
             replies = await self._marks([(batch.doc, batch.version, batch.offset) for batch in batches])
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.warning("consumer group %s: read failed (%s)", self.progress.group, exc)
             for batch in batches:
                 if (held := self.held.get(batch.doc)) is not None and held.version == batch.version:
@@ -451,7 +457,9 @@ class Reader:
             for doc, refused in reads.refused.items():
                 self._set_aside(doc, refused)
             reply = reads.pairs
-        except (redis.exceptions.RedisError, OSError):
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             changes.lost()
             raise
         documents = []

@@ -33,10 +33,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote
 
-import redis.exceptions
 from redis.asyncio import Redis
 
 from ..backoff import Backoff, Reconnect
+from ..redis_client import lost_redis
+from ..tasks import BackgroundTask, spawn
 from .batch import Batch
 from .dead_letters import DeadLetter, DeadLetters, now
 from .group import ConsumerGroup
@@ -179,7 +180,8 @@ class Webhook:
     async def run(self) -> None:
         """Read and deliver until cancelled. Batches not acked when it stops
         are delivered again by the member that takes their documents over."""
-        watch = asyncio.create_task(self._watch())
+        watch = BackgroundTask(f"yrelay-webhook-{self.group.name}", self._watch, kind="yrelay-webhook-watch")
+        watch.start()
         try:
             async for batch in self.group.batches():
                 if batch.doc in self._parked:
@@ -188,12 +190,12 @@ class Webhook:
                 await self._room.acquire()
                 self._queues.setdefault(batch.doc, deque()).append(batch)
                 if batch.doc not in self._tasks:
-                    self._tasks[batch.doc] = asyncio.create_task(self._drain(batch.doc))
+                    self._tasks[batch.doc] = spawn(self._drain(batch.doc), name=f"yrelay-webhook-{self.group.name}")
         finally:
-            watch.cancel()
             for task in list(self._tasks.values()):
                 task.cancel()
-            await asyncio.gather(watch, *self._tasks.values(), return_exceptions=True)
+            await watch.stop()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
             await self._flush_last()
             if self._own_client:
                 await self.client.aclose()
@@ -302,7 +304,9 @@ class Webhook:
                     self.states.keep_only(held.keys())
                 asked = sorted(self._parked)  # not one parked while we ask: it would look retried
                 retried = set(asked) - await self.dead.still_parked(asked)
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except Exception as exc:
+                if not lost_redis(exc):
+                    raise
                 log.warning("webhook %s: counters or dead letters not read (%s)", self.group.name, exc)
                 continue
             for doc in retried:
@@ -314,7 +318,9 @@ class Webhook:
     async def _flush_last(self) -> None:
         try:
             await self._flusher.flush()
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except Exception as exc:
+            if not lost_redis(exc):
+                raise
             log.warning("webhook %s: last counters lost (%s)", self.group.name, exc)
 
     async def _ack(self, batch: Batch) -> AckResult:
@@ -328,7 +334,9 @@ class Webhook:
         while True:
             try:
                 return await call()
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except Exception as exc:
+                if not lost_redis(exc):
+                    raise
                 log.warning("webhook %s: %s of %s failed (%s); again in %.1fs", self.group.name, what,
                             delivery_id(batch), exc, reconnect.delay)
                 await reconnect.wait()
