@@ -35,7 +35,7 @@ import redis.exceptions as redis_exceptions
 from redis.asyncio import Redis
 
 from .keys import changes_key
-from .redis_client import is_cluster
+from .redis_client import is_cluster, lost_redis
 from .replies import is_wrong_type, text
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,9 @@ async def announce(redis: Redis, docs: list[str]) -> None:
         async with redis.pipeline(transaction=False) as pipe:
             announce_in(pipe, docs)
             await pipe.execute()
-    except (redis_exceptions.RedisError, OSError) as exc:
+    except Exception as exc:
+        if not lost_redis(exc):
+            raise
         log.warning("could not announce appends to %d documents (%s); the next sweep delivers them", len(docs), exc)
 
 

@@ -22,16 +22,16 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import redis.exceptions
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
 
 from .. import logs, protocol, pygc
 from ..auth import Principal
-from ..tasks import TaskSet
 from ..offsets import StreamId
 from ..protocol import (Ack, AckFrame, AnyUpdate, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError,
                         Reconcile, Subscribe, Sync, Unsubscribe, Update, UpdateFrame)
+from ..redis_client import lost_redis
+from ..tasks import TaskSet
 from . import subscription_set
 from .allowance import Allowance
 from .connection_documents import ConnectionDocuments
@@ -170,14 +170,15 @@ class Connection:
                 logs.doc.reset(doc)
         except ProtocolError as error:
             await self._reject(error)
-        except (redis.exceptions.RedisError, OSError) as exc:
-            log.warning("Redis error while handling a frame: %s", exc)
-            await self._reject(ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; retry later"))
         except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError, Flooded):
             raise
-        except Exception:
-            log.exception("unexpected error handling a frame")
-            await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
+        except Exception as exc:
+            if lost_redis(exc):
+                log.warning("Redis error while handling a frame: %r", exc)
+                await self._reject(ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; retry later"))
+            else:
+                log.exception("unexpected error handling a frame")
+                await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
 
     async def _reject(self, error: ProtocolError) -> None:
         self.writes.refused(error)  # the rest of a refused update's parts is ignored

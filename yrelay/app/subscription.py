@@ -26,7 +26,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-import redis.exceptions
 
 from .. import crdt, logs, protocol
 from ..backoff import Reconnect
@@ -35,6 +34,7 @@ from ..offsets import StreamId
 from ..protocol import ErrorCode, ProtocolError, ResyncReason
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
+from ..redis_client import lost_redis
 from ..store import HistoryTrimmed
 from ..tasks import BackgroundTask
 from .acks import AckWindow
@@ -254,8 +254,10 @@ class Subscription:
                 await self._require_resync(ResyncReason.TRIMMED)
             except DocumentDeleted:
                 await self._deleted()
-            except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("document %s: Redis error %s; retrying", self.doc, exc)
+            except Exception as exc:
+                if not lost_redis(exc):
+                    raise
+                log.warning("document %s: Redis error %r; retrying", self.doc, exc)
                 await self._error(ErrorCode.UNAVAILABLE, "storage unavailable; retrying")
                 await reconnect.wait()
                 self._wake.set()

@@ -44,11 +44,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from .. import crdt, engine
 from ..keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
+from ..redis_client import lost_redis
 from ..replies import stream_id, text
 from ..scripts import Scripts
 from ..reconciliation.digest import hash_hex, item_hash
@@ -270,7 +270,9 @@ class Collector:
                 plan.entries = [to_entry(entry_id, fields) for entry_id, fields in entries]
                 try:
                     await self._read_rest(plan)
-                except (RedisError, OSError) as exc:  # this document waits for the next pass, as in the pipeline
+                except Exception as exc:  # this document waits for the next pass, as in the pipeline
+                    if not lost_redis(exc):
+                        raise
                     plan.report.error = str(exc)[:200]
                     continue
                 _empty_dropped(plan.entries, {text(member) for member in dropped})
