@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from .. import redis_packed
 from ..keys import session_documents_digest_key, session_documents_key, tracker_key
 from ..offsets import StreamId
+from ..redis_client import lost_redis
 from ..reconciliation.redis_idset import RedisIdSet
 from ..scripts import Scripts
 from ..tasks import BackgroundTask
@@ -140,6 +141,8 @@ class AckWriter:
             self._wake.clear()
             try:
                 await self.flush()
-            except Exception:  # Redis down: the acks are lost, clients get resends.
-                log.warning("could not write acks to the tracker", exc_info=True)
+            except Exception as exc:  # Redis down: the acks are lost, clients get resends.
+                if not lost_redis(exc):
+                    raise  # a bug: logged with its traceback, the loop restarted (yrelay.tasks)
+                log.warning("could not write acks to the tracker (%r); clients will be resent what they acked", exc)
                 await asyncio.sleep(0.5)
