@@ -40,10 +40,12 @@ import websockets
 from conftest import eventually, running_server
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
+from ywspeer import YwsPeer
 
 from yrelay import crdt
 from yrelay.auth import issue_token
-from yrelay.awareness import AwarenessEntry, encode_update
+from yrelay import yprotocol
+from yrelay.awareness import AwarenessEntry, decode_update, encode_update
 from yrelay.consumers import ConsumerGroup
 from yrelay.keys import revoked_tokens_key, subject_id, subject_subscriptions_key
 
@@ -107,15 +109,23 @@ class TransportFaults:
         monkeypatch.setattr(AbstractConnection, "read_response", failing_read)
 
 
+def credential(token_id: str) -> str:
+    return issue_token(SECRET, "alice", ["pad"], "write", 600, token_id=token_id)
+
+
+def _presence(client_id: int, name: str) -> str:
+    entry = AwarenessEntry(client_id, 1, json.dumps({"user": {"name": name}}))
+    return base64.b64encode(encode_update([entry])).decode()
+
+
 class Peer:
     def __init__(self, ws: Any):
         self.ws = ws
 
     @classmethod
     async def open(cls, url: str, token_id: str) -> "Peer":
-        credential = issue_token(SECRET, "alice", ["pad"], "write", 600, token_id=token_id)
         peer = cls(await websockets.connect(url))
-        await peer.send({"op": "hello", "token": credential})
+        await peer.send({"op": "hello", "token": credential(token_id)})
         await peer.until("welcome")
         await peer.send({"op": "subscribe", "doc": "pad"})
         await peer.until("subscribed")
@@ -140,13 +150,24 @@ def an_update(text: str, client: int) -> str:
 
 async def scenario(redis_url: str, faults: TransportFaults) -> None:
     async with running_server(redis_url, **SETTINGS) as url:
+        logging.getLogger("uvicorn").propagate = True  # "Exception in ASGI application" reaches caplog
         reader, writer = await Peer.open(url, "tok-reader"), await Peer.open(url, "tok-writer")
         group = ConsumerGroup(Redis.from_url(redis_url), GROUP, lease=LEASE)
         await group.start()
         metrics = httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws"),
                                     headers={"Authorization": "Bearer ops"})
+        # presence that is removed (relayed, published) when its connection
+        # leaves during the faults: /yws and /ws teardown meet the errors too
+        leaving = await Peer.open(url, "tok-leaving")
+        await leaving.send({"op": "awareness", "doc": "pad", "update": _presence(31, "leaving")})
+        yws = await YwsPeer.connect(url.removesuffix("/ws"), "pad",
+                                    subprotocols=["yrelay.yws", f"yrelay.auth.{credential('tok-yws')}"])
+        await yws.ws.send(yprotocol.awareness(base64.b64decode(_presence(32, "yws"))))
+        await reader.until("awareness")
         try:
             faults.active = True
+            await leaving.ws.close()
+            await yws.ws.close()
             await eventually(lambda: faults.covered(LOOPS), timeout=60)
             faults.active = False
             recovered_at_ms = time.time() * 1000
@@ -161,9 +182,10 @@ async def scenario(redis_url: str, faults: TransportFaults) -> None:
                     if batch.doc == "pad" and batch.entries:
                         break
             # presence is relayed
-            entry = AwarenessEntry(21, 1, json.dumps({"user": {"name": "w"}}))
-            await writer.send({"op": "awareness", "doc": "pad", "update": base64.b64encode(encode_update([entry])).decode()})
-            assert (await reader.until("awareness"))["doc"] == "pad"
+            await writer.send({"op": "awareness", "doc": "pad", "update": _presence(21, "w")})
+            while 21 not in [entry.client_id for entry in decode_update(base64.b64decode(
+                    (await reader.until("awareness"))["update"]))]:
+                pass
             # GC passes run again, and this process's subscription leases are renewed
             await until(lambda: _gc_runs_after(metrics, gc_runs))
             async with Redis.from_url(redis_url) as redis:
@@ -177,6 +199,7 @@ async def scenario(redis_url: str, faults: TransportFaults) -> None:
             await metrics.aclose()
             await group.leave()
             await group.redis.aclose()
+            logging.getLogger("uvicorn").propagate = False
 
 
 async def until(check: Any, timeout: float = 30.0) -> None:
