@@ -138,6 +138,11 @@ class Settings:
     #: A presence state not renewed for this many seconds is dropped
     #: (y-protocols' outdatedTimeout; browsers renew every 15 s).
     presence_timeout: float = 30.0
+    #: A ``/yws`` client whose socket was sent nothing for this many seconds
+    #: gets its own awareness renewal back (as y-websocket's server echoes
+    #: every one): stock clients close a socket silent for 30 s and renew
+    #: every 15 s, so a client alone in a document would flicker offline.
+    yws_echo_after: float = 10.0
     #: Awareness updates per second of one connection, all its documents
     #: together (0: no cap) ...
     presence_per_second: float = 30.0

@@ -89,6 +89,8 @@ class YwsConnection:
         #: meanwhile are answered by it (one at a time per connection).
         self._greeting: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
+        #: When the socket was last sent something (loop time): a silent one gets its awareness echoed.
+        self._last_sent = asyncio.get_running_loop().time()
         self._clock = 0
         self._closed = False
         self._subscriptions = 0  # counted against the subject's limit
@@ -251,6 +253,9 @@ class YwsConnection:
             await self.presence.receive_update(self.doc, update)
         except ProtocolError as error:
             log.debug("awareness update dropped: %s", error.message)
+            return
+        if asyncio.get_running_loop().time() - self._last_sent >= self.ctx.settings.yws_echo_after:
+            await self.send(yprotocol.awareness(update))  # keeps a lone client's socket alive (y-websocket's way)
 
     async def _answer(self, frame: dict[str, Any]) -> None:
         """The write path's answer: ``appended`` needs none; an error closes."""
@@ -266,6 +271,7 @@ class YwsConnection:
     async def send(self, data: bytes) -> None:
         async with self._send_lock:
             await self.websocket.send_bytes(data)
+            self._last_sent = asyncio.get_running_loop().time()
 
     async def close(self, code: int, reason: str) -> None:
         """End the connection (once); the reason fits a close frame (123 bytes)."""
