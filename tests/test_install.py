@@ -134,7 +134,9 @@ def test_lean_server_serves_a_client(lean: Venv, redis_url: str, tmp_path: Path)
     finally:
         server.terminate()
         server.wait(timeout=20)
-    assert "using Redis at" in log.read_text()
+    started = log.read_text()
+    assert "using Redis at" in started
+    assert f"the demo editor: http://127.0.0.1:{port}/?doc=notes" in started  # where a newcomer goes next
 
 
 @pytest.mark.parametrize("args,line", [

@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from .exceptions import StartupError
+
 if TYPE_CHECKING:
     from .app.relay import Relay
 
-__all__ = ["Relay", "__version__"]
+__all__ = ["Relay", "StartupError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -26,7 +26,8 @@ from .config import Settings
 from .eventlog import EventLog, NullEventLog
 from .gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
 from .listing import fold_unbucketed, registry_counts
-from .redis_client import open_redis
+from .exceptions import StartupError
+from .redis_client import ensure_reachable, open_redis
 from .redis_server import RedisProcess
 from .supervisor import Supervisor, reuse_port_socket
 
@@ -101,6 +102,8 @@ def serve(
         logging.getLogger("yrelay").warning(
             "listening on every interface without YRELAY_PUBLIC_URL: browsers are allowed from this server's "
             "loopback origins and YRELAY_ALLOWED_ORIGINS only (set YRELAY_PUBLIC_URL to its public address)")
+    if not reuse_port:  # a worker's socket is bound by its supervisor's rules
+        _refuse_if_port_taken(settings.host, settings.port)
     embedded: RedisProcess | None = None
     url = settings.redis_url
     if url is None:
@@ -110,7 +113,14 @@ def serve(
             "embedded redis-server on %s (appendonly yes, appendfsync always, data in %s)", url, embedded.data_dir
         )
     else:
+        try:
+            asyncio.run(_ensure_redis(url, settings.redis_cluster))
+        except StartupError as exc:
+            typer.echo(f"yrelay: {exc}", err=True)
+            raise typer.Exit(1) from None
         logging.getLogger("yrelay").info("using Redis at %s", url)  # its password is redacted
+    if not reuse_port:
+        _signposts(settings)
     try:
         if settings.worker_count() > 1 and not reuse_port:
             code = Supervisor(_worker_commands(settings, log_level, log_format, verify_digests, insecure_no_auth,
@@ -131,6 +141,44 @@ def serve(
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _refuse_if_port_taken(host: str, port: int) -> None:
+    """One line and exit 1 when ``host:port`` is taken, before anything
+    starts (uvicorn says so in the 5th of 11 log lines, after starting the
+    whole server and its embedded Redis)."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind((host, port))
+    except OSError as exc:
+        typer.echo(f"yrelay: cannot listen on {host}:{port} ({exc.strerror}): another server uses it? "
+                   "Stop it, or choose another port with --port / YRELAY_PORT", err=True)
+        raise typer.Exit(1) from None
+
+
+async def _ensure_redis(url: str, cluster: bool) -> None:
+    redis = open_redis(url, cluster, socket_connect_timeout=5)
+    try:
+        await ensure_reachable(redis, url)
+    finally:
+        with contextlib.suppress(Exception):
+            await redis.aclose()
+
+
+def _signposts(settings: Settings) -> None:
+    """Where to go next, logged once at start-up."""
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    base = settings.public_url or f"http://{host}:{settings.port}"
+    command = sys.argv[0]
+    if os.path.isabs(command) and not (relative := os.path.relpath(command)).startswith(".."):
+        command = relative  # .venv/bin/yrelay, from a checkout
+    logging.getLogger("yrelay").info(
+        "the demo editor: %s/?doc=notes (open it in two tabs); health: %s/healthz; the command line: "
+        "%s --help (e.g. %s gc --dry-run)", base.rstrip("/"), base.rstrip("/"), command, command)
 
 
 def _serve_on_shared_port(app: object, options: dict[str, object]) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode
@@ -31,6 +32,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import AskError, ClusterDownError, NoScriptError, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .exceptions import StartupError
 
 #: Replies of a cluster in a failover or a resharding that redis-py did not
 #: get past: the command may succeed when sent again, it is no fault of the key.
@@ -77,6 +80,30 @@ def lost_redis(exc: BaseException) -> bool:
     if isinstance(exc, RuntimeError):
         return bool(_CLOSED_TRANSPORT.search(str(exc)))
     return False
+
+
+def shown_url(url: str) -> str:
+    """``url`` without its password, to show in a message."""
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+    except ValueError:
+        pass
+    return url
+
+
+async def ensure_reachable(redis: Any, url: str) -> None:
+    """One PING; :class:`~yrelay.exceptions.StartupError` with a plain
+    message when Redis does not answer (what a server checks before it
+    starts anything: the alternative was 70 lines of traceback)."""
+    try:
+        await redis.ping()
+    except Exception as exc:
+        if not lost_redis(exc):
+            raise
+        raise StartupError(f"Redis at {shown_url(url)} is not reachable ({exc}): start it, or leave out "
+                           "--redis-url / YRELAY_REDIS_URL to run an embedded one") from None
 
 
 def is_cluster(redis: object) -> bool:

@@ -27,7 +27,7 @@ from ..reconciliation.stream_digest import StreamDigests
 from ..keys import session_documents_key, session_of_documents_key
 from ..listing import fold_unbucketed
 from ..metrics import Metrics, NullMetrics
-from ..redis_client import open_redis
+from ..redis_client import ensure_reachable, open_redis
 from ..redis_server import check_durability
 from ..replies import text
 from ..scripts import NAMES as SCRIPT_NAMES
@@ -101,6 +101,7 @@ class ServerContext:
         announce_auth(settings, authenticator)
         async with AsyncExitStack() as stack:  # unwound here if anything below fails
             ctx = await cls._assemble(stack, settings, redis_url, authenticator)
+            await ensure_reachable(ctx.redis, redis_url)
             await ctx.store.load_scripts()
             await fold_unbucketed(ctx.redis)
             for warning in await check_durability(ctx.redis):
