@@ -54,5 +54,5 @@ def create_app(settings: Settings, redis_url: str, authenticator: Authenticator 
     app = _YrelayApp(title="yrelay", version=__version__, lifespan=lifespan)
     app.relay = relay
     app.include_router(relay.router)
-    mount_web_client(app)
+    mount_web_client(app, settings=settings)
     return app
