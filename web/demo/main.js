@@ -47,6 +47,11 @@ provider.on('status', ({ status }) => showStatus(status))
 provider.on('synced', (synced) => show('synced', synced ? 'yes' : 'no'))
 provider.on('pending', (count) => show('pending', String(count)))
 provider.on('offset', (offset) => show('offset', offset))
+if (stock) { // y-websocket has no acks: the server stores each edit, the provider is never told
+  document.querySelectorAll('.acked-only').forEach((element) => { element.hidden = true })
+  show('footer', 'The stock y-websocket provider: the server stores every edit before anyone sees it, but ' +
+    'this provider is never told; what a lost connection held is sent again by the sync on reconnect.')
+}
 provider.on('error', (frame) => console.warn('yrelay:', frame.code, frame.message))
 
 const peers = document.getElementById('peers')
