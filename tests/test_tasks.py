@@ -79,7 +79,7 @@ async def test_a_lost_redis_is_a_warning_without_a_traceback(caplog: pytest.LogC
 
 
 async def test_a_stop_ends_a_loop_waiting_to_be_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("yrelay.tasks.REDIS_RECONNECT", Backoff(base=3600, jitter=0))  # a restart an hour away
+    monkeypatch.setattr("yrelay.tasks.BUG_RESTART", Backoff(base=3600, jitter=0))  # a restart an hour away
 
     async def loop() -> None:
         raise ValueError("always")

@@ -147,17 +147,26 @@ def _refuse_if_port_taken(host: str, port: int) -> None:
     """One line and exit 1 when ``host:port`` is taken, before anything
     starts (uvicorn says so in the 5th of 11 log lines, after starting the
     whole server and its embedded Redis)."""
+    import errno
     import socket
 
     try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            probe.bind((host, port))
-    except OSError as exc:
-        typer.echo(f"yrelay: cannot listen on {host}:{port} ({exc.strerror}): another server uses it? "
-                   "Stop it, or choose another port with --port / YRELAY_PORT", err=True)
-        raise typer.Exit(1) from None
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return  # uvicorn says what is wrong with the host
+    for family, kind, proto, _, address in addresses:  # bound as asyncio's create_server binds them
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+        except OSError as exc:
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                continue  # not ours to judge (no IPv6 on this host, ...): uvicorn reports it
+            typer.echo(f"yrelay: cannot listen on {host}:{port} ({exc.strerror}): another server uses it? "
+                       "Stop it, or choose another port with --port / YRELAY_PORT", err=True)
+            raise typer.Exit(1) from None
 
 
 async def _ensure_redis(url: str, cluster: bool) -> None:

@@ -20,16 +20,18 @@ by :class:`ClusterPipeline` here:
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import ClusterPipeline as _ClusterPipeline
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import AskError, ClusterDownError, NoScriptError, RedisError, TryAgainError
+from redis.exceptions import (AskError, ClusterDownError, DataError, NoScriptError, RedisClusterException, RedisError,
+                              ResponseError, TryAgainError)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -60,6 +62,13 @@ _IO_METHODS = frozenset({"write", "writelines", "drain", "read", "readline", "re
                          "feed_data", "set_exception"})
 #: What an event loop's transport says when asked to work after its close.
 _CLOSED_TRANSPORT = re.compile(r"handler is closed|[Tt]ransport is closed|closed=True|after write_eof")
+#: Redis's replies that are a bug of the caller, not a passing state of Redis
+#: (a script that failed, arguments of the wrong type).
+_CALLER_FAULT = re.compile(r"user_script|Error running script|Error compiling script|wrong number of arguments")
+#: What a cluster client raises when no node it knows serves a slot (a
+#: failover still electing, every seed down): retried like a lost node. Not
+#: every RedisClusterException: CROSSSLOT and argument mistakes are bugs.
+_CLUSTER_UNREACHABLE = re.compile(r"cannot be connected|not covered|could not agree on a valid slots cache")
 
 
 def lost_redis(exc: BaseException) -> bool:
@@ -71,26 +80,48 @@ def lost_redis(exc: BaseException) -> bool:
     what the error means, never by which frame raised it: the same race
     raises from redis-py, from asyncio or from uvloop's compiled transport.
 
-    What is not lost Redis is a bug: the background loops log it with its
-    traceback (:class:`yrelay.tasks.BackgroundTask` then restarts the loop)."""
+    Not lost Redis, but a bug: arguments redis-py refuses (``DataError``), a
+    script that failed, an attribute of ``None`` outside redis-py's own
+    code. The background loops log a bug with its traceback
+    (:class:`yrelay.tasks.BackgroundTask` then restarts the loop)."""
+    if isinstance(exc, DataError):
+        return False
+    if isinstance(exc, ResponseError):
+        return not _CALLER_FAULT.search(str(exc))
     if isinstance(exc, (RedisError, OSError, EOFError)):
         return True
+    if isinstance(exc, RedisClusterException):
+        return bool(_CLUSTER_UNREACHABLE.search(str(exc)))
     if isinstance(exc, AttributeError):
-        return getattr(exc, "obj", False) is None and getattr(exc, "name", None) in _IO_METHODS
+        return (getattr(exc, "obj", False) is None and getattr(exc, "name", None) in _IO_METHODS
+                and _passed_through_redis_py(exc))
     if isinstance(exc, RuntimeError):
         return bool(_CLOSED_TRANSPORT.search(str(exc)))
     return False
 
 
+def _passed_through_redis_py(exc: BaseException) -> bool:
+    """``exc`` was raised in, or on its way out of, redis-py's own code (our
+    own ``None.close()`` is a bug, not a torn-down connection)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def shown_url(url: str) -> str:
-    """``url`` without its password, to show in a message."""
+    """``url`` without its password (``user:password@`` or ``?password=``), to show in a message."""
     try:
         parts = urlsplit(url)
         if parts.password:
-            return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+            parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
+        query = [(name, "***" if name.lower() == "password" else value)
+                 for name, value in parse_qsl(parts.query, keep_blank_values=True)]
+        return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
     except ValueError:
-        pass
-    return url
+        return "the Redis URL given"
 
 
 async def ensure_reachable(redis: Any, url: str) -> None:
@@ -100,10 +131,11 @@ async def ensure_reachable(redis: Any, url: str) -> None:
     try:
         await redis.ping()
     except Exception as exc:
-        if not lost_redis(exc):
+        if not (lost_redis(exc) or isinstance(exc, RedisClusterException)):  # e.g. not a cluster node
             raise
-        raise StartupError(f"Redis at {shown_url(url)} is not reachable ({exc}): start it, or leave out "
-                           "--redis-url / YRELAY_REDIS_URL to run an embedded one") from None
+        raise StartupError(f"Redis at {shown_url(url)} did not answer ({exc}): start it (or check the URL, its "
+                           "password and TLS), or leave out --redis-url / YRELAY_REDIS_URL to run an embedded "
+                           "one") from exc
 
 
 def is_cluster(redis: object) -> bool:

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .backoff import REDIS_RECONNECT
+from .backoff import REDIS_RECONNECT, Backoff
 from .redis_client import lost_redis
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ RECANCEL_AFTER = 1.0
 #: A loop that ran this long before it crashed is restarted after the
 #: shortest backoff again: it was healthy, this is a new fault.
 HEALTHY_RUN = 30.0
+#: The restart schedule of a loop that crashed of a bug (not a lost Redis):
+#: 1 s doubling to a minute, so that a bug that repeats logs a traceback a
+#: minute, not one per reconnect delay.
+BUG_RESTART = Backoff(base=1.0, factor=2.0, max_delay=60.0, jitter=0.0)
 #: Restarts of each kind of loop in this process (read by :mod:`yrelay.metrics`).
 RESTARTS: Counter[str] = Counter()
 #: One-off tasks still running (:func:`spawn`): asyncio holds them weakly.
@@ -102,13 +106,16 @@ class BackgroundTask:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                raise_lost_cancel()  # a cancel swallowed on the way (redis-py): end, do not restart
                 if time.monotonic() - started >= HEALTHY_RUN:
                     failures = 0
-                delay = REDIS_RECONNECT.delay(min(failures, 32))
+                lost = lost_redis(exc)
+                # A bug waits longer between tracebacks (up to a minute), a lost Redis reconnects within 5 s.
+                delay = (REDIS_RECONNECT if lost else BUG_RESTART).delay(min(failures, 32))
                 failures += 1
                 self.crashes += 1
                 RESTARTS[self.kind] += 1
-                if lost_redis(exc):
+                if lost:
                     log.warning("background task %s lost Redis (%r); restarting it in %.1fs", self.name, exc, delay)
                 else:
                     log.exception("background task %s crashed; restarting it in %.1fs", self.name, delay)

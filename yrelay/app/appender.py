@@ -85,8 +85,8 @@ class Appender:
         self._loop.start()
 
     async def stop(self) -> None:
+        await self._loop.stop()  # first: nothing spawns side tasks after their cancel
         self._side_tasks.cancel()
-        await self._loop.stop()
         await self._side_tasks.wait()
         for item in self._pending:
             item.future.cancel()
