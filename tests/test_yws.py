@@ -9,7 +9,7 @@ import pycrdt
 import pytest
 import websockets
 from conftest import eventually, running_server
-from ywspeer import YwsPeer
+from ywspeer import YwsPeer, recorded_feed_io
 
 from yrelay import crdt, yprotocol
 from yrelay.auth import issue_token
@@ -215,14 +215,7 @@ async def test_a_trim_past_the_feeds_cursor_closes_the_connection(redis_url):
             state = source.get_state()
             text += word
             ids.append((await ctx.store.append("trimmed", "writer", len(ids), source.get_update(state)))[0])
-        sent: list[bytes] = []
-        closed: list[tuple[int, str]] = []
-
-        async def send(data: bytes) -> None:
-            sent.append(data)
-
-        async def close(code: int, reason: str) -> None:
-            closed.append((code, reason))
+        sent, closed, send, close = recorded_feed_io()
 
         await ctx.redis.hset(meta_key("trimmed"), "trimmed_through", ids[1])  # as GC's trim leaves it
         feed = YwsFeed(ctx, "trimmed", "reader", send, close)

@@ -69,3 +69,71 @@ class YwsPeer:
     async def close(self) -> None:
         self._reader.cancel()
         await self.ws.close()
+
+
+class ReconnectingPeer:
+    """A reader that behaves as a stock y-websocket client does across
+    closes: it reconnects (while ``online`` is set) with its document kept,
+    and every (re)connect syncs both ways (its step 1, the server's step 2;
+    the server's step 1, its step 2). ``closes``: the close codes and
+    reasons the server sent, in order."""
+
+    def __init__(self, url: str, doc: str):
+        self.url = f"{url}/yws/{doc}"
+        self.doc = pycrdt.Doc(client_id=random.getrandbits(32))
+        self.closes: list[tuple[int | None, str]] = []
+        self.connects = 0
+        self.online = asyncio.Event()
+        self.online.set()
+        self.ws: Any = None
+        self._task = asyncio.create_task(self._run())
+
+    @property
+    def text(self) -> str:
+        return str(self.doc.get("text", type=pycrdt.Text))
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            await self.online.wait()
+            try:
+                ws = await websockets.connect(self.url, max_size=None)
+            except (OSError, websockets.InvalidHandshake):
+                failures += 1
+                await asyncio.sleep(min(0.05 * 2 ** failures, 1.0))  # y-websocket: 100 ms doubling, up to 2.5 s
+                continue
+            failures = 0
+            self.ws, self.connects = ws, self.connects + 1
+            try:
+                await ws.send(yprotocol.sync_step1(self.doc.get_state()))
+                async for data in ws:
+                    message = yprotocol.decode(data)
+                    if isinstance(message, SyncMessage) and message.step is SyncStep.STEP1:
+                        await ws.send(yprotocol.sync_step2(self.doc.get_update(message.payload)))
+                    elif isinstance(message, SyncMessage):
+                        self.doc.apply_update(message.payload)
+            except websockets.ConnectionClosed:
+                pass
+            self.ws = None
+            self.closes.append((ws.close_code, ws.close_reason))
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        if self.ws is not None:
+            await self.ws.close()
+
+
+def recorded_feed_io() -> tuple[list[bytes], list[tuple[int, str]], Any, Any]:
+    """(sent, closed, send, close): a YwsFeed's send and close callbacks
+    that only record what they were given (tests of the feed alone)."""
+    sent: list[bytes] = []
+    closed: list[tuple[int, str]] = []
+
+    async def send(data: bytes) -> None:
+        sent.append(data)
+
+    async def close(code: int, reason: str) -> None:
+        closed.append((code, reason))
+
+    return sent, closed, send, close

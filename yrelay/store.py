@@ -58,6 +58,17 @@ class HistoryTrimmed(Exception):
         self.trimmed_through = trimmed_through
 
 
+class StreamRewound(Exception):
+    """The entry a reader continues from is no longer in the stream (and was
+    not trimmed): the stream went back (a failover to a replica that lagged,
+    a restore), so what follows it now does not follow what the reader was
+    sent, and the reader may hold entries the stream lost."""
+
+    def __init__(self, doc: str, after: StreamId):
+        super().__init__(f"{doc}: entry {after} is gone from the stream (not trimmed)")
+        self.after = after
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """The document folded up to ``offset`` (empty bytes when there is none)."""
@@ -114,29 +125,45 @@ class DocumentStore:
     async def trimmed_through(self, doc: str) -> StreamId:
         return stream_id(await self.redis.hget(meta_key(doc), "trimmed_through")) or ZERO
 
-    async def read_page(self, doc: str, after: StreamId, count: int) -> list[Entry]:
+    async def read_page(self, doc: str, after: StreamId, count: int, *, held: bool = False) -> list[Entry]:
         """Up to ``count`` entries with ids greater than ``after``.
 
         Reads the trim mark in the same transaction, and raises
         :class:`HistoryTrimmed` when entries right after ``after`` are gone:
         a client must never be told it is caught up across a hole.
+
+        ``held``: ``after`` is the id of an entry the reader was sent (not an
+        offset a client named); the same transaction checks that the entry
+        is still there, or trimmed, and raises :class:`StreamRewound` when it
+        is not: a stream that went back would otherwise hand the reader the
+        entries appended since as if they followed what it holds.
         """
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hget(meta_key(doc), "trimmed_through")
             pipe.xrange(stream_key(doc), min=f"({after}", max="+", count=count)
-            raw_trimmed, raw_entries = await pipe.execute()
+            check = held and after > ZERO
+            if check:
+                pipe.xrange(stream_key(doc), min=str(after), max=str(after), count=1)
+            raw_trimmed, raw_entries, *raw_held = await pipe.execute()
         trimmed = stream_id(raw_trimmed)
         if trimmed is not None and after < trimmed:
             raise HistoryTrimmed(doc, after, trimmed)
-        return [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
+        entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
+        if check and not raw_held[0] and after > (trimmed or ZERO):
+            from .deletion import is_deletion  # deletion builds on this module
+
+            if not any(map(is_deletion, entries)):  # a deletion removed it: the marker tells the reader
+                raise StreamRewound(doc, after)
+        return entries
 
     async def iter_entries(
-        self, doc: str, after: StreamId, until: StreamId | None = None, page_size: int = 500
+        self, doc: str, after: StreamId, until: StreamId | None = None, page_size: int = 500, *, held: bool = False
     ) -> AsyncIterator[list[Entry]]:
-        """Pages of entries in ``(after, until]`` (to the end when ``until`` is None)."""
+        """Pages of entries in ``(after, until]`` (to the end when ``until`` is
+        None); ``held``: as for :meth:`read_page` (the first page checks it)."""
         cursor = after
         while until is None or cursor < until:
-            page = await self.read_page(doc, cursor, page_size)
+            page = await self.read_page(doc, cursor, page_size, held=held and cursor == after)
             if until is not None:
                 page = [entry for entry in page if entry.id <= until]
             if not page:

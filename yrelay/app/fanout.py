@@ -27,8 +27,9 @@ document's: the loop retries, nothing is set aside.
 
 Streams that went back: after the reader saw Redis fail, and before it reads
 again, it checks that the entries it had seen (and those this process's
-appends were acked with) are still there (:mod:`.rewind`); the subscribers
-of a document that lost some resync, which gives the server back what it lost.
+appends were acked with, and each subscriber's cursor) are still there
+(:mod:`.rewind`); the subscribers of a document that lost some resync, which
+gives the server back what it lost.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from ..redis_client import UNREACHABLE, lost_redis
 from ..redis_packed import bulk as _bulk
 from ..replies import is_wrong_type
 from ..store import DocumentStore, Entry, to_entry
-from ..tasks import BackgroundTask, wait_event
+from ..tasks import BackgroundTask, spawn, wait_event
 from . import sizing
 from .acks import Member, SubscriptionRegistry
 from .rewind import find_rewound
@@ -100,6 +101,12 @@ class Subscriber(Member, Protocol):
         """The document's stream lost entries this process had seen (a
         failover, a restore): the client may hold what the server lost."""
 
+    @property
+    def cursor(self) -> StreamId | None:
+        """Everything up to here was sent to the client (None: nothing yet).
+        It may be ahead of the fan-out's own cursor (a sync answer reads the
+        stream itself), so the check after a failure looks for it too."""
+
 
 @dataclass
 class Feed:
@@ -138,10 +145,13 @@ class Fanout:
         #: The documents to read next (:mod:`yrelay.change_feed`).
         self.changes = ChangeFeed(block_ms)
         #: Documents to check for a stream that went back before the next
-        #: read, with the ids to look for (cursor, stored) as they were when
-        #: the reader saw Redis fail (:mod:`.rewind`): appends acked since
-        #: may be on a new master already.
-        self._unverified: dict[str, tuple[StreamId, StreamId]] = {}
+        #: read, with the ids to look for (cursor, stored and the
+        #: subscribers' cursors) as they were when the reader saw Redis fail
+        #: (:mod:`.rewind`): appends acked since may be on a new master already.
+        self._unverified: dict[str, set[StreamId]] = {}
+        #: Redis failures the reader saw (each calls for a check): a
+        #: subscriber that read the stream while one happened checks what it read.
+        self.failures = 0
 
     def start(self) -> None:
         self._loop.start()
@@ -189,7 +199,7 @@ class Fanout:
         self._generation += 1
         self._changed.set()
         if self._interrupting is None or self._interrupting.done():
-            self._interrupting = asyncio.create_task(self._interrupt_read())
+            self._interrupting = spawn(self._interrupt_read(), name="yrelay-fanout-interrupt")
 
     async def _interrupt_read(self) -> None:
         """Wake the blocking XREAD so it reads new documents now, not after
@@ -201,7 +211,9 @@ class Fanout:
                 return
             try:
                 await self.store.redis.client_unblock(self._reader_id)
-            except redis.exceptions.RedisError:
+            except Exception as exc:  # the reader reconnects by itself
+                if not lost_redis(exc):
+                    raise
                 return
             await asyncio.sleep(0.005)
 
@@ -230,14 +242,28 @@ class Fanout:
         and follow the change stream again from its end (announcements may
         be lost: the round after sweeps)."""
         self.changes.lost()
+        self.failures += 1
         for doc, feed in self.feeds.items():
-            self._unverified.setdefault(doc, (feed.cursor, feed.stored))
+            self._unverified.setdefault(doc, set()).update(self._marks(doc, feed))
+
+    def _marks(self, doc: str, feed: Feed) -> set[StreamId]:
+        """The ids ``doc``'s stream must still hold: what the reader read,
+        what this process's appends were acked with, and what each
+        subscriber was sent (a /yws feed's sync answer and its catch-up
+        read ahead of the reader; so may a /ws sync answer)."""
+        marks = {feed.cursor, feed.stored}
+        for subscriber in self.subscribers.of(doc):
+            if (cursor := subscriber.cursor) is not None:
+                marks.add(cursor)
+        return marks
 
     async def _check_rewound(self) -> None:
         """Before reading again after a failure: did a document's stream
-        lose entries this process had seen? Its cursor goes back to the
-        stream's last id and its subscribers resync (:mod:`.rewind`)."""
-        seen = {doc: marks for doc, marks in self._unverified.items() if doc in self.feeds}
+        lose entries this process had seen, or that one of its subscribers
+        was sent? Its cursor goes back to the stream's last id and its
+        subscribers resync (:mod:`.rewind`)."""
+        seen = {doc: marks | self._marks(doc, self.feeds[doc])  # with what the subscribers read meanwhile
+                for doc, marks in self._unverified.items() if doc in self.feeds}
         try:
             rewound = await find_rewound(self.store.redis, seen)
         except Exception as exc:  # not back yet (a failover in progress): after the backoff

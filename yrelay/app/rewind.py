@@ -6,8 +6,10 @@ The entries lost were delivered to clients, or acked to their writers, who
 still hold them; the clients whose websocket stayed open never resubscribe,
 so the drift check of a subscribe (:func:`.resync.resume_point`) never runs
 for them. The fan-out (:mod:`.fanout`) therefore asks, after its reader saw
-Redis fail and before it reads again, whether the ids it had seen are
-still there (:func:`find_rewound`); the subscribers of a document that lost
+Redis fail and before it reads again, whether the ids it had seen, and those
+its subscribers were sent, are still there (:func:`find_rewound`: a
+subscriber may have read ahead of the fan-out, e.g. a sync answer, issue
+39); the subscribers of a document that lost
 some resync (``resync_required ahead``), and their two-way exchange gives the
 server back what it lost. Nothing here runs on the hot path: one round trip
 per reconnect, pipelined over the process's documents.

@@ -42,7 +42,8 @@ from .engine_pool import EngineFailed
 from .fanout import Batch
 from .lean import Kick
 from .limits import DeliveryBudget
-from .resync import Resume, answer_sync, resume_point
+from .resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point
+from .rewind import find_rewound
 from .sending import Send, SendPrepared, Sender
 
 if TYPE_CHECKING:
@@ -339,7 +340,7 @@ class Subscription:
         state_vector = self._sync_vector
         assert state_vector is not None
         try:
-            answer = await answer_sync(self.ctx, self.doc, self.session, state_vector)
+            answer = await self._answer_from_current_stream(state_vector)
         except (crdt.InvalidUpdate, EngineFailed) as exc:
             self._sync_vector = None
             if isinstance(exc, EngineFailed):
@@ -362,6 +363,24 @@ class Subscription:
             await self._send(protocol.sync_reply(self.doc, str(offset), part, answer.state_vector, index, len(parts)))
         await self._send_synced(offset)
         self._wake.set()
+
+    async def _answer_from_current_stream(self, state_vector: bytes) -> SyncAnswer:
+        """:func:`.resync.answer_sync`, computed again when Redis failed
+        while it was read and its offset is gone from the stream now: the
+        answer was read from a master that lost it (a failover to a replica
+        that lagged), and the fan-out's check may be over before this
+        answer's offset becomes the cursor. Not sent yet, so the client
+        holds none of it: a fresh answer from the stream as it is now is all
+        it takes."""
+        for _ in range(READ_ATTEMPTS):
+            failures = self.ctx.fanout.failures
+            answer = await answer_sync(self.ctx, self.doc, self.session, state_vector)
+            if failures == self.ctx.fanout.failures or not await find_rewound(self.ctx.store.redis,
+                                                                              {self.doc: [answer.offset]}):
+                return answer
+            log.warning("document %s: the sync answer was read from a stream that went back since; "
+                        "answering again", self.doc)
+        return answer
 
     async def _send_synced(self, offset: StreamId) -> None:
         """The client has been sent everything admitted up to ``offset``

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from .. import yprotocol
 from ..deletion import DocumentDeleted, is_deletion
 from ..offsets import StreamId
-from ..store import Entry, HistoryTrimmed
+from ..store import Entry, HistoryTrimmed, StreamRewound
 from ..tasks import spawn
 from .context import ServerContext
 from .fanout import Batch
@@ -42,6 +42,7 @@ CLOSE_DOCUMENT_FAILED = 1011
 #: Close code when the stream lost entries this connection may hold (a
 #: failover): the reconnect sync (step 1 / step 2 both ways) gives them back.
 CLOSE_REWOUND = 1013
+REWOUND_REASON = "storage lost entries; reconnect to resync"
 
 
 class YwsFeed:
@@ -87,7 +88,7 @@ class YwsFeed:
         self._wake.set()
 
     def document_failed(self, reason: str) -> None:
-        spawn(self._close(CLOSE_DOCUMENT_FAILED, "document unavailable; reconnect"), name="yrelay-yws-close")
+        self._closing(CLOSE_DOCUMENT_FAILED, "document unavailable; reconnect")
 
     def evicted(self) -> None:
         """Never tracked, so never evicted."""
@@ -97,7 +98,13 @@ class YwsFeed:
         client may hold: the connection closes, and the stock client's
         reconnect sync (step 1 / step 2 both ways) gives them back, as after
         any other close."""
-        spawn(self._close(CLOSE_REWOUND, "storage lost entries; reconnect to resync"), name="yrelay-yws-close")
+        self._closing(CLOSE_REWOUND, REWOUND_REASON)
+
+    def _closing(self, code: int, reason: str) -> None:
+        """Close from the fan-out's (synchronous) call: :func:`~yrelay.tasks.spawn`
+        keeps the task until done (the loop holds tasks weakly: a close must
+        not vanish) and logs its error."""
+        spawn(self._close(code, reason), name="yrelay-yws-close")
 
     # --- sending
     async def _pump(self) -> None:
@@ -115,6 +122,9 @@ class YwsFeed:
             await self._close(CLOSE_TRIMMED, "history trimmed past this connection; reconnect to resync")
         except DocumentDeleted:
             await self._close(CLOSE_DELETED, "document_deleted: the document was deleted")
+        except StreamRewound as exc:
+            log.warning("/yws delivery of %s: %s; the connection closes to resync", self.doc, exc)
+            await self._close(CLOSE_REWOUND, REWOUND_REASON)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Redis gone: the client's reconnect sync heals it
@@ -122,9 +132,14 @@ class YwsFeed:
             await self._close(CLOSE_DOCUMENT_FAILED, "storage unavailable; reconnect")
 
     async def _catch_up(self, until: StreamId | None = None) -> None:
-        """Read and send the stream after the cursor (up to ``until``)."""
+        """Read and send the stream after the cursor (up to ``until``). The
+        read also checks that the cursor's entry is still there (or
+        trimmed): this feed reads ahead of the fan-out (the sync answer and
+        its catch-up read the stream itself), so the fan-out's check after a
+        failover (:mod:`.rewind`) may never have seen what it holds."""
         assert self.cursor is not None
-        async for page in self.ctx.store.iter_entries(self.doc, self.cursor, until, self.ctx.settings.page_size):
+        async for page in self.ctx.store.iter_entries(self.doc, self.cursor, until, self.ctx.settings.page_size,
+                                                      held=True):
             await self._deliver(page)
 
     async def _take(self, batch: Batch) -> None:
@@ -133,6 +148,11 @@ class YwsFeed:
             return
         if batch.after > self.cursor:  # entries between the cursor and this batch: from the stream
             await self._catch_up(batch.after)
+        elif batch.after < self.cursor and all(entry.id != self.cursor for entry in batch.entries):
+            # The batch spans the cursor but lacks its entry: the stream went
+            # back past it, or GC trimmed it; the read tells which.
+            await self._catch_up(batch.last)
+            return
         await self._deliver([entry for entry in batch.entries if entry.id > self.cursor])
 
     async def _deliver(self, entries: list[Entry]) -> None:
