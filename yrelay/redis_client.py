@@ -65,6 +65,9 @@ _CLOSED_TRANSPORT = re.compile(r"handler is closed|[Tt]ransport is closed|closed
 #: Redis's replies that are a bug of the caller, not a passing state of Redis
 #: (a script that failed, arguments of the wrong type).
 _CALLER_FAULT = re.compile(r"user_script|Error running script|Error compiling script|wrong number of arguments")
+#: Redis's passing states, also when a script met them (``Error running
+#: script ... -NOREPLICAS``: ``min-replicas-to-write`` refused the write).
+_PASSING_STATE = re.compile(r"\b(NOREPLICAS|BUSY|LOADING|MASTERDOWN|READONLY|OOM|CLUSTERDOWN|TRYAGAIN|MISCONF)\b")
 #: What a cluster client raises when no node it knows serves a slot (a
 #: failover still electing, every seed down): retried like a lost node. Not
 #: every RedisClusterException: CROSSSLOT and argument mistakes are bugs.
@@ -87,7 +90,7 @@ def lost_redis(exc: BaseException) -> bool:
     if isinstance(exc, DataError):
         return False
     if isinstance(exc, ResponseError):
-        return not _CALLER_FAULT.search(str(exc))
+        return bool(_PASSING_STATE.search(str(exc))) or not _CALLER_FAULT.search(str(exc))
     if isinstance(exc, (RedisError, OSError, EOFError)):
         return True
     if isinstance(exc, RedisClusterException):
