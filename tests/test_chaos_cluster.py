@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import Connection, Redis
 
 from yrelay.app.fanout_cluster import announce
 from yrelay.app.quotas import SharedBucket
@@ -98,7 +98,10 @@ class RacingQuotas:
     concurrent commands: redis-py writes to a connection it just closed."""
 
     async def take(self, key: str, rate: float, burst: int, chunk: int) -> tuple[int, int]:
-        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+        connection = Connection()
+        connection._writer = None  # closed by another task's failure handling
+        await connection._send_packed_command([b"*1\r\n$4\r\nPING\r\n"])  # redis-py's own write: AttributeError
+        raise AssertionError("unreachable")
 
 
 async def test_a_subject_bucket_lets_updates_through_when_redis_py_races_in_a_failover():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -111,8 +112,22 @@ def test_workers_setting():
         Settings(workers="0")
 
 
-def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path):
-    """The port is taken (without SO_REUSEPORT): no restart loop, exit code 1, no orphan."""
+def test_a_worker_that_cannot_start_stops_the_supervisor(caplog):
+    """A worker that exits at once (a port taken, a bad setting) is not
+    restarted in a loop: every worker is stopped and the exit code is 1."""
+    from yrelay.supervisor import Supervisor
+
+    quits = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    sleeps = [sys.executable, "-c", "import time; time.sleep(60)"]
+    supervisor = Supervisor([quits, sleeps], dict(os.environ))
+    with caplog.at_level(logging.ERROR, logger="yrelay.supervisor"):
+        assert supervisor.run() == 1
+    assert "worker 0 exited with 3 at start-up" in caplog.text
+    assert all(worker.exit_code() is not None for worker in supervisor.workers)  # no orphan
+
+
+def test_a_port_taken_is_refused_before_any_worker_starts(tmp_path):
+    """The port is taken (without SO_REUSEPORT): one line, exit code 1, no worker started."""
     import socket
 
     with socket.socket() as taken:
@@ -125,7 +140,8 @@ def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path):
             cwd=Path(__file__).parent.parent, env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr[-2000:]
-    assert "at start-up" in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"yrelay: cannot listen on 127.0.0.1:{port}")
 
 
 def test_workers_from_the_environment_and_what_each_worker_is_told(monkeypatch):
@@ -144,7 +160,11 @@ def test_workers_from_the_environment_and_what_each_worker_is_told(monkeypatch):
         def run(self) -> int:
             return 0
 
+    async def redis_answers(url: str, cluster: bool) -> None:  # the password below is for the command lines
+        pass
+
     monkeypatch.setattr(cli_module, "Supervisor", FakeSupervisor)
+    monkeypatch.setattr(cli_module, "_ensure_redis", redis_answers)
     monkeypatch.setenv("YRELAY_WORKERS", "2")
     monkeypatch.setenv("YRELAY_PORT", "9123")
     monkeypatch.setenv("YRELAY_REDIS_URL", "redis://:secret@127.0.0.1:1/0")
