@@ -362,7 +362,7 @@ def real_updates(seed: int, edits: int = 400) -> list[bytes]:
 
     rng = random.Random(seed)
     found: list[bytes] = [bytes.fromhex(text) for text in YJS_UPDATES]
-    doc = crdt.new_doc(7)
+    doc = crdt.new_doc(7, engine=crdt.YPY if crdt.ypy_available() else crdt.PYCRDT)  # y-py's own encodings too
     crdt.observe_updates(doc, found.append)
     for _ in range(edits // 4):
         length = len(crdt.text_of(doc))
