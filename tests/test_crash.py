@@ -15,8 +15,7 @@ from yrelay_tools.testing.processes import ServerProcess
 
 async def edit(client_doc, rounds: int, tag: str, pause: float = 0.005) -> None:
     for i in range(rounds):
-        text = client_doc.ydoc.get_text("text")
-        position = random.randint(0, len(str(text)))
+        position = random.randint(0, len(crdt.text_of(client_doc.ydoc)))
         crdt.insert_text(client_doc.ydoc, position, f"<{tag}{i}>")
         await asyncio.sleep(pause)
 

@@ -28,6 +28,8 @@ from yrelay.auth import issue_token
 from yrelay.store import DocumentStore
 from yrelay_tools.testing.processes import ServerProcess
 
+needs_ypy = pytest.mark.skipif(not crdt.ypy_available(), reason="y-py (the ypy extra) is not installed")
+
 #: y-py 0.6.2 sizes an allocation by this vector's count (~146 GB) and aborts.
 HOSTILE_VECTOR = base64.b64decode("/////w8=")
 BAD_VECTORS = [
@@ -76,10 +78,12 @@ def test_state_vectors_are_decoded_and_bounded():
     assert update_format.decode_state_vector(b"\x00") == {}
 
 
-def test_y_py_never_sees_a_hostile_state_vector():
-    """Before the bound, this call aborted the whole process (run in a child
-    so that the old behaviour fails this test instead of ending the run)."""
-    code = ("import base64; from yrelay import crdt; d = crdt.new_doc(); crdt.insert_text(d, 0, 'x')\n"
+@pytest.mark.parametrize("engine_name", [crdt.PYCRDT, pytest.param(crdt.YPY, marks=needs_ypy)])
+def test_y_py_never_sees_a_hostile_state_vector(engine_name):
+    """Before the bound, this call aborted the whole process with y-py (run in
+    a child so that the old behaviour fails this test instead of ending the run)."""
+    code = (f"import base64; from yrelay import crdt; d = crdt.new_doc(engine={engine_name!r}); "
+            "crdt.insert_text(d, 0, 'x')\n"
             "try:\n    crdt.encode_state(d, base64.b64decode('/////w8='))\n"
             "except crdt.InvalidUpdate as e:\n    print('refused', e)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -371,6 +375,7 @@ async def test_a_read_only_clients_hostile_sync_is_refused_and_nobody_else_notic
     assert len(round_trips) > 20 and max(round_trips) < 0.1, (len(round_trips), max(round_trips, default=None))
 
 
+@needs_ypy
 async def test_a_fold_that_y_py_refuses_in_a_thread_frees_its_document_there(monkeypatch) -> None:
     """Tools fold in a worker thread (gc.collector.fold_in_thread). A y-py
     document dropped on another thread is leaked with an "unsendable" error

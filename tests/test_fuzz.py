@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import pycrdt
 import redis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -55,8 +56,7 @@ def _valid_updates() -> list[bytes]:
     for index, word in enumerate(["hello", " wörld", " 😀", " ok", "\u2028x"]):
         crdt.insert_text(doc, index, word)
     crdt.delete_text(doc, 1, 3)
-    with doc.begin_transaction() as txn:
-        doc.get_map("m").set(txn, "k", {"a": [1, 2.5, None, "s"]})
+    doc.get("m", type=pycrdt.Map)["k"] = {"a": [1, 2.5, None, "s"]}
     return updates + [crdt.encode_state(doc)]
 
 

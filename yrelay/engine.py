@@ -5,8 +5,8 @@ any order in one pass and raises ``ValueError`` on every hostile input
 measured, where y-py 0.6.2 aborts the process and needs a re-apply loop whose
 cost grows ~n^2.8 with updates stored out of order (the figures and the
 decision: docs/architecture.md#crdt-engine). Both speak Yjs v1 updates, so a
-snapshot folded here is loaded by y-py clients and browsers alike; the
-Python client's documents stay on y-py (:mod:`yrelay.crdt`).
+snapshot folded here is loaded by Python clients of either engine
+(:mod:`yrelay.crdt`) and browsers alike.
 
 The server never calls this module in its own process: the work runs in
 ``python -m yrelay.engine`` workers (:mod:`yrelay.app.engine_pool`), which
@@ -14,7 +14,9 @@ a crash or a deadline can cost, never the server. Request and reply are
 frames: ``u8 tag``, ``u32 count``, then per item ``u32 length`` + bytes, all
 big-endian. Requests: tag ``F`` (fold: base, updates...) or ``S`` (sync:
 state vector, base, updates...). Replies: tag 0 with the result's items, or
-tag 1 with the reason the input was refused.
+tag 1 with the reason the input was refused. ``python -m yrelay.engine
+--ypy`` also proves each fold against a y-py reload (deployments with y-py
+clients: ``validate_with_ypy``, which needs the ``ypy`` extra).
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ from typing import BinaryIO
 import pycrdt
 
 from . import crdt, update_format
+from .crdt import pycrdt_doc
 
 #: The byte a worker process (this one, or the validator's) writes once its
 #: imports are done: the server's deadlines start from there.
 READY = b"R"
+
+#: The argument that makes a worker (this one, or the validator's) run y-py's checks too.
+WITH_YPY_FLAG = "--ypy"
 
 FOLD, SYNC = ord("F"), ord("S")
 OK, REFUSED = 0, 1
@@ -76,18 +82,11 @@ def _load(updates: Sequence[bytes]) -> pycrdt.Doc:
 
 
 def validate_update(update: bytes) -> None:
-    """Raise :class:`crdt.InvalidUpdate` unless pycrdt decodes ``update``.
-
-    The validator workers run this beside y-py's check: an update only one
-    engine could read would stay out of every sync answer and stop GC before
-    it for good (it is never held). pycrdt panics on some hostile updates
-    (pyo3's PanicException, a BaseException): refused too, or each would
-    cost a validator process and its restart."""
-    try:
-        pycrdt.Doc().apply_update(update)
-    except BaseException as exc:  # noqa: BLE001 - see crdt._reraise_control_flow
-        crdt._reraise_control_flow(exc)
-        raise crdt.InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
+    """Raise :class:`crdt.InvalidUpdate` unless pycrdt decodes ``update``:
+    an update pycrdt cannot read would stay out of every sync answer and stop
+    GC before it for good (it is never held). The validator workers run it
+    (:func:`yrelay.crdt.validate_update`)."""
+    pycrdt_doc.validate_update(update)
 
 
 def _coverage_by_ypy(snapshot: bytes) -> update_format.Coverage:
@@ -101,7 +100,7 @@ def _coverage_by_ypy(snapshot: bytes) -> update_format.Coverage:
     thread handles the exception. The error is turned into a new one after
     the document is gone, here.
     """
-    doc = crdt.new_doc()
+    doc = crdt.new_doc(engine=crdt.YPY)
     try:
         crdt.apply_update(doc, snapshot)
         return _coverage(crdt.encode_state(doc))
@@ -116,13 +115,15 @@ def _coverage(encoded: bytes) -> update_format.Coverage:
     return update_format.decode(encoded)
 
 
-def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
+def fold(base: bytes, updates: Sequence[bytes], with_ypy: bool = False) -> Fold:
     """Fold ``updates`` into the snapshot ``base`` and prove what the result holds.
 
-    The proof reloads the new snapshot into fresh documents of both engines,
-    exactly as later readers will (the server here, the Python client with
-    y-py), and checks the ranges each update inserts and deletes against
-    each reload (:mod:`yrelay.update_format`). Neither engine keeps pending
+    The proof reloads the new snapshot into a fresh document, exactly as
+    later readers will (the server here, Python clients), and checks the
+    ranges each update inserts and deletes against the reload
+    (:mod:`yrelay.update_format`); ``with_ypy`` reloads it into a y-py
+    document too (y-py cannot always reload what it did not write: a
+    deployment with y-py clients must not lose content to GC). Neither engine keeps pending
     structs or deletes in its encoding, so trusting the encoding alone would
     let GC delete content. If even ``base`` is not fully held, ``held`` is 0
     and the snapshot must not be stored.
@@ -131,7 +132,7 @@ def fold(base: bytes, updates: Sequence[bytes]) -> Fold:
     doc = _load([base, *updates])
     snapshot = update_format.with_deletes(doc.get_update(), _pending_deletes(doc.get_state(), [base_part, *parts]))
     wholes = [_coverage(_load([snapshot]).get_update())]
-    if (by_ypy := _coverage_by_ypy(snapshot)) != wholes[0]:
+    if with_ypy and (by_ypy := _coverage_by_ypy(snapshot)) != wholes[0]:
         wholes.append(by_ypy)
     if base and any(update_format.held_count(whole, [base_part]) == 0 for whole in wholes):
         return Fold(snapshot, 0)
@@ -172,11 +173,11 @@ def encode_frame(tag: int, items: Sequence[bytes]) -> bytes:
     return _HEAD.pack(tag, len(items)) + b"".join(_U32.pack(len(item)) + item for item in items)
 
 
-def answer(tag: int, items: list[bytes]) -> bytes:
+def answer(tag: int, items: list[bytes], with_ypy: bool = False) -> bytes:
     """The reply frame to one request frame (runs in the worker)."""
     try:
         if tag == FOLD:
-            result = fold(items[0], items[1:])
+            result = fold(items[0], items[1:], with_ypy)
             return encode_frame(OK, [result.snapshot, str(result.held).encode()])
         if tag == SYNC:
             reply = sync_answer(items[0], items[1], items[2:])
@@ -198,8 +199,10 @@ def announce_ready(stdout: BinaryIO) -> None:
     stdout.flush()
 
 
-def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+def serve(stdin: BinaryIO, stdout: BinaryIO, with_ypy: bool = False) -> None:
     """Answer request frames until stdin closes."""
+    if with_ypy:
+        crdt.check_engine(crdt.YPY)  # imported before the server's deadlines start
     announce_ready(stdout)
     while (head := read_exact(stdin, _HEAD.size)) is not None:
         tag, count = _HEAD.unpack(head)
@@ -210,9 +213,9 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
             if item is None:
                 return
             items.append(item)
-        stdout.write(answer(tag, items))
+        stdout.write(answer(tag, items, with_ypy))
         stdout.flush()
 
 
 if __name__ == "__main__":
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    serve(sys.stdin.buffer, sys.stdout.buffer, with_ypy=WITH_YPY_FLAG in sys.argv[1:])

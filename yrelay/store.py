@@ -195,10 +195,12 @@ class DocumentStore:
                 continue
             return snapshot, entries
 
-    async def load_document(self, doc: str, page_size: int = 500) -> tuple[crdt.Doc, StreamId]:
-        """Snapshot + every stream entry after it, as a y-py document and its
-        offset (tools and tests; the server answers syncs from
-        :meth:`load_entries` in its engine workers).
+    async def load_document(self, doc: str, page_size: int = 500,
+                            engine: str = crdt.PYCRDT) -> tuple[crdt.Doc, StreamId]:
+        """Snapshot + every stream entry after it, as a document of ``engine``
+        (pycrdt by default; :mod:`yrelay.crdt`) and its offset (tools and
+        tests; the server answers syncs from :meth:`load_entries` in its
+        engine workers).
 
         The offset is that of the last entry the document holds *with every
         entry before it*: an entry whose dependencies are not in the stream yet
@@ -209,7 +211,7 @@ class DocumentStore:
         """
         snapshot, entries = await self.load_entries(doc, page_size)
         updates = [entry.update for entry in entries]
-        ydoc = crdt.new_doc()
+        ydoc = crdt.new_doc(engine=engine)
         crdt.apply_updates(ydoc, ([snapshot.update] if snapshot.update else []) + updates)
         return ydoc, held_offset(snapshot, entries, crdt.held_prefix(ydoc, updates))
 

@@ -1,10 +1,12 @@
 """The validator worker process: checks batches of Yjs updates with
 :func:`yrelay.crdt.validate_update`, off the server's event loop.
 
-y-py is a Rust extension that holds the GIL while it decodes, so a thread
-cannot bound an update that makes it spin or explode; a process can be
-killed. The server (:mod:`yrelay.app.validator`) talks to ``python -m
-yrelay.validation`` over its stdin/stdout:
+The engines are Rust extensions that hold the GIL while they decode, so a
+thread cannot bound an update that makes one spin or explode (y-py aborts
+its process on some); a process can be killed. The server
+(:mod:`yrelay.app.validator`) talks to ``python -m yrelay.validation``
+(``--ypy``: y-py's check too, the ``validate_with_ypy`` setting) over its
+stdin/stdout:
 
 - request: ``u32 count``, then per update ``u32 length`` + bytes;
 - reply: per update ``u16 length`` + a UTF-8 reason, empty = valid.
@@ -18,8 +20,8 @@ import struct
 import sys
 from typing import BinaryIO
 
-from . import crdt, engine
-from .engine import announce_ready, read_exact
+from . import crdt
+from .engine import WITH_YPY_FLAG, announce_ready, read_exact
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -29,19 +31,21 @@ def encode_request(updates: list[bytes]) -> bytes:
     return _U32.pack(len(updates)) + b"".join(_U32.pack(len(update)) + update for update in updates)
 
 
-def check(update: bytes) -> str:
+def check(update: bytes, with_ypy: bool = False) -> str:
     """'' when ``update`` is valid, else why not (at most 200 characters).
-    Valid means both engines read it: y-py (the Python client) and pycrdt
-    (the server's sync answers and folds, :mod:`yrelay.engine`)."""
+    Valid means yrelay's layout decoder (GC) and pycrdt (the server's sync
+    answers and folds, :mod:`yrelay.engine`, and the Python client) read it;
+    ``with_ypy``: y-py too (deployments with y-py clients)."""
     try:
-        crdt.validate_update(update)
-        engine.validate_update(update)
+        crdt.validate_update(update, with_ypy)
     except crdt.InvalidUpdate as exc:
         return str(exc)[:200] or "invalid update"
     return ""
 
 
-def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+def serve(stdin: BinaryIO, stdout: BinaryIO, with_ypy: bool = False) -> None:
+    if with_ypy:
+        crdt.check_engine(crdt.YPY)  # imported before the server's deadlines start
     announce_ready(stdout)
     while True:
         header = read_exact(stdin, 4)
@@ -53,10 +57,10 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
             update = read_exact(stdin, _U32.unpack(length)[0]) if length is not None else None
             if update is None:
                 return
-            reasons.append(check(update).encode()[:400])
+            reasons.append(check(update, with_ypy).encode()[:400])
         stdout.write(b"".join(_U16.pack(len(reason)) + reason for reason in reasons))
         stdout.flush()
 
 
 if __name__ == "__main__":
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    serve(sys.stdin.buffer, sys.stdout.buffer, with_ypy=WITH_YPY_FLAG in sys.argv[1:])

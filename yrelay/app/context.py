@@ -141,7 +141,7 @@ class ServerContext:
                            health_check_interval=30)
         stack.push_async_callback(redis.aclose)
         store = DocumentStore(redis)
-        engine = EnginePool(settings.engine_workers, settings.engine_timeout)
+        engine = EnginePool(settings.engine_workers, settings.engine_timeout, with_ypy=settings.validate_with_ypy)
         collector = Collector(redis, GcPolicy.from_settings(settings), events=events, fold=engine.fold)
         # The registry exists before the ack writer and the fan-out that share it.
         subscriptions: SubscriptionRegistry[Subscriber] = SubscriptionRegistry()
@@ -171,7 +171,8 @@ class ServerContext:
             revocations=Revocations(redis, settings.revocation_refresh, leeway=settings.auth_leeway),
             metrics=metrics,
             limits=Limits(settings, SubjectQuotas(redis, store.scripts, settings)),
-            validator=Validator(settings.validator_workers, settings.validate_timeout),
+            validator=Validator(settings.validator_workers, settings.validate_timeout,
+                                with_ypy=settings.validate_with_ypy),
             engine=engine,
             inflight_bytes=ByteBudget(settings.max_inflight_bytes),
         )

@@ -51,11 +51,14 @@ class EngineFailed(Exception):
 class EnginePool:
     """``await fold(...)`` / ``await sync_answer(...)`` off the event loop."""
 
-    def __init__(self, workers: int, timeout: float, module: str = "yrelay.engine"):
-        """``module``: what each worker runs (tests name a misbehaving one).
-        Workers start when :meth:`warm_up` is called, else on first use."""
+    def __init__(self, workers: int, timeout: float, module: str = "yrelay.engine", with_ypy: bool = False):
+        """``module``: what each worker runs (tests name a misbehaving one);
+        ``with_ypy``: folds are proven against a y-py reload too (the
+        ``validate_with_ypy`` setting). Workers start when :meth:`warm_up`
+        is called, else on first use."""
         self.timeout = timeout
-        self._workers = [WorkerProcess(module) for _ in range(workers)]
+        self.with_ypy = with_ypy
+        self._workers = [WorkerProcess(module, (engine.WITH_YPY_FLAG,) if with_ypy else ()) for _ in range(workers)]
         #: Last in, first out: a lone caller keeps getting the warm worker.
         self._idle: asyncio.LifoQueue[WorkerProcess] = asyncio.LifoQueue()
         for worker in self._workers:
@@ -120,7 +123,7 @@ class EnginePool:
 
     async def _call(self, tag: int, items: list[bytes]) -> list[bytes]:
         if not self._workers:
-            status, reply = _parse(await asyncio.to_thread(engine.answer, tag, items))
+            status, reply = _parse(await asyncio.to_thread(engine.answer, tag, items, self.with_ypy))
         else:
             job = asyncio.create_task(self._on_idle_worker(engine.encode_frame(tag, items)))
             self._jobs.add(job)

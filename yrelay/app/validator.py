@@ -1,10 +1,11 @@
 """Checking updates before they are stored, in validator processes.
 
-y-py 0.6.2 can take the whole process down on a hostile update: a 21-byte
-update that passes yrelay's own layout decoder makes yrs panic with a
-message pyo3 cannot convert, and the runtime aborts (SIGABRT; see
-tests/test_validator.py). Size is no protection, so every update is
-applied by y-py (and pycrdt) in a worker process (:mod:`yrelay.validation`),
+The CRDT engines are Rust extensions: pycrdt has panicked on hostile
+updates, and y-py 0.6.2 can take the whole process down (a 21-byte update
+that passes yrelay's own layout decoder makes yrs panic with a message pyo3
+cannot convert, and the runtime aborts: SIGABRT; see tests/test_validator.py).
+Size is no protection, so every update is applied by pycrdt (and y-py, with
+``validate_with_ypy``) in a worker process (:mod:`yrelay.validation`),
 never here, unless its shape alone shows both engines read it.
 
 - In-loop, only yrelay's pure-Python layout check, for updates up to
@@ -34,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .. import crdt
-from ..engine import READY
+from ..engine import READY, WITH_YPY_FLAG
 from ..safe_updates import known_safe
 from ..tasks import BackgroundTask
 from ..update_format import Layout
@@ -65,14 +66,15 @@ class WorkerProcess:
     """One ``python -m <module>`` process spoken to over its stdin/stdout
     (validation here; the CRDT engine's pool in :mod:`.engine_pool`)."""
 
-    def __init__(self, module: str) -> None:
+    def __init__(self, module: str, args: tuple[str, ...] = ()) -> None:
         self.module = module
+        self.args = args
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", self.module,
+            sys.executable, "-m", self.module, *self.args,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             # y-py prints every panic it catches: a hostile client must not fill
             # the log with them. Crashes and timeouts are logged by _one_by_one.
@@ -139,10 +141,12 @@ class WorkerProcess:
 class Validator:
     """``await validate(update)`` raises :class:`crdt.InvalidUpdate` or returns."""
 
-    def __init__(self, workers: int, timeout: float, module: str = "yrelay.validation"):
-        """``module``: what each worker runs (tests name a misbehaving one)."""
+    def __init__(self, workers: int, timeout: float, module: str = "yrelay.validation", with_ypy: bool = False):
+        """``module``: what each worker runs (tests name a misbehaving one);
+        ``with_ypy``: y-py's check too (the ``validate_with_ypy`` setting)."""
         self.timeout = timeout
-        self._workers = [WorkerProcess(module) for _ in range(workers)]
+        self.with_ypy = with_ypy
+        self._workers = [WorkerProcess(module, (WITH_YPY_FLAG,) if with_ypy else ()) for _ in range(workers)]
         self._queue: deque[_Item] = deque()
         self._ready = asyncio.Event()
         self._loops = [BackgroundTask("yrelay-validator", functools.partial(self._serve, worker))
@@ -179,7 +183,7 @@ class Validator:
         are known to read (:mod:`yrelay.safe_updates`) pass without a worker."""
         future: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         if not self._workers:
-            crdt.validate_update(update)
+            crdt.validate_update(update, self.with_ypy)
             future.set_result(None)
             return future
         if layout is not None and known_safe(update, layout):

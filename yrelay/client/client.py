@@ -1,4 +1,6 @@
-"""An asyncio yrelay client that binds y-py documents to a server.
+"""An asyncio yrelay client that binds Yjs documents to a server: pycrdt
+documents by default, y-py ones with ``engine="y-py"`` (the ``ypy`` extra;
+:mod:`yrelay.crdt`).
 
 It is the reference implementation of docs/protocol.md on the client side,
 and what the tests, the checker and the benchmarks drive.
@@ -113,9 +115,11 @@ class AckedUpdate:
 
 @dataclass
 class ClientDocument:
-    """One subscribed document: its y-py doc and its place in the stream."""
+    """One subscribed document: its Yjs document and its place in the stream."""
 
     name: str
+    #: A ``pycrdt.Doc`` (the default engine) or a ``y_py.YDoc`` (``engine="y-py"``);
+    #: the :mod:`yrelay.crdt` helpers take either.
     ydoc: crdt.Doc
     offset: str | None = None
     #: Set when the client gave up resending: resync in full on resubscribe.
@@ -166,6 +170,7 @@ class YrelayClient:
         state_file: ClientStateFile | None = None,
         persist_interval: float = 1.0,
         token: str | Callable[[], str] | None = None,
+        engine: str = crdt.PYCRDT,
     ):
         """``batch_delay`` > 0 turns on Nagle-like batching: local updates of a
         document made within that many seconds are merged into one send.
@@ -176,7 +181,13 @@ class YrelayClient:
         local edits are journaled before they are sent, everything else is
         written at most ``persist_interval`` seconds after it changed.
         ``token``: the credential sent in ``hello`` (docs/security.md); a
-        callable is asked again on every reconnect, so it can refresh it."""
+        callable is asked again on every reconnect, so it can refresh it.
+        ``engine``: the library of the documents the client makes, ``"pycrdt"``
+        or ``"y-py"`` (needs the ``ypy`` extra; raises
+        :class:`yrelay.crdt.EngineMissing` without it); a document passed to
+        :meth:`subscribe` may be of either."""
+        crdt.check_engine(engine)
+        self.engine = engine
         #: Servers to try, in turn, on every reconnect.
         self.urls = [url] if isinstance(url, str) else list(url)
         self.session = session
@@ -260,7 +271,7 @@ class YrelayClient:
         if restored is not None:
             await asyncio.wait_for(restored.synced.wait(), timeout)
             return restored
-        doc = ClientDocument(name, ydoc if ydoc is not None else crdt.new_doc())
+        doc = ClientDocument(name, ydoc if ydoc is not None else crdt.new_doc(engine=self.engine))
         self.docs[name] = doc
         crdt.observe_updates(doc.ydoc, lambda update: self._local_update(doc, update))
         await self._send_quietly(_subscribe_frame(doc))
@@ -374,7 +385,7 @@ class YrelayClient:
         doc._batch_timer = None
         updates, doc._batch = doc._batch, []
         if updates:
-            self._enqueue(doc.name, updates[0] if len(updates) == 1 else crdt.merge_updates(updates))
+            self._enqueue(doc.name, updates[0] if len(updates) == 1 else crdt.merge_updates(updates, engine=crdt.engine_of(doc.ydoc)))
 
     def _enqueue(self, doc: str, update: bytes, sync: bool = False) -> None:
         item = self.buffer.add(doc, update, sync=sync)
@@ -787,7 +798,7 @@ class YrelayClient:
             return
         self.session = state.session
         for saved in state.documents:
-            doc = ClientDocument(saved.name, crdt.new_doc(), offset=saved.offset, needs_sync=saved.needs_sync,
+            doc = ClientDocument(saved.name, crdt.new_doc(engine=self.engine), offset=saved.offset, needs_sync=saved.needs_sync,
                                  held=HeldEntries(StreamId.parse(saved.since)))
             crdt.apply_update(doc.ydoc, saved.state)
             for update in saved.suspects:
@@ -797,7 +808,7 @@ class YrelayClient:
             self.docs[doc.name] = doc
         for item in state.journal:  # local edits after the snapshot: in no saved state yet
             if item.doc not in self.docs:
-                self.docs[item.doc] = ClientDocument(item.doc, crdt.new_doc())
+                self.docs[item.doc] = ClientDocument(item.doc, crdt.new_doc(engine=self.engine))
             self.docs[item.doc].replica.apply(item.update)
         for doc in self.docs.values():
             crdt.observe_updates(doc.ydoc, lambda update, doc=doc: self._local_update(doc, update))

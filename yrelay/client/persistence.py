@@ -10,8 +10,8 @@ not acknowledged. That needs:
   have a *new* update answered as a duplicate of an old one, i.e. acked and
   never stored;
 - per document, the Yjs state, the offset and held stream ids (the drift
-  digest), and updates that may be pending in y-py (``encode_state`` drops
-  them, see :class:`yrelay.crdt.Replica`);
+  digest), and updates that may be pending in the document (neither engine's
+  ``encode_state`` carries them, see :class:`yrelay.crdt.Replica`);
 - the send buffer (updates not yet acked).
 
 Two files, so that the cost of an edit does not grow with the document:
@@ -48,7 +48,7 @@ class PersistedDocument:
     #: HeldEntries' base and ids (stream ids as strings).
     since: str
     held: list[str]
-    #: Remote updates y-py may hold as pending (not in ``state``).
+    #: Remote updates the document may hold as pending (not in ``state``).
     suspects: list[bytes] = field(default_factory=list)
     needs_sync: bool = False
 

@@ -201,7 +201,13 @@ def run(target: Target, shape: Shape, drain: float = 10.0) -> RunResult:
     try:
         generator.connect()
         server_rss = metrics.rss(pids["server"])
-        meter = metrics.CpuMeter(pids)
+        # The server's validator and engine workers count as the server's CPU
+        # (listed apart: server + its workers + redis in the report).
+        helpers = target.helper_pids() if hasattr(target, "helper_pids") else ()
+        metered: dict[str, int | tuple[int, ...]] = {"server": pids["server"]}
+        metered.update({"server workers": helpers} if helpers else {})
+        metered.update({name: pid for name, pid in pids.items() if name != "server"})
+        meter = metrics.CpuMeter(metered)
         results = generator.go()
         cpu = meter.used()
         redis_after = metrics.redis_used_memory(target.redis_url) if target.redis_url else 0

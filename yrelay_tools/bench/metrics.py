@@ -44,14 +44,28 @@ def reset_peak(pid: int) -> bool:
 
 
 class CpuMeter:
-    """CPU seconds of some processes between two moments."""
+    """CPU seconds of some processes (or groups of processes) between two moments."""
 
-    def __init__(self, pids: dict[str, int]):
+    def __init__(self, pids: dict[str, int | tuple[int, ...]]):
         self.pids = pids
-        self.start = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        self.start = {name: _group_cpu(pid) for name, pid in pids.items()}
 
     def used(self) -> dict[str, float]:
-        return {name: cpu_seconds(pid) - self.start[name] for name, pid in self.pids.items()}
+        return {name: _group_cpu(pid) - self.start[name] for name, pid in self.pids.items()}
+
+
+def _group_cpu(pids: int | tuple[int, ...]) -> float:
+    """A process's CPU seconds, or a group's sum; a member that has exited
+    (a restarted worker) counts what it had when last seen as 0 (rare)."""
+    if isinstance(pids, int):
+        return cpu_seconds(pids)
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            pass
+    return total
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:

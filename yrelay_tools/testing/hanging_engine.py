@@ -13,12 +13,12 @@ from yrelay import engine
 _answer = engine.answer
 
 
-def answer(tag: int, items: list[bytes]) -> bytes:
+def answer(tag: int, items: list[bytes], with_ypy: bool = False) -> bytes:
     if any(b"HANG" in item for item in items):
         time.sleep(3600)
     if any(b"DIE" in item for item in items):
         os.abort()
-    return _answer(tag, items)
+    return _answer(tag, items, with_ypy)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""A validator worker that hangs on any update containing ``HANG`` (as a
-y-py call that never returns would), for tests of the deadline."""
+"""A validator worker that hangs on any update containing ``HANG`` (as an
+engine call that never returns would), for tests of the deadline."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from yrelay import validation
 _check = validation.check
 
 
-def check(update: bytes) -> str:
+def check(update: bytes, with_ypy: bool = False) -> str:
     if b"HANG" in update:
         time.sleep(3600)
-    return _check(update)
+    return _check(update, with_ypy)
 
 
 if __name__ == "__main__":

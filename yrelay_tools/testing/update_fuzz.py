@@ -9,10 +9,15 @@ layout read to y-py and to pycrdt, each in a child process of its own (an
 abort or a hang costs the child, never this process). Any known-safe update
 an engine did not read is a counterexample.
 
-    python -m yrelay_tools.testing.update_fuzz [--count 1000000] [--seed 1]
+    python -m yrelay_tools.testing.update_fuzz [--count 1000000] [--seed 1] [--survivors FILE]
 
 It also counts, for the updates outside the known shapes, how each engine
-fared (the evidence for the options weighed in BENCHMARKS.md#validation).
+fared (the evidence for the options weighed in BENCHMARKS.md#validation),
+and what the server's validation stores of them: with pycrdt alone (the
+default) and with ``YRELAY_VALIDATE_WITH_YPY`` (issue 32). ``--survivors``
+writes every update validation on pycrdt alone would store, one hex per
+line, for a reference engine: ``node yrelay_tools/testing/yjs_apply.mjs FILE``
+applies each with Yjs.
 """
 
 from __future__ import annotations
@@ -362,14 +367,18 @@ def real_updates(seed: int, edits: int = 400) -> list[bytes]:
 
     rng = random.Random(seed)
     found: list[bytes] = [bytes.fromhex(text) for text in YJS_UPDATES]
-    doc = crdt.new_doc(7)
+    doc = crdt.new_doc(7, engine=crdt.YPY if crdt.ypy_available() else crdt.PYCRDT)  # y-py's own encodings too
     crdt.observe_updates(doc, found.append)
     for _ in range(edits // 4):
         length = len(crdt.text_of(doc))
-        if length and rng.random() < 0.3:
-            crdt.delete_text(doc, rng.randrange(length), 1)
-        else:
-            crdt.insert_text(doc, rng.randrange(length + 1), rng.choice(["a", "ü", "😀", "ab ", "\u2028"]))
+        try:
+            if length and rng.random() < 0.3:
+                crdt.delete_text(doc, rng.randrange(length), 1)
+            else:
+                crdt.insert_text(doc, rng.randrange(length + 1), rng.choice(["a", "ü", "😀", "ab ", "\u2028"]))
+        except BaseException as exc:  # y-py 0.6.2 panics on some offsets inside an emoji (a PanicException)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
     found.append(crdt.encode_state(doc))
     pdoc = pycrdt.Doc(client_id=rng.randrange(2**53))
     pdoc.observe(lambda event: found.append(event.update))
@@ -464,17 +473,34 @@ class Report:
     examples: dict[str, str] = field(default_factory=dict)
     #: Known-safe updates an engine did not read (must stay empty).
     counterexamples: list[tuple[str, str, str]] = field(default_factory=list)
+    #: What validation stores (known-safe, or read by its engines): on
+    #: pycrdt alone, of those y-py did not read, and with y-py's check on.
+    stored_pycrdt_alone: int = 0
+    stored_pycrdt_alone_ypy_failed: int = 0
+    stored_with_ypy: int = 0
+    #: Read by both engines, refused with y-py's check for a client id past 32 bits.
+    ypy_id_refused: int = 0
+    #: Every update validation stores on pycrdt alone / with y-py's check
+    #: (with ``--survivors``).
+    survivors: list[bytes] | None = None
+    survivors_with_ypy: list[bytes] | None = None
     seconds: float = 0.0
 
     def summary(self) -> dict[str, object]:
         return {"generated": self.generated, "layout_refused": self.layout_refused, "known_safe": self.known_safe,
                 "outside_known_shapes": {f"ypy={VERDICTS[a]} pycrdt={VERDICTS[b]}": n
                                          for (a, b), n in sorted(self.others.items())},
-                "counterexamples": len(self.counterexamples), "seconds": round(self.seconds, 1)}
+                "counterexamples": len(self.counterexamples),
+                "stored": {"pycrdt alone": self.stored_pycrdt_alone,
+                           "pycrdt alone, y-py did not read": self.stored_pycrdt_alone_ypy_failed,
+                           "with y-py's check": self.stored_with_ypy,
+                           "both read, client id past 32 bits (refused with y-py's check)": self.ypy_id_refused},
+                "seconds": round(self.seconds, 1)}
 
 
-def run(count: int, seed: int = 1, progress: Callable[[Report], None] | None = None) -> Report:
-    report = Report()
+def run(count: int, seed: int = 1, progress: Callable[[Report], None] | None = None,
+        keep_survivors: bool = False) -> Report:
+    report = Report(survivors=[] if keep_survivors else None, survivors_with_ypy=[] if keep_survivors else None)
     engines = [Engine("ypy"), Engine("pycrdt")]
     started = time.monotonic()
     pending: list[tuple[bytes, bool]] = []
@@ -512,6 +538,19 @@ def _judge(engines: list[Engine], batch: list[tuple[bytes, bool]], report: Repor
         engine.send(updates)
     ypy, pycrdt = (engine.receive(updates) for engine in engines)
     for (update, safe), a, b in zip(batch, ypy, pycrdt):
+        stored_alone = safe or b == OK
+        report.stored_pycrdt_alone += stored_alone
+        report.stored_pycrdt_alone_ypy_failed += stored_alone and a != OK
+        both_read = a == OK and b == OK
+        fits = safe or not both_read or _ids_fit_ypy(update)
+        stored_with_ypy = safe or (both_read and fits)
+        report.stored_with_ypy += stored_with_ypy
+        report.ypy_id_refused += not fits
+        if report.survivors is not None and report.survivors_with_ypy is not None:
+            if stored_alone:
+                report.survivors.append(update)
+            if stored_with_ypy:
+                report.survivors_with_ypy.append(update)
         if not safe:
             report.others[(a, b)] += 1
             report.examples.setdefault(f"ypy={VERDICTS[a]} pycrdt={VERDICTS[b]}", update.hex())
@@ -520,10 +559,22 @@ def _judge(engines: list[Engine], batch: list[tuple[bytes, bool]], report: Repor
             print("COUNTEREXAMPLE", update.hex(), VERDICTS[a], VERDICTS[b], file=sys.stderr, flush=True)
 
 
+def _ids_fit_ypy(update: bytes) -> bool:
+    from yrelay import crdt
+
+    try:
+        crdt.check_ypy_client_ids(update)
+        return True
+    except crdt.InvalidUpdate:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--survivors", help="write what validation on pycrdt alone stores here, one hex per line "
+                                            "(and what it stores with y-py's check to FILE.with-ypy)")
     parser.add_argument("--child", choices=["ypy", "pycrdt"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -536,7 +587,11 @@ def main() -> None:
             last[0] = report.seconds
             print(json.dumps(report.summary()), file=sys.stderr, flush=True)
 
-    report = run(args.count, args.seed, progress)
+    report = run(args.count, args.seed, progress, keep_survivors=bool(args.survivors))
+    if args.survivors:
+        for path, kept in ((args.survivors, report.survivors), (args.survivors + ".with-ypy", report.survivors_with_ypy)):
+            with open(path, "w") as out:
+                out.writelines(update.hex() + "\n" for update in kept or [])
     print(json.dumps(report.summary(), indent=1))
     for name, example in sorted(report.examples.items()):
         print("EXAMPLE", name, example)

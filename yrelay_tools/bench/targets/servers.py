@@ -88,6 +88,13 @@ class YrelayTarget(Target):
         return {"server": self.server.process.pid, **{f"worker{i}": pid for i, pid in enumerate(children)},
                 "redis": self.redis.process.pid}
 
+    def helper_pids(self) -> tuple[int, ...]:
+        """A single server's validator and engine worker processes (the
+        update's engine work; issue 32 compares one engine there with two)."""
+        assert self.server is not None and self.server.process
+        workers = self.env.get("YRELAY_WORKERS", os.environ.get("YRELAY_WORKERS", "1")) not in ("", "1")
+        return () if workers else tuple(_children(self.server.process.pid))
+
     @property
     def redis_url(self) -> str | None:
         return self.redis.url if self.redis else None

@@ -1,0 +1,75 @@
+"""The y-py engine of :mod:`yrelay.crdt` (the ``ypy`` extra): documents of
+code written against y-py, and y-py's check for deployments with y-py clients.
+
+y-py 0.6.2 is archived (no wheels past CPython 3.12). Only this module
+imports ``y_py``, and only when a y-py document or check is asked for.
+"""
+
+from __future__ import annotations
+
+import y_py
+
+from .errors import EMPTY_UPDATE, InvalidUpdate, check_state_vector, reraise_control_flow
+
+Doc = y_py.YDoc
+
+
+def validate_update(update: bytes) -> None:
+    """Raise :class:`InvalidUpdate` unless y-py decodes ``update`` (into a
+    scratch document). Run it in a worker process: y-py aborts the process
+    on some hostile updates (docs/security.md#validation)."""
+    try:
+        y_py.apply_update(y_py.YDoc(), update)
+    except BaseException as exc:  # noqa: BLE001 - see errors.reraise_control_flow
+        reraise_control_flow(exc)
+        raise InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
+
+
+def new_doc(client_id: int | None = None) -> Doc:
+    return y_py.YDoc(client_id) if client_id is not None else y_py.YDoc()
+
+
+def apply_update(doc: Doc, update: bytes) -> None:
+    try:
+        y_py.apply_update(doc, update)
+    except BaseException as exc:  # noqa: BLE001
+        reraise_control_flow(exc)
+        raise InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
+
+
+def encode_state(doc: Doc, state_vector: bytes | None = None) -> bytes:
+    if state_vector is None:
+        return y_py.encode_state_as_update(doc)
+    check_state_vector(state_vector)
+    try:
+        return y_py.encode_state_as_update(doc, state_vector)
+    except BaseException as exc:  # noqa: BLE001
+        reraise_control_flow(exc)
+        raise InvalidUpdate(f"not a Yjs state vector: {str(exc)[:200]}") from None
+
+
+def state_vector(doc: Doc) -> bytes:
+    return y_py.encode_state_vector(doc)
+
+
+def observe_updates(doc: Doc, callback) -> object:
+    def on_transaction(event: y_py.AfterTransactionEvent) -> None:
+        update = event.get_update()
+        if update != EMPTY_UPDATE:
+            callback(update)
+
+    return doc.observe_after_transaction(on_transaction)
+
+
+def text_of(doc: Doc, name: str) -> str:
+    return str(doc.get_text(name))
+
+
+def edit_text(doc: Doc, name: str, index: int, length: int, chunk: str) -> None:
+    """Delete ``length`` characters at ``index``, then insert ``chunk`` there (one transaction)."""
+    text = doc.get_text(name)
+    with doc.begin_transaction() as txn:
+        if length:
+            text.delete_range(txn, index, length)
+        if chunk:
+            text.insert(txn, index, chunk)
