@@ -157,3 +157,15 @@ async def _traffic(port: int) -> str:
 
 def _environ() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("YRELAY_")}
+
+
+def test_the_auth_packages_own_logger_names_are_not_taken_for_a_token():
+    """The subprotocol rule (``yrelay.auth.<token>``) once redacted the
+    revocation loop's own logger name: ``yrelay.auth.[redacted]: could not
+    refresh revoked tokens`` (seen in a chaos run's logs)."""
+    from yrelay.logs import redact
+
+    assert redact("WARNING yrelay.auth.revocation: could not refresh") == "WARNING yrelay.auth.revocation: could not refresh"
+    assert redact('{"logger": "yrelay.auth.revocation"}') == '{"logger": "yrelay.auth.revocation"}'
+    assert "eyJ" not in redact("sec-websocket-protocol: yrelay.yws, yrelay.auth.eyJhbGciOi.x.y")
+    assert redact("yrelay.auth.revocation-token-9") == "yrelay.auth.[redacted]"

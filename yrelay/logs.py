@@ -58,7 +58,10 @@ _PATTERNS = [
     (re.compile(r"\beyJ[\w-]{4,}(?:\.[\w-]*){0,2}"), REDACTED),  # a JWT (its header is base64url "{")
     (re.compile(r"(\b[a-zA-Z][\w+.-]*://[^/\s:@]*:)[^/\s@]+(@)"), rf"\1{REDACTED}\2"),  # scheme://user:PASSWORD@
     (re.compile(r"(?i)([?&;](?:token|access_token|auth|password|passwd|secret|key)=)[^&\s\"']+"), rf"\1{REDACTED}"),
-    (re.compile(r"(\byrelay\.auth\.)[^\s,;\"']+"), rf"\1{REDACTED}"),  # the subprotocol carrying a token
+    # the subprotocol carrying a token; not the names of yrelay.auth's own loggers
+    (re.compile(r"(\byrelay\.auth\.)(?!(?:authenticator|host|origins|principal|revocation|tokens)(?:[:\"']|$))"
+                r"[^\s,;\"']+"),
+     rf"\1{REDACTED}"),
 ]
 
 
