@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import tempfile
@@ -255,15 +254,6 @@ async def make_client() -> AsyncIterator:
     yield make
     for client in clients:
         await client.close()
-    del clients[:], make
-    # A client's y-py documents sit in reference cycles (its tasks, callbacks
-    # and documents point at each other), which only the cyclic collector
-    # frees, in whatever thread happens to trigger it: an event-log writer,
-    # a to_thread worker, a py4j thread. y-py leaks a document dropped on
-    # another thread than the one that made it and reports "YDoc is
-    # unsendbale, but is dropped on another thread!". Collected here, they
-    # are dropped on this one.
-    gc.collect()
 
 
 async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02) -> None:
