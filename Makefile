@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 
 WEB_BUILT := yrelay/app/static/demo.js
 
-.PHONY: install serve test browser web lint clean bench
+.PHONY: install serve test test-busy browser web lint clean bench
 
 install: $(VENV)/.installed web
 
@@ -42,6 +42,11 @@ serve: $(VENV)/.installed-serve web
 
 test: install browser
 	$(PY) -m pytest $(ARGS)
+
+# The same suite while a CPU hog keeps every core busy (yrelay_tools/testing/busy.py):
+# what a shared CI machine does to it. Run it before landing a test that waits or counts.
+test-busy: install browser
+	$(PY) -m yrelay_tools.testing.busy -- $(PY) -m pytest $(ARGS)
 
 # Browser tests use Debian's chromium (Playwright drives it; it never downloads one).
 browser:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -39,17 +40,141 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["YRELAY_DATA_DIR"] = previous
 
 
+#: Seconds the shared SparkSession may take to start. It is started before
+#: the first test that needs it, outside that test's pytest-timeout (a JVM
+#: and its Python workers start in ~10 s on a quiet 2-core machine, and took
+#: more than the 120 s test timeout on a busy one). The deadline is for a
+#: start that hangs, not for a slow one.
+SPARK_START_DEADLINE = 600.0
+
+_spark: dict[str, object] = {}
+
+
+def _start_spark() -> None:
+    """Start the run's one local SparkSession (once), in a thread joined with
+    :data:`SPARK_START_DEADLINE`: what went wrong is kept for the ``spark``
+    fixture to report in each test that needs the session."""
+    if _spark:
+        return
+    import threading
+
+    def start() -> None:
+        from yrelay.spark_analytics.session import spark_session
+
+        try:
+            _spark["session"] = spark_session("local[2]", **{"spark.ui.showConsoleProgress": "false"})
+        except BaseException as error:  # noqa: BLE001 - reported by the fixture
+            _spark["error"] = f"the SparkSession did not start: {error!r} (its output: {_spark['log']})"
+
+    _spark["starting"] = True
+    # The JVM (and the Python workers it starts) inherit stdout and stderr:
+    # started between tests, outside pytest's capture, they would print
+    # Spark's log and progress bars among the test results for the rest of
+    # the run. They write to a file instead.
+    _spark["log"] = log = Path(tempfile.gettempdir()) / f"yrelay-tests-spark-{os.getpid()}.log"
+    saved = [os.dup(1), os.dup(2)]
+    with open(log, "ab") as output:
+        os.dup2(output.fileno(), 1)
+        os.dup2(output.fileno(), 2)
+    try:
+        thread = threading.Thread(target=start, name="spark-start", daemon=True)
+        thread.start()
+        thread.join(SPARK_START_DEADLINE)
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+    if thread.is_alive():
+        _spark["error"] = f"the SparkSession did not start within {SPARK_START_DEADLINE:.0f} s (its output: {log})"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """The SparkSession starts before the timer of the first test that needs
+    it (pytest-timeout's timer is set in its own, inner, wrapper of this
+    hook), so no test is charged with the JVM's start-up."""
+    if "spark" in getattr(item, "fixturenames", ()):
+        _start_spark()
+    yield
+    if "spark" in getattr(item, "fixturenames", ()) and item.stash.get(_FAILED, False):
+        _reset_py4j_connection()
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    if outcome.get_result().failed:
+        item.stash[_FAILED] = True
+
+
+def _reset_py4j_connection() -> None:
+    """Close this thread's py4j connection after a failed Spark test.
+
+    pytest-timeout fails a test by raising from a signal handler; inside a
+    py4j call that leaves the answer of the interrupted command unread on the
+    thread's connection (py4j recovers from an Exception, not from pytest's
+    BaseException), and the failed test's traceback keeps the connection
+    alive. Every later Spark call then read the answer of the call before
+    it: "org.apache.spark.sql.classic.SparkSession does not exist in the
+    JVM", or ``KeyError: 'c'`` (a class reference read as a value) in tests
+    that had nothing wrong with them. A closed connection is replaced by a
+    fresh one on the next call."""
+    session = _spark.get("session")
+    if session is None:
+        return
+    client = session.sparkContext._gateway._gateway_client  # type: ignore[attr-defined]
+    connection = client.get_thread_connection()
+    if connection is not None:
+        connection.close(reset=True)
+
+
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for the whole test run (starting one costs seconds)."""
-    from yrelay.spark_analytics.session import spark_session
+    """One local SparkSession for the whole test run (starting one costs
+    seconds): started by :func:`pytest_runtest_protocol` before the first
+    test that needs it, stopped when the run ends."""
+    _start_spark()  # already done, unless a test asks for the fixture indirectly
+    if "error" in _spark:
+        pytest.fail(str(_spark["error"]), pytrace=False)
+    return _spark["session"]
 
-    # py4j logs each closed gateway connection at INFO, through a root handler
-    # a test that configured yrelay's logging left on a closed capture stream.
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    spark_session = _spark.pop("session", None)
+    if spark_session is not None:
+        spark_session.stop()  # type: ignore[attr-defined]
+    if "log" in _spark and exitstatus == 0:
+        Path(_spark["log"]).unlink(missing_ok=True)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_kept() -> Iterator[None]:
+    """The root logger's handlers and level as they were before each test.
+
+    A test that runs a CLI command in process (``CliRunner().invoke(cli,
+    ["serve", ...])``) has ``yrelay.logs.configure`` put a handler on the
+    root logger that writes to the runner's stderr, closed once the command
+    returns, and set the root level to INFO: every INFO record of every
+    later test, and of the interpreter's shutdown (py4j closing its
+    connections), went through it to "--- Logging error --- ValueError: I/O
+    operation on closed file". pytest's own capture handlers come and go with
+    each phase of a test and are left to pytest."""
+    root = logging.getLogger()
+
+    def own(handler: logging.Handler) -> bool:
+        return not type(handler).__module__.startswith("_pytest")
+
+    level, handlers = root.level, [handler for handler in root.handlers if own(handler)]
+    yield
+    for handler in [handler for handler in root.handlers if own(handler) and handler not in handlers]:
+        root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

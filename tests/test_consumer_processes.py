@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from yrelay.keys import group_leader_key, group_meta_key
+from yrelay.keys import group_leader_key, group_leases_key, group_meta_key, group_progress_key
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore
 
@@ -103,6 +103,50 @@ class Writer:
         await self._task
 
 
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP has landed)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+async def stop_holding_a_batch(member: Member, redis) -> tuple[str, bytes | None]:
+    """SIGSTOP ``member`` at a moment it holds a batch it processed and whose
+    ack Redis has not stored: its last line is a P line, and the group's
+    progress on that document is below the entry. Tried again (SIGCONT,
+    wait for the next P line) when the ack got in between the look at its
+    lines and the stop, as it may on a busy machine. Returns the document
+    and the lease version the member holds it with."""
+    for _ in range(50):
+        await eventually(lambda: (lines := member.lines()) and lines[-1][0] == "P", timeout=30, interval=0.005)
+        member.process.send_signal(signal.SIGSTOP)
+        await eventually(lambda: stopped(member.process.pid), timeout=10)
+        lines = member.lines()
+        if lines[-1][0] == "P":
+            doc, entry_id = lines[-1][1], StreamId.parse(lines[-1][2])
+            acked = await redis.zscore(group_progress_key(doc), "procs")
+            if acked is None or acked < entry_id.score():
+                return doc, await redis.hget(group_leases_key(doc), "procs")
+        member.process.send_signal(signal.SIGCONT)
+    raise AssertionError(f"{member.name} was never stopped holding an unacked batch")
+
+
+async def taken_over(redis, doc: str, held: bytes | None) -> None:
+    """Wait until another member claimed ``doc`` (its lease version moved on
+    from ``held``): from then on an ack under ``held`` is refused. A lease
+    lapses after LEASE and the leader reassigns at its next round; the
+    deadline is generous because the members are processes competing for a
+    busy machine's cores, and nothing here measures how soon it happens."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while await redis.hget(group_leases_key(doc), "procs") == held:
+        assert asyncio.get_running_loop().time() < deadline, f"nobody took {doc} over in 60 s"
+        await asyncio.sleep(0.05)
+
+
+def after_first_ack(lines: list[list[str]]) -> list[list[str]]:
+    """The lines after the first A line (none: no ack yet)."""
+    acks = [index for index, line in enumerate(lines) if line[0] == "A"]
+    return lines[acks[0] + 1:] if acks else []
+
+
 def unacked_of(member: Member) -> set[tuple[str, str]]:
     """What ``member`` processed beyond its last accepted ack of each document."""
     acked = member.acked()
@@ -127,25 +171,27 @@ async def test_kill_9_and_sigstop_under_steady_edits(redis_url, store, tmp_path)
         # its documents from its last acks.
         leader = (await store.redis.get(group_leader_key("procs"))).decode()
         victim = next(member for member in members if member.name == leader)
-        # Killed while it holds a batch it processed and has not acked (its
-        # last line a P line, as for the paused member below): killed between
-        # batches (a busy machine's timing), it would leave nothing to redeliver
-        # and the test nothing to check.
-        await eventually(lambda: (lines := victim.lines()) and lines[-1][0] == "P", timeout=10, interval=0.005)
+        # Killed while it holds a batch it processed and has not acked: killed
+        # between batches (a busy machine's timing), it would leave nothing to
+        # redeliver and the test nothing to check.
+        doc, held = await stop_holding_a_batch(victim, store.redis)
         victim.process.kill()
         victim.process.wait()
-        await asyncio.sleep(3 * LEASE)
+        await taken_over(store.redis, doc, held)
         # SIGSTOP another past its lease, then let it go on.
         paused = next(member for member in members if member is not victim)
-        # Stopped while it holds a batch it processed and has not acked (its
-        # last line is a P line: it sleeps ACK_DELAY before the ack), so its
-        # ack after waking must be refused; stopped between batches, it
-        # would have nothing to ack.
-        await eventually(lambda: (lines := paused.lines()) and lines[-1][0] == "P", timeout=10, interval=0.005)
-        paused.process.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(3 * LEASE)
+        # Stopped while it holds a batch it processed and has not acked (it
+        # sleeps ACK_DELAY before the ack), and woken only once another member
+        # claimed that batch's document, so its ack must be refused; stopped
+        # between batches, it would have nothing to ack.
+        doc, held = await stop_holding_a_batch(paused, store.redis)
+        await taken_over(store.redis, doc, held)
+        stopped_at = len(paused.lines())
         paused.process.send_signal(signal.SIGCONT)
-        await asyncio.sleep(3 * LEASE)
+        # It acks (refused), rejoins the group and gets a share again.
+        await eventually(lambda: any(line[0] == "A" for line in paused.lines()[stopped_at:]), timeout=30)
+        await eventually(lambda: any(line[0] == "P" for line in after_first_ack(paused.lines()[stopped_at:])),
+                         timeout=60)
         # A new member gets a share within a rebalance.
         members.append(Member(redis_url, "m3", tmp_path))
         await eventually(lambda: members[3].processed(), timeout=4 * LEASE + 5)
