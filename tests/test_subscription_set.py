@@ -45,6 +45,13 @@ async def test_evicted_session_is_detected_by_the_set_digest_and_recovers(redis_
         await eventually(lambda: rdoc.text == wdoc.text)
         await writer.wait_idle()
 
+        # The reader's acks are all in first: a late one (a busy machine's
+        # timing) would move it past the offset set below, and GC would keep it.
+        last_id, _ = (await redis_client.xrevrange("yrelay:{busy}:stream", count=1))[0]
+        deadline = asyncio.get_running_loop().time() + 30
+        while await redis_client.zscore(tracker_key("busy"), reader.session) != StreamId.parse(last_id.decode()).score():
+            assert asyncio.get_running_loop().time() < deadline, "the reader never acked the last entry"
+            await asyncio.sleep(0.02)
         # The reader falls behind (its acked offset is the first entry) ...
         first_id, _ = (await redis_client.xrange("yrelay:{busy}:stream", count=1))[0]
         await redis_client.zadd(tracker_key("busy"), {reader.session: StreamId.parse(first_id.decode()).score()})
