@@ -22,13 +22,13 @@ from gcutil import append_at
 from test_reconciliation import varint
 from wsraw import RawPeer
 
+from engines import needs_ypy
 from yrelay import crdt, engine, update_format
 from yrelay.app.engine_pool import EngineFailed, EnginePool
 from yrelay.auth import issue_token
 from yrelay.store import DocumentStore
 from yrelay_tools.testing.processes import ServerProcess
 
-needs_ypy = pytest.mark.skipif(not crdt.ypy_available(), reason="y-py (the ypy extra) is not installed")
 
 #: y-py 0.6.2 sizes an allocation by this vector's count (~146 GB) and aborts.
 HOSTILE_VECTOR = base64.b64decode("/////w8=")

@@ -10,13 +10,13 @@ import pycrdt
 import pytest
 from test_validation import good_update
 
+from engines import needs_ypy
 from yrelay import crdt, validation
 from yrelay.app.validator import Validator
 from yrelay.safe_updates import known_safe
 from yrelay.update_format import read_layout
 from yrelay_tools.testing import update_fuzz
 
-needs_ypy = pytest.mark.skipif(not crdt.ypy_available(), reason="y-py (the ypy extra) is not installed")
 
 #: Each passes yrelay's layout read and at least one engine does not read it:
 #: y-py aborts its process (the 21-byte update of docs/security.md#validation,

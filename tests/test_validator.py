@@ -13,11 +13,11 @@ from test_validation import good_update
 from wsraw import RawPeer
 
 from conftest import running_server
+from engines import needs_ypy
 from yrelay import crdt
 from yrelay.app.validator import Validator
 from yrelay.config import Settings
 
-needs_ypy = pytest.mark.skipif(not crdt.ypy_available(), reason="y-py (the ypy extra) is not installed")
 
 #: Passes yrelay's layout decoder; y-py 0.6.2 panics on it with a message
 #: pyo3 cannot convert, and the Rust runtime aborts the whole process.
