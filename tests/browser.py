@@ -41,3 +41,26 @@ async def run_node(*args: str, cwd: Path, env: dict[str, str], timeout: float,
             process.kill()
             await process.wait()
     return process.returncode, stdout.decode(), (stderr or b"").decode()
+
+
+def tap_failures(report: str, limit: int = 8000) -> str:
+    """The failed subtests of a ``node --test --test-reporter=tap`` report,
+    each with its diagnostics block, then the report's closing counts.
+
+    An assertion message showing the report's tail only showed the subtests
+    that passed after the one that failed (the first failure on a busy
+    machine could not be read back from the CI log)."""
+    lines = report.splitlines()
+    failed: list[str] = []
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith("not ok"):
+            block = [line]
+            for following in lines[index + 1:]:
+                block.append(following)
+                if following.strip() == "...":
+                    break
+            failed.append("\n".join(block))
+    counts = [line for line in lines if line.startswith("# ") and line.split()[1:2] and
+              line.split()[1] in {"tests", "pass", "fail", "cancelled", "skipped", "todo", "duration_ms"}]
+    text = "\n\n".join(failed) if failed else "(no `not ok` line: the tail of the report)\n" + report[-3000:]
+    return (text[:limit] + "\n" + "\n".join(counts)).strip()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -144,10 +145,36 @@ def spark():
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     spark_session = _spark.pop("session", None)
+    stopped = True
     if spark_session is not None:
-        spark_session.stop()  # type: ignore[attr-defined]
-    if "log" in _spark and exitstatus == 0:
+        # A JVM already gone (killed, or out of memory on a crowded machine)
+        # refuses the stop: a traceback out of this hook used to replace the
+        # run's summary and its list of failures, so say so and go on.
+        try:
+            spark_session.stop()  # type: ignore[attr-defined]
+        except Exception as error:  # noqa: BLE001 - reported; the tests' results stand
+            stopped = False
+            print(f"\nthe SparkSession could not be stopped (was its JVM gone?): {error!r}; "
+                  f"its output: {_spark.get('log')}", file=sys.stderr)
+    if "log" in _spark and exitstatus == 0 and stopped:
         Path(_spark["log"]).unlink(missing_ok=True)  # type: ignore[arg-type]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How ``make test`` shares the suite between its two pytest-xdist
+    workers (``-n 2 --dist loadgroup``): a module's tests stay on one worker,
+    so its module-scoped servers start once; every module with a test that
+    uses the ``spark`` fixture goes to one worker too, so the run still has
+    one SparkSession; and that group is handed out first, being the longest
+    (~3 minutes, with the standalone-cluster test), so the other worker
+    takes the many short modules meanwhile. Without xdist the marks do
+    nothing and the order is pytest's own."""
+    spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("spark" if module in spark_modules else module))
+    if getattr(config.option, "dist", "no") != "no":
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in spark_modules)  # stable: modules keep their order
 
 
 @pytest.fixture(autouse=True)

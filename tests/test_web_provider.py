@@ -15,7 +15,7 @@ import json
 import shutil
 
 import pytest
-from browser import WEB_DIR, require_web_build, run_node
+from browser import WEB_DIR, require_web_build, run_node, tap_failures
 from conftest import running_server
 
 from yrelay.auth import issue_token
@@ -43,7 +43,7 @@ async def test_node_provider_suite_passes_against_a_live_server(redis_url):
             env={"YRELAY_WS_URL": url, "YRELAY_AUTH_WS_URL": auth_url, "YRELAY_PACED_WS_URL": paced_url,
                  "YRELAY_AUTH_TOKENS": json.dumps(tokens), "YRELAY_REDIS_URL": redis_url,
                  "YRELAY_OPS_TOKEN": OPS_TOKEN}, merge_stderr=True)
-    assert returncode == 0, report[-6000:]
+    assert returncode == 0, tap_failures(report)
     passed = [line for line in report.splitlines() if line.startswith("# pass ")]
-    assert passed and int(passed[-1].split()[-1]) >= 40, report[-3000:]
-    assert "# fail 0" in report and "# skipped 0" in report, report[-3000:]
+    assert passed and int(passed[-1].split()[-1]) >= 40, tap_failures(report)
+    assert "# fail 0" in report and "# skipped 0" in report, tap_failures(report)
