@@ -31,6 +31,9 @@ Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
 _BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
 _GC, _SKIP = 0, 10
 _TYPE_NEEDS_KEY = {3, 5}  # YXmlElement, YXmlHook carry a node name
+#: Type refs Yjs 13 reads: YArray .. YXmlText (0-6). yrs reads more (7, a
+#: weak link; 15, "undefined") and Yjs throws on those.
+YJS_TYPE_REFS = 7
 _NO_END = float("inf")
 
 
@@ -57,8 +60,9 @@ def _utf16_length(text: str) -> int:
     return len(text.encode("utf-16-le", errors="surrogatepass")) // 2
 
 
-def _content_length(reader: lib0.Reader, ref: int) -> int:
-    """Consume an Item's content and return how many clocks it spans."""
+def _content_length(reader: lib0.Reader, ref: int, strict: bool = False) -> int:
+    """Consume an Item's content and return how many clocks it spans
+    (``strict``: a type ref Yjs does not know is refused, see :func:`read_layout`)."""
     if ref == 1:  # ContentDeleted
         return reader.varuint()
     if ref == 2:  # ContentJSON: strings
@@ -79,7 +83,10 @@ def _content_length(reader: lib0.Reader, ref: int) -> int:
         reader.varuint8array()
         return 1
     if ref == 7:  # ContentType
-        if reader.varuint() in _TYPE_NEEDS_KEY:
+        type_ref = reader.varuint()
+        if strict and type_ref >= YJS_TYPE_REFS:
+            raise MalformedUpdate(f"type ref {type_ref} is not one of Yjs's (0-6): Yjs cannot apply it")
+        if type_ref in _TYPE_NEEDS_KEY:
             reader.varuint8array()
         return 1
     if ref == 8:  # ContentAny
@@ -94,7 +101,8 @@ def _content_length(reader: lib0.Reader, ref: int) -> int:
     raise MalformedUpdate(f"unknown content type {ref}")
 
 
-def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None) -> int:
+def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None,
+                   strict: bool = False) -> int:
     """Consume one Item (after its info byte) and return its length; the ids
     it refers to (origin, right origin, parent) go to ``refs`` when given."""
     if info & _BIT8:
@@ -108,7 +116,7 @@ def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] |
             _ref(reader, refs)  # the parent item's id
         if info & _BIT6:
             reader.varuint8array()  # parentSub: the map key
-    return _content_length(reader, info & _BITS5)
+    return _content_length(reader, info & _BITS5, strict)
 
 
 def _ref(reader: lib0.Reader, refs: list[tuple[int, int]] | None) -> None:
@@ -250,14 +258,20 @@ def with_deletes(update: bytes, extra: Ranges) -> bytes:
     _read_structs(reader)
     start = reader.pos
     merged = union([Coverage(deletes=_read_deletes(reader)), Coverage(deletes=extra)]).deletes
-    out = bytearray(update[:start])
-    lib0.write_varuint(out, len(merged))
-    for client, ranges in merged.items():
+    return update[:start] + _delete_set([(client, [(lo, hi - lo) for lo, hi in ranges])
+                                         for client, ranges in merged.items()])
+
+
+def _delete_set(entries: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> bytes:
+    """A delete set's bytes: ``(client, [(clock, length), ...])`` entries, in order."""
+    out = bytearray()
+    lib0.write_varuint(out, len(entries))
+    for client, ranges in entries:
         lib0.write_varuint(out, client)
         lib0.write_varuint(out, len(ranges))
-        for lo, hi in ranges:
-            lib0.write_varuint(out, lo)
-            lib0.write_varuint(out, hi - lo)
+        for clock, length in ranges:
+            lib0.write_varuint(out, clock)
+            lib0.write_varuint(out, length)
     return bytes(out)
 
 
@@ -395,9 +409,17 @@ class Layout:
     deletes: Ranges
 
 
-def read_layout(update: bytes) -> Layout:
+def read_layout(update: bytes, strict: bool = False) -> Layout:
     """Every struct of ``update`` with its refs and byte span, and its delete
-    set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1)."""
+    set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1).
+
+    ``strict`` (what the server stores from now on: :mod:`yrelay.app.write_path`)
+    also refuses what pycrdt and y-py read but Yjs 13.6, the browser
+    clients' engine, throws on, and no Yjs encoder writes: a GC or Item of
+    length 0 (an empty string, array or deleted run: Yjs's struct store
+    cannot hold one, "Unexpected case" or a read of an undefined struct) and
+    a type ref past 6. Entries stored before are read leniently (a rebuilt
+    state vector must count what the append script counted)."""
     reader = _reader(update)
     sections = []
     total = 0
@@ -417,10 +439,13 @@ def read_layout(update: bytes) -> Layout:
                 structs.append(Struct(clock, length, ref == _SKIP, (), start, reader.pos))
             else:
                 refs: list[tuple[int, int]] = []
-                length = _struct_length(reader, info, refs)
+                length = _struct_length(reader, info, refs, strict)
                 for pair in refs:
                     highest = max(highest, *pair)
                 structs.append(Struct(clock, length, False, tuple(refs), start, reader.pos))
+            if strict and not length and ref != _SKIP:  # a Skip of 0 covers nothing, in Yjs too
+                raise MalformedUpdate("a struct of length 0 (an empty string, array or deleted run): "
+                                      "Yjs cannot apply it")
             clock += length
         _check_safe(client, clock, highest)
         sections.append(Section(client, tuple(structs)))
@@ -454,3 +479,34 @@ def encode_part(update: bytes, layout: Layout, kept: dict[int, int]) -> bytes:
         out += update[section.structs[0].start : section.structs[count - 1].end]
     out += update[layout.delete_start :]
     return bytes(out)
+
+
+def without_empty_deletes(update: bytes, layout: Layout) -> bytes:
+    """``update`` without the empty ranges of its delete set (length 0), nor
+    the clients left with no range; ``update`` itself when it has none.
+
+    y-py 0.6.2 writes such ranges when it deletes text (``05 00``: clock 5,
+    length 0); pycrdt and y-py apply them as nothing, but Yjs 13.6 throws
+    ("Unexpected case") on one past what its document holds of that client:
+    it keeps such a range as a pending delete set, whose encoding has no
+    length 0 (``UpdateEncoderV2.writeDsLen``). An empty range deletes
+    nothing, so without it the update means what its sender meant, and
+    every engine applies it. ``layout`` (``read_layout(update)``) holds for
+    the result too: the structs are kept byte for byte, and ``deletes``
+    never counted empty ranges."""
+    reader = lib0.Reader(update, MalformedUpdate, layout.delete_start)
+    entries: list[tuple[int, list[tuple[int, int]]]] = []
+    clean = True
+    for _ in range(reader.varuint()):
+        client, count = reader.varuint(), reader.varuint()
+        kept = []
+        for _ in range(count):
+            clock, length = reader.varuint(), reader.varuint()
+            if length:
+                kept.append((clock, length))
+        clean = clean and 0 < len(kept) == count
+        if kept:
+            entries.append((client, kept))
+    if clean:
+        return update
+    return update[:layout.delete_start] + _delete_set(entries)
