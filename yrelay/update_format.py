@@ -31,8 +31,8 @@ Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
 _BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
 _GC, _SKIP = 0, 10
 _TYPE_NEEDS_KEY = {3, 5}  # YXmlElement, YXmlHook carry a node name
-#: Type refs Yjs 13 reads: YArray .. YXmlText (0-6). yrs reads more (7, a
-#: weak link; 15, "undefined") and Yjs throws on those.
+#: Type refs Yjs 13 reads: YArray .. YXmlText (0-6). pycrdt reads 9 and 15
+#: too (yrs's sub-document and "undefined" branches); Yjs throws on them.
 YJS_TYPE_REFS = 7
 _NO_END = float("inf")
 
