@@ -21,7 +21,7 @@ from engines import needs_ypy
 from wsraw import RawPeer
 
 from yrelay import crdt, lib0
-from yrelay.update_format import read_layout, without_empty_deletes
+from yrelay.update_format import read_layout, stored_form
 
 YJS = Path(__file__).resolve().parent.parent / "web" / "node_modules" / "yjs" / "dist" / "yjs.mjs"
 
@@ -109,30 +109,66 @@ def after_a(kind: int, content: bytes) -> bytes:
 
 
 A = in_root(4, b"\x01a")  # the string "a"
-#: What Yjs 13.6 throws on, pycrdt reads, and no encoder writes: refused.
+#: What pycrdt reads, Yjs 13.6 cannot decode (it throws), and no encoder
+#: writes: refused.
 REFUSED = {
-    "an empty string after a": update_of(A, after_a(4, b"\x00")),
-    "an empty array after a": update_of(A, after_a(8, b"\x00")),
-    "an empty deleted run": update_of(in_root(1, b"\x00")),
-    "type ref 9 (read by pycrdt)": update_of(in_root(7, b"\x09")),
-    "type ref 15 (\"undefined\" in yrs)": update_of(in_root(7, b"\x0f")),
+    "type ref 9 (a sub-document in yrs)": update_of(in_root(7, b"\x09")),
+    "type ref 15 (undefined in yrs)": update_of(in_root(7, b"\x0f")),
+    "a sub-document whose options are null": update_of(in_root(9, b"\x01g\x7e")),
+    "a sub-document whose options are undefined": update_of(in_root(9, b"\x01g\x7f")),
+}
+#: What pycrdt reads, Yjs throws on, and carries nothing: stored without
+#: its structs of length 0 (y-py and pycrdt write empty strings in a
+#: document's state after an edit inside a surrogate pair).
+EMPTY = {
+    "an empty string after a": (update_of(A, after_a(4, b"\x00")), update_of(A)),
+    "an empty array after a": (update_of(A, after_a(8, b"\x00")), update_of(A)),
+    "an empty deleted run": (update_of(in_root(1, b"\x00")), crdt.EMPTY_UPDATE),
 }
 
 
-def test_yjs_throws_on_what_is_refused_and_pycrdt_reads_it():
+def test_what_is_refused_or_left_out_reads_in_pycrdt_and_not_in_yjs():
     """The refusals are about Yjs: each case reads in pycrdt and the
-    lenient layout read, throws in Yjs, and fails the strict read."""
-    results = yjs_apply(*([update] for update in REFUSED.values()))
-    for (name, update), result in zip(REFUSED.items(), results):
-        assert "threw" in result, (name, result)
+    lenient layout read, throws in Yjs, and (refused) fails the strict read."""
+    updates = [*REFUSED.values(), *(sent for sent, _ in EMPTY.values())]
+    for update, result in zip(updates, yjs_apply(*([update] for update in updates))):
+        assert "threw" in result, (update.hex(), result)
         crdt.pycrdt_doc.validate_update(update)  # raises if pycrdt did not read it
         read_layout(update)
+    for update in REFUSED.values():
         with pytest.raises(ValueError, match="Yjs cannot apply it"):
             read_layout(update, strict=True)
 
 
+def test_the_strict_read_refuses_every_string_yjs_cannot_decode():
+    """lib0's TextDecoder is fatal and Yjs parses JSON content with
+    ``JSON.parse``: pycrdt refuses these too, the strict read on its own."""
+    def text(data: bytes) -> bytes:
+        out = bytearray()
+        lib0.write_varuint8array(out, data)
+        return bytes(out)
+
+    cases = [
+        update_of(bytes([4, 1]) + text(b"\xff") + text(b"a")),  # a root type's name
+        update_of(in_root(4, text(b"\xed\xa0\x80"))),  # an encoded lone surrogate
+        update_of(in_root(8, b"\x01\x77" + text(b"\xff"))),  # a string in an Any value
+        update_of(in_root(8, b"\x01\x76\x01" + text(b"\xff") + b"\x7e")),  # a key in an Any object
+        update_of(in_root(7, b"\x05" + text(b"\xff"))),  # an XML hook's name
+        update_of(in_root(2, b"\x01" + text(b"{"))),  # ContentJSON
+        update_of(in_root(2, b"\x01" + text(b"NaN"))),  # Python's json reads it, JSON.parse does not
+        update_of(in_root(5, text(b"1 x"))),  # an embed
+        update_of(A, after_a(6, text(b"bold") + text(b"tru"))),  # a format's value
+    ]
+    for update in cases:
+        read_layout(update)
+        with pytest.raises(ValueError, match="not (UTF-8|JSON)"):
+            read_layout(update, strict=True)
+    assert [result.get("threw", "") != "" for result in yjs_apply(*([update] for update in cases))] == [True] * 9
+    read_layout(update_of(in_root(2, b"\x02" + text(b"undefined") + text(b'{"a":[1]}'))), strict=True)
+
+
 @pytest.mark.parametrize("name", list(REFUSED))
-async def test_an_update_yjs_cannot_apply_is_refused_with_a_clear_error(server_url, redis_client, name):
+async def test_an_update_yjs_cannot_decode_is_refused_with_a_clear_error(server_url, redis_client, name):
     peer = await RawPeer.connect(server_url)
     await peer.send({"op": "subscribe", "doc": "r"})
     await peer.expect("subscribed")
@@ -141,6 +177,18 @@ async def test_an_update_yjs_cannot_apply_is_refused_with_a_clear_error(server_u
     assert "Yjs cannot apply it" in answer["message"] and "Traceback" not in answer["message"], answer
     assert await redis_client.xlen("yrelay:{r}:stream") == 0
     assert (await peer.update("r", 3, typed(9, [(0, "ok")])[0]))["op"] == "appended"  # the connection goes on
+
+
+async def test_structs_of_length_0_are_stored_without_them(server_url, redis_client):
+    peer = await RawPeer.connect(server_url)
+    await peer.send({"op": "subscribe", "doc": "z"})
+    await peer.expect("subscribed")
+    for clock, (sent, _) in enumerate(EMPTY.values(), 1):
+        assert (await peer.update("z", clock, sent))["op"] == "appended"
+    entries = await stored(redis_client, "z")
+    assert entries == [kept for _, kept in EMPTY.values()]
+    assert yjs_apply(*([entry] for entry in entries)) == [{"text": "a"}, {"text": "a"}, {"text": ""}]
+    assert [pycrdt_text([entry]) for entry in entries] == ["a", "a", ""]
 
 
 async def test_empty_delete_ranges_are_stored_without_them(server_url, redis_client):
@@ -184,10 +232,10 @@ def test_the_stored_form_keeps_what_else_the_update_says():
     [update] = typed(3, [(0, "abc")])
     for deletes in [delete_set(), delete_set((3, [(1, 1)])), delete_set((3, [(2, 1), (0, 1)]), (3, [(1, 1)]))]:
         whole = with_delete_set(update, deletes)
-        assert without_empty_deletes(whole, read_layout(whole)) is whole
+        assert stored_form(whole, read_layout(whole)) is whole
     messy = with_delete_set(update, delete_set((3, [(2, 1), (1, 0), (0, 1)]), (4, [(0, 0)]), (3, [])))
     layout = read_layout(messy)
-    clean = without_empty_deletes(messy, layout)
+    clean = stored_form(messy, layout)
     assert clean == with_delete_set(update, delete_set((3, [(2, 1), (0, 1)])))
     assert read_layout(clean).sections == layout.sections and read_layout(clean).deletes == layout.deletes
 
@@ -204,7 +252,7 @@ async def test_a_y_py_client_deleting_text_is_stored_so_that_yjs_applies_it(serv
     crdt.insert_text(doc.ydoc, 0, "x")
     crdt.insert_text(doc.ydoc, 0, "ü")
     crdt.delete_text(doc.ydoc, 1, 1)
-    assert without_empty_deletes(written[-1], read_layout(written[-1])) is not written[-1]  # y-py's shape
+    assert stored_form(written[-1], read_layout(written[-1])) is not written[-1]  # y-py's shape
     await client.wait_idle()
     entries = await stored(redis_client, "ypy")
     assert len(entries) == 3 and entries[:2] == written[:2] and entries[2] != written[2]

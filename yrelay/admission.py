@@ -107,12 +107,16 @@ class Reading:
 
 def read_for_storing(update: bytes) -> Reading:
     """``update`` as the server's write path reads it: strictly
-    (``read_layout(strict=True)``: nothing Yjs throws on), with its needs,
-    and in the form it is stored, without empty delete ranges (Yjs throws on
-    those too: :func:`update_format.without_empty_deletes`). Raises
-    :class:`MalformedUpdate` (:class:`InconsistentUpdate` included)."""
+    (``read_layout(strict=True)``: nothing Yjs cannot decode), in the form
+    it is stored (without the structs of length 0 and empty delete ranges
+    Yjs throws on: :func:`update_format.stored_form`), with that form's
+    layout and needs. Raises :class:`MalformedUpdate`
+    (:class:`InconsistentUpdate` included)."""
     layout = update_format.read_layout(update, strict=True)
-    return Reading(update_format.without_empty_deletes(update, layout), layout, needs_of(layout))
+    stored = update_format.stored_form(update, layout)
+    if stored is not update:
+        layout = update_format.read_layout(stored)
+    return Reading(stored, layout, needs_of(layout))
 
 
 def _plainly_ordered(layout: Layout) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -45,12 +46,47 @@ def _reader(data: bytes) -> lib0.Reader:
     return lib0.Reader(data, MalformedUpdate)
 
 
-def _string(reader: lib0.Reader) -> str:
-    """A ContentString's text; lone surrogates pass (their UTF-16 length counts)."""
+def _string(reader: lib0.Reader, strict: bool = False) -> str:
+    """A ContentString's text; lone surrogates pass (their UTF-16 length
+    counts), unless ``strict``."""
+    if strict:
+        return _text(reader, True, "a string")
     try:
         return reader.varuint8array().decode("utf-8", errors="surrogatepass")
     except UnicodeDecodeError:
         raise MalformedUpdate("string is not UTF-8") from None
+
+
+_YJS = "Yjs cannot apply it"
+
+
+def _text(reader: lib0.Reader, strict: bool, what: str) -> str:
+    """A string Yjs decodes (lib0's TextDecoder is fatal: invalid UTF-8,
+    encoded surrogates included, throws); '' unless ``strict``, where it is
+    only skipped."""
+    data = reader.varuint8array()
+    if not strict:
+        return ""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise MalformedUpdate(f"{what} is not UTF-8: {_YJS}") from None
+
+
+def _json(reader: lib0.Reader, strict: bool, what: str, undefined: bool = False) -> None:
+    """JSON text Yjs parses (``JSON.parse``: no NaN, no Infinity, unlike
+    Python's); ``undefined``: the word itself passes (ContentJSON's)."""
+    text = _text(reader, strict, what)
+    if not strict or (undefined and text == "undefined"):
+        return
+    try:
+        json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        raise MalformedUpdate(f"{what} is not JSON: {_YJS}") from None
+
+
+def _not_json(word: str) -> None:
+    raise ValueError(word)
 
 
 def _utf16_length(text: str) -> int:
@@ -62,41 +98,43 @@ def _utf16_length(text: str) -> int:
 
 def _content_length(reader: lib0.Reader, ref: int, strict: bool = False) -> int:
     """Consume an Item's content and return how many clocks it spans
-    (``strict``: a type ref Yjs does not know is refused, see :func:`read_layout`)."""
+    (``strict``: what Yjs cannot read is refused, see :func:`read_layout`)."""
     if ref == 1:  # ContentDeleted
         return reader.varuint()
     if ref == 2:  # ContentJSON: strings
         count = reader.varuint()
         for _ in range(count):
-            reader.varuint8array()
+            _json(reader, strict, "a JSON item", undefined=True)
         return count
     if ref == 3:  # ContentBinary
         reader.varuint8array()
         return 1
     if ref == 4:  # ContentString
-        return _utf16_length(_string(reader))
+        return _utf16_length(_string(reader, strict))
     if ref == 5:  # ContentEmbed: JSON text
-        reader.varuint8array()
+        _json(reader, strict, "an embed")
         return 1
     if ref == 6:  # ContentFormat: key, JSON text
-        reader.varuint8array()
-        reader.varuint8array()
+        _text(reader, strict, "a format's key")
+        _json(reader, strict, "a format's value")
         return 1
     if ref == 7:  # ContentType
         type_ref = reader.varuint()
         if strict and type_ref >= YJS_TYPE_REFS:
-            raise MalformedUpdate(f"type ref {type_ref} is not one of Yjs's (0-6): Yjs cannot apply it")
+            raise MalformedUpdate(f"type ref {type_ref} is not one of Yjs's (0-6): {_YJS}")
         if type_ref in _TYPE_NEEDS_KEY:
-            reader.varuint8array()
+            _text(reader, strict, "a node name")
         return 1
     if ref == 8:  # ContentAny
         count = reader.varuint()
         for _ in range(count):
-            reader.skip_any()
+            reader.skip_any(strict=strict)
         return count
     if ref == 9:  # ContentDoc: guid, options
-        reader.varuint8array()
-        reader.skip_any()
+        _text(reader, strict, "a sub-document's guid")
+        if strict and reader.data[reader.pos : reader.pos + 1] in (b"\x7f", b"\x7e"):
+            raise MalformedUpdate(f"a sub-document's options are undefined or null: {_YJS}")
+        reader.skip_any(strict=strict)
         return 1
     raise MalformedUpdate(f"unknown content type {ref}")
 
@@ -111,11 +149,11 @@ def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] |
         _ref(reader, refs)  # right origin id
     if not info & (_BIT7 | _BIT8):  # the parent cannot be copied from an origin
         if reader.varuint() == 1:
-            reader.varuint8array()  # a root type's name
+            _text(reader, strict, "a root type's name")
         else:
             _ref(reader, refs)  # the parent item's id
         if info & _BIT6:
-            reader.varuint8array()  # parentSub: the map key
+            _text(reader, strict, "a map key")  # parentSub
     return _content_length(reader, info & _BITS5, strict)
 
 
@@ -415,16 +453,25 @@ def read_layout(update: bytes, strict: bool = False) -> Layout:
 
     ``strict`` (what the server stores from now on: :mod:`yrelay.app.write_path`)
     also refuses what pycrdt and y-py read but Yjs 13.6, the browser
-    clients' engine, throws on, and no Yjs encoder writes: a GC or Item of
-    length 0 (an empty string, array or deleted run: Yjs's struct store
-    cannot hold one, "Unexpected case" or a read of an undefined struct) and
-    a type ref past 6. Entries stored before are read leniently (a rebuilt
-    state vector must count what the append script counted)."""
+    clients' engine, cannot even decode, and no Yjs encoder writes: a
+    client in two sections (Yjs keeps the last one only, so it would not
+    hold what the others do), a type ref past 6, a string that is not
+    UTF-8 (lib0's decoder is fatal), JSON content ``JSON.parse`` throws
+    on, and a sub-document whose options are undefined or null. (What Yjs
+    decodes but throws on integrating, and
+    which carries nothing, is left out of what is stored instead:
+    :func:`stored_form`.) Entries stored before are read leniently (a
+    rebuilt state vector must count what the append script counted)."""
     reader = _reader(update)
     sections = []
+    seen: set[int] = set()
     total = 0
     for _ in range(reader.varuint()):
         count, client, clock = reader.varuint(), reader.varuint(), reader.varuint()
+        if strict:
+            if client in seen:
+                raise MalformedUpdate(f"client {client} has two sections (Yjs reads only the last): {_YJS}")
+            seen.add(client)
         total += count + 1  # an empty section costs an object too
         if total > MAX_STRUCTS:
             raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs and sections in one update")
@@ -443,9 +490,6 @@ def read_layout(update: bytes, strict: bool = False) -> Layout:
                 for pair in refs:
                     highest = max(highest, *pair)
                 structs.append(Struct(clock, length, False, tuple(refs), start, reader.pos))
-            if strict and not length and ref != _SKIP:  # a Skip of 0 covers nothing, in Yjs too
-                raise MalformedUpdate("a struct of length 0 (an empty string, array or deleted run): "
-                                      "Yjs cannot apply it")
             clock += length
         _check_safe(client, clock, highest)
         sections.append(Section(client, tuple(structs)))
@@ -468,33 +512,65 @@ def encode_part(update: bytes, layout: Layout, kept: dict[int, int]) -> bytes:
 
     Each struct's bytes are copied as they are: a kept prefix starts at its
     section's first clock, so no struct needs rewriting."""
+    sections = [(section.client, section.structs[:kept.get(index, 0)]) for index, section in enumerate(layout.sections)]
+    return _sections(update, [(client, structs) for client, structs in sections if structs]) \
+        + update[layout.delete_start :]
+
+
+def _sections(update: bytes, sections: Sequence[tuple[int, Sequence[Struct]]]) -> bytes:
+    """The struct part of an update: ``(client, structs of update)`` sections,
+    each struct's bytes copied as they are (V1 encodes each on its own;
+    runs of adjacent ones in one slice)."""
     out = bytearray()
-    sections = [(section, kept.get(index, 0)) for index, section in enumerate(layout.sections)]
-    sections = [(section, count) for section, count in sections if count]
     lib0.write_varuint(out, len(sections))
-    for section, count in sections:
-        lib0.write_varuint(out, count)
-        lib0.write_varuint(out, section.client)
-        lib0.write_varuint(out, section.structs[0].clock)
-        out += update[section.structs[0].start : section.structs[count - 1].end]
-    out += update[layout.delete_start :]
+    for client, structs in sections:
+        lib0.write_varuint(out, len(structs))
+        lib0.write_varuint(out, client)
+        lib0.write_varuint(out, structs[0].clock)
+        start, end = structs[0].start, structs[0].end
+        for struct in structs[1:]:
+            if struct.start != end:
+                out += update[start:end]
+                start = struct.start
+            end = struct.end
+        out += update[start:end]
     return bytes(out)
 
 
-def without_empty_deletes(update: bytes, layout: Layout) -> bytes:
-    """``update`` without the empty ranges of its delete set (length 0), nor
-    the clients left with no range; ``update`` itself when it has none.
+def stored_form(update: bytes, layout: Layout) -> bytes:
+    """``update`` without what carries nothing and Yjs 13.6 (the browser
+    clients' engine) throws on; ``update`` itself when it has none of it
+    (no Yjs encoder writes any):
 
-    y-py 0.6.2 writes such ranges when it deletes text (``05 00``: clock 5,
-    length 0); pycrdt and y-py apply them as nothing, but Yjs 13.6 throws
-    ("Unexpected case") on one past what its document holds of that client:
-    it keeps such a range as a pending delete set, whose encoding has no
-    length 0 (``UpdateEncoderV2.writeDsLen``). An empty range deletes
-    nothing, so without it the update means what its sender meant, and
-    every engine applies it. ``layout`` (``read_layout(update)``) holds for
-    the result too: the structs are kept byte for byte, and ``deletes``
-    never counted empty ranges."""
-    reader = lib0.Reader(update, MalformedUpdate, layout.delete_start)
+    - structs of length 0 (an empty string, array or deleted run; a GC or
+      Skip of 0), and sections left with none: y-py and pycrdt write empty
+      strings in a document's state after an edit inside a surrogate pair;
+      Yjs's struct store cannot hold one ("Unexpected case", or a read of an
+      undefined struct). An id refers to the struct that holds its clock,
+      and one of length 0 holds none: every reference reads the same
+      without it. Clocks stay as they were (it spans none).
+    - empty ranges of the delete set (and clients left with none): y-py
+      writes them when it deletes text (``05 00``: clock 5, length 0);
+      Yjs throws on one at or past what its document holds of that client
+      (its pending delete set cannot encode a length of 0).
+
+    Nothing the sender meant is lost, and every engine applies the result.
+    The caller reads the result's layout again when it differs."""
+    sections = [(section.client, [s for s in section.structs if s.length]) for section in layout.sections]
+    same_structs = all(len(kept) == len(section.structs) and kept
+                       for (_, kept), section in zip(sections, layout.sections))
+    deletes = _non_empty_deletes(update, layout.delete_start)
+    if same_structs and deletes is None:
+        return update
+    head = update[:layout.delete_start] if same_structs else _sections(update, [s for s in sections if s[1]])
+    return head + (update[layout.delete_start:] if deletes is None else _delete_set(deletes))
+
+
+def _non_empty_deletes(update: bytes, start: int) -> list[tuple[int, list[tuple[int, int]]]] | None:
+    """The delete set at ``start`` without its empty ranges and the clients
+    left with none (``(client, [(clock, length)])`` in order); None when it
+    has none of them."""
+    reader = lib0.Reader(update, MalformedUpdate, start)
     entries: list[tuple[int, list[tuple[int, int]]]] = []
     clean = True
     for _ in range(reader.varuint()):
@@ -507,6 +583,4 @@ def without_empty_deletes(update: bytes, layout: Layout) -> bytes:
         clean = clean and 0 < len(kept) == count
         if kept:
             entries.append((client, kept))
-    if clean:
-        return update
-    return update[:layout.delete_start] + _delete_set(entries)
+    return None if clean else entries

@@ -6,8 +6,9 @@ refused are ignored; the rates (:mod:`.allowance`); the size and base64
 (:mod:`.payloads`); reassembly of an update sent in parts
 (:mod:`.update_parts`); the struct-by-struct read of its layout and causal
 needs (on the event loop up to 64 KiB, where it is also the layout check,
-else in a thread), strict: nothing Yjs cannot apply is stored, and empty
-delete ranges are left out of what is stored (:func:`read_update`); the
+else in a thread), strict: nothing Yjs cannot decode is stored, and what
+carries nothing but makes Yjs throw (structs of length 0, empty delete
+ranges) is left out of what is stored (:func:`read_update`); the
 validator's verdict (pycrdt, and y-py with ``validate_with_ypy``, in worker
 processes). In flight it holds a slot and its bytes (:mod:`.inflight`: past
 a cap the connection stops reading its socket). Updates are validated
@@ -122,8 +123,8 @@ class WritePath:
         """Wait for the validator and, for a large update, its causal reading
         in a thread (while the next frames are read), then for the update
         received before this one, then append. (A large update is validated
-        as it came: its stored form differs at most by empty delete ranges,
-        which no engine reads as anything.)"""
+        as it came: its stored form differs at most by what carries nothing,
+        structs of length 0 and empty delete ranges.)"""
         assert self.session is not None
         try:
             if reading is None:

@@ -16,16 +16,16 @@ fared (the evidence for the options weighed in BENCHMARKS.md#validation),
 and what the server's validation stores of them: with pycrdt alone (the
 default) and with ``YRELAY_VALIDATE_WITH_YPY`` (issue 32). Each update is
 read as the server's write path reads it (``admission.read_for_storing``):
-strictly (what Yjs cannot apply is refused: ``read_layout(strict=True)``;
+strictly (what Yjs cannot decode is refused: ``read_layout(strict=True)``;
 so are structs that refer to each other in a way no document can apply),
-and in its stored form, without empty delete ranges. ``--survivors FILE``
-writes every update validation on pycrdt alone would store, one hex per
-line, for a reference
-engine (``node yrelay_tools/testing/yjs_apply.mjs FILE`` applies each with
-Yjs); ``FILE.with-ypy`` what it stores with y-py's check; and
-``FILE.admitted``, ``FILE.with-ypy.admitted`` those of them the server's
-causal admission takes into an empty document (the rest wait for content
-they build on, and Yjs would keep them pending).
+and in its stored form, without structs of length 0 and empty delete
+ranges. ``--survivors FILE`` writes every update validation on pycrdt alone
+would store, one hex per line, for a reference engine (``node
+yrelay_tools/testing/yjs_apply.mjs FILE`` applies each with Yjs);
+``FILE.with-ypy`` what it stores with y-py's check; and ``FILE.admitted``,
+``FILE.with-ypy.admitted`` those of them the server's causal admission takes
+into an empty document (the rest wait for content they build on, and Yjs
+keeps them pending).
 """
 
 from __future__ import annotations
@@ -478,7 +478,8 @@ class Report:
     #: Read by the lenient layout read, refused by the write path's strict
     #: one (Yjs cannot apply them, or their structs cannot apply in any document).
     strict_refused: int = 0
-    #: Stored without their empty delete ranges.
+    #: Stored in another form: without structs of length 0 or empty delete
+    #: ranges (``update_format.stored_form``).
     normalized: int = 0
     known_safe: int = 0
     #: Outside the known shapes: (y-py verdict, pycrdt verdict) -> count.
@@ -503,7 +504,8 @@ class Report:
     def summary(self) -> dict[str, object]:
         return {"generated": self.generated, "layout_refused": self.layout_refused,
                 "refused by the write path's strict read": self.strict_refused,
-                "without empty delete ranges": self.normalized, "known_safe": self.known_safe,
+                "stored without length-0 structs or empty delete ranges": self.normalized,
+                "known_safe": self.known_safe,
                 "outside_known_shapes": {f"ypy={VERDICTS[a]} pycrdt={VERDICTS[b]}": n
                                          for (a, b), n in sorted(self.others.items())},
                 "counterexamples": len(self.counterexamples),
