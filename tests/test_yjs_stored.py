@@ -192,7 +192,7 @@ async def test_structs_of_length_0_are_stored_without_them(server_url, redis_cli
 
 
 async def test_empty_delete_ranges_are_stored_without_them(server_url, redis_client):
-    """y-py's shape (``ins x; ins ü; del ü`` wrote (0, 1) and an empty (2, 0)):
+    """y-py's shape (deleting the x of "xü" it wrote (0, 1) and an empty (2, 0)):
     Yjs holding the whole document throws on the client's bytes; it applies
     what the server stored, as does pycrdt. A delete set of empty ranges
     only (for a client nobody holds) is stored as an empty update."""
@@ -243,7 +243,7 @@ def test_the_stored_form_keeps_what_else_the_update_says():
 @needs_ypy
 async def test_a_y_py_client_deleting_text_is_stored_so_that_yjs_applies_it(server_url, redis_client, make_client):
     """The y-py engine of the Python client writes an empty delete range
-    deleting the ü it just typed; its edits are all stored (none refused),
+    deleting the x it typed ü before; its edits are all stored (none refused),
     and Yjs and pycrdt apply what was stored, in order, to its text."""
     client = await make_client(server_url, engine="y-py")
     doc = await client.subscribe("ypy")
