@@ -556,13 +556,17 @@ def stored_form(update: bytes, layout: Layout) -> bytes:
 
     Nothing the sender meant is lost, and every engine applies the result.
     The caller reads the result's layout again when it differs."""
-    sections = [(section.client, [s for s in section.structs if s.length]) for section in layout.sections]
-    same_structs = all(len(kept) == len(section.structs) and kept
-                       for (_, kept), section in zip(sections, layout.sections))
-    deletes = _non_empty_deletes(update, layout.delete_start)
+    same_structs = all(section.structs and all(struct.length for struct in section.structs)
+                       for section in layout.sections)
+    no_deletes = len(update) == layout.delete_start + 1  # "0 clients": most updates
+    deletes = None if no_deletes else _non_empty_deletes(update, layout.delete_start)
     if same_structs and deletes is None:
         return update
-    head = update[:layout.delete_start] if same_structs else _sections(update, [s for s in sections if s[1]])
+    if same_structs:
+        head = update[:layout.delete_start]
+    else:
+        sections = [(section.client, [s for s in section.structs if s.length]) for section in layout.sections]
+        head = _sections(update, [(client, structs) for client, structs in sections if structs])
     return head + (update[layout.delete_start:] if deletes is None else _delete_set(deletes))
 
 
