@@ -123,6 +123,8 @@ REFUSED = {
 EMPTY = {
     "an empty string after a": (update_of(A, after_a(4, b"\x00")), update_of(A)),
     "an empty array after a": (update_of(A, after_a(8, b"\x00")), update_of(A)),
+    "an empty string between a and b": (update_of(A, after_a(4, b"\x00"), after_a(4, b"\x01b")),
+                                        update_of(A, after_a(4, b"\x01b"))),
     "an empty deleted run": (update_of(in_root(1, b"\x00")), crdt.EMPTY_UPDATE),
 }
 
@@ -187,8 +189,10 @@ async def test_structs_of_length_0_are_stored_without_them(server_url, redis_cli
         assert (await peer.update("z", clock, sent))["op"] == "appended"
     entries = await stored(redis_client, "z")
     assert entries == [kept for _, kept in EMPTY.values()]
-    assert yjs_apply(*([entry] for entry in entries)) == [{"text": "a"}, {"text": "a"}, {"text": ""}]
-    assert [pycrdt_text([entry]) for entry in entries] == ["a", "a", ""]
+    texts = ["a", "a", "ab", ""]
+    assert yjs_apply(*([entry] for entry in entries)) == [{"text": text} for text in texts]
+    assert [pycrdt_text([entry]) for entry in entries] == texts
+    assert [pycrdt_text([sent]) for sent, _ in EMPTY.values()] == texts  # the same document
 
 
 async def test_empty_delete_ranges_are_stored_without_them(server_url, redis_client):
