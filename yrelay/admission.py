@@ -11,7 +11,8 @@ The state vector lives in Redis beside the stream (``keys.clocks_key``) and
 is changed by the same script that appends (``lua/append.lua``), so server
 processes agree and a crash cannot split the two. This module is the pure
 part: what an update needs (:func:`needs_of`), whether a state vector
-satisfies it (:func:`missing`), the causally ready part of a diff
+satisfies it (:func:`missing`), an update read as the write path reads
+it (:func:`read_for_storing`), the causally ready part of a diff
 (:func:`ready_part`), and a state vector rebuilt from stored updates
 (:class:`StateBuilder`, for documents stored before admission existed).
 
@@ -93,6 +94,29 @@ def needs_of(layout: Layout) -> Needs:
     if len(ranges) + len(refs) > MAX_CLIENTS:  # the append script reads one field per client
         raise MalformedUpdate(f"an update involving more than {MAX_CLIENTS:,} Yjs clients")
     return Needs({client: merge_ranges(spans) for client, spans in ranges.items() if spans}, refs)
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """An update as the server stores it, its structs and its needs."""
+
+    update: bytes
+    layout: Layout
+    needs: Needs
+
+
+def read_for_storing(update: bytes) -> Reading:
+    """``update`` as the server's write path reads it: strictly
+    (``read_layout(strict=True)``: nothing Yjs cannot decode), in the form
+    it is stored (without the structs of length 0 and empty delete ranges
+    Yjs throws on: :func:`update_format.stored_form`), with that form's
+    layout and needs. Raises :class:`MalformedUpdate`
+    (:class:`InconsistentUpdate` included)."""
+    layout = update_format.read_layout(update, strict=True)
+    stored = update_format.stored_form(update, layout)
+    if stored is not update:
+        layout = update_format.read_layout(stored)
+    return Reading(stored, layout, needs_of(layout))
 
 
 def _plainly_ordered(layout: Layout) -> bool:

@@ -167,9 +167,10 @@ class Reader:
         except UnicodeDecodeError:
             raise self.error(f"a {what} is not UTF-8") from None
 
-    def skip_any(self, depth: int = 0) -> None:
+    def skip_any(self, depth: int = 0, strict: bool = False) -> None:
         """Skip one value of lib0's ``writeAny`` (JSON-like, with binary and
-        bigint), nested at most 100 deep."""
+        bigint), nested at most 100 deep; ``strict``: its strings and keys
+        must be UTF-8 (lib0's ``readAny`` throws otherwise)."""
         if depth > 100:
             raise self.error("value nested too deeply")
         kind = self.uint8()
@@ -181,15 +182,17 @@ class Reader:
             self.uint8array(4)
         elif kind in (123, 122):  # float64, bigint64
             self.uint8array(8)
-        elif kind in (119, 116):  # string, Uint8Array
+        elif kind == 119:  # string
+            self.varstring("string in a value") if strict else self.varuint8array()
+        elif kind == 116:  # Uint8Array
             self.varuint8array()
         elif kind == 118:  # object: count, then key and value pairs
             for _ in range(self.varuint()):
-                self.varuint8array()
-                self.skip_any(depth + 1)
+                self.varstring("key in a value") if strict else self.varuint8array()
+                self.skip_any(depth + 1, strict)
         elif kind == 117:  # array
             for _ in range(self.varuint()):
-                self.skip_any(depth + 1)
+                self.skip_any(depth + 1, strict)
         else:
             raise self.error(f"unknown value type {kind}")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,9 @@ Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
 _BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
 _GC, _SKIP = 0, 10
 _TYPE_NEEDS_KEY = {3, 5}  # YXmlElement, YXmlHook carry a node name
+#: Type refs Yjs 13 reads: YArray .. YXmlText (0-6). pycrdt reads 9 and 15
+#: too (yrs's sub-document and "undefined" branches); Yjs throws on them.
+YJS_TYPE_REFS = 7
 _NO_END = float("inf")
 
 
@@ -42,12 +46,47 @@ def _reader(data: bytes) -> lib0.Reader:
     return lib0.Reader(data, MalformedUpdate)
 
 
-def _string(reader: lib0.Reader) -> str:
-    """A ContentString's text; lone surrogates pass (their UTF-16 length counts)."""
+def _string(reader: lib0.Reader, strict: bool = False) -> str:
+    """A ContentString's text; lone surrogates pass (their UTF-16 length
+    counts), unless ``strict``."""
+    if strict:
+        return _text(reader, True, "a string")
     try:
         return reader.varuint8array().decode("utf-8", errors="surrogatepass")
     except UnicodeDecodeError:
         raise MalformedUpdate("string is not UTF-8") from None
+
+
+_YJS = "Yjs cannot apply it"
+
+
+def _text(reader: lib0.Reader, strict: bool, what: str) -> str:
+    """A string Yjs decodes (lib0's TextDecoder is fatal: invalid UTF-8,
+    encoded surrogates included, throws); '' unless ``strict``, where it is
+    only skipped."""
+    data = reader.varuint8array()
+    if not strict:
+        return ""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise MalformedUpdate(f"{what} is not UTF-8: {_YJS}") from None
+
+
+def _json(reader: lib0.Reader, strict: bool, what: str, undefined: bool = False) -> None:
+    """JSON text Yjs parses (``JSON.parse``: no NaN, no Infinity, unlike
+    Python's); ``undefined``: the word itself passes (ContentJSON's)."""
+    text = _text(reader, strict, what)
+    if not strict or (undefined and text == "undefined"):
+        return
+    try:
+        json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        raise MalformedUpdate(f"{what} is not JSON: {_YJS}") from None
+
+
+def _not_json(word: str) -> None:
+    raise ValueError(word)
 
 
 def _utf16_length(text: str) -> int:
@@ -57,44 +96,51 @@ def _utf16_length(text: str) -> int:
     return len(text.encode("utf-16-le", errors="surrogatepass")) // 2
 
 
-def _content_length(reader: lib0.Reader, ref: int) -> int:
-    """Consume an Item's content and return how many clocks it spans."""
+def _content_length(reader: lib0.Reader, ref: int, strict: bool = False) -> int:
+    """Consume an Item's content and return how many clocks it spans
+    (``strict``: what Yjs cannot read is refused, see :func:`read_layout`)."""
     if ref == 1:  # ContentDeleted
         return reader.varuint()
     if ref == 2:  # ContentJSON: strings
         count = reader.varuint()
         for _ in range(count):
-            reader.varuint8array()
+            _json(reader, strict, "a JSON item", undefined=True)
         return count
     if ref == 3:  # ContentBinary
         reader.varuint8array()
         return 1
     if ref == 4:  # ContentString
-        return _utf16_length(_string(reader))
+        return _utf16_length(_string(reader, strict))
     if ref == 5:  # ContentEmbed: JSON text
-        reader.varuint8array()
+        _json(reader, strict, "an embed")
         return 1
     if ref == 6:  # ContentFormat: key, JSON text
-        reader.varuint8array()
-        reader.varuint8array()
+        _text(reader, strict, "a format's key")
+        _json(reader, strict, "a format's value")
         return 1
     if ref == 7:  # ContentType
-        if reader.varuint() in _TYPE_NEEDS_KEY:
-            reader.varuint8array()
+        type_ref = reader.varuint()
+        if strict and type_ref >= YJS_TYPE_REFS:
+            raise MalformedUpdate(f"type ref {type_ref} is not one of Yjs's (0-6): {_YJS}")
+        if type_ref in _TYPE_NEEDS_KEY:
+            _text(reader, strict, "a node name")
         return 1
     if ref == 8:  # ContentAny
         count = reader.varuint()
         for _ in range(count):
-            reader.skip_any()
+            reader.skip_any(strict=strict)
         return count
     if ref == 9:  # ContentDoc: guid, options
-        reader.varuint8array()
-        reader.skip_any()
+        _text(reader, strict, "a sub-document's guid")
+        if strict and reader.data[reader.pos : reader.pos + 1] in (b"\x7f", b"\x7e"):
+            raise MalformedUpdate(f"a sub-document's options are undefined or null: {_YJS}")
+        reader.skip_any(strict=strict)
         return 1
     raise MalformedUpdate(f"unknown content type {ref}")
 
 
-def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None) -> int:
+def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None,
+                   strict: bool = False) -> int:
     """Consume one Item (after its info byte) and return its length; the ids
     it refers to (origin, right origin, parent) go to ``refs`` when given."""
     if info & _BIT8:
@@ -103,12 +149,12 @@ def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] |
         _ref(reader, refs)  # right origin id
     if not info & (_BIT7 | _BIT8):  # the parent cannot be copied from an origin
         if reader.varuint() == 1:
-            reader.varuint8array()  # a root type's name
+            _text(reader, strict, "a root type's name")
         else:
             _ref(reader, refs)  # the parent item's id
         if info & _BIT6:
-            reader.varuint8array()  # parentSub: the map key
-    return _content_length(reader, info & _BITS5)
+            _text(reader, strict, "a map key")  # parentSub
+    return _content_length(reader, info & _BITS5, strict)
 
 
 def _ref(reader: lib0.Reader, refs: list[tuple[int, int]] | None) -> None:
@@ -250,14 +296,20 @@ def with_deletes(update: bytes, extra: Ranges) -> bytes:
     _read_structs(reader)
     start = reader.pos
     merged = union([Coverage(deletes=_read_deletes(reader)), Coverage(deletes=extra)]).deletes
-    out = bytearray(update[:start])
-    lib0.write_varuint(out, len(merged))
-    for client, ranges in merged.items():
+    return update[:start] + _delete_set([(client, [(lo, hi - lo) for lo, hi in ranges])
+                                         for client, ranges in merged.items()])
+
+
+def _delete_set(entries: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> bytes:
+    """A delete set's bytes: ``(client, [(clock, length), ...])`` entries, in order."""
+    out = bytearray()
+    lib0.write_varuint(out, len(entries))
+    for client, ranges in entries:
         lib0.write_varuint(out, client)
         lib0.write_varuint(out, len(ranges))
-        for lo, hi in ranges:
-            lib0.write_varuint(out, lo)
-            lib0.write_varuint(out, hi - lo)
+        for clock, length in ranges:
+            lib0.write_varuint(out, clock)
+            lib0.write_varuint(out, length)
     return bytes(out)
 
 
@@ -395,14 +447,31 @@ class Layout:
     deletes: Ranges
 
 
-def read_layout(update: bytes) -> Layout:
+def read_layout(update: bytes, strict: bool = False) -> Layout:
     """Every struct of ``update`` with its refs and byte span, and its delete
-    set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1)."""
+    set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1).
+
+    ``strict`` (what the server stores from now on: :mod:`yrelay.app.write_path`)
+    also refuses what pycrdt and y-py read but Yjs 13.6, the browser
+    clients' engine, cannot even decode, and no Yjs encoder writes: a
+    client in two sections (Yjs keeps the last one only, so it would not
+    hold what the others do), a type ref past 6, a string that is not
+    UTF-8 (lib0's decoder is fatal), JSON content ``JSON.parse`` throws
+    on, and a sub-document whose options are undefined or null. (What Yjs
+    decodes but throws on integrating, and
+    which carries nothing, is left out of what is stored instead:
+    :func:`stored_form`.) Entries stored before are read leniently (a
+    rebuilt state vector must count what the append script counted)."""
     reader = _reader(update)
     sections = []
+    seen: set[int] = set()
     total = 0
     for _ in range(reader.varuint()):
         count, client, clock = reader.varuint(), reader.varuint(), reader.varuint()
+        if strict:
+            if client in seen:
+                raise MalformedUpdate(f"client {client} has two sections (Yjs reads only the last): {_YJS}")
+            seen.add(client)
         total += count + 1  # an empty section costs an object too
         if total > MAX_STRUCTS:
             raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs and sections in one update")
@@ -417,7 +486,7 @@ def read_layout(update: bytes) -> Layout:
                 structs.append(Struct(clock, length, ref == _SKIP, (), start, reader.pos))
             else:
                 refs: list[tuple[int, int]] = []
-                length = _struct_length(reader, info, refs)
+                length = _struct_length(reader, info, refs, strict)
                 for pair in refs:
                     highest = max(highest, *pair)
                 structs.append(Struct(clock, length, False, tuple(refs), start, reader.pos))
@@ -443,14 +512,79 @@ def encode_part(update: bytes, layout: Layout, kept: dict[int, int]) -> bytes:
 
     Each struct's bytes are copied as they are: a kept prefix starts at its
     section's first clock, so no struct needs rewriting."""
+    sections = [(section.client, section.structs[:kept.get(index, 0)]) for index, section in enumerate(layout.sections)]
+    return _sections(update, [(client, structs) for client, structs in sections if structs]) \
+        + update[layout.delete_start :]
+
+
+def _sections(update: bytes, sections: Sequence[tuple[int, Sequence[Struct]]]) -> bytes:
+    """The struct part of an update: ``(client, structs of update)`` sections,
+    each struct's bytes copied as they are (V1 encodes each on its own;
+    runs of adjacent ones in one slice)."""
     out = bytearray()
-    sections = [(section, kept.get(index, 0)) for index, section in enumerate(layout.sections)]
-    sections = [(section, count) for section, count in sections if count]
     lib0.write_varuint(out, len(sections))
-    for section, count in sections:
-        lib0.write_varuint(out, count)
-        lib0.write_varuint(out, section.client)
-        lib0.write_varuint(out, section.structs[0].clock)
-        out += update[section.structs[0].start : section.structs[count - 1].end]
-    out += update[layout.delete_start :]
+    for client, structs in sections:
+        lib0.write_varuint(out, len(structs))
+        lib0.write_varuint(out, client)
+        lib0.write_varuint(out, structs[0].clock)
+        start, end = structs[0].start, structs[0].end
+        for struct in structs[1:]:
+            if struct.start != end:
+                out += update[start:end]
+                start = struct.start
+            end = struct.end
+        out += update[start:end]
     return bytes(out)
+
+
+def stored_form(update: bytes, layout: Layout) -> bytes:
+    """``update`` without what carries nothing and Yjs 13.6 (the browser
+    clients' engine) throws on; ``update`` itself when it has none of it
+    (no Yjs encoder writes any):
+
+    - structs of length 0 (an empty string, array or deleted run; a GC or
+      Skip of 0), and sections left with none: y-py and pycrdt write empty
+      strings in a document's state after an edit inside a surrogate pair;
+      Yjs's struct store cannot hold one ("Unexpected case", or a read of an
+      undefined struct). An id refers to the struct that holds its clock,
+      and one of length 0 holds none: every reference reads the same
+      without it. Clocks stay as they were (it spans none).
+    - empty ranges of the delete set (and clients left with none): y-py
+      writes them when it deletes text (``05 00``: clock 5, length 0);
+      Yjs throws on one at or past what its document holds of that client
+      (its pending delete set cannot encode a length of 0).
+
+    Nothing the sender meant is lost, and every engine applies the result.
+    The caller reads the result's layout again when it differs."""
+    same_structs = all(section.structs and all(struct.length for struct in section.structs)
+                       for section in layout.sections)
+    no_deletes = len(update) == layout.delete_start + 1  # "0 clients": most updates
+    deletes = None if no_deletes else _non_empty_deletes(update, layout.delete_start)
+    if same_structs and deletes is None:
+        return update
+    if same_structs:
+        head = update[:layout.delete_start]
+    else:
+        sections = [(section.client, [s for s in section.structs if s.length]) for section in layout.sections]
+        head = _sections(update, [(client, structs) for client, structs in sections if structs])
+    return head + (update[layout.delete_start:] if deletes is None else _delete_set(deletes))
+
+
+def _non_empty_deletes(update: bytes, start: int) -> list[tuple[int, list[tuple[int, int]]]] | None:
+    """The delete set at ``start`` without its empty ranges and the clients
+    left with none (``(client, [(clock, length)])`` in order); None when it
+    has none of them."""
+    reader = lib0.Reader(update, MalformedUpdate, start)
+    entries: list[tuple[int, list[tuple[int, int]]]] = []
+    clean = True
+    for _ in range(reader.varuint()):
+        client, count = reader.varuint(), reader.varuint()
+        kept = []
+        for _ in range(count):
+            clock, length = reader.varuint(), reader.varuint()
+            if length:
+                kept.append((clock, length))
+        clean = clean and 0 < len(kept) == count
+        if kept:
+            entries.append((client, kept))
+    return None if clean else entries

@@ -6,7 +6,10 @@ refused are ignored; the rates (:mod:`.allowance`); the size and base64
 (:mod:`.payloads`); reassembly of an update sent in parts
 (:mod:`.update_parts`); the struct-by-struct read of its layout and causal
 needs (on the event loop up to 64 KiB, where it is also the layout check,
-else in a thread); the validator's verdict (y-py and pycrdt in worker
+else in a thread), strict: nothing Yjs cannot decode is stored, and what
+carries nothing but makes Yjs throw (structs of length 0, empty delete
+ranges) is left out of what is stored (:func:`read_update`); the
+validator's verdict (pycrdt, and y-py with ``validate_with_ypy``, in worker
 processes). In flight it holds a slot and its bytes (:mod:`.inflight`: past
 a cap the connection stops reading its socket). Updates are validated
 concurrently but submitted to the appender in arrival order, and each is
@@ -25,12 +28,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .. import crdt, protocol
-from ..admission import Needs, needs_of
+from ..admission import Reading, read_for_storing
 from ..deletion import is_deleted_error
 from ..offsets import StreamId
 from ..protocol import AnyUpdate, ErrorCode, ProtocolError
 from ..store import NotAdmitted
-from ..update_format import Layout, MalformedUpdate, read_layout
+from ..update_format import MalformedUpdate
 from .allowance import Allowance
 from .appender import AppendResult
 from .context import ServerContext
@@ -98,13 +101,15 @@ class WritePath:
         for updates that did not come in an ``update`` frame (``/yws``): only
         ``frame.doc``, ``frame.clock`` and ``frame.sync`` are read."""
         # A small update is read struct by struct here (a few us): that read is
-        # also the layout check, so the validator skips its own in-loop one.
-        reading = read_layout_and_needs(update) if len(update) <= READ_IN_LOOP_BYTES else None
+        # also the layout check, so the validator skips its own in-loop one,
+        # and checks the bytes to be stored.
+        reading = read_update(update) if len(update) <= READ_IN_LOOP_BYTES else None
         try:
             if isinstance(reading, Exception):
                 raise reading
-            verdict = self.ctx.validator.submit(update, layout_checked=reading is not None,
-                                                layout=reading[0] if reading is not None else None)
+            verdict = self.ctx.validator.submit(reading.update if reading is not None else update,
+                                                layout_checked=reading is not None,
+                                                layout=reading.layout if reading is not None else None)
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
         await self._inflight.acquire(len(update))
@@ -112,16 +117,18 @@ class WritePath:
         self._spawn(self._append_when_valid(frame, update, verdict, reading, previous, self._turn, received))
 
     async def _append_when_valid(self, frame: AnyUpdate, update: bytes, verdict: asyncio.Future[Exception | None],
-                                 reading: tuple[Layout, Needs] | Exception | None,
+                                 reading: Reading | Exception | None,
                                  previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
                                  received: float) -> None:
         """Wait for the validator and, for a large update, its causal reading
         in a thread (while the next frames are read), then for the update
-        received before this one, then append."""
+        received before this one, then append. (A large update is validated
+        as it came: its stored form differs at most by what carries nothing,
+        structs of length 0 and empty delete ranges.)"""
         assert self.session is not None
         try:
             if reading is None:
-                reading = await asyncio.to_thread(read_layout_and_needs, update)
+                reading = await asyncio.to_thread(read_update, update)
             error = await verdict
             if error is None and isinstance(reading, Exception):
                 error = reading
@@ -129,9 +136,8 @@ class WritePath:
                 await previous
             if error is None:
                 assert not isinstance(reading, Exception)
-                layout, needs = reading
-                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, update, needs,
-                                                  sync_layout=layout if frame.sync else None)
+                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, reading.update,
+                                                  reading.needs, sync_layout=reading.layout if frame.sync else None)
         except BaseException:
             self._inflight.release(len(update))
             raise
@@ -200,11 +206,9 @@ class WritePath:
             pass
 
 
-def read_layout_and_needs(update: bytes) -> tuple[Layout, Needs] | Exception:
-    """The update's structs and what the document must hold to apply it, or
-    why it can never apply (an ``InvalidUpdate``)."""
+def read_update(update: bytes) -> Reading | Exception:
+    """:func:`read_for_storing`, or why the update can never apply (an ``InvalidUpdate``)."""
     try:
-        layout = read_layout(update)
-        return layout, needs_of(layout)
+        return read_for_storing(update)
     except MalformedUpdate as exc:
         return crdt.InvalidUpdate(f"not a Yjs update: {exc}")

@@ -14,10 +14,18 @@ an engine did not read is a counterexample.
 It also counts, for the updates outside the known shapes, how each engine
 fared (the evidence for the options weighed in BENCHMARKS.md#validation),
 and what the server's validation stores of them: with pycrdt alone (the
-default) and with ``YRELAY_VALIDATE_WITH_YPY`` (issue 32). ``--survivors``
-writes every update validation on pycrdt alone would store, one hex per
-line, for a reference engine: ``node yrelay_tools/testing/yjs_apply.mjs FILE``
-applies each with Yjs.
+default) and with ``YRELAY_VALIDATE_WITH_YPY`` (issue 32). Each update is
+read as the server's write path reads it (``admission.read_for_storing``):
+strictly (what Yjs cannot decode is refused: ``read_layout(strict=True)``;
+so are structs that refer to each other in a way no document can apply),
+and in its stored form, without structs of length 0 and empty delete
+ranges. ``--survivors FILE`` writes every update validation on pycrdt alone
+would store, one hex per line, for a reference engine (``node
+yrelay_tools/testing/yjs_apply.mjs FILE`` applies each with Yjs);
+``FILE.with-ypy`` what it stores with y-py's check; and ``FILE.admitted``,
+``FILE.with-ypy.admitted`` those of them the server's causal admission takes
+into an empty document (the rest wait for content they build on, and Yjs
+keeps them pending).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from yrelay import lib0
+from yrelay.admission import missing, needs_of, read_for_storing
 from yrelay.safe_updates import known_safe
 from yrelay.update_format import MalformedUpdate, read_layout
 
@@ -466,6 +475,12 @@ def candidates(seed: int) -> Iterator[bytes]:
 class Report:
     generated: int = 0
     layout_refused: int = 0
+    #: Read by the lenient layout read, refused by the write path's strict
+    #: one (Yjs cannot apply them, or their structs cannot apply in any document).
+    strict_refused: int = 0
+    #: Stored in another form: without structs of length 0 or empty delete
+    #: ranges (``update_format.stored_form``).
+    normalized: int = 0
     known_safe: int = 0
     #: Outside the known shapes: (y-py verdict, pycrdt verdict) -> count.
     others: Counter = field(default_factory=Counter)
@@ -487,7 +502,10 @@ class Report:
     seconds: float = 0.0
 
     def summary(self) -> dict[str, object]:
-        return {"generated": self.generated, "layout_refused": self.layout_refused, "known_safe": self.known_safe,
+        return {"generated": self.generated, "layout_refused": self.layout_refused,
+                "refused by the write path's strict read": self.strict_refused,
+                "stored without length-0 structs or empty delete ranges": self.normalized,
+                "known_safe": self.known_safe,
                 "outside_known_shapes": {f"ypy={VERDICTS[a]} pycrdt={VERDICTS[b]}": n
                                          for (a, b), n in sorted(self.others.items())},
                 "counterexamples": len(self.counterexamples),
@@ -510,10 +528,17 @@ def run(count: int, seed: int = 1, progress: Callable[[Report], None] | None = N
                 break
             report.generated += 1
             try:
-                layout = read_layout(update)
+                read_layout(update)
             except MalformedUpdate:
                 report.layout_refused += 1
                 continue
+            try:
+                reading = read_for_storing(update)
+            except MalformedUpdate:
+                report.strict_refused += 1
+                continue
+            report.normalized += reading.update is not update
+            update, layout = reading.update, reading.layout
             safe = known_safe(update, layout)
             report.known_safe += safe
             pending.append((update, safe))
@@ -569,12 +594,23 @@ def _ids_fit_ypy(update: bytes) -> bool:
         return False
 
 
+def admitted_into_empty(update: bytes) -> bool:
+    """True when the server's causal admission takes ``update`` into an
+    empty document (it carries everything it builds on)."""
+    try:
+        return not missing(needs_of(read_layout(update)), {})
+    except MalformedUpdate:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--survivors", help="write what validation on pycrdt alone stores here, one hex per line "
-                                            "(and what it stores with y-py's check to FILE.with-ypy)")
+                                            "(what it stores with y-py's check to FILE.with-ypy, and those "
+                                            "admitted into an empty document to FILE.admitted and "
+                                            "FILE.with-ypy.admitted)")
     parser.add_argument("--child", choices=["ypy", "pycrdt"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -590,8 +626,11 @@ def main() -> None:
     report = run(args.count, args.seed, progress, keep_survivors=bool(args.survivors))
     if args.survivors:
         for path, kept in ((args.survivors, report.survivors), (args.survivors + ".with-ypy", report.survivors_with_ypy)):
-            with open(path, "w") as out:
-                out.writelines(update.hex() + "\n" for update in kept or [])
+            with open(path, "w") as out, open(path + ".admitted", "w") as admitted:
+                for update in kept or []:
+                    out.write(update.hex() + "\n")
+                    if admitted_into_empty(update):
+                        admitted.write(update.hex() + "\n")
     print(json.dumps(report.summary(), indent=1))
     for name, example in sorted(report.examples.items()):
         print("EXAMPLE", name, example)
