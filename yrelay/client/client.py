@@ -589,6 +589,7 @@ class YrelayClient:
 
     async def _run(self) -> None:
         attempt = 0
+        opened = False  # a session opened since connect(): a refusal after it is news to the app, so a warning
         while not self._closing:
             retry_after = 0.0
             self._retry_after = 0.0
@@ -601,6 +602,7 @@ class YrelayClient:
                     self._ws = ws
                     await self._handshake(ws)
                     welcomed_at = self._heard = time.monotonic()
+                    opened = True
                     helpers = [asyncio.create_task(self._retry_loop()), asyncio.create_task(self._liveness(ws))]
                     if self.subscription_check_interval:
                         helpers.append(asyncio.create_task(self._check_loop()))
@@ -615,7 +617,8 @@ class YrelayClient:
                 raise
             except Unauthorized as refused:  # a new connection with the same token gets the same answer
                 self.failure = refused
-                log.warning("%s: the client stopped (%d unacked updates kept)", refused, self.pending)
+                log.log(logging.WARNING if opened else logging.INFO,  # at connect() its exception says it
+                        "%s: the client stopped (%d unacked updates kept)", refused, self.pending)
             except (OSError, ConnectionClosed, asyncio.TimeoutError, websockets.InvalidHandshake) as exc:
                 log.debug("connection lost: %r", exc)
                 self._last_failure = _failure_of(url, exc)
@@ -903,7 +906,8 @@ class YrelayClient:
         doc = self.docs.pop(frame["doc"])
         doc.refused = Forbidden(frame) if frame.get("code") == "forbidden" else SubscribeRefused(frame)
         self._drop_updates(doc.name, frame)
-        log.warning("%s", doc.refused)
+        log.log(logging.WARNING if doc.offset is not None else logging.INFO,  # a first one: subscribe() raises it
+                "%s", doc.refused)
 
     def _drop_updates(self, name: str, frame: dict[str, Any]) -> None:
         """Drop the unacked updates of document ``name``: refused with ``frame``'s reason."""
