@@ -11,6 +11,9 @@ answered from the server's refusal, not from a timeout (which would be a
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 from conftest import FAST_BACKOFF, eventually, running_server
 from engines import needs_ypy
@@ -31,6 +34,17 @@ LONG = 60.0
 async def auth_url(redis_url):
     async with running_server(redis_url, **AUTH, max_update_bytes=4_096, max_subscriptions_per_subject=2) as url:
         yield url
+
+
+def ops(url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws"), timeout=LONG)
+
+
+async def revoke(url: str, token_id: str) -> None:
+    async with ops(url) as http:
+        answer = await http.post("/ops/tokens/revoke", json={"jti": token_id, "expires_at": time.time() + 600},
+                                 headers={"Authorization": "Bearer ops"})
+        assert answer.status_code == 204
 
 
 def client(url: str, credential: object, **kwargs: object) -> YrelayClient:
@@ -150,26 +164,60 @@ async def test_wait_idle_raises_while_edits_that_build_on_a_refused_one_wait(aut
         assert await redis_client.exists(stream_key("notes")) == 0
 
 
-async def test_a_token_that_expires_mid_session_stops_the_client_and_a_new_one_resumes_it(auth_url, make_client):
+async def test_a_token_revoked_mid_session_stops_the_client_and_a_new_one_resumes_it(auth_url, make_client):
     events: list[str] = []
-    user = client(auth_url, token(["notes"], ttl=5, subject="erin"), on_event=lambda name, data: events.append(name))
+    user = client(auth_url, token(["notes"], subject="erin", token_id="erin-1"),
+                  on_event=lambda name, data: events.append(name))
     async with user:
         notes = await user.subscribe("notes", timeout=LONG)
-        await eventually(lambda: user.failure is not None, timeout=LONG)  # cut off at expiry; the reconnect refused
-        assert isinstance(user.failure, Unauthorized) and "expired" in user.failure.reason
+        await revoke(auth_url, "erin-1")
+        await eventually(lambda: user.failure is not None, timeout=LONG)  # cut off; the reconnect refused
+        assert isinstance(user.failure, Unauthorized) and user.failure.reason == "the token was revoked"
         crdt.insert_text(notes.ydoc, 0, "written while stopped")
-        with pytest.raises(Unauthorized, match="expired"):
+        with pytest.raises(Unauthorized, match="revoked"):
             await user.wait_idle(LONG)
-        with pytest.raises(Unauthorized, match="expired"):
+        with pytest.raises(Unauthorized, match="revoked"):
             await user.subscribe("other", timeout=LONG)
         assert user.pending == 1 and "disconnected" in events  # kept, not lost
 
-        user.token = lambda: token(["notes"], subject="erin")  # asked again before every connection
+        user.token = token(["notes"], subject="erin")
         await user.connect(LONG)
         await user.wait_idle(LONG)
         reader = await make_client(auth_url, token=token(["notes"], perm="read", subject="frank"))
         read = await reader.subscribe("notes", timeout=LONG)
         await eventually(lambda: read.text == "written while stopped")
+
+
+async def test_a_new_token_that_no_longer_grants_a_document_refuses_its_unsent_edits(auth_url, redis_client):
+    user = client(auth_url, token(["a", "b"], subject="ivy", token_id="ivy-1"))
+    async with user:
+        a, b = await user.subscribe("a", timeout=LONG), await user.subscribe("b", timeout=LONG)
+        await revoke(auth_url, "ivy-1")
+        await eventually(lambda: user.failure is not None, timeout=LONG)
+        crdt.insert_text(a.ydoc, 0, "stored")
+        crdt.insert_text(b.ydoc, 0, "refused")
+        user.token = token(["a"], subject="ivy")
+        await user.connect(LONG)  # resubscribes both: b is forbidden now
+        with pytest.raises(UpdatesRefused) as raised:
+            await user.wait_idle(LONG)
+        [refusal] = raised.value.refusals
+        assert (refusal["code"], refusal["doc"]) == ("forbidden", "b")
+        assert isinstance(b.refused, Forbidden) and list(user.docs) == ["a"]
+        assert await redis_client.xlen(stream_key("a")) == 1 and await redis_client.exists(stream_key("b")) == 0
+        crdt.insert_text(b.ydoc, 0, "unbound ")  # not sent: nothing pending, nothing refused
+        await user.wait_idle(LONG)
+
+
+async def test_a_token_function_refreshes_an_expired_token_without_stopping(auth_url):
+    events: list[str] = []
+    user = client(auth_url, lambda: token(["notes"], ttl=4, subject="hal"),  # asked before every connection
+                  on_event=lambda name, data: events.append(name))
+    async with user:
+        notes = await user.subscribe("notes", timeout=LONG)
+        await eventually(lambda: events.count("connected") >= 2, timeout=LONG)  # cut off at expiry, back with a new one
+        crdt.insert_text(notes.ydoc, 0, "still writing")
+        await user.wait_idle(LONG)
+        assert user.failure is None and any(error["message"] == "the token has expired" for error in user.errors)
 
 
 async def test_no_server_raises_server_unreachable_naming_the_url(make_client):

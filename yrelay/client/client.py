@@ -75,13 +75,16 @@ FRAME_OVERHEAD = 512
 #: must not grow for ever; the totals are counted apart.
 KEEP_ACKED = 10_000
 KEEP_ERRORS = 1_000
-#: Errors about a document (without a clock) that say the server holds no
-#: subscription to it: the answer to a subscribe, or a resubscribe.
-SUBSCRIBE_REFUSALS = {"forbidden", "too_many_subscriptions"}
-#: The same when they answer a subscribe not answered yet (``malformed_frame``:
-#: over ``max_docs_per_connection``; ``invalid_offset``: a bad digest window);
+#: Errors about a document (without a clock) that end its subscription for
+#: good: the token does not cover it, on the first subscribe or a resubscribe
+#: (after a reconnect with another token).
+SUBSCRIBE_REFUSALS = {"forbidden"}
+#: The same only as the answer to a document's first subscribe, which
+#: ``subscribe()`` waits for (``malformed_frame``: over
+#: ``max_docs_per_connection``). On a resubscribe they may pass (the server
+#: may not have released the old connection's subscriptions yet), and
 #: about a subscribed document they name another frame.
-SUBSCRIBE_ANSWER_REFUSALS = {"malformed_frame", "invalid_offset"}
+FIRST_SUBSCRIBE_REFUSALS = {"too_many_subscriptions", "malformed_frame", "invalid_offset"}
 #: How often the waits of the public API look at their condition and at
 #: what would end them (a refusal, the client stopped), in seconds.
 POLL = 0.02
@@ -895,8 +898,8 @@ class YrelayClient:
         subscription to its document?"""
         doc = self.docs.get(frame.get("doc", ""))
         code = frame.get("code")
-        return doc is not None and (code in SUBSCRIBE_REFUSALS or (
-            code in SUBSCRIBE_ANSWER_REFUSALS and not doc.synced.is_set() and not doc._sync_pending))
+        first = doc is not None and doc.offset is None and not doc.synced.is_set() and not doc._sync_pending
+        return doc is not None and (code in SUBSCRIBE_REFUSALS or (code in FIRST_SUBSCRIBE_REFUSALS and first))
 
     def _subscription_refused(self, frame: dict[str, Any]) -> None:
         """The server refused a subscribe (the first, or one after a
