@@ -909,6 +909,11 @@ class YrelayClient:
         doc = self.docs.pop(frame["doc"])
         doc.refused = Forbidden(frame) if frame.get("code") == "forbidden" else SubscribeRefused(frame)
         self._drop_updates(doc.name, frame)
+        if doc._batch_timer is not None:  # edits batched, never given a clock
+            doc._batch_timer.cancel()
+        for _ in doc._batch:
+            self._refused_update(dict(frame))
+        doc._batch.clear()
         log.log(logging.WARNING if doc.offset is not None else logging.INFO,  # a first one: subscribe() raises it
                 "%s", doc.refused)
 
@@ -1072,7 +1077,7 @@ def _failure_of(url: str, exc: BaseException) -> str:
         return f"{url}: no answer in time"
     if isinstance(exc, websockets.InvalidHandshake):  # an HTTP answer (a wrong path gets 403), not a websocket
         return f"{url}: {exc} (is it the server's /ws URL?)"
-    return f"{url}: {exc or type(exc).__name__}"
+    return f"{url}: {str(exc) or type(exc).__name__}"
 
 
 def _keep_newest(items: list[Any], item: Any, keep: int) -> None:
