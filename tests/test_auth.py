@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from yrelay import crdt
 from yrelay.auth import AuthConfigurationError, AuthError, Principal, authenticator_for, issue_token
 from yrelay.cli import cli
-from yrelay.client import YrelayClient
+from yrelay.client import Unauthorized, YrelayClient
 from yrelay.config import Settings
 from yrelay.keys import stream_key
 
@@ -201,8 +201,8 @@ async def test_the_python_client_sends_its_token_and_reports_a_refusal(auth_url)
     refused: list[dict] = []
     bad = YrelayClient(auth_url, backoff=FAST_BACKOFF, token="garbage",
                        on_event=lambda event, data: refused.append(data) if event == "error" else None)
-    with pytest.raises(asyncio.TimeoutError):
-        await bad.connect(timeout=1.0)
+    with pytest.raises(Unauthorized, match="invalid token"):  # at once: not a timeout (tests/test_client_refusals.py)
+        await bad.connect(timeout=60.0)
     await bad.close()
     assert refused and refused[0]["code"] == "unauthorized"
     async with YrelayClient(auth_url, backoff=FAST_BACKOFF, token=lambda: token(["notes"])) as client:

@@ -1,6 +1,16 @@
-"""The exceptions a host application may catch by name."""
+"""The exceptions a host application may catch by name.
+
+The server's: :class:`StartupError`. The Python client's (:mod:`yrelay.client`
+exports them too) all derive from :class:`ClientError`; the ones about an
+answer of the server carry its error frame (docs/protocol.md#error-codes):
+``code``, ``reason`` (the server's message, for humans) and ``doc``.
+"""
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class StartupError(RuntimeError):
@@ -10,4 +20,84 @@ class StartupError(RuntimeError):
     ``Relay.lifespan()`` raises it in a host application."""
 
 
-__all__ = ["StartupError"]
+class ClientError(Exception):
+    """Something the Python client cannot do for the application: catch it
+    to handle every failure of :class:`~yrelay.client.YrelayClient` at once."""
+
+
+class Refused(ClientError):
+    """The server refused something and said why (its ``error`` frame):
+    resending the same thing cannot help."""
+
+    def __init__(self, frame: Mapping[str, Any], summary: str):
+        self.frame = dict(frame)
+        self.code = str(frame.get("code"))
+        #: The server's message (plain words, never a stack trace).
+        self.reason = str(frame.get("message") or "")
+        self.doc: str | None = frame.get("doc")
+        super().__init__(summary)
+
+
+class Unauthorized(Refused):
+    """The server refused the client's token (``unauthorized``, close 4401):
+    missing, invalid, expired or revoked. Raised by ``connect()`` at once,
+    and, when a token lapses later and the reconnect's token is refused too,
+    by whatever the application waits on next; the client then stops (its
+    documents and unacked updates are kept: set a new ``token`` and
+    ``connect()`` again)."""
+
+    def __init__(self, frame: Mapping[str, Any]):
+        super().__init__(frame, f"the server refused the token: {frame.get('message')} "
+                                "(unauthorized; get a new token, then connect again)")
+
+
+class SubscribeRefused(Refused):
+    """The server refused to subscribe the client to a document (for example
+    ``too_many_subscriptions``): ``subscribe()`` raises it, and the document
+    is no longer bound (its edits are not sent)."""
+
+    def __init__(self, frame: Mapping[str, Any]):
+        super().__init__(frame, f"subscribe to {frame.get('doc')!r} refused: {frame.get('message')} "
+                                f"({frame.get('code')})")
+
+
+class Forbidden(SubscribeRefused):
+    """The token does not cover the document (``forbidden``): nothing of it
+    was read."""
+
+
+class UpdatesRefused(Refused):
+    """Local updates the server refused and will never store (a read-only
+    token: ``forbidden``; ``invalid_update``, ``update_too_large``, a
+    deleted document, ...): ``wait_idle()`` raises it once nothing else is
+    pending, or every one still pending waits for a resend. The local
+    documents keep the changes; ``refusals`` holds one error frame per
+    refused update (``doc``, ``clock``, ``code``, ``message``),
+    ``code``/``reason``/``doc`` are the first one's; ``pending`` counts the
+    updates not stored *yet* (still queued, resent by the client)."""
+
+    def __init__(self, refusals: Sequence[Mapping[str, Any]], total: int | None = None, pending: int = 0):
+        self.refusals = [dict(frame) for frame in refusals]
+        #: Every refusal counted, also those past the list's bound.
+        self.total = total if total is not None else len(self.refusals)
+        self.pending = pending
+        kinds = Counter((frame.get("code"), frame.get("doc"), frame.get("message")) for frame in self.refusals)
+        said = "; ".join(f"{count} to {doc!r}: {code} ({message})" for (code, doc, message), count in kinds.items())
+        plural = "update was" if self.total == 1 else "updates were"
+        waiting = f"; {pending} other{'s' if pending != 1 else ''} not stored yet (still queued)" if pending else ""
+        super().__init__(self.refusals[0], f"{self.total} local {plural} refused and will not be stored: {said}{waiting}")
+
+
+class ServerUnreachable(ClientError, ConnectionError):
+    """``connect()`` opened no session within its timeout: the server is
+    down, the URL is wrong, or it kept saying "later" (``overloaded``).
+    ``reason`` is the last attempt's failure."""
+
+    def __init__(self, urls: Sequence[str], timeout: float, reason: str):
+        self.urls = list(urls)
+        self.reason = reason
+        super().__init__(f"no connection to {' or '.join(self.urls)} within {timeout:g} s; last attempt: {reason}")
+
+
+__all__ = ["ClientError", "Forbidden", "Refused", "ServerUnreachable", "StartupError", "SubscribeRefused",
+           "Unauthorized", "UpdatesRefused"]

@@ -6,7 +6,8 @@ It is the reference implementation of docs/protocol.md on the client side,
 and what the tests, the checker and the benchmarks drive.
 
 Guarantees it keeps: every local change stays in the send buffer until the
-server acks it (appended to the stream), and is resent with exponential
+server acks it (appended to the stream) or refuses it for good (then
+``wait_idle()`` says so), and is resent with exponential
 backoff + jitter when refused, or when unanswered while the connection
 answers nothing (a server slowing it down answers late, in order); after
 ``max_attempts`` the client reconnects and resyncs
@@ -15,6 +16,13 @@ updates go out in clock order and a refused one holds back the later ones
 (:mod:`.sendbuffer`). Deliveries are acked cumulatively per document once
 applied. Features the server announces in ``welcome`` (docs/protocol.md#features)
 are used when present: sync pushes, updates in parts, the ``synced`` frame.
+
+Refusals are raised, never only logged (:mod:`yrelay.exceptions`): a token
+the server refuses (:class:`Unauthorized`, at ``connect()`` at once), a
+document it will not subscribe to (:class:`Forbidden`,
+:class:`SubscribeRefused`), updates it will not store
+(:class:`UpdatesRefused`, from ``wait_idle()``), no server within
+``connect()``'s timeout (:class:`ServerUnreachable`).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from .. import crdt, protocol
+from ..exceptions import ClientError, Forbidden, ServerUnreachable, SubscribeRefused, Unauthorized, UpdatesRefused
+from ..keys import validate_doc_id
 from ..logs import WireFilter
 from ..awareness import AwarenessError
 from ..offsets import StreamId
@@ -65,6 +75,19 @@ FRAME_OVERHEAD = 512
 #: must not grow for ever; the totals are counted apart.
 KEEP_ACKED = 10_000
 KEEP_ERRORS = 1_000
+#: Errors about a document (without a clock) that end its subscription for
+#: good: the token does not cover it, on the first subscribe or a resubscribe
+#: (after a reconnect with another token).
+SUBSCRIBE_REFUSALS = {"forbidden"}
+#: The same only as the answer to a document's first subscribe, which
+#: ``subscribe()`` waits for (``malformed_frame``: over
+#: ``max_docs_per_connection``). On a resubscribe they may pass (the server
+#: may not have released the old connection's subscriptions yet), and
+#: about a subscribed document they name another frame.
+FIRST_SUBSCRIBE_REFUSALS = {"too_many_subscriptions", "malformed_frame", "invalid_offset"}
+#: How often the waits of the public API look at their condition and at
+#: what would end them (a refusal, the client stopped), in seconds.
+POLL = 0.02
 #: Server ops this client needs nothing from (answered elsewhere or informational).
 IGNORED_OPS = {"unsubscribed", "pong", "welcome"}
 #: Acks are cumulative: one per document per this many seconds says all the
@@ -138,6 +161,9 @@ class ClientDocument:
     #: Set when an operator deleted the document: the subscription ended and
     #: the client no longer sends or resubscribes it (subscribe again for a new one).
     deleted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when the server refused the subscription (``subscribe()`` raises
+    #: it): the document is no longer bound, its edits are not sent.
+    refused: SubscribeRefused | None = None
 
     @property
     def awareness(self) -> dict[int, dict[str, Any]]:
@@ -204,6 +230,15 @@ class YrelayClient:
         self.errors: list[dict[str, Any]] = []
         self.acked_total = 0
         self.error_codes: Counter[str] = Counter()
+        #: Why the client stopped connecting (:class:`Unauthorized`), until
+        #: the next ``connect()``; None while it runs or reconnects.
+        self.failure: ClientError | None = None
+        #: Error frames of the updates refused for good since ``wait_idle()``
+        #: last raised them (the newest KEEP_ERRORS; all of them counted).
+        self._refused: list[dict[str, Any]] = []
+        self._refused_total = 0
+        #: Why the last connection attempt failed, for :class:`ServerUnreachable`.
+        self._last_failure = ""
         self.resyncs = 0
         #: Resubscribes where the drift digests differed (either side noticed).
         self.drifts = 0
@@ -237,10 +272,33 @@ class YrelayClient:
     # ------------------------------------------------------------- public API
 
     async def connect(self, timeout: float = 10.0) -> "YrelayClient":
-        self._runner = asyncio.create_task(self._run(), name="yrelay-client")
-        if self.state_file is not None:
+        """Open a session (``async with`` calls it) and keep it: from then
+        on the client reconnects by itself, for as long as it runs.
+
+        Raises :class:`Unauthorized` as soon as the server refuses the token
+        (with its reason: missing, invalid, expired, revoked); retrying
+        cannot help. Raises :class:`ServerUnreachable` when no session opened
+        within ``timeout`` seconds, naming the URLs and the last attempt's
+        failure (connection refused, HTTP 404, ``overloaded``): until then it
+        keeps trying on its backoff, since a server may be restarting, or
+        ask for a pause. After a failure nothing keeps running (as after
+        ``close()``); the same client may connect again, e.g. with a new
+        ``token``: its session, documents and unacked updates are kept."""
+        self._closing = False
+        self.failure = None
+        self._last_failure = ""
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run(), name="yrelay-client")
+        if self.state_file is not None and (self._persister is None or self._persister.done()):
             self._persister = asyncio.create_task(self._persist_loop(), name="yrelay-client-persist")
-        await asyncio.wait_for(self.connected.wait(), timeout)
+        try:
+            opened = await self._until(self.connected.is_set, self._stopped_by, timeout)
+        except BaseException:
+            await self.close()
+            raise
+        if not opened:
+            await self.close()
+            raise ServerUnreachable(self.urls, timeout, self._last_failure or "no answer yet")
         return self
 
     async def close(self) -> None:
@@ -266,16 +324,27 @@ class YrelayClient:
     async def subscribe(self, name: str, ydoc: crdt.Doc | None = None, timeout: float = 10.0) -> ClientDocument:
         """Bind ``ydoc`` (a new one by default) to document ``name`` and wait
         until it holds the server's state. With a state file, a document it
-        restored is returned as it is (it resubscribed on connect)."""
+        restored is returned as it is (it resubscribed on connect).
+
+        Raises :class:`Forbidden` when the token does not cover ``name``,
+        :class:`SubscribeRefused` for the server's other refusals
+        (``too_many_subscriptions``, over ``max_docs_per_connection``): the
+        document is then not bound. :class:`~yrelay.keys.InvalidDocumentId`
+        (a ``ValueError``) for a name the protocol does not allow, before
+        anything is sent; the :class:`Unauthorized` that stopped the client;
+        ``TimeoutError`` when it is not synced within ``timeout`` seconds
+        (offline: it stays subscribed and syncs once connected)."""
+        validate_doc_id(name)
+        self._raise_if_stopped()
         restored = self.docs.get(name) if self.state_file is not None and ydoc is None else None
-        if restored is not None:
-            await asyncio.wait_for(restored.synced.wait(), timeout)
-            return restored
-        doc = ClientDocument(name, ydoc if ydoc is not None else crdt.new_doc(engine=self.engine))
-        self.docs[name] = doc
-        crdt.observe_updates(doc.ydoc, lambda update: self._local_update(doc, update))
-        await self._send_quietly(_subscribe_frame(doc))
-        await asyncio.wait_for(doc.synced.wait(), timeout)
+        doc = restored or ClientDocument(name, ydoc if ydoc is not None else crdt.new_doc(engine=self.engine))
+        if restored is None:
+            self.docs[name] = doc
+            crdt.observe_updates(doc.ydoc, lambda update: self._local_update(doc, update))
+            await self._send_quietly(_subscribe_frame(doc))
+        if not await self._until(doc.synced.is_set, lambda: doc.refused or self._stopped_by(), timeout):
+            raise TimeoutError(f"{name!r} did not sync within {timeout:g} s "
+                               f"({'connected' if self.connected.is_set() else 'not connected'}; it stays subscribed)")
         return doc
 
     async def unsubscribe(self, name: str) -> None:
@@ -287,11 +356,67 @@ class YrelayClient:
         return len(self.buffer) + sum(len(doc._batch) for doc in self.docs.values())
 
     async def wait_idle(self, timeout: float = 30.0) -> None:
-        """Wait until every local change is acked."""
-        async def idle() -> None:
-            while self.pending:
-                await asyncio.sleep(0.02)
-        await asyncio.wait_for(idle(), timeout)
+        """Wait until no local change is pending; return only if every one
+        made so far is in Redis.
+
+        Raises :class:`UpdatesRefused` when the server refused updates that
+        will never be stored (a read-only token: ``forbidden``;
+        ``invalid_update``, ``update_too_large``, the document deleted, its
+        subscription refused), once the others are answered (or all wait
+        for a resend, e.g. edits that build on a refused one), listing each
+        with its reason; each refusal is raised once. It raises rather than
+        returning a result because the point of the call is "my edits are
+        stored now": a result nobody checks would leave that silently false.
+        The local documents keep the refused changes. Raises the
+        :class:`Unauthorized` that stopped the client (the unacked updates
+        stay pending: set a new ``token``, ``connect()``, wait again), and
+        ``TimeoutError`` when updates are still unanswered after ``timeout``
+        seconds (offline: they stay queued)."""
+        if not await self._until(lambda: not self.pending or self._refusals_settled(), self._stopped_by, timeout):
+            raise TimeoutError(f"{self.pending} local updates not acked within {timeout:g} s "
+                               f"({'connected' if self.connected.is_set() else 'not connected'}; they stay queued)")
+        if self._refused:
+            refused, total = self._refused, self._refused_total
+            self._refused, self._refused_total = [], 0
+            raise UpdatesRefused(refused, total, self.pending)
+
+    def _refusals_settled(self) -> bool:
+        """Refusals to raise, and none on its way that could join them:
+        every update still pending was refused for now and waits for its
+        resend (``missing_dependency`` behind a refused one, ``unavailable``)."""
+        return bool(self._refused) and all(item.waiting for item in self.buffer.all()) \
+            and not any(doc._batch for doc in self.docs.values())
+
+    async def _until(self, done: Callable[[], bool], stopped: Callable[[], ClientError | None],
+                     timeout: float) -> bool:
+        """Wait until ``done()`` (True), or ``timeout`` seconds (False);
+        raise what ``stopped()`` returns meanwhile (a refusal, the client
+        stopped), as soon as it does."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            failure = stopped()
+            if failure is not None:
+                raise failure.with_traceback(None)  # raised again by every waiter: no growing traceback
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL)
+        return True
+
+    def _stopped_by(self) -> ClientError | None:
+        """Why the client no longer connects: the server refused its token,
+        or its connection loop failed (a bug: said, not hidden in a task
+        nobody awaits); None while it runs, or after ``close()``."""
+        runner = self._runner
+        if self.failure is None and runner is not None and runner.done() and not runner.cancelled() \
+                and runner.exception() is not None:
+            self.failure = ClientError(f"the client's connection loop failed: {runner.exception()!r}")
+            self.failure.__cause__ = runner.exception()
+        return self.failure
+
+    def _raise_if_stopped(self) -> None:
+        failure = self._stopped_by()
+        if failure is not None:
+            raise failure.with_traceback(None)
 
     async def check_subscriptions(self, timeout: float = 30.0) -> SubscriptionCheck:
         """Compare the subscribed documents with those the server tracks for
@@ -370,7 +495,7 @@ class YrelayClient:
     # ------------------------------------------------------------ local edits
 
     def _local_update(self, doc: ClientDocument, update: bytes) -> None:
-        if self._applying_remote:
+        if self._applying_remote or doc.refused is not None:  # a refused subscription: not bound any more
             return
         if self.batch_delay <= 0:
             self._enqueue(doc.name, update)
@@ -384,7 +509,7 @@ class YrelayClient:
     def _flush_batch(self, doc: ClientDocument) -> None:
         doc._batch_timer = None
         updates, doc._batch = doc._batch, []
-        if updates:
+        if updates and doc.refused is None:
             self._enqueue(doc.name, updates[0] if len(updates) == 1 else crdt.merge_updates(updates, engine=crdt.engine_of(doc.ydoc)))
 
     def _enqueue(self, doc: str, update: bytes, sync: bool = False) -> None:
@@ -460,12 +585,14 @@ class YrelayClient:
                             f"{limit} bytes: not sent"}
         log.warning("%s", frame["message"])
         self._record_error(frame)
+        self._refused_update(frame)
         self._emit("error", frame)
 
     # ------------------------------------------------------------ connection
 
     async def _run(self) -> None:
         attempt = 0
+        opened = False  # a session opened since connect(): a refusal after it is news to the app, so a warning
         while not self._closing:
             retry_after = 0.0
             self._retry_after = 0.0
@@ -478,6 +605,7 @@ class YrelayClient:
                     self._ws = ws
                     await self._handshake(ws)
                     welcomed_at = self._heard = time.monotonic()
+                    opened = True
                     helpers = [asyncio.create_task(self._retry_loop()), asyncio.create_task(self._liveness(ws))]
                     if self.subscription_check_interval:
                         helpers.append(asyncio.create_task(self._check_loop()))
@@ -490,8 +618,13 @@ class YrelayClient:
                             helper.cancel()
             except asyncio.CancelledError:
                 raise
+            except Unauthorized as refused:  # a new connection with the same token gets the same answer
+                self.failure = refused
+                log.log(logging.WARNING if opened else logging.INFO,  # at connect() its exception says it
+                        "%s: the client stopped (%d unacked updates kept)", refused, self.pending)
             except (OSError, ConnectionClosed, asyncio.TimeoutError, websockets.InvalidHandshake) as exc:
                 log.debug("connection lost: %r", exc)
+                self._last_failure = _failure_of(url, exc)
                 retry_after = getattr(exc, "delay", 0.0)  # RetryLater: the server said when
                 if isinstance(exc, ConnectionClosed) and exc.rcvd is not None:
                     close_code = exc.rcvd.code
@@ -502,6 +635,8 @@ class YrelayClient:
             if self._closing:
                 return
             self._emit("disconnected", {})
+            if self.failure is not None:
+                return
             slow_down = close_code in SLOW_DOWN_CLOSES
             if slow_down:
                 retry_after = max(retry_after, self._retry_after or SLOW_DOWN_DEFAULT)
@@ -517,11 +652,15 @@ class YrelayClient:
             await ws.send(json.dumps({"op": "hello", "session": self.session, "token": token}))
         except ConnectionClosed:
             pass  # refused: its error frame (read below) came before the close
-        welcome = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        welcome = _frame_or_none(await asyncio.wait_for(ws.recv(), 10))
+        if welcome is None:
+            raise ConnectionError("the server's first frame is not a yrelay frame (is the URL the server's /ws?)")
         if welcome.get("op") == "error" and "retry_after_ms" in welcome:
             raise RetryLater(welcome)
-        if welcome.get("op") == "error":  # e.g. unauthorized: kept for the app, then retried with backoff
+        if welcome.get("op") == "error":  # kept for the app
             self._on_error(welcome)
+            if welcome.get("code") == "unauthorized":
+                raise Unauthorized(welcome)
         if welcome.get("op") != "welcome":
             raise ConnectionError(f"expected welcome, got {welcome}")
         self.session = welcome["session"]
@@ -729,11 +868,14 @@ class YrelayClient:
         if "clock" not in frame and "doc" not in frame and frame.get("retry_after_ms"):
             self._retry_after = float(frame["retry_after_ms"]) / 1000  # about the connection: a close follows
         elif "clock" in frame and frame.get("code") in FATAL_UPDATE_ERRORS:
-            self.buffer.pop(frame["clock"])  # resending cannot help; keep the local edit
+            if self.buffer.pop(frame["clock"]) is not None:  # resending cannot help; keep the local edit
+                self._refused_update(frame)
         elif "clock" in frame and frame.get("code") == "rate_limited":
             self.buffer.defer(frame["clock"], frame.get("retry_after_ms", 1000) / 1000)
         elif frame.get("code") == "document_deleted":
             self._document_deleted(frame.get("doc", ""))
+        elif "clock" not in frame and self._refuses_subscription(frame):
+            self._subscription_refused(frame)
         elif "clock" in frame:  # RETRY_UPDATE_ERRORS, and codes this client does not know yet
             self.buffer.refused(frame["clock"])
             if frame.get("code") == "missing_dependency":
@@ -742,15 +884,50 @@ class YrelayClient:
 
     def _document_deleted(self, name: str) -> None:
         """The server ended the subscription: the document was deleted. Its
-        unsent updates are dropped (they would be refused); the local copy
-        stays readable."""
+        unsent updates are dropped (they would be refused; ``wait_idle()``
+        says so); the local copy stays readable."""
         doc = self.docs.pop(name, None)
-        for item in self.buffer.all():
-            if item.doc == name:
-                self.buffer.pop(item.clock)
+        self._drop_updates(name, {"op": "error", "code": "document_deleted", "doc": name,
+                                  "message": "the document was deleted before this update was stored"})
         if doc is not None:
             doc.deleted.set()
             self._emit("deleted", {"doc": name})
+
+    def _refuses_subscription(self, frame: dict[str, Any]) -> bool:
+        """Does this error (without a clock) say the server holds no
+        subscription to its document?"""
+        doc = self.docs.get(frame.get("doc", ""))
+        code = frame.get("code")
+        first = doc is not None and doc.offset is None and not doc.synced.is_set() and not doc._sync_pending
+        return doc is not None and (code in SUBSCRIBE_REFUSALS or (code in FIRST_SUBSCRIBE_REFUSALS and first))
+
+    def _subscription_refused(self, frame: dict[str, Any]) -> None:
+        """The server refused a subscribe (the first, or one after a
+        reconnect): the document leaves the client and is no longer bound;
+        ``subscribe()`` raises the refusal, and its unacked updates, which
+        the server will not take, are reported by ``wait_idle()``."""
+        doc = self.docs.pop(frame["doc"])
+        doc.refused = Forbidden(frame) if frame.get("code") == "forbidden" else SubscribeRefused(frame)
+        self._drop_updates(doc.name, frame)
+        if doc._batch_timer is not None:  # edits batched, never given a clock
+            doc._batch_timer.cancel()
+        for _ in doc._batch:
+            self._refused_update(dict(frame))
+        doc._batch.clear()
+        log.log(logging.WARNING if doc.offset is not None else logging.INFO,  # a first one: subscribe() raises it
+                "%s", doc.refused)
+
+    def _drop_updates(self, name: str, frame: dict[str, Any]) -> None:
+        """Drop the unacked updates of document ``name``: refused with ``frame``'s reason."""
+        for item in self.buffer.all():
+            if item.doc == name:
+                self.buffer.pop(item.clock)
+                self._refused_update({**frame, "clock": item.clock})
+
+    def _refused_update(self, frame: dict[str, Any]) -> None:
+        """An update that will never be stored: kept for ``wait_idle()`` to raise."""
+        _keep_newest(self._refused, frame, KEEP_ERRORS)
+        self._refused_total += 1
 
     def _missing_dependency(self, frame: dict[str, Any]) -> None:
         """Refused for content the server lacks. Kept, and resent once the
@@ -881,6 +1058,26 @@ def _update_frames(item: PendingUpdate, part_bytes: int | None) -> list[dict[str
     slices = protocol.chunks(item.update, part_bytes)
     return [{**frame, "update": protocol.b64encode(piece), "part": index, "parts": len(slices)}
             for index, piece in enumerate(slices)]
+
+
+def _frame_or_none(message: str | bytes) -> dict[str, Any] | None:
+    """A server frame, or None for a message that is not one (not JSON text)."""
+    try:
+        frame = json.loads(message)
+    except ValueError:
+        return None
+    return frame if isinstance(frame, dict) else None
+
+
+def _failure_of(url: str, exc: BaseException) -> str:
+    """One line saying why a connection attempt failed."""
+    if isinstance(exc, ConnectionRefusedError):
+        return f"{url}: connection refused (is the server running?)"
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"{url}: no answer in time"
+    if isinstance(exc, websockets.InvalidHandshake):  # an HTTP answer (a wrong path gets 403), not a websocket
+        return f"{url}: {exc} (is it the server's /ws URL?)"
+    return f"{url}: {str(exc) or type(exc).__name__}"
 
 
 def _keep_newest(items: list[Any], item: Any, keep: int) -> None:
