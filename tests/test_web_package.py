@@ -147,7 +147,7 @@ async def test_the_script_tag_example_syncs_in_chromium(redis_url: str) -> None:
     require_web_build()
     async with running_server(redis_url) as url, async_playwright() as playwright:
         base = url.replace("ws://", "http://").removesuffix("/ws")
-        html = script_tag_snippet().replace("https://sync.example.com", base).replace("wss://sync.example.com", url[:-3])
+        html = script_tag_snippet().replace("http://127.0.0.1:8000", base).replace("ws://127.0.0.1:8000", url[:-3])
         browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             pages = []

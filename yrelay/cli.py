@@ -28,7 +28,7 @@ from .gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
 from .listing import fold_unbucketed, registry_counts
 from .exceptions import StartupError
 from .redis_client import ensure_reachable, open_redis
-from .redis_server import RedisProcess
+from .redis_server import RedisProcess, serve_redis_url
 from .supervisor import Supervisor, reuse_port_socket
 
 cli = typer.Typer(help="yrelay: reliable Yjs sync over Redis streams.", no_args_is_help=True)
@@ -231,9 +231,8 @@ def _redis_url(redis_url: str | None, data_dir: Path) -> str:
     embedded Redis under the data dir."""
     if redis_url:
         return redis_url
-    url_file = RedisProcess(data_dir / "redis").url_file
-    if url_file.exists():
-        return url_file.read_text().strip()
+    if running := serve_redis_url(data_dir):
+        return running
     raise typer.BadParameter(f"no --redis-url given and no embedded Redis running under {data_dir}", param_hint="--redis-url")
 
 

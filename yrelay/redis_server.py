@@ -67,6 +67,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def serve_redis_url(data_dir: str | Path = "data") -> str | None:
+    """The URL of the embedded Redis a running ``yrelay serve`` (``make
+    serve``) keeps under ``data_dir``, or None when none runs there: how
+    ``yrelay gc`` and the examples in docs/ find it without being told."""
+    url_file = RedisProcess(Path(data_dir) / "redis").url_file
+    return url_file.read_text().strip() if url_file.exists() else None
+
+
 class RedisProcess:
     """One redis-server on 127.0.0.1 with its data (AOF) under ``data_dir``.
 

@@ -1,19 +1,24 @@
 """A FastAPI product with its own users, and collaborative editing added by
 mounting yrelay under ``/collab`` (docs/embedding.md walks through it).
 
-Run it (a Redis at YRELAY_REDIS_URL; the ops token is optional)::
+Run it beside ``make serve`` (it uses that server's Redis, and port 8001)::
 
-    YRELAY_REDIS_URL=redis://localhost:6379/0 YRELAY_OPS_TOKEN=ops-secret \\
+    python docs/examples/embed_fastapi.py
+
+or with a Redis of your own (the ops token is optional)::
+
+    YRELAY_REDIS_URL=redis://localhost:6379/0 YRELAY_PORT=8001 YRELAY_OPS_TOKEN=ops-secret \\
         python docs/examples/embed_fastapi.py
 
 Then ``POST /login`` with ``{"name": "ada"}`` sets the session cookie; a
-browser on the same origin opens ``ws://localhost:8000/collab/ws`` with it.
+browser on the same origin opens ``ws://127.0.0.1:8001/collab/ws`` with it.
 A script sends the user's API key instead, as the ``token`` of ``hello``.
 tests/test_embedding.py runs this very file.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +32,7 @@ from starlette.requests import HTTPConnection
 from yrelay import Relay
 from yrelay.auth import Principal
 from yrelay.config import Settings
+from yrelay.redis_server import serve_redis_url
 
 
 # ---------------------------------------------------------------- the host's own users
@@ -79,7 +85,11 @@ async def authenticate(connection: HTTPConnection, token: str | None) -> Princip
     return Principal.of(user.name, [f"{user.team}/*"], "write" if user.editor else "read")
 
 
-relay = Relay(Settings.from_env(), authenticate=authenticate)  # Redis: YRELAY_REDIS_URL
+#: YRELAY_* settings; the Redis is YRELAY_REDIS_URL, else the one `make serve` runs in this
+#: checkout; the port 8001 unless YRELAY_PORT says (`make serve` has 8000).
+settings = Settings.from_env(port=int(os.environ.get("YRELAY_PORT", 8001)),
+                             redis_url=os.environ.get("YRELAY_REDIS_URL") or serve_redis_url() or "redis://localhost:6379/0")
+relay = Relay(settings, authenticate=authenticate)
 
 
 @asynccontextmanager
@@ -120,8 +130,18 @@ async def me(user: Annotated[User, Depends(current_user)]) -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    import sys
+
+    import redis
     import uvicorn
 
+    try:  # one plain line when Redis is not there (uvicorn would print the start-up's traceback)
+        redis.Redis.from_url(relay.redis_url, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        sys.exit(f"notes: Redis did not answer ({exc}): run `make serve` in this checkout "
+                 "(this app uses its Redis), or set YRELAY_REDIS_URL")
+    print(f"notes: serving http://{settings.host}:{settings.port} (POST /login, GET /me; yrelay under /collab: "
+          f"ws://{settings.host}:{settings.port}/collab/ws); Ctrl-C to stop", flush=True)
     # yrelay's uvicorn options: the websocket message cap (compression bombs),
     # keep-alive pings, the request-head deadline (docs/security.md).
-    uvicorn.run(app, host="127.0.0.1", port=8000, **relay.settings.uvicorn_options())  # type: ignore[arg-type]
+    uvicorn.run(app, host=settings.host, port=settings.port, **settings.uvicorn_options())  # type: ignore[arg-type]
