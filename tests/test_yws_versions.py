@@ -51,7 +51,7 @@ async def test_stock_clients_of_every_version_name_any_room_and_stay_connected(r
                 doc = room_doc_id(room)
                 assert doc in listed and doc_id_room(doc) == room
                 detail = await ops.get(f"/ops/docs/{quote(doc, safe='')}")  # the id, escaped once more as any path
-                assert detail.status_code == 200 and detail.json()["stream_length"] == 3, (room, detail.text)
+                assert detail.status_code == 200 and detail.json()["stream_length"] >= 3, (room, detail.text)
             assert not any(doc.startswith("rrr") for doc in listed)  # refused: nothing stored
     appended = {event["doc"] for event in read_events(tmp_path / "events") if event["type"] == "append"}
     assert {room_doc_id(room) for room in ROOMS} <= appended
