@@ -10,6 +10,7 @@ y-websocket's 30 s silence timeout); docs/web.md records a 5-minute run."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from browser import run_node
 from conftest import running_server
 from test_eventlog import read_events
 
+from yrelay.consumers import ConsumerGroup
 from yrelay.keys import doc_id_room, room_doc_id
 
 STOCK_DIR = Path(__file__).parent / "stock"
@@ -32,7 +34,7 @@ OPS = {"Authorization": "Bearer ops-token"}
 
 
 @pytest.mark.timeout(LONE_SECONDS + 180)
-async def test_stock_clients_of_every_version_name_any_room_and_stay_connected(redis_url, tmp_path):
+async def test_stock_clients_of_every_version_name_any_room_and_stay_connected(redis_url, redis_client, tmp_path):
     assert shutil.which("node"), "Node.js is needed"
     assert (STOCK_DIR / "node_modules" / "y-websocket-3").exists(), \
         "run `make tests/stock/node_modules/.package-lock.json` (npm ci from tests/stock's lockfile)"
@@ -56,3 +58,19 @@ async def test_stock_clients_of_every_version_name_any_room_and_stay_connected(r
     appended = {event["doc"] for event in read_events(tmp_path / "events") if event["type"] == "append"}
     assert {room_doc_id(room) for room in ROOMS} <= appended
     assert all("{" not in doc and "}" not in doc and " " not in doc for doc in appended)
+    assert await consumed_docs(redis_client, {room_doc_id(room) for room in ROOMS}) == appended
+
+
+async def consumed_docs(redis_client, docs: set[str]) -> set[str]:
+    """The documents a consumer group's batches name, once it had every one of ``docs``."""
+    seen: set[str] = set()
+    async with ConsumerGroup(redis_client, "rooms", member="only") as group:
+        async def consume() -> None:
+            async for batch in group.batches():
+                seen.add(batch.doc)
+                await batch.ack()
+                if docs <= seen:
+                    return
+
+        await asyncio.wait_for(consume(), 60)
+    return seen

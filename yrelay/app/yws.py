@@ -22,6 +22,9 @@ request before anything can log it (:mod:`.yws_endpoint`, docs/security.md).
   denied and never stored; awareness goes through the presence relay, so
   ``/ws`` and ``/yws`` clients see each other.
 * Nothing is tracked: these connections never pin a stream.
+* The room of ``/yws/<room>`` may be any name: it maps one-to-one to a
+  document id (:func:`yrelay.keys.room_doc_id`); one no id can hold is
+  refused once and held open (stock clients reconnect after a close).
 """
 
 from __future__ import annotations
@@ -205,8 +208,8 @@ class YwsConnection:
                 if message["type"] == "websocket.disconnect":
                     return
                 await self.pacer.admit(len(message.get("bytes") or message.get("text") or ""))
-        except (WebSocketDisconnect, WebSocketDisconnected):
-            pass
+        except (WebSocketDisconnect, WebSocketDisconnected, RuntimeError, OSError):
+            pass  # the client left (a send after its close raises RuntimeError)
         except Flooded as flood:
             await self.close(CLOSE_TOO_MANY_MESSAGES, str(flood))
         finally:
