@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 
 WEB_BUILT := yrelay/app/static/demo.js
 
-.PHONY: install serve test test-busy browser web lint clean bench
+.PHONY: install serve test test-busy browser web lint clean bench stock-clients
 
 install: $(VENV)/.installed web
 
@@ -40,18 +40,25 @@ $(WEB_BUILT): web/node_modules/.package-lock.json web/build.mjs $(wildcard web/s
 serve: $(VENV)/.installed-serve web
 	$(VENV)/bin/yrelay serve --insecure-no-auth $(ARGS)
 
-test: install browser
+test: install browser stock-clients
 	$(PY) -m pytest $(ARGS)
 
 # The same suite while a CPU hog keeps every core busy (yrelay_tools/testing/busy.py):
 # what a shared CI machine does to it. Run it before landing a test that waits or counts.
-test-busy: install browser
+test-busy: install browser stock-clients
 	$(PY) -m yrelay_tools.testing.busy -- $(PY) -m pytest $(ARGS)
 
 # Browser tests use Debian's chromium (Playwright drives it; it never downloads one).
 browser:
 	@command -v chromium >/dev/null || (apt-get install -y -q chromium >/dev/null 2>&1 || \
 		(apt-get update -q && apt-get install -y -q chromium))
+
+# The stock y-websocket clients of each major version (1.5.4, 2.1.0, 3.1.0,
+# as npm aliases) that tests/test_yws_versions.py runs against /yws.
+stock-clients: tests/stock/node_modules/.package-lock.json
+
+tests/stock/node_modules/.package-lock.json: tests/stock/package-lock.json
+	cd tests/stock && npm ci --omit=optional --no-audit --no-fund --loglevel=error
 
 # Benchmarks side by side (BENCHMARKS.md): the bench extra (pycrdt-websocket,
 # orjson, py-spy) and the y-websocket 1.5.4 Node server from bench/node's lockfile.
@@ -63,4 +70,4 @@ bench/node/node_modules/.package-lock.json: bench/node/package-lock.json
 	cd bench/node && npm ci --omit=optional --no-audit --no-fund --loglevel=error
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis data web/node_modules bench/node/node_modules yrelay/app/static
+	rm -rf $(VENV) .pytest_cache .hypothesis data web/node_modules bench/node/node_modules tests/stock/node_modules yrelay/app/static

@@ -9,15 +9,22 @@ tag is delimited by braces, document ids may not contain ``{`` or ``}``.
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 import xxhash
 
 PREFIX = "yrelay"
 
-#: Allowed document ids: 1..200 characters of letters, digits and ``._-:/@``.
-#: No braces (they would break the hash tag), no whitespace, no control bytes.
-DOC_ID_PATTERN = re.compile(r"^[A-Za-z0-9._\-:/@]{1,200}$")
-
+#: The characters a document id holds as themselves; every other byte of a
+#: name is written ``%XX`` (:func:`room_doc_id`).
+DOC_ID_CHARS = "A-Za-z0-9._\\-:/@"
+#: Allowed document ids: 1..200 characters of letters, digits, ``._-:/@`` and
+#: ``%XX`` escapes (two upper-case hex digits). No braces (they would break
+#: the hash tag), no whitespace, no control bytes: a y-websocket room name
+#: holding them reaches its document through :func:`room_doc_id`.
+DOC_ID_PATTERN = re.compile(rf"^(?=.{{1,200}}\Z)(?:[{DOC_ID_CHARS}]|%[0-9A-F]{{2}})+\Z")
+#: A byte that stays as it is in a document id.
+_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-:/@")
 #: Session ids are issued by the server (``secrets.token_urlsafe``).
 SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{16,64}$")
 
@@ -30,9 +37,40 @@ def validate_doc_id(doc: object) -> str:
     """Return ``doc`` if it is a valid document id, else raise :class:`InvalidDocumentId`."""
     if not isinstance(doc, str) or not DOC_ID_PATTERN.fullmatch(doc):
         raise InvalidDocumentId(
-            "document ids are 1-200 characters of letters, digits and ._-:/@"
+            "document ids are 1-200 characters of letters, digits, ._-:/@ and %XX escapes"
         )
     return doc
+
+
+def room_doc_id(room: str) -> str:
+    """The document id of a y-websocket room name (``/yws/<room>``).
+
+    Apps name rooms as they like; ids keep to :data:`DOC_ID_PATTERN` (no
+    braces: the hash tag). Each UTF-8 byte outside the id characters, ``%``
+    included, becomes ``%XX`` (upper-case hex), so the mapping is one-to-one
+    (:func:`doc_id_room` gives the room back) and a name that already is a
+    valid id without ``%`` stays the same. Raises :class:`InvalidDocumentId`
+    for a name whose id would be empty or longer than 200 characters: no
+    id can hold it without two names sharing one.
+    """
+    try:
+        data = room.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no bytes to escape, so no id
+        raise InvalidDocumentId("a room name must be valid Unicode text") from exc
+    doc = "".join(chr(byte) if byte in _PLAIN else f"%{byte:02X}" for byte in data)
+    if not doc:
+        raise InvalidDocumentId("a room name may not be empty")
+    if len(doc) > 200:
+        raise InvalidDocumentId(
+            f"a room name becomes a document id of at most 200 characters (each byte outside letters, digits "
+            f"and ._-:/@ counts 3): this one would be {len(doc)}"
+        )
+    return doc
+
+
+def doc_id_room(doc: str) -> str:
+    """The room name a :func:`room_doc_id` came from (``%XX`` escapes decoded)."""
+    return unquote(doc, errors="strict")
 
 
 def stream_key(doc: str) -> str:

@@ -179,7 +179,7 @@ export interface ProviderEvents {
 export class YrelayProvider extends ObservableV2<ProviderEvents> {
   /**
    * @param server a websocket URL (one shared client per URL) or a client
-   * @param name the document id (1-200 of A-Z a-z 0-9 . _ - : / @)
+   * @param name the document id (1-200 of A-Z a-z 0-9 . _ - : / @ and %XX escapes: docs/protocol.md)
    */
   constructor (server: string | YrelayClient, name: string, doc: Y.Doc, options?: ProviderOptions)
   readonly client: YrelayClient

@@ -31,7 +31,7 @@ const ACK_INTERVAL = 25
 export class YrelayProvider extends ObservableV2 {
   /**
    * @param {string|YrelayClient} server a websocket URL (one shared client per URL) or a client
-   * @param {string} name the document id (1-200 of A-Z a-z 0-9 . _ - : / @)
+   * @param {string} name the document id (1-200 of A-Z a-z 0-9 . _ - : / @ and %XX escapes: docs/protocol.md)
    * @param {Y.Doc} doc
    * @param {object} [options]
    * @param {awarenessProtocol.Awareness|null} [options.awareness] presence; a new one by default, null for none

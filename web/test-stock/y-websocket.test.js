@@ -1,7 +1,8 @@
 /**
- * The STOCK y-websocket 2.1.0 client against yrelay's /yws endpoint, next to
+ * The STOCK y-websocket client (2.1.0; 1.5.4 and 3.1.0 through tests/stock/version.mjs) against yrelay's /yws endpoint, next to
  * yrelay's own provider on /ws (started by tests/test_yws_stock.py).
  */
+import { readFileSync } from 'node:fs'
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import * as Y from 'yjs'
@@ -14,6 +15,9 @@ const BASE = process.env.YRELAY_WS_URL.replace(/\/ws$/, '')
 const AUTH_BASE = process.env.YRELAY_AUTH_WS_URL.replace(/\/ws$/, '')
 const tokens = JSON.parse(process.env.YRELAY_AUTH_TOKENS)
 const client = clientsOfThisFile()
+// Which stock version this run has (tests/test_yws_stock.py checks it).
+const stockVersion = JSON.parse(readFileSync(new URL('../package.json', import.meta.resolve('y-websocket')))).version
+console.log(`stock y-websocket ${stockVersion}`)
 
 const providers = []
 // y-websocket 2.1.0 does not destroy the awareness it made (its timer would keep node alive).
@@ -83,7 +87,11 @@ test('a stock client that was offline reconnects, and both directions merge', as
 test('a read-only token (params: {token}) is refused with permission denied; its edits are not stored', async () => {
   const room = 'ro-' + uniqueDoc('stock')
   const writer = stock(room, { params: { token: tokens.write } }, AUTH_BASE)
-  const reader = stock(room, { protocols: ['yrelay.yws', `yrelay.auth.${tokens.read}`] }, AUTH_BASE)
+  // 1.5.x has no `protocols` option: its token can only be a URL parameter.
+  const readerAuth = stockVersion.startsWith('1.')
+    ? { params: { token: tokens.read } }
+    : { protocols: ['yrelay.yws', `yrelay.auth.${tokens.read}`] }
+  const reader = stock(room, readerAuth, AUTH_BASE)
   await Promise.all([synced(writer.provider), synced(reader.provider)])
   writer.doc.getText('text').insert(0, 'written')
   await eventually(() => reader.doc.getText('text').toString() === 'written', 'the reader receives')

@@ -22,6 +22,9 @@ request before anything can log it (:mod:`.yws_endpoint`, docs/security.md).
   denied and never stored; awareness goes through the presence relay, so
   ``/ws`` and ``/yws`` clients see each other.
 * Nothing is tracked: these connections never pin a stream.
+* The room of ``/yws/<room>`` may be any name: it maps one-to-one to a
+  document id (:func:`yrelay.keys.room_doc_id`); one no id can hold is
+  refused once and held open (stock clients reconnect after a close).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 from .. import logs, yprotocol
 from ..auth import Principal
 from ..crdt import InvalidUpdate
-from ..keys import InvalidDocumentId, validate_doc_id
+from ..keys import InvalidDocumentId, room_doc_id
 from ..protocol import ProtocolError, Update
 from ..tasks import TaskSet
 from ..yprotocol import AwarenessMessage, QueryAwarenessMessage, SyncMessage, SyncStep, YProtocolError
@@ -67,16 +70,25 @@ CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN = 1013
 #: An update was not stored (the reason names why): reconnect, and the sync sends it again.
 CLOSE_NOT_STORED = 4500
-#: The token may not read this document, or the document id is not valid.
+#: The token may not read this document.
 CLOSE_FORBIDDEN = 4403
+#: An awareness update of no client: what a refused socket hears while it
+#: stays open (y-protocols applies it as a no-op).
+EMPTY_AWARENESS = yprotocol.awareness(b"\x00")
 
 
 class YwsConnection:
     """One y-websocket client on one document."""
 
-    def __init__(self, websocket: WebSocket, ctx: ServerContext, doc: str, token: str | None):
+    def __init__(self, websocket: WebSocket, ctx: ServerContext, room: str, token: str | None):
         self.websocket = websocket
         self.ctx = ctx
+        #: Why no document id can name the room (then ``doc`` is empty and nothing is served).
+        self.unnamed: str | None = None
+        try:
+            doc = room_doc_id(room)  # any room name an app picks: docs/web.md#room-names
+        except InvalidDocumentId as exc:
+            doc, self.unnamed = "", str(exc)
         self.doc = doc
         self._token = token
         self.session = "yws-" + secrets.token_hex(8)  # dedup and presence identity; never tracked
@@ -168,15 +180,46 @@ class YwsConnection:
         if not isinstance(principal, Principal):
             await self._deny(principal.reason, principal.close_code)
             return None
-        try:
-            validate_doc_id(self.doc)
-        except InvalidDocumentId as exc:
-            await self._deny(str(exc), CLOSE_FORBIDDEN)
+        if self.unnamed is not None:
+            await self._hold(self.unnamed)
             return None
         if not principal.can_read(self.doc):
             await self._deny("this token may not read this document", CLOSE_FORBIDDEN)
             return None
         return principal
+
+    async def _hold(self, reason: str) -> None:
+        """Refuse a room no document id can name, once, for good.
+
+        y-websocket 1.x and 2.x reconnect after any close (3.x stops on
+        4400-4499 only), every 2.5 s at most: a close would be a loop of
+        refusals. So the socket stays open, told y-protocols' permission
+        denied once, synced with nothing, and sent an empty awareness update
+        whenever ``yws_echo_after`` passed (y-websocket closes, then
+        reconnects, a socket silent for 30 s). Its messages are read and
+        dropped, paced as before a token is checked.
+        """
+        log.info("/yws room refused: %s", reason)
+        keepalive = self._tasks.spawn(self._keep_alive())
+        try:
+            await self.send(yprotocol.permission_denied(reason))
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                await self.pacer.admit(len(message.get("bytes") or message.get("text") or ""))
+        except (WebSocketDisconnect, WebSocketDisconnected, RuntimeError, OSError):
+            pass  # the client left (a send after its close raises RuntimeError)
+        except Flooded as flood:
+            await self.close(CLOSE_TOO_MANY_MESSAGES, str(flood))
+        finally:
+            keepalive.cancel()
+
+    async def _keep_alive(self) -> None:
+        with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected, RuntimeError, OSError):
+            while True:
+                await asyncio.sleep(self.ctx.settings.yws_echo_after)
+                await self.send(EMPTY_AWARENESS)
 
     async def _deny(self, reason: str, code: int) -> None:
         with contextlib.suppress(Exception):

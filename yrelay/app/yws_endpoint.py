@@ -37,7 +37,9 @@ def take_token(scope: Scope) -> str | None:
 
 
 def yws_doc(scope: Scope) -> str | None:
-    """The document of a ``/yws/<doc>`` websocket, or None for any other request."""
+    """The room of a ``/yws/<room>`` websocket (percent-decoded, as the
+    server received it), or None for any other request. The room becomes a
+    document id in :class:`.yws.YwsConnection` (:func:`yrelay.keys.room_doc_id`)."""
     if scope["type"] != "websocket":
         return None
     routed = scope.get("path_params", {}).get("doc")
