@@ -4,11 +4,13 @@
  * stdin/stdout (one JSON object a line each way).
  *
  * PRESENCE_CONFIG (JSON): {pairs: [{name, server, base, room, a, b, mallory?}]}
- * where a, b and mallory are {params, headers} of a client (params: the
- * provider's URL parameters, ?token=; headers: X-Forwarded-For behind a
- * trusted proxy). Each pair is two stock providers, alice and bob; a pair
- * with `mallory` is also attacked by a third client (another subject, or
- * another address with auth off) announcing alice's clientID.
+ * where a, b and mallory are {params, headers, base?} of a client (params:
+ * the provider's URL parameters, ?token=; headers: X-Forwarded-For behind a
+ * trusted proxy; base: another server than the pair's, which is not
+ * restarted: that client stays connected). Each pair is two stock
+ * providers, alice and bob; a pair with `mallory` is also attacked by a
+ * third client (another subject, or another address with auth off)
+ * announcing alice's clientID.
  *
  * Commands (stdin):  kill <round>   the servers are about to be stopped
  *                    up <server>    that server answers again
@@ -45,12 +47,12 @@ const socketWith = (headers = {}) => class extends WebSocket {
 
 function url (pair, client) {
   const query = new URLSearchParams(client.params || {}).toString()
-  return `${pair.base}/yws/${pair.room}${query ? '?' + query : ''}`
+  return `${client.base || pair.base}/yws/${pair.room}${query ? '?' + query : ''}`
 }
 
 function stock (pair, client, name) {
   const doc = new Y.Doc()
-  const provider = new WebsocketProvider(`${pair.base}/yws`, pair.room, doc, {
+  const provider = new WebsocketProvider(`${client.base || pair.base}/yws`, pair.room, doc, {
     WebSocketPolyfill: socketWith(client.headers), params: client.params || {}, disableBc: true
   })
   provider.awareness.setLocalState({ user: { name } })
@@ -120,7 +122,7 @@ async function round (label) {
   for (const provider of providers) provider.awareness.meta.get(provider.doc.clientID).lastUpdated -= 1000
   await Promise.all(pairs.filter((pair) => !pair.control).map(async (pair) => {
     pair.up = null
-    await until(() => !pair.alice.wsconnected && !pair.bob.wsconnected)
+    await until(() => !pair.alice.wsconnected && (pair.b.base !== undefined || !pair.bob.wsconnected))
     await until(() => seeEachOther(pair))
     emit({ event: 'seen', round: label, pair: pair.name, server: pair.server,
            after_kill: seconds(killed), after_up: pair.up === null ? null : seconds(pair.up),
