@@ -178,7 +178,7 @@ async def test_stock_clients_see_each_other_after_restarts_and_nobody_takes_thei
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     harness = Harness(process)
     try:
-        await harness.until("ready", timeout=30)
+        await harness.until("ready", timeout=60)
         answered = {"SIGTERM": await restart(harness, servers, "SIGTERM", signal.SIGTERM),
                     "SIGKILL": await restart(harness, servers, "SIGKILL", signal.SIGKILL)}
         await harness.command("quit")
