@@ -82,8 +82,8 @@ def received(frame: dict[str, Any]) -> list[AwarenessEntry]:
     return decode_update(base64.b64decode(frame["update"]))
 
 
-async def join(url: str, doc: str = DOC) -> RawPeer:
-    peer = await RawPeer.connect(url)
+async def join(url: str, doc: str = DOC, address: str | None = None) -> RawPeer:
+    peer = await RawPeer.connect(url, address=address)
     await peer.send({"op": "subscribe", "doc": doc})
     await peer.expect("subscribed")
     peer.clocks = {}  # type: ignore[attr-defined]
@@ -96,10 +96,20 @@ async def changes(peer: RawPeer, timeout: float = 5.0) -> list[AwarenessEntry]:
     newcomer may get one both in its greeting and relayed)."""
     while True:
         frame = await peer.recv(timeout)
-        fresh = [entry for entry in received(frame) if entry.clock > peer.clocks.get(entry.client_id, -1)]
-        peer.clocks.update((entry.client_id, entry.clock) for entry in fresh)
+        fresh = [entry for entry in received(frame) if is_change(peer, entry)]
+        present = peer.__dict__.setdefault("present", set())
+        for entry in fresh:
+            peer.clocks[entry.client_id] = entry.clock
+            (present.discard if entry.removed else present.add)(entry.client_id)
         if fresh:
             return fresh
+
+
+def is_change(peer: RawPeer, entry: AwarenessEntry) -> bool:
+    """y-protocols' rule: a newer clock, or a null at the clock of a state held."""
+    known = peer.clocks.get(entry.client_id, -1)  # type: ignore[attr-defined]
+    held = entry.client_id in peer.__dict__.get("present", ())
+    return entry.clock > known or (entry.removed and entry.clock == known and held)
 
 
 async def error_of(peer: RawPeer) -> dict[str, Any]:
@@ -127,7 +137,7 @@ async def settled(peer: RawPeer) -> None:
     queued behind them)."""
     await peer.send({"op": "ping"})
     while (frame := await peer.recv())["op"] != "pong":
-        assert not [e for e in received(frame) if e.clock > peer.clocks.get(e.client_id, -1)], frame
+        assert not [e for e in received(frame) if is_change(peer, e)], frame
 
 
 async def test_two_peers_see_each_other_and_the_sender_gets_no_echo(server_url):
@@ -179,13 +189,13 @@ async def test_a_newcomer_without_others_gets_no_awareness_frame(server_url):
     await settled(alone)
 
 
-async def test_unsubscribe_relays_a_removal_with_a_higher_clock(server_url, redis_client):
+async def test_unsubscribe_relays_a_removal_at_the_clients_clock(server_url, redis_client):
     alice, bob = await join(server_url), await join(server_url)
     await announce(alice, AwarenessEntry(11, 7, state("alice")))
     await changes(bob)
     await alice.send({"op": "unsubscribe", "doc": DOC})
     await alice.expect("unsubscribed")
-    assert await changes(bob) == [AwarenessEntry(11, 8, "null")]
+    assert await changes(bob) == [AwarenessEntry(11, 7, "null")]
     assert await redis_client.hlen("yrelay:{pad}:presence") == 0
     carol = await join(server_url)
     await settled(carol)  # nobody left to greet her with
@@ -197,7 +207,7 @@ async def test_closing_the_connection_relays_a_removal(server_url):
     await changes(bob)
     await alice.close()
     assert sorted(await changes(bob), key=lambda e: e.client_id) == [
-        AwarenessEntry(11, 4, "null"), AwarenessEntry(12, 2, "null")]
+        AwarenessEntry(11, 3, "null"), AwarenessEntry(12, 1, "null")]
 
 
 async def test_a_client_removing_its_own_state_is_relayed_and_forgotten(server_url):
@@ -230,8 +240,8 @@ async def test_two_server_processes_on_one_redis_relay_to_each_other(redis_url):
         carol = await join(two)
         assert {e.client_id for e in await changes(carol)} == {11, 22}
         await alice.close()
-        assert await changes(bob) == [AwarenessEntry(11, 2, "null")]
-        assert await changes(carol) == [AwarenessEntry(11, 2, "null")]
+        assert await changes(bob) == [AwarenessEntry(11, 1, "null")]
+        assert await changes(carol) == [AwarenessEntry(11, 1, "null")]
         await settled(bob)
         await bob.close()
         await carol.close()
@@ -270,13 +280,22 @@ async def test_awareness_for_a_document_not_subscribed_is_rejected(server_url):
     await no_changes(bob, 0.3)
 
 
-async def test_a_connection_cannot_speak_for_another_connections_client(redis_url):
-    async with running_server(redis_url) as one, running_server(redis_url) as two:
-        alice, mallory, bob = await join(one), await join(one), await join(two)
+#: Servers that take the client address from X-Forwarded-For (the tests' peers all come from 127.0.0.1).
+BEHIND_PROXY = {"trusted_proxies": ("127.0.0.0/8",)}
+
+
+async def test_another_address_cannot_speak_for_a_client_with_auth_off(redis_url):
+    """With auth off the only identity is the client address (as the server
+    sees it: behind a trusted proxy, X-Forwarded-For): a clientID belongs to
+    the address that announced it, and a connection from any other address
+    is refused it, on any process."""
+    async with running_server(redis_url, **BEHIND_PROXY) as one, running_server(redis_url, **BEHIND_PROXY) as two:
+        alice = await join(one, address="203.0.113.1")
+        mallory, bob = await join(one, address="203.0.113.66"), await join(two, address="203.0.113.2")
         await announce(alice, AwarenessEntry(11, 1, state("alice")))
         await changes(mallory)
         await changes(bob)
-        eve = await join(two)  # on the other process
+        eve = await join(two, address="198.51.100.7")  # on the other process
         await changes(eve)  # the greeting
         for spoofer in (mallory, eve):
             await announce(spoofer, AwarenessEntry(11, 2, "null"))
@@ -310,6 +329,26 @@ async def test_a_reconnecting_session_takes_its_client_over(server_url):
     await alice.close()  # the old connection's goodbye must not remove the new state
     await no_changes(bob, 0.3)
     await settled(again)
+
+
+async def test_the_same_address_takes_its_client_back_with_auth_off(redis_url):
+    """Issue 36: a stock client reconnecting after a server restart is a new
+    session; with auth off, the same address gets its clientID back at once
+    (while the claim keeps it from other addresses for the presence timeout)."""
+    async with running_server(redis_url, **BEHIND_PROXY) as url:
+        alice, bob = await join(url, address="203.0.113.1"), await join(url, address="203.0.113.2")
+        await announce(alice, AwarenessEntry(11, 1, state("alice")))
+        await changes(bob)
+        await alice.close()
+        assert await changes(bob) == [AwarenessEntry(11, 1, "null")]  # at her clock, as y-websocket's server does
+        back = await join(url, address="203.0.113.1")  # a new session, no token: only the address says who
+        assert back.session != alice.session
+        await announce(back, AwarenessEntry(11, 1, state("alice")))  # a stock client re-sends its state as it was
+        await announce(back, AwarenessEntry(11, 2, state("alice")))  # ... and renews it within 15 s
+        # bob, as y-protocols, ignores the clock he holds and takes the renewal
+        # (after a removal at clock + 1 he ignored both: one renewal more unseen)
+        assert await changes(bob) == [AwarenessEntry(11, 2, state("alice"))]
+        await settled(back)
 
 
 async def test_states_not_renewed_within_the_timeout_are_not_sent_to_newcomers(redis_url, redis_client):
@@ -475,7 +514,7 @@ async def test_a_clientid_waits_for_its_user_after_leaving(redis_url):
         await announce(alice, AwarenessEntry(11, 1, state("alice")))
         await changes(bob)
         await alice.close()
-        assert await changes(bob) == [AwarenessEntry(11, 2, "null")]
+        assert await changes(bob) == [AwarenessEntry(11, 1, "null")]
         mallory = await joined(two, "mallory")
         await announce(mallory, AwarenessEntry(11, 3, state("not alice")))
         error = await error_of(mallory)
@@ -495,7 +534,7 @@ async def websockets_connect(url: str):
 
 async def test_a_client_at_the_largest_clock_is_still_removed_when_it_leaves(server_url):
     """Found by the awareness flood fuzz: clock 2^53 - 1 made the removal
-    (clock + 1) unencodable, and the leave raised out of the connection."""
+    (then clock + 1) unencodable, and the leave raised out of the connection."""
     alice, bob = await join(server_url), await join(server_url)
     await announce(alice, AwarenessEntry(11, MAX_UINT, state("alice")))
     await changes(bob)

@@ -19,8 +19,10 @@ class RawPeer:
         self.quiet = {"synced"}
 
     @classmethod
-    async def connect(cls, url: str, session: str | None = None) -> "RawPeer":
-        peer = cls(await websockets.connect(url, max_size=None))
+    async def connect(cls, url: str, session: str | None = None, address: str | None = None) -> "RawPeer":
+        """``address``: the client address a trusted proxy names (``X-Forwarded-For``)."""
+        headers = {"X-Forwarded-For": address} if address else None
+        peer = cls(await websockets.connect(url, max_size=None, additional_headers=headers))
         await peer.send({"op": "hello", "session": session})
         welcome = await peer.expect("welcome")
         peer.session = welcome["session"]

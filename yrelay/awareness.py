@@ -42,9 +42,14 @@ class AwarenessEntry:
 
     def removal(self) -> "AwarenessEntry":
         """What a client that saw this entry accepts as "the client left":
-        a null state at a higher clock (y-protocols ignores older clocks;
-        at the largest clock it takes a null state at the same one)."""
-        return AwarenessEntry(self.client_id, min(self.clock + 1, MAX_UINT), REMOVED)
+        a null state at the same clock (y-protocols removes a state it holds
+        on a null at its clock; y-websocket's server sends just that). Not a
+        higher clock: a stock y-websocket client does not move its clock
+        when it reconnects, so after a removal at clock + 1 the others
+        ignored its re-sent state *and* its next renewal (at clock + 1), and
+        it stayed invisible one renewal (15 s) longer than on y-websocket's
+        server after every reconnect (issue 36)."""
+        return AwarenessEntry(self.client_id, self.clock, REMOVED)
 
     def encode(self) -> bytes:
         out = bytearray()

@@ -413,8 +413,9 @@ export class YrelayProvider extends ObservableV2 {
 
   /**
    * Send our state with a clock past the server's removal of it: when a
-   * socket closes the server relays clock + 1 with state null, and peers
-   * ignore a state whose clock is not above what they hold.
+   * socket closes the server relays state null at our last clock (servers
+   * before issue 36: clock + 1), and peers ignore a state whose clock is
+   * not above what they hold.
    */
   _announcePresence () {
     const state = this.awareness?.getLocalState()

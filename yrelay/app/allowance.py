@@ -97,15 +97,20 @@ class Allowance:
         self._ctx.limits.subjects.close_subscription(self.subject().subject)
 
     def subject(self) -> SubjectBuckets:
-        """The deployment-wide limits of who is connected: the token's
-        subject, or with auth off the client address (docs/operations.md#limits)."""
+        """The deployment-wide limits of who is connected (docs/operations.md#limits)."""
         if self._subject is None:
-            if isinstance(self._ctx.authenticator, NoAuthenticator) or self._principal is None:
-                identity = "addr:" + self._address
-            else:
-                identity = "sub:" + self._principal.subject
-            self._subject = self._ctx.limits.subjects.acquire(subject_id(identity))
+            self._subject = self._ctx.limits.subjects.acquire(self.subject_id())
         return self._subject
+
+    def subject_id(self) -> str:
+        """Who is connected, wherever one user is counted or recognised (its
+        limits, the owner of its presence clientIDs): the token's subject, or
+        with auth off the client address as the server sees it (behind a
+        ``trusted_proxies`` proxy, its ``X-Forwarded-For``): with no identity
+        at all, the address is what stays the same when a client reconnects."""
+        if isinstance(self._ctx.authenticator, NoAuthenticator) or self._principal is None:
+            return subject_id("addr:" + self._address)
+        return subject_id("sub:" + self._principal.subject)
 
     def release(self, subscriptions: int) -> None:
         """The connection ended with ``subscriptions`` live: give everything back."""

@@ -74,7 +74,7 @@ class ConnectionDocuments:
             )
         else:
             await self._allowance.open_subscription(frame.doc)
-        self._presence.join(frame.doc, session, principal)
+        self._presence.join(frame.doc, session)
         subscription = Subscription(self._ctx, frame.doc, session, self._document_sender(frame.doc), requested,
                                     claimed, budget=self.budget, on_deleted=partial(self._deleted, frame.doc),
                                     send_prepared=self._send_prepared)  # not a lambda: it would keep the frame

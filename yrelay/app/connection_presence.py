@@ -11,8 +11,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .. import awareness
-from ..auth import NoAuthenticator, Principal
-from ..keys import subject_id
 from ..protocol import Awareness, ErrorCode, ProtocolError
 from .allowance import Allowance
 from .context import ServerContext
@@ -39,11 +37,15 @@ class ConnectionPresence:
         self._spawn = spawn
         self.members: dict[str, Member] = {}
 
-    def join(self, doc: str, session: str, principal: Principal) -> None:
-        """Subscribing to ``doc``: a member, greeted once the subscribe is answered."""
+    def join(self, doc: str, session: str) -> None:
+        """Subscribing to ``doc``: a member, greeted once the subscribe is
+        answered. Its owner, who may take its clientIDs over, is its subject:
+        the token's, or with auth off the client address
+        (:meth:`.allowance.Allowance.subject_id`), so a client reconnecting
+        after a server restart, a new session, gets its clientID back."""
         member = self.members.get(doc)
         if member is None:
-            self.members[doc] = self._ctx.presence.join(doc, session, self._send, self._owner(session, principal))
+            self.members[doc] = self._ctx.presence.join(doc, session, self._send, self._allowance.subject_id())
         else:
             member.listening = False  # subscribing again: greeted again once answered
 
@@ -95,10 +97,3 @@ class ConnectionPresence:
             raise ProtocolError(ErrorCode.AWARENESS_NOT_OWNER, str(exc), doc=doc) from None
         except PresenceFull as exc:
             raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, str(exc), doc=doc) from None
-
-    def _owner(self, session: str, principal: Principal) -> str:
-        """Who may take this connection's clientIDs over: its subject's
-        other connections, or with auth off its session's."""
-        if isinstance(self._ctx.authenticator, NoAuthenticator):
-            return subject_id("session:" + session)
-        return subject_id("sub:" + principal.subject)

@@ -10,9 +10,11 @@ so a newcomer sees everyone at once; entries not renewed within
 ``presence_timeout`` are neither sent nor kept.
 
 Limits (docs/operations.md#limits): a second hash holds who may speak for
-each clientID (its owner: the subject, or the session with auth off), at
-most ``max_clients`` of them per document, kept past the owner's leaving
-for the timeout; a greeting carries at most ``greeting_bytes`` of states.
+each clientID (its owner: the token's subject, or with auth off the client
+address), at most ``max_clients`` of them per document, kept past the
+owner's leaving for the timeout; a greeting carries at most
+``greeting_bytes`` of states. A client that leaves is removed at its own
+clock (:meth:`~yrelay.awareness.AwarenessEntry.removal`).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ MAX_QUEUED = 64
 
 
 class NotOwner(Exception):
-    """Entries for clientIDs another owner (subject, or session with auth
-    off) spoke for within the timeout."""
+    """Entries for clientIDs another owner (subject, or client address with
+    auth off) spoke for within the timeout."""
 
     def __init__(self, client_ids: list[int]):
         super().__init__(f"clientID {', '.join(map(str, client_ids))} belongs to another user")
@@ -44,7 +44,7 @@ class Member:
         self.doc = doc
         self.session = session
         self.origin = origin
-        #: Who may take this member's clientIDs over (keys.subject_id of the subject, or of the session).
+        #: Who may take this member's clientIDs over (Allowance.subject_id: the subject, or the address).
         self.owner = owner
         self.clocks: dict[int, int] = {}
         self.listening = False

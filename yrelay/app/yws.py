@@ -141,7 +141,7 @@ class YwsConnection:
         self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
             await self.feed.start()
-            self.presence.join(self.doc, self.session, principal)
+            self.presence.join(self.doc, self.session)
             self._spawn(self.presence.greet(self.presence.members[self.doc]))
             while not self._closed:
                 message = await self.websocket.receive()

@@ -10,9 +10,10 @@
 -- timeout_ms, max_clients, then pairs of clientID and encoded entry ('' =
 -- the client removed its state).
 -- Presence values are '<ms>|<session>|<origin>|<encoded entry>'; owners
--- values '<ms>|<owner>|<origin>'. An owner is a subject (or a session when
--- auth is off): its connections and sessions may take each other's clientIDs
--- over (a browser reconnecting before the server saw its old socket die).
+-- values '<ms>|<owner>|<origin>'. An owner is a subject (or a client address
+-- when auth is off): its connections and sessions may take each other's
+-- clientIDs over (a browser reconnecting before the server saw its old
+-- socket die, or after a server restart).
 local key, owners = KEYS[1], KEYS[2]
 local session, origin, owner = ARGV[1], ARGV[2], ARGV[3]
 local timeout, max_clients = tonumber(ARGV[4]), tonumber(ARGV[5])
