@@ -40,13 +40,21 @@ $(WEB_BUILT): web/node_modules/.package-lock.json web/build.mjs $(wildcard web/s
 serve: $(VENV)/.installed-serve web
 	$(VENV)/bin/yrelay serve --insecure-no-auth $(ARGS)
 
+# Two pytest-xdist workers: most tests wait on sockets, servers and
+# restarts, so two share the 2 cores well (one run: quiet 16.4 min serial;
+# figures in docs/operations.md "The test suite"). A module stays on one
+# worker; the Spark modules share one worker and one SparkSession
+# (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+
 test: install browser stock-clients
-	$(PY) -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 # The same suite while a CPU hog keeps every core busy (yrelay_tools/testing/busy.py):
 # what a shared CI machine does to it. Run it before landing a test that waits or counts.
 test-busy: install browser stock-clients
-	$(PY) -m yrelay_tools.testing.busy -- $(PY) -m pytest $(ARGS)
+	$(PY) -m yrelay_tools.testing.busy -- $(PYTEST) $(ARGS)
 
 # Browser tests use Debian's chromium (Playwright drives it; it never downloads one).
 browser:
