@@ -160,6 +160,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         Path(_spark["log"]).unlink(missing_ok=True)  # type: ignore[arg-type]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """How ``make test`` shares the suite between its two pytest-xdist
     workers (``-n 2 --dist loadgroup``): a module's tests stay on one worker,
