@@ -129,8 +129,9 @@ def lag_over_time(lag: DataFrame, bucket_ms: int) -> DataFrame:
 
 #: Columns of the lag timeline (one row per doc, session and bucket it was there).
 TIMELINE_COLUMNS = ["doc", "session", "bucket", "lag_entries", "lag_ms", "acks"]
-#: Row kinds of the timeline's as-of walk: a document's head before the samples of the same bucket.
-_HEAD, _SAMPLE = 0, 1
+#: Row kinds of the timeline's walks: in a bucket, a document's head, a
+#: session's own appends and its acks come before its sample.
+_HEAD, _OWN, _ACKED, _SAMPLE = 0, 1, 2, 3
 _HELD = "struct<offset_rank:bigint,own_offset_rank:bigint,effective_score:bigint>"
 
 
@@ -159,15 +160,22 @@ def lag_timeline(lag: DataFrame, events: DataFrame, presence: DataFrame, end_ts:
         F.sequence("first_b", F.greatest(until, F.col("first_b")), F.lit(bucket_ms))).alias("b"))
     written = appends(events)
     own = written.groupBy("doc", "session", bucket("ts").alias("b")).agg(F.count(F.lit(1)).alias("own_n"))
-    keys = ["doc", "session", "b"]
-    so_far = Window.partitionBy("doc", "session").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # One walk per session over its own appends, its acks and its samples of
+    # each bucket, in that order: the samples carry what the walk has seen.
+    walk = Window.partitionBy("doc", "session").orderBy("b", "kind")
+    so_far = walk.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    rows = (own.withColumn("kind", F.lit(_OWN))
+            .unionByName(acked.withColumn("kind", F.lit(_ACKED)), allowMissingColumns=True)
+            .unionByName(samples.withColumn("kind", F.lit(_SAMPLE)), allowMissingColumns=True))
+    acked_here = F.when((F.lag("kind").over(walk) == _ACKED) & (F.lag("b").over(walk) == F.col("b")),
+                        F.lag("acks").over(walk))
     sampled = (
-        samples.withColumn("sample", F.lit(True)).join(acked, keys, "full_outer").join(own, keys, "full_outer")
-        .withColumns({"held": F.last("held", ignorenulls=True).over(so_far),
-                      "own_so_far": F.sum(F.coalesce("own_n", F.lit(0))).over(so_far)})
-        .filter(F.col("sample"))
-        .select(*keys, "held", "own_so_far", F.coalesce("acks", F.lit(0)).alias("acks"),
-                F.lit(None).cast("struct<rank:bigint,score:bigint>").alias("head"), F.lit(_SAMPLE).alias("kind"))
+        rows.withColumns({"held": F.last("held", ignorenulls=True).over(so_far),
+                          "own_so_far": F.sum(F.coalesce("own_n", F.lit(0))).over(so_far),
+                          "acks": F.coalesce(acked_here, F.lit(0))})
+        .filter(F.col("kind") == _SAMPLE)
+        .select("doc", "session", "b", "held", "own_so_far", "acks",
+                F.lit(None).cast("struct<rank:bigint,score:bigint>").alias("head"), "kind")
     )
     by_doc = Window.partitionBy("doc").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     per_bucket = written.groupBy("doc", bucket("ts").alias("b")).agg(F.count(F.lit(1)).alias("n"),
