@@ -218,14 +218,14 @@ class Analysis:
         with refused (blocked) updates, consumer groups behind, and the
         bucket the charts use."""
         connected = self.status.filter(F.col("left_ts").isNull())
-        worst = connected.agg(F.max("current_lag_entries"), F.max("current_lag_ms")).first()
+        worst = connected.agg(F.max("current_lag_entries"), F.max("current_lag_ms"), F.count(F.lit(1))).first()
         recent = self.latency.filter(F.col("ts") >= self.bounds.end_ts - RECENT_MS)
         p99 = recent.agg(F.percentile("latency_ms", 0.99)).first()
         blocked = self.log.events.filter(F.col("type") == str(EventType.REFUSE)).agg(F.countDistinct("doc")).first()
         behind = self.groups.filter((F.col("last_lag_entries") > 0) | (F.col("last_lag_ms") > 0)).count()
         return {
             "bucket_s": self.bucket_seconds,
-            "sessions_connected": connected.count(),
+            "sessions_connected": worst[2] if worst else 0,
             "worst_lag_entries": (worst[0] if worst else None) or 0,
             "worst_lag_ms": (worst[1] if worst else None) or 0,
             "p99_last_5min_ms": p99[0] if p99 else None,

@@ -154,7 +154,7 @@ def lag_timeline(lag: DataFrame, events: DataFrame, presence: DataFrame, end_ts:
                                                                        F.count(F.lit(1)).alias("acks"))
     until = bucket("until")
     spans = (acked.groupBy("doc", "session").agg(F.min("b").alias("first_b"))
-             .join(F.broadcast(presence.select("session", "left_ts")), "session", "left")
+             .join(presence.select("session", "left_ts"), "session", "left")
              .withColumn("until", F.coalesce("left_ts", F.lit(end_ts))))
     samples = spans.select("doc", "session", F.explode(
         F.sequence("first_b", F.greatest(until, F.col("first_b")), F.lit(bucket_ms))).alias("b"))

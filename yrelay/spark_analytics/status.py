@@ -61,7 +61,7 @@ def session_status(lag: DataFrame, events: DataFrame, heads: DataFrame, own: Dat
     judged = _with_rule_inputs(_windows(lag, window), end_ts)
     at_end = lag_at_end(judged, heads, own)
     both = (at_end.join(_problems(events, presence), ["doc", "session"], "full_outer")
-            .join(F.broadcast(presence), "session", "left")
+            .join(presence, "session", "left")
             .join(_delivered(events), ["doc", "session"], "left"))
     left = F.col("left_ts").isNotNull()
     return both.withColumns({
@@ -125,7 +125,7 @@ def _problems(events: DataFrame, presence: DataFrame) -> DataFrame:
     connected = F.col("left_ts").isNull() | (F.col("ts") <= F.col("left_ts"))
     return (
         events.filter(F.col("type").isin(kinds) & F.col("doc").isNotNull() & F.col("session").isNotNull())
-        .join(F.broadcast(presence.select("session", "left_ts")), "session", "left")
+        .join(presence.select("session", "left_ts"), "session", "left")
         .groupBy("doc", "session")
         .agg(
             F.sum((F.col("type") == str(EventType.EVICT)).cast("long")).alias("evictions"),
