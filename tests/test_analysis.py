@@ -291,3 +291,116 @@ async def test_group_lag_beside_session_lag(spark, redis_url, make_client, tmp_p
     groups = read_table(tmp_path / "out", Table.GROUPS)
     row = groups[groups["group"] == "indexer"].iloc[0]
     assert (row["acks"], row["documents"], row["last_lag_entries"]) == (3, 1, 0)
+
+
+# ------------------------------------------------------------------ issue 37
+
+T0 = 1_767_225_600_000
+
+
+def _at(ms: int) -> str:
+    return f"{T0 + ms}-0"
+
+
+def operator_log(path: Path) -> Path:
+    """A hand-built log of one document ``k`` with known answers (times in ms after T0):
+
+    - ``x`` appends 1000-0 (schema 1: no ``connect``, no subject);
+    - writer ``w`` (subject alice) appends 2000-0, 3000-0, 4000-0; acks at
+      4500 with offset 1000-0 and head 4000-0 (the three entries in between
+      are its own: lag 0), then appends 7000-0 and 8000-0 after its last ack;
+    - ``r1``..``r3`` ack everything, close at 5000, are evicted by GC at 10000;
+    - ``q`` (schema 1) acks 2000-0, is delivered 3000-0, closes at 3500
+      without acking it and never comes back;
+    - ``s`` (subject erin) acks 2000-0 at 2100, then stays connected and
+      silent while deliveries and a resend go on: STOP, 4 entries behind.
+    """
+    def v2(event: dict) -> dict:
+        return {"v": 2, "process": "h:2", **event}
+
+    def append(ms: int, session: str) -> dict:
+        return {"ts": T0 + ms, "type": "append", "doc": "k", "session": session, "offset": _at(ms), "clock": ms,
+                "bytes": 10, "duplicate": False}
+
+    def deliver(ms: int, session: str, entry: int) -> dict:
+        return {"ts": T0 + ms, "type": "deliver", "doc": "k", "session": session, "first": _at(entry),
+                "last": _at(entry), "entries": 1, "bytes": 10, "head": _at(entry)}
+
+    def ack(ms: int, session: str, offset: int, head: int) -> dict:
+        return {"ts": T0 + ms, "type": "ack", "doc": "k", "session": session, "offset": _at(offset), "head": _at(head)}
+
+    readers = ["r1", "r2", "r3"]
+    subjects = {"w": "alice", "r1": "bob", "r2": "carol", "r3": "dave", "s": "erin"}
+    connects = [v2({"ts": T0, "type": "connect", "session": who, "resumed": False, "subject": subject})
+                for who, subject in subjects.items()]
+    events = [append(1000, "x"), *[deliver(1001, who, 1000) for who in ["w", "s", "q", *readers]],
+              *[ack(1100, who, 1000, 1000) for who in ["w", "s", "q", *readers]]]
+    for ms in (2000, 3000, 4000):
+        events += [append(ms, "w"), *[deliver(ms + 1, who, ms) for who in ["s", *readers]],
+                   *[ack(ms + 100, who, ms, ms) for who in readers]]
+    events += [deliver(2001, "q", 2000), ack(2100, "q", 2000, 2000), ack(2100, "s", 2000, 2000),
+               deliver(3001, "q", 3000),
+               {"ts": T0 + 3500, "type": "disconnect", "session": "q", "docs": 1, "duration_ms": 3500},
+               ack(4500, "w", 1000, 4000)]
+    events += [v2({"ts": T0 + 5000, "type": "disconnect", "session": who, "docs": 1, "duration_ms": 5000})
+               for who in readers]
+    for ms in (7000, 8000):
+        events += [append(ms, "w"), deliver(ms + 1, "s", ms)]
+    events += [{"ts": T0 + 9000, "type": "resend", "doc": "k", "session": "s", "offset": _at(2000), "entries": 4},
+               deliver(9000, "s", 8000)]
+    events += [{"ts": T0 + 10_000, "type": "evict", "doc": "k", "session": who, "mode": "relative"}
+               for who in [*readers, "q"]]
+    write_lines(path, events)  # schema 1, beside the schema-2 lines below
+    (path / "events-h-2-20260101T000000-0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in connects))
+    return path
+
+
+@pytest.fixture(scope="module")
+def operator_run(spark, tmp_path_factory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("operator")
+    summary = run(spark, JobConfig(operator_log(root / "events"), root / "out", options=Options(bucket_seconds=1)))
+    return root / "out", summary
+
+
+def test_own_appends_never_count_and_closed_sessions_left(operator_run):
+    out, summary = operator_run
+    status = read_table(out, Table.STATUS).set_index("session")
+    assert dict(status["status"]) == {"w": "OK", "r1": "LEFT", "r2": "LEFT", "r3": "LEFT", "q": "LEFT_UNACKED",
+                                      "s": "STOP"}
+    # The writer: its own five appends after its offset are no lag, at its last ack or at the end.
+    assert tuple(status.loc["w", ["lag_entries", "lag_ms", "current_lag_entries", "current_lag_ms"]]) == (0, 0, 0, 0)
+    # The stuck session: the writer's four appends after its offset, 8000 - 2000 ms.
+    assert tuple(status.loc["s", ["current_lag_entries", "current_lag_ms"]]) == (4, 6000)
+    assert status.loc["r1", ["current_lag_entries", "current_lag_ms"]].isna().all()  # gone: no lag now
+    assert status.loc["r1", "left_ts"] == T0 + 5000 and status.loc["r1", "last_problem"] == "evict:relative"
+    # Subjects from the schema-2 connects; none for the schema-1 session.
+    assert (status.loc["w", "subject"], status.loc["s", "subject"], status.loc["q", "subject"]) == (
+        "alice", "erin", None)
+    assert (summary["other_version_lines"], summary["corrupt_lines"], summary["events"]) == (0, 0, 61)
+    assert (summary["status_left"], summary["status_stop"], summary["status_err"]) == (3, 1, 0)
+    assert (summary["worst_lag_entries"], summary["worst_lag_ms"], summary["sessions_connected"]) == (4, 6000, 2)
+    top = read_table(out, Table.TOP_LAGGING)
+    assert list(top["session"]) == ["s"]  # neither the writer nor the sessions that left
+
+
+def test_a_silent_session_grows_on_the_lag_timeline(operator_run):
+    out, _ = operator_run
+    timeline = read_table(out, Table.LAG_TIMELINE)
+    timeline["second"] = (timeline["bucket"].astype("datetime64[ms, UTC]").astype("int64") - T0) // 1000
+    stuck = timeline[timeline["session"] == "s"].sort_values("second")
+    assert [tuple(row) for row in stuck[["second", "lag_entries", "lag_ms", "acks"]].itertuples(index=False)] == [
+        (1, 0, 0, 1), (2, 0, 0, 1), (3, 1, 1000, 0), (4, 2, 2000, 0), (5, 2, 2000, 0), (6, 2, 2000, 0),
+        (7, 3, 5000, 0), (8, 4, 6000, 0), (9, 4, 6000, 0), (10, 4, 6000, 0)]
+    writer = timeline[timeline["session"] == "w"]
+    assert len(writer) == 10 and (writer["lag_entries"] == 0).all() and (writer["lag_ms"] == 0).all()
+    left = timeline[timeline["session"] == "r1"]
+    assert left["second"].max() == 5  # sampled until it left, not after
+
+
+def test_the_stuck_session_heads_the_sessions_not_ok(operator_run):
+    from yrelay.spark_analytics.dashboard import troubled_sessions
+
+    out, _ = operator_run
+    troubled = troubled_sessions(read_table(out, Table.STATUS))
+    assert list(troubled["session"]) == ["s", "q"]  # STOP first; a clean LEFT and OK are not trouble
+    assert (troubled.iloc[0]["subject"], troubled.iloc[0]["current_lag_s"]) == ("erin", 6.0)

@@ -3,13 +3,17 @@ the log ever reaching delivery."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+
+import pytest
 
 from conftest import edit_then_evict_reader, running_server
 
 from yrelay import crdt
-from yrelay.eventlog import EventLog
+from yrelay.config import Settings
+from yrelay.eventlog import SUBJECT_MODES, EventLog, subject_for_log
 from yrelay.gc import Collector, GcPolicy
 from yrelay.store import DocumentStore
 
@@ -29,8 +33,25 @@ def test_lines_carry_the_common_fields(tmp_path):
     events.stop()
     [line] = read_events(tmp_path)
     assert COMMON <= set(line)
-    assert line["v"] == 1 and line["type"] == "append" and line["process"] == "host:1"
+    assert line["v"] == 2 and line["type"] == "append" and line["process"] == "host:1"
     assert (line["doc"], line["session"], line["offset"], line["bytes"]) == ("doc", "s1", "1-0", 10)
+
+
+def test_a_connect_records_the_subject_hashed_plain_or_not_at_all(tmp_path):
+    """Schema 2: ``connect`` carries the session's subject as the setting says
+    (a subject may be personal data: hashed by default)."""
+    recorded = {}
+    for mode in SUBJECT_MODES:
+        events = EventLog(tmp_path / mode, process="host:1", subjects=mode)
+        events.emit("connect", session="s1", resumed=False, **events.subject("alice@example.com"))
+        events.stop()
+        [line] = read_events(tmp_path / mode)
+        recorded[mode] = line.get("subject", "absent")
+    digest = hashlib.sha256(b"alice@example.com").hexdigest()[:16]
+    assert recorded == {"hash": f"sha256:{digest}", "plain": "alice@example.com", "off": "absent"}
+    assert subject_for_log("alice@example.com", "hash") == recorded["hash"]  # what `yrelay subject-hash` prints
+    with pytest.raises(ValueError, match="event_log_subject"):
+        Settings(event_log_subject="base64")
 
 
 def test_rotates_by_size_and_by_age(tmp_path):
@@ -99,6 +120,7 @@ async def test_a_server_logs_what_happens(redis_url, redis_client, make_client, 
     assert delivered >= 6
     assert any(line["session"] == reader and line["offset"] == appends[-1]["offset"] for line in by_type["ack"])
     assert {line["session"] for line in by_type["connect"]} == {writer, reader}
+    assert {line["subject"] for line in by_type["connect"]} == {subject_for_log("anonymous", "hash")}  # auth off
     assert {line["session"] for line in by_type["disconnect"]} == {writer, reader}
     assert by_type["evict"][0]["mode"] == "operator" and by_type["evict"][0]["session"] == reader
     [snapshot] = by_type["snapshot"]

@@ -316,9 +316,12 @@ def analyze(
     out: Path = typer.Option(..., "--out", help="Directory for the Parquet tables and dashboard.html."),
     redis_url: Optional[str] = typer.Option(None, "--redis-url", help="Also read current stream entries and trackers from this Redis."),
     master: str = typer.Option("local[*]", help="Spark master: local[*], local[2], spark://HOST:PORT."),
-    bucket: int = typer.Option(60, min=1, help="Seconds per time bucket (lag and events over time)."),
+    bucket: Optional[int] = typer.Option(None, min=1, help="Seconds per time bucket (lag and events over time); "
+                                         "default: chosen from the log's span (at most 120 buckets)."),
     window: int = typer.Option(10, min=2, help="Acks in a session's status window."),
     top: int = typer.Option(20, min=1, help="Rows of the top-lagging and hottest-document tables."),
+    spark_log: Optional[Path] = typer.Option(None, "--spark-log", help="Where Spark's own log lines go "
+                                             "(default OUT/spark.log): never the terminal."),
 ) -> None:
     """Analyse the event log with Spark: lag, statuses, ack latency, resends, GC; Parquet tables and an HTML dashboard.
 
@@ -326,24 +329,42 @@ def analyze(
     # pyspark is imported here, not at the top: `serve` and `gc` should not pay
     # for it, and a lean install (no spark extra) says what to install.
     extras.require("spark", "analyze")
-    from .spark_analytics.analysis import Options
     from .spark_analytics.events import event_files
-    from .spark_analytics.job import JobConfig, run
-    from .spark_analytics.report import JobProgress, summary_table
-    from .spark_analytics.session import spark_session
+    from .spark_analytics.report import JobProgress, stderr_to
 
     if not event_files(events):
         raise typer.BadParameter(f"no *.jsonl event files in {events}", param_hint="--events")
     console = Console()
-    config = JobConfig(events, out, redis_url, Options(bucket_seconds=bucket, window=window, top=top))
-    spark = spark_session(master, "yrelay-analyze", **{"spark.ui.showConsoleProgress": "false"})
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        with JobProgress(spark.sparkContext, console) as progress:
-            summary = run(spark, config, on_step=progress.step)
-    finally:
-        spark.stop()
+    with JobProgress(console=console) as progress:  # on screen before the JVM starts
+        progress.step("starting Spark", 0, 1)
+        from .spark_analytics.analysis import Options
+        from .spark_analytics.dashboard import DASHBOARD
+        from .spark_analytics.job import JobConfig, run
+        from .spark_analytics.report import summary_table
+        from .spark_analytics.session import spark_session
+
+        config = JobConfig(events, out, redis_url, Options(bucket_seconds=bucket, window=window, top=top))
+        with stderr_to(spark_log or out / "spark.log"):
+            spark = spark_session(master, "yrelay-analyze", **{"spark.ui.showConsoleProgress": "false"})
+            spark.sparkContext.setLogLevel("ERROR")
+            progress.context = spark.sparkContext
+            try:
+                summary = run(spark, config, on_step=progress.step)
+            finally:
+                progress.context = None
+                spark.stop()
     console.print(summary_table(summary, str(out)))
+    console.print(f"Tables in {out.resolve()}; Spark's log in {(spark_log or out / 'spark.log').resolve()}.")
+    console.print(f"Dashboard: [bold]{(out / DASHBOARD).resolve()}[/bold]")
+
+
+@cli.command("subject-hash")
+def subject_hash(subject: str = typer.Argument(..., help="A subject (a token's sub, a user id).")) -> None:
+    """Print how the event log records SUBJECT by default (event_log_subject=hash), to find its sessions
+    in `yrelay analyze`'s tables and dashboard."""
+    from .eventlog import subject_for_log
+
+    typer.echo(subject_for_log(subject, "hash"))
 
 
 @cli.command()

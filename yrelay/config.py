@@ -214,6 +214,9 @@ class Settings:
     event_log_max_age: float = 3600.0
     #: Events buffered in memory before new ones are dropped (and counted).
     event_log_buffer: int = 100_000
+    #: How ``connect`` events record the session's subject: ``hash`` (a
+    #: SHA-256 prefix), ``plain``, or ``off`` (docs/events.md).
+    event_log_subject: str = "hash"
 
     #: At start-up, recompute every stored drift digest from the streams,
     #: log the wrong ones and fix them (seconds to minutes on a large store).
@@ -280,6 +283,11 @@ class Settings:
     ack_replicas_timeout: float = 1.0
 
     def __post_init__(self) -> None:
+        from .eventlog import SUBJECT_MODES
+
+        if self.event_log_subject not in SUBJECT_MODES:
+            raise ValueError(f"event_log_subject must be one of {', '.join(SUBJECT_MODES)}, "
+                             f"got {self.event_log_subject!r}")
         if self.gc_absolute_delta <= self.gc_relative_delta:
             raise ValueError("gc_absolute_delta must be larger than gc_relative_delta")
         if self.public_url and (urlsplit(self.public_url).scheme not in ("http", "https")

@@ -14,6 +14,7 @@ warned about once a minute), and the next successful write records a
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
@@ -28,7 +29,13 @@ import msgspec
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+#: Version 2 adds ``subject`` to ``connect`` (docs/events.md); ``yrelay
+#: analyze`` reads versions 1 and 2.
+SCHEMA_VERSION = 2
+#: How a session's subject is written (``event_log_subject``): a hash of it
+#: (the default), as is, or not at all. A subject may be personal data (an
+#: e-mail address), and the event log is kept and copied for analysis.
+SUBJECT_MODES = ("hash", "plain", "off")
 #: Tells apart the logs of several servers in one process (tests, embedding).
 _instances = itertools.count(1)
 #: Seconds between two "events dropped" warnings.
@@ -50,6 +57,22 @@ def process_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def subject_for_log(subject: str, mode: str) -> str | None:
+    """What the log records of ``subject`` under ``mode`` (:data:`SUBJECT_MODES`).
+
+    ``hash``: ``sha256:`` and the first 16 hex digits of SHA-256 of the
+    subject: the same subject always gives the same value, so an operator
+    who knows a user id can find its sessions (``yrelay subject-hash ID``
+    prints it), while the log itself names nobody. A guessable id can still
+    be found by trying candidates: use ``off`` where that matters.
+    """
+    if mode == "off":
+        return None
+    if mode == "plain":
+        return subject
+    return "sha256:" + hashlib.sha256(subject.encode()).hexdigest()[:16]
+
+
 class EventLog:
     """Buffered, rotated JSON-lines writer for one process."""
 
@@ -62,13 +85,17 @@ class EventLog:
         capacity: int = 100_000,
         flush_interval: float = 0.2,
         process: str | None = None,
+        subjects: str = "hash",
     ):
+        if subjects not in SUBJECT_MODES:
+            raise ValueError(f"event log subject mode must be one of {', '.join(SUBJECT_MODES)}, got {subjects!r}")
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.capacity = capacity
         self.flush_interval = flush_interval
         self.process = process or process_name()
+        self.subjects = subjects
         #: Events lost so far (full buffer or failed writes), for metrics and tests.
         self.dropped = 0
         self._unreported = 0
@@ -91,6 +118,11 @@ class EventLog:
             self._count_dropped(1)
             return
         self._queue.append(self._event(type, doc, session, **fields))
+
+    def subject(self, subject: str) -> dict[str, str]:
+        """The ``subject`` field of a ``connect`` event (none when the mode is ``off``)."""
+        recorded = subject_for_log(subject, self.subjects)
+        return {} if recorded is None else {"subject": recorded}
 
     def _event(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> dict[str, Any]:
         return {"v": SCHEMA_VERSION, "ts": int(time.time() * 1000), "type": type,

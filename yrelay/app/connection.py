@@ -237,7 +237,8 @@ class Connection:
         self.allowance.open(opened.session, opened.principal)
         trust(self.websocket)  # messages may now be as large as ws_max_size
         self.state = ConnectionState.OPEN
-        self.ctx.events.emit("connect", session=opened.session, resumed=opened.resumed)
+        self.ctx.events.emit("connect", session=opened.session, resumed=opened.resumed,
+                             **self.ctx.events.log.subject(opened.principal.subject))
 
     async def _cut_off(self, cut: CutOff) -> None:
         """Refuse or end the session: say why, then close (docs/security.md)."""

@@ -220,7 +220,8 @@ def open_event_log(settings: Settings) -> EventLog:
     if not settings.event_log:
         return NullEventLog()
     return EventLog(settings.data_dir / "events", max_bytes=settings.event_log_max_bytes,
-                    max_age=settings.event_log_max_age, capacity=settings.event_log_buffer).start()
+                    max_age=settings.event_log_max_age, capacity=settings.event_log_buffer,
+                    subjects=settings.event_log_subject).start()
 
 
 async def verify_digests(digests: StreamDigests) -> None:

@@ -24,16 +24,34 @@ from .current import current_lag, stream_lengths
 from .documents import document_figures, events_over_time, resyncs_by_reason
 from .events import EventLog
 from .lag import (GROUP_LAG_COLUMNS, LAG_COLUMNS, ack_lag, document_heads, group_ack_lag, group_lag_summary,
-                  lag_over_time)
+                  lag_over_time, lag_timeline, own_appends)
 from .latency import delivery_latency, latency_histogram, latency_summary
 from .schema import EventType
+from .sessions import session_presence
 from .status import session_status
 from .tables import Status, Table
+
+#: Bucket widths (s) the automatic choice picks from: the smallest that cuts
+#: the log's span into at most :data:`MAX_BUCKETS` buckets.
+BUCKET_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+MAX_BUCKETS = 120
+#: The "now" of the headline figures: the last 5 minutes of the log.
+RECENT_MS = 5 * 60 * 1000
+
+
+def bucket_for(span_ms: int) -> int:
+    """Seconds per time bucket for a log spanning ``span_ms``: enough points
+    to see a trend (a 6-minute run gets 5 s buckets, a day 15 min ones), few
+    enough to keep the charts and the lag timeline small."""
+    for step in BUCKET_STEPS:
+        if span_ms <= step * 1000 * MAX_BUCKETS:
+            return step
+    return -(-span_ms // (1000 * MAX_BUCKETS))
 
 
 @dataclass(frozen=True)
 class Options:
-    bucket_seconds: int = 60  # width of the time buckets of lag_over_time and events_over_time
+    bucket_seconds: int | None = None  # width of the time buckets (None: chosen from the log's span)
     window: int = 10  # acks in a session's status window
     top: int = 20  # rows of top_lagging and hottest_documents
 
@@ -67,6 +85,8 @@ class Analysis:
         steps: list[tuple[Table, Callable[[], DataFrame]]] = [
             (Table.LAG, lambda: self.lag.select(*LAG_COLUMNS)),
             (Table.LAG_OVER_TIME, lambda: lag_over_time(self.lag, self.bucket_ms)),
+            (Table.LAG_TIMELINE, lambda: lag_timeline(self.lag, self.log.events, self.presence, self.bounds.end_ts,
+                                                      self.bucket_ms)),
             (Table.STATUS, lambda: self.status),
             (Table.ACK_LATENCY, lambda: self.latency_summary),
             (Table.LATENCY_HISTOGRAM, lambda: latency_histogram(self.latency)),
@@ -84,9 +104,13 @@ class Analysis:
                       (Table.STREAMS, lambda: stream_lengths(entries))]
         return steps + [(Table.SUMMARY, self.summary_table)]
 
+    @cached_property
+    def bucket_seconds(self) -> int:
+        return self.options.bucket_seconds or bucket_for(self.bounds.span_ms)
+
     @property
     def bucket_ms(self) -> int:
-        return self.options.bucket_seconds * 1000
+        return self.bucket_seconds * 1000
 
     def _keep(self, frame: DataFrame) -> DataFrame:
         self._cached.append(frame.persist())
@@ -119,9 +143,14 @@ class Analysis:
         return self._keep(group_lag_summary(self.group_lag))
 
     @cached_property
+    def presence(self) -> DataFrame:
+        return self._keep(session_presence(self.log.events))
+
+    @cached_property
     def status(self) -> DataFrame:
-        heads = document_heads(self.log.events)
-        return self._keep(session_status(self.lag, self.log.events, heads, self.bounds.end_ts, self.options.window))
+        heads, own = document_heads(self.log.events), own_appends(self.log.events)
+        return self._keep(session_status(self.lag, self.log.events, heads, own, self.presence, self.bounds.end_ts,
+                                         self.options.window))
 
     @cached_property
     def latency(self) -> DataFrame:
@@ -138,7 +167,8 @@ class Analysis:
     # ------------------------------------------------------------ small tables
 
     def top_lagging(self) -> DataFrame:
-        """The sessions furthest behind at the end of the log (ms, then entries); lag 0 is not listed."""
+        """The sessions furthest behind at the end of the log (ms, then entries); lag 0 is not listed,
+        nor a session that left (it has no current lag)."""
         behind = (F.col("current_lag_ms") > 0) | (F.col("current_lag_entries") > 0)
         ranked = self.status.filter(behind).orderBy(
             F.col("current_lag_ms").desc(), F.col("current_lag_entries").desc(), "doc", "session"
@@ -178,6 +208,29 @@ class Analysis:
             "trim_efficiency": totals["trimmed"] / totals["appends"] if totals["appends"] else None,
             **{name: overall[name] if overall else None for name in ("p50_ms", "p95_ms", "p99_ms", "max_ms")},
             **{f"status_{status.value.lower()}": statuses.get(status.value, 0) for status in Status},
+            **self.headline,
+        }
+
+    @cached_property
+    def headline(self) -> dict[str, Any]:
+        """What an operator reads first: the worst lag now (sessions still
+        connected), p99 ack latency over the log's last 5 minutes, documents
+        with refused (blocked) updates, consumer groups behind, and the
+        bucket the charts use."""
+        connected = self.status.filter(F.col("left_ts").isNull())
+        worst = connected.agg(F.max("current_lag_entries"), F.max("current_lag_ms"), F.count(F.lit(1))).first()
+        recent = self.latency.filter(F.col("ts") >= self.bounds.end_ts - RECENT_MS)
+        p99 = recent.agg(F.percentile("latency_ms", 0.99)).first()
+        blocked = self.log.events.filter(F.col("type") == str(EventType.REFUSE)).agg(F.countDistinct("doc")).first()
+        behind = self.groups.filter((F.col("last_lag_entries") > 0) | (F.col("last_lag_ms") > 0)).count()
+        return {
+            "bucket_s": self.bucket_seconds,
+            "sessions_connected": worst[2] if worst else 0,
+            "worst_lag_entries": (worst[0] if worst else None) or 0,
+            "worst_lag_ms": (worst[1] if worst else None) or 0,
+            "p99_last_5min_ms": p99[0] if p99 else None,
+            "blocked_documents": (blocked[0] if blocked else None) or 0,
+            "groups_behind": behind,
         }
 
     def summary_table(self) -> DataFrame:
@@ -185,7 +238,7 @@ class Analysis:
 
 
 #: Summary columns that are fractions or averages; every other one is a count or ms since the epoch.
-_DOUBLE_FIELDS = {"span_s", "resend_ratio", "trim_efficiency", "p50_ms", "p95_ms", "p99_ms"}
+_DOUBLE_FIELDS = {"span_s", "resend_ratio", "trim_efficiency", "p50_ms", "p95_ms", "p99_ms", "p99_last_5min_ms"}
 
 
 def _summary_schema(summary: dict[str, Any]) -> StructType:

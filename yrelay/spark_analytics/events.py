@@ -4,7 +4,8 @@ Every table of the analysis is computed from the same events, and parsing
 JSON is the most expensive step of the job, so the log is parsed exactly
 once into a slim cached DataFrame (stream ids turned into scores, which are
 what every comparison needs). Lines that are not version-1 events are
-counted and dropped here, so nothing downstream sees them.
+counted and dropped here (versions 1 and 2 are read alike: 2 only adds
+``subject`` to ``connect``), so nothing downstream sees them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .schema import CORRUPT, READ_SCHEMA, SCHEMA_VERSION, score
+from .schema import CORRUPT, READ_SCHEMA, SCHEMA_VERSIONS, score
 
 #: How the reader classifies a line (the ``line`` column of the raw cache).
 VALID, CORRUPT_LINE, OTHER_VERSION = "valid", "corrupt", "other_version"
@@ -28,7 +29,7 @@ class EventLog:
     events: DataFrame
     valid_lines: int
     corrupt_lines: int  # torn, not JSON, a field of the wrong type, or no ts/type
-    other_version_lines: int  # well-formed, but not schema version 1
+    other_version_lines: int  # well-formed, but of a schema version it does not know
 
     def release(self) -> None:
         """Drop the cached events (the job calls it when every table is written)."""
@@ -64,7 +65,7 @@ def _line_kind(raw: DataFrame) -> Column:
     broken = F.col(CORRUPT).isNotNull() | F.col("ts").isNull() | F.col("type").isNull()
     return (
         F.when(broken, F.lit(CORRUPT_LINE))
-        .when(F.col("v") != SCHEMA_VERSION, F.lit(OTHER_VERSION))
+        .when(~F.col("v").isin(*SCHEMA_VERSIONS), F.lit(OTHER_VERSION))
         .otherwise(F.lit(VALID))
     )
 
@@ -73,7 +74,7 @@ def _event_columns() -> list[Column | str]:
     """What the analysis uses, with ids as scores (null when absent or malformed)."""
     return [
         "ts", "type", "doc", "session", "offset", "head", "entries", "bytes", "reason", "mode", "stream_length",
-        "group",
+        "group", "subject",
         F.coalesce(F.col("duplicate"), F.lit(False)).alias("duplicate"),
         score("offset").alias("offset_score"),
         score("head").alias("head_score"),

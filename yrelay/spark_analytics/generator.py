@@ -40,17 +40,21 @@ class Behaviour(StrEnum):
     RESENDS = "resends"  # loses every resend_every-th delivery; it is resent and acked: OK
     SLOW = "slow"  # acks 2.5 ticks after delivery, so always 2 ticks behind: WARN
     STALL = "stall"  # from half time on acks every tick without moving its offset: STALL
-    STOP = "stop"  # from half time on silent (disconnected): STOP
+    STOP = "stop"  # from half time on silent, still connected: STOP
     REWIND = "rewind"  # acks only, 2 ticks behind; 6 ticks before the end goes back 3 ticks: REWIND
     EVICT = "evict"  # at half time evicted, then told to resync (reason evicted), silent after: ERR
     RESYNCED = "resynced"  # told to resync (reason trimmed) at a third of the time, acks on: OK
+    LEAVE = "leave"  # at half time disconnects with everything acked: LEFT
+    DROP = "drop"  # at half time is delivered a tick and disconnects before acking it: LEFT_UNACKED
 
 
 STATUS_OF = {
     Behaviour.RESENDS: Status.OK, Behaviour.SLOW: Status.WARN, Behaviour.STALL: Status.STALL,
     Behaviour.STOP: Status.STOP, Behaviour.REWIND: Status.REWIND, Behaviour.EVICT: Status.ERR,
-    Behaviour.RESYNCED: Status.OK,
+    Behaviour.RESYNCED: Status.OK, Behaviour.LEAVE: Status.LEFT, Behaviour.DROP: Status.LEFT_UNACKED,
 }
+#: Readers that disconnect and never come back: they have no lag at the end of the log.
+GONE = {Behaviour.LEAVE, Behaviour.DROP}
 #: How far back the REWIND reader goes, and how many ticks before the end.
 REWIND_BY, REWIND_BEFORE_END = 3, 6
 
@@ -72,7 +76,7 @@ class Scenario:
     processes: int = 2  # writer processes (one file each)
     start_ms: int = 1_767_225_600_000  # 2026-01-01T00:00:00Z
     window: int = 10  # the analysis' status window the statuses are built for
-    broken_lines: bool = True  # one corrupt line, one version-2 line, one torn last line
+    broken_lines: bool = True  # one corrupt line, one version-99 line, one torn last line
     record_acks: bool = True  # keep every ack's expected lag (small logs only)
     group: str | None = "indexer"  # a consumer group acking every document one tick behind (None: no group)
     group_latency_ms: int = 50
@@ -208,7 +212,7 @@ class _Log:
 
     def _write_broken_head(self) -> None:
         self.files[0].write('{"v":1,"ts":%d,"type":"append","doc":"d0" garbage\n' % self.scenario.start_ms)
-        self.files[0].write(json.dumps({"v": 2, "ts": self.scenario.start_ms, "type": "append", "doc": "d0"}) + "\n")
+        self.files[0].write(json.dumps({"v": 99, "ts": self.scenario.start_ms, "type": "append", "doc": "d0"}) + "\n")
         self.expected.corrupt_lines += 1
         self.expected.other_version_lines += 1
 
@@ -327,7 +331,7 @@ class _Schedule:
             self._ack(reader, tick - back, s.tick_ts(tick) + 1 + reader.latency_ms)
         elif behaviour is Behaviour.STALL and tick >= half:
             self._ack(reader, half - 1, s.tick_ts(tick) + 1 + reader.latency_ms)
-        elif behaviour in (Behaviour.STOP, Behaviour.EVICT) and tick >= half:
+        elif behaviour in (Behaviour.STOP, Behaviour.EVICT, *GONE) and tick >= half:
             if tick == half:
                 self._leave(reader, tick)
         elif behaviour is Behaviour.RESENDS and tick % s.resend_every == s.resend_every - 1:
@@ -389,7 +393,12 @@ class _Schedule:
     def _leave(self, reader: _Reader, tick: int) -> None:
         s, ts = self.s, self.s.tick_ts(tick)
         if reader.behaviour is Behaviour.STOP:
-            self.log.emit(ts, "disconnect", reader.process, None, reader.session, docs=1, duration_ms=ts - s.start_ms)
+            return  # silent, still connected
+        if reader.behaviour in GONE:
+            if reader.behaviour is Behaviour.DROP:
+                self._deliver(reader, tick, ts + 1)
+            self.log.emit(ts + 2, "disconnect", reader.process, None, reader.session, docs=1,
+                          duration_ms=ts + 2 - s.start_ms)
             return
         if self.log.emit(ts + 5, "evict", 0, reader.doc_name, reader.session, mode="relative"):
             self.expected.documents[reader.doc_name].evictions += 1
@@ -406,6 +415,6 @@ class _Schedule:
         for reader in self.readers:
             key = (reader.doc_name, reader.session)
             self.expected.statuses[key] = STATUS_OF[reader.behaviour] if reader.behaviour else Status.OK
-            if reader.last_acked is not None:
+            if reader.last_acked is not None and reader.behaviour not in GONE:
                 behind = s.ticks - 1 - reader.last_acked
                 self.expected.current_lag[key] = (behind * s.burst, behind * s.tick_ms)

@@ -1,5 +1,5 @@
-"""The event log's explicit Spark schema (docs/events.md, version 1), and
-stream ids as columns.
+"""The event log's explicit Spark schema (docs/events.md, versions 1 and 2),
+and stream ids as columns.
 
 Reading with an explicit schema, rather than letting Spark infer one, is
 what makes a torn or mistyped line cheap and harmless: Spark does not scan
@@ -17,7 +17,9 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
-SCHEMA_VERSION = 1
+#: The event log versions the analysis reads. Version 2 only adds ``subject``
+#: to ``connect`` (a version-1 log has no subjects: the column is null).
+SCHEMA_VERSIONS = (1, 2)
 #: Spark puts the raw text of a line it could not parse into this column.
 CORRUPT = "_corrupt"
 #: A stream id ``"<ms>-<seq>"`` maps to ``ms * SCORE_FACTOR + seq`` (yrelay.offsets).
@@ -37,6 +39,7 @@ class EventType(StrEnum):
     TRIM = "trim"
     DROPPED = "dropped"
     CONSUMER_ACK = "consumer_ack"
+    REFUSE = "refuse"
 
 
 def _fields(**types: object) -> list[StructField]:
@@ -49,7 +52,7 @@ EVENT_SCHEMA = StructType(_fields(
     resumed=BooleanType(), duration_ms=LongType(),
     offset=StringType(), clock=LongType(), bytes=LongType(), duplicate=BooleanType(),
     first=StringType(), last=StringType(), entries=LongType(), head=StringType(),
-    reason=StringType(), mode=StringType(), stream_length=LongType(), group=StringType(),
+    reason=StringType(), mode=StringType(), stream_length=LongType(), group=StringType(), subject=StringType(),
 ))
 #: What the JSON reader is given: the schema plus the corrupt-record column.
 READ_SCHEMA = StructType([*EVENT_SCHEMA.fields, StructField(CORRUPT, StringType(), nullable=True)])

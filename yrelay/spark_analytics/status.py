@@ -9,23 +9,34 @@ lag in entries (lag.py); "current lag" is the lag of the last ack measured
 against the end of the log (appends after its offset up to the log's last
 append). "The end of the log" is the largest ``ts`` of any event.
 
+Lag follows the tracker's rule (lag.py): the session's own appends never
+count. A session that *left* (disconnected and never came back,
+sessions.py) is not judged by its lag: it is not there to be behind.
+
 The rules, first match wins:
 
 1. **ERR**: an ``evict`` or ``resync`` event of this document and session
-   at or after its last ack (or it never acked): the server dropped it or
-   told it to start over, and it has not acked since.
-2. **OK**: current lag is 0: it holds everything appended.
-3. **STOP**: the time from its last ack to the end of the log is longer
+   at or after its last ack (or it never acked), while it was connected
+   (at or before it left): the server dropped it or told it to start over,
+   and it has not acked since. What GC does after a session left is its
+   normal end, not an error.
+2. **LEFT_UNACKED**: it left, and a ``deliver`` to it went past its last
+   acked offset (or it never acked one): it left with entries unacked.
+3. **LEFT**: it left with everything it was sent acked.
+4. **OK**: current lag is 0: it holds everything others appended.
+5. **STOP**: the time from its last ack to the end of the log is longer
    than the window spans (last ack's ts - first ack's ts); with a single
    ack in the window that span is 0, so any later event means STOP.
-4. **OK**: lag was 0 at some ack in the window: it caught up recently.
-5. **STALL**: at least two acks in the window, all with the same offset.
-6. **REWIND**: an ack's offset is smaller than the one before it.
-7. **WARN**: at least two acks, and the lag never decreased from one ack
+6. **OK**: lag was 0 at some ack in the window: it caught up recently.
+7. **STALL**: at least two acks in the window, all with the same offset.
+8. **REWIND**: an ack's offset is smaller than the one before it.
+9. **WARN**: at least two acks, and the lag never decreased from one ack
    to the next (steady lag counts: it is not catching up).
-8. **OK**: otherwise (lag > 0 but going down).
+10. **OK**: otherwise (lag > 0 but going down).
 
-Sessions are those with at least one ack, evict or resync event.
+Sessions are those with at least one ack, evict or resync event. A session
+that left has no current lag (null): what was appended after it left is
+not its lag.
 """
 
 from __future__ import annotations
@@ -40,19 +51,27 @@ from .tables import Status
 STATUS_COLUMNS = [
     "doc", "session", "status", "acks", "window_acks", "window_ms", "last_ack_ts", "offset",
     "lag_entries", "lag_ms", "current_lag_entries", "current_lag_ms", "evictions", "resyncs", "last_problem",
+    "subject", "left_ts", "unacked",
 ]
 
 
-def session_status(lag: DataFrame, events: DataFrame, heads: DataFrame, end_ts: int, window: int = 10) -> DataFrame:
+def session_status(lag: DataFrame, events: DataFrame, heads: DataFrame, own: DataFrame, presence: DataFrame,
+                   end_ts: int, window: int = 10) -> DataFrame:
     """One row per doc and session: the status and the figures it was judged on."""
     judged = _with_rule_inputs(_windows(lag, window), end_ts)
-    at_end = lag_at_end(judged, heads)
-    both = at_end.join(_problems(events), ["doc", "session"], "full_outer")
+    at_end = lag_at_end(judged, heads, own)
+    both = (at_end.join(_problems(events, presence), ["doc", "session"], "full_outer")
+            .join(presence, "session", "left")
+            .join(_delivered(events), ["doc", "session"], "left"))
+    left = F.col("left_ts").isNotNull()
     return both.withColumns({
         "acks": F.coalesce(F.col("acks"), F.lit(0)),
         "evictions": F.coalesce(F.col("evictions"), F.lit(0)),
         "resyncs": F.coalesce(F.col("resyncs"), F.lit(0)),
-        "status": _status(),
+        "unacked": left & F.coalesce(F.col("delivered_score") > F.coalesce("offset_score", F.lit(-1)), F.lit(False)),
+    }).withColumn("status", _status()).withColumns({
+        "current_lag_entries": F.when(~left, F.col("current_lag_entries")),
+        "current_lag_ms": F.when(~left, F.col("current_lag_ms")),
     }).select(*STATUS_COLUMNS)
 
 
@@ -61,7 +80,8 @@ def _windows(lag: DataFrame, window: int) -> DataFrame:
     newest_first = Window.partitionBy("doc", "session").orderBy(
         F.col("ts").desc(), F.col("offset_score").desc(), F.col("head_score").desc()
     )
-    point = F.struct("ts", "offset_score", "head_score", "lag_entries", "lag_ms", "offset", "offset_rank")
+    point = F.struct("ts", "offset_score", "head_score", "lag_entries", "lag_ms", "offset", "offset_rank",
+                     "own_offset_rank", "effective_score")
     return (
         lag.withColumn("nth", F.row_number().over(newest_first))
         .groupBy("doc", "session")
@@ -79,7 +99,8 @@ def _with_rule_inputs(windows: DataFrame, end_ts: int) -> DataFrame:
         F.size("w").alias("window_acks"),
         (_last("ts") - F.expr("w[0].ts")).alias("window_ms"),
         _last("ts").alias("last_ack_ts"),
-        *[_last(name).alias(name) for name in ("offset", "offset_score", "offset_rank", "lag_entries", "lag_ms")],
+        *[_last(name).alias(name) for name in ("offset", "offset_score", "offset_rank", "own_offset_rank",
+                                               "effective_score", "lag_entries", "lag_ms")],
         (F.lit(end_ts) - _last("ts")).alias("idle_ms"),
         F.expr("exists(w, a -> a.lag_entries = 0)").alias("caught_up"),
         F.expr("size(w) >= 2 and forall(w, a -> a.offset_score = w[0].offset_score)").alias("stalled"),
@@ -95,21 +116,30 @@ def _last(field: str) -> Column:
     return F.expr(f"element_at(w, -1).{field}")
 
 
-def _problems(events: DataFrame) -> DataFrame:
-    """Per doc and session: evictions, resyncs, and the time and kind of the last of them."""
+def _problems(events: DataFrame, presence: DataFrame) -> DataFrame:
+    """Per doc and session: evictions, resyncs, the kind of the last of them,
+    and ``problem_ts``, the time of the last one while it was connected."""
     kinds = [str(EventType.EVICT), str(EventType.RESYNC)]
     what = F.when(F.col("type") == str(EventType.EVICT), F.concat(F.lit("evict:"), F.coalesce("mode", F.lit("?")))) \
         .otherwise(F.concat(F.lit("resync:"), F.coalesce("reason", F.lit("?"))))
+    connected = F.col("left_ts").isNull() | (F.col("ts") <= F.col("left_ts"))
     return (
         events.filter(F.col("type").isin(kinds) & F.col("doc").isNotNull() & F.col("session").isNotNull())
+        .join(presence.select("session", "left_ts"), "session", "left")
         .groupBy("doc", "session")
         .agg(
             F.sum((F.col("type") == str(EventType.EVICT)).cast("long")).alias("evictions"),
             F.sum((F.col("type") == str(EventType.RESYNC)).cast("long")).alias("resyncs"),
-            F.max("ts").alias("problem_ts"),
+            F.max(F.when(connected, F.col("ts"))).alias("problem_ts"),
             F.max_by(what, F.struct("ts", what)).alias("last_problem"),
         )
     )
+
+
+def _delivered(events: DataFrame) -> DataFrame:
+    """Per doc and session: the highest ``last`` id it was ever delivered, as a score."""
+    return (events.filter((F.col("type") == str(EventType.DELIVER)) & F.col("doc").isNotNull())
+            .groupBy("doc", "session").agg(F.max("last_score").alias("delivered_score")))
 
 
 def _status() -> Column:
@@ -117,6 +147,8 @@ def _status() -> Column:
     failed = F.col("problem_ts").isNotNull() & since_last_ack
     return (
         F.when(failed, F.lit(str(Status.ERR)))
+        .when(F.col("unacked"), F.lit(str(Status.LEFT_UNACKED)))
+        .when(F.col("left_ts").isNotNull(), F.lit(str(Status.LEFT)))
         .when(F.col("current_lag_entries") == 0, F.lit(str(Status.OK)))
         .when(F.col("idle_ms") > F.col("window_ms"), F.lit(str(Status.STOP)))
         .when(F.col("caught_up"), F.lit(str(Status.OK)))

@@ -16,6 +16,7 @@ class Table(StrEnum):
     SUMMARY = "summary"  # one row: the headline figures of the whole log
     LAG = "lag"  # one row per ack: lag in entries and ms
     LAG_OVER_TIME = "lag_over_time"  # last lag per doc, session and time bucket
+    LAG_TIMELINE = "lag_timeline"  # lag at the end of every bucket a session was there, acking or not
     STATUS = "status"  # Burrow-style status per doc and session at the end of the log
     ACK_LATENCY = "ack_latency"  # deliver -> ack percentiles, all documents and per document
     LATENCY_HISTOGRAM = "latency_histogram"  # deliveries per latency bin
@@ -31,7 +32,8 @@ class Table(StrEnum):
 
 
 class Status(StrEnum):
-    """A session's health, after Burrow's consumer statuses (rules: status.py)."""
+    """A session's health, after Burrow's consumer statuses (rules: status.py),
+    plus the two ends of a session that disconnected and did not come back."""
 
     OK = "OK"
     WARN = "WARN"
@@ -39,3 +41,22 @@ class Status(StrEnum):
     STOP = "STOP"
     REWIND = "REWIND"
     ERR = "ERR"
+    LEFT = "LEFT"  # disconnected with nothing unacked (whatever GC did later)
+    LEFT_UNACKED = "LEFT_UNACKED"  # disconnected with deliveries it never acked, and never came back
+
+
+#: Worst first: failed, silent while behind, stuck, going back, not catching
+#: up; then sessions that left (with unacked entries first), then healthy ones.
+SEVERITY = [Status.ERR, Status.STOP, Status.STALL, Status.REWIND, Status.WARN, Status.LEFT_UNACKED, Status.LEFT,
+            Status.OK]
+#: What an operator reads for each status.
+STATUS_LABELS = {
+    Status.ERR: "ERR: evicted or told to resync, not acked since",
+    Status.STOP: "STOP: connected, stopped acking while behind",
+    Status.STALL: "STALL: acks without moving",
+    Status.REWIND: "REWIND: went back",
+    Status.WARN: "WARN: behind, not catching up",
+    Status.LEFT_UNACKED: "LEFT_UNACKED: left with unacked deliveries",
+    Status.LEFT: "LEFT: left with everything acked",
+    Status.OK: "OK",
+}
