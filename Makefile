@@ -46,7 +46,7 @@ serve: $(VENV)/.installed-serve web
 # worker; the Spark modules share one worker and one SparkSession
 # (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 test: install browser stock-clients
 	$(PYTEST) $(ARGS)

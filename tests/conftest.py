@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -160,22 +161,56 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         Path(_spark["log"]).unlink(missing_ok=True)  # type: ignore[arg-type]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
+#: A test module that uses the ``spark`` fixture, in a test or in a
+#: fixture of its own, as its source says it: how the xdist controller (which
+#: collects nothing) knows which modules share the SparkSession's worker.
+#: Collection checks the scan against the fixtures pytest resolved.
+_USES_SPARK = re.compile(r"^\s*(?:async\s+)?def \w+\([^)]*\bspark\b", re.M)
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def spark_modules() -> frozenset[str]:
+    """The test modules that use the SparkSession, as node id prefixes."""
+    return frozenset(f"{TESTS_DIR.name}/{path.name}" for path in TESTS_DIR.glob("test_*.py")
+                     if _USES_SPARK.search(path.read_text()))
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """How ``make test`` shares the suite between its pytest-xdist workers
+    (``-n 2``): a module's tests stay on one worker, so its module-scoped
+    servers start once, and the modules that use the SparkSession all go to
+    one worker, so the run still starts one (xdist's ``loadgroup`` would do
+    it with marks, but it renames node ids in a way pytest 9 ignores). That
+    group is handed out first, being the longest (~3 minutes, with the
+    standalone-cluster test), while the other worker takes the many short
+    modules. ``--dist each`` or ``worksteal`` keep xdist's own schedulers."""
+    if config.getvalue("dist") not in {"load", "loadscope", "loadfile", "loadgroup"}:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    spark = spark_modules()
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "spark" if module in spark else module
+
+    return ModuleScheduling(config, log)  # type: ignore[arg-type]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """How ``make test`` shares the suite between its two pytest-xdist
-    workers (``-n 2 --dist loadgroup``): a module's tests stay on one worker,
-    so its module-scoped servers start once; every module with a test that
-    uses the ``spark`` fixture goes to one worker too, so the run still has
-    one SparkSession; and that group is handed out first, being the longest
-    (~3 minutes, with the standalone-cluster test), so the other worker
-    takes the many short modules meanwhile. Without xdist the marks do
-    nothing and the order is pytest's own."""
-    spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("spark" if module in spark_modules else module))
-    if getattr(config.option, "dist", "no") != "no":
-        items.sort(key=lambda item: item.nodeid.split("::")[0] not in spark_modules)  # stable: modules keep their order
+    """Check :func:`spark_modules`' scan against the fixtures pytest
+    resolved (a module it missed would start a second SparkSession on the
+    other worker); in an xdist worker, put the Spark modules first, so the
+    longest work unit is handed out first."""
+    using = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
+    missed = using - spark_modules()
+    if missed:
+        raise pytest.UsageError(f"tests/conftest.py's spark_modules() missed {sorted(missed)}: name the "
+                                "`spark` fixture in a def's parameters of that module")
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in using)  # stable: modules keep their order
 
 
 @pytest.fixture(autouse=True)
