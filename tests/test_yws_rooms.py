@@ -7,8 +7,10 @@ clients of each version)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from urllib.parse import quote
 
+import httpx
 import pytest
 import websockets
 from conftest import eventually, running_server
@@ -108,3 +110,24 @@ async def test_a_room_no_id_can_hold_is_refused_once_and_the_socket_stays(redis_
             assert isinstance(heard[0], AuthMessage) and "at most 200" in heard[0].reason
             assert all(message.update == b"\x00" for message in heard[1:])  # an awareness update of no client
             assert len(heard) == 4 and ws.close_code is None  # denied once, nothing synced, still open
+
+
+async def test_a_held_socket_is_closed_once_its_token_is_revoked(redis_url):
+    """A refused room's socket stays open, but not past its token: revoked
+    (or expired), it is closed with 4401 as a served one is, so a held
+    socket is no way to outlive a token."""
+    token = issue_token(SECRET, "held", ["*"], "read", token_id="held-1")
+    async with running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET, ops_token="ops",
+                              revocation_refresh=0.2, yws_echo_after=KEEPALIVE) as url:
+        async with websockets.connect(f"{url.removesuffix('/ws')}/yws/{'r' * 300}?token={token}") as ws:
+            first = yprotocol.decode(await asyncio.wait_for(ws.recv(), 30))
+            assert isinstance(first, AuthMessage) and "at most 200" in first.reason
+            async with httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws"),
+                                         timeout=30) as http:
+                answer = await http.post("/ops/tokens/revoke", json={"jti": "held-1", "expires_at": time.time() + 600},
+                                         headers={"Authorization": "Bearer ops"})
+                assert answer.status_code == 204
+            with pytest.raises(websockets.ConnectionClosed):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 30)  # empty awareness updates until the close
+            assert ws.close_code == 4401 and ws.close_reason == "the token was revoked"
