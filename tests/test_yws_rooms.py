@@ -131,3 +131,23 @@ async def test_a_held_socket_is_closed_once_its_token_is_revoked(redis_url):
                 while True:
                     await asyncio.wait_for(ws.recv(), 30)  # empty awareness updates until the close
             assert ws.close_code == 4401 and ws.close_reason == "the token was revoked"
+
+
+async def test_a_url_escaping_bytes_that_are_not_utf8_names_no_room(redis_url, redis_client):
+    """The server decodes ``%FF`` (not UTF-8) as U+FFFD: every such URL
+    (``%FF``, ``%FE``) shared the document of the room U+FFFD. It is
+    refused once and held instead; the room U+FFFD itself is served."""
+    async with running_server(redis_url, yws_echo_after=KEEPALIVE) as url:
+        base = url.removesuffix("/ws")
+        for path in ("%FF", "a%FEb", "%EF%BF%BD%C3"):
+            async with websockets.connect(f"{base}/yws/{path}") as ws:
+                first = yprotocol.decode(await asyncio.wait_for(ws.recv(), 30))
+                assert isinstance(first, AuthMessage) and "Unicode" in first.reason, path
+        replacement = await YwsPeer.connect(base, "%EF%BF%BD")
+        await replacement.edit("kept")
+        other = await YwsPeer.connect(base, quote("\ufffd"))  # the same room, spelled by the URL parser
+        await eventually(lambda: str(other.text) == "kept")
+        assert replacement.closed is None and not replacement.denied
+        for peer in (replacement, other):
+            await peer.close()
+        assert sorted(await redis_client.keys("yrelay:*:stream")) == [b"yrelay:{%EF%BF%BD}:stream"]
