@@ -15,6 +15,7 @@ import time
 
 import httpx
 import pytest
+import websockets
 from conftest import FAST_BACKOFF, eventually, running_server
 from engines import needs_ypy
 from test_auth import AUTH, SECRET, token
@@ -236,3 +237,19 @@ async def test_a_wrong_path_says_what_the_server_answered(redis_url):
         wrong = url.removesuffix("/ws") + "/nope"
         with pytest.raises(ServerUnreachable, match=r"HTTP 403 \(is it the server's /ws URL\?\)"):
             await YrelayClient(wrong, backoff=FAST_BACKOFF).connect(timeout=1.0)
+
+
+async def test_a_socket_that_never_answers_hello_is_not_reported_as_the_clients_own_close():
+    """A websocket that opens but never answers ``hello`` (another service
+    on that URL): the client's own close at the deadline is not the reason
+    ServerUnreachable gives (it said "sent 1000 (OK); then received 1000 (OK)")."""
+    async def mute(ws: websockets.ServerConnection) -> None:
+        await ws.wait_closed()
+
+    async with websockets.serve(mute, "127.0.0.1", 0) as server:
+        url = f"ws://127.0.0.1:{next(iter(server.sockets)).getsockname()[1]}/ws"
+        unanswered = YrelayClient(url, backoff=FAST_BACKOFF)
+        with pytest.raises(ServerUnreachable) as raised:
+            await unanswered.connect(timeout=1.0)
+        assert raised.value.reason == "no answer yet" and "1000" not in str(raised.value)
+        assert unanswered._runner is not None and unanswered._runner.done()

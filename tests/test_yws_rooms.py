@@ -7,8 +7,10 @@ clients of each version)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from urllib.parse import quote
 
+import httpx
 import pytest
 import websockets
 from conftest import eventually, running_server
@@ -108,3 +110,44 @@ async def test_a_room_no_id_can_hold_is_refused_once_and_the_socket_stays(redis_
             assert isinstance(heard[0], AuthMessage) and "at most 200" in heard[0].reason
             assert all(message.update == b"\x00" for message in heard[1:])  # an awareness update of no client
             assert len(heard) == 4 and ws.close_code is None  # denied once, nothing synced, still open
+
+
+async def test_a_held_socket_is_closed_once_its_token_is_revoked(redis_url):
+    """A refused room's socket stays open, but not past its token: revoked
+    (or expired), it is closed with 4401 as a served one is, so a held
+    socket is no way to outlive a token."""
+    token = issue_token(SECRET, "held", ["*"], "read", token_id="held-1")
+    async with running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET, ops_token="ops",
+                              revocation_refresh=0.2, yws_echo_after=KEEPALIVE) as url:
+        async with websockets.connect(f"{url.removesuffix('/ws')}/yws/{'r' * 300}?token={token}") as ws:
+            first = yprotocol.decode(await asyncio.wait_for(ws.recv(), 30))
+            assert isinstance(first, AuthMessage) and "at most 200" in first.reason
+            async with httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws"),
+                                         timeout=30) as http:
+                answer = await http.post("/ops/tokens/revoke", json={"jti": "held-1", "expires_at": time.time() + 600},
+                                         headers={"Authorization": "Bearer ops"})
+                assert answer.status_code == 204
+            with pytest.raises(websockets.ConnectionClosed):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 30)  # empty awareness updates until the close
+            assert ws.close_code == 4401 and ws.close_reason == "the token was revoked"
+
+
+async def test_a_url_escaping_bytes_that_are_not_utf8_names_no_room(redis_url, redis_client):
+    """The server decodes ``%FF`` (not UTF-8) as U+FFFD: every such URL
+    (``%FF``, ``%FE``) shared the document of the room U+FFFD. It is
+    refused once and held instead; the room U+FFFD itself is served."""
+    async with running_server(redis_url, yws_echo_after=KEEPALIVE) as url:
+        base = url.removesuffix("/ws")
+        for path in ("%FF", "a%FEb", "%EF%BF%BD%C3"):
+            async with websockets.connect(f"{base}/yws/{path}") as ws:
+                first = yprotocol.decode(await asyncio.wait_for(ws.recv(), 30))
+                assert isinstance(first, AuthMessage) and "Unicode" in first.reason, path
+        replacement = await YwsPeer.connect(base, "%EF%BF%BD")
+        await replacement.edit("kept")
+        other = await YwsPeer.connect(base, quote("\ufffd"))  # the same room, spelled by the URL parser
+        await eventually(lambda: str(other.text) == "kept")
+        assert replacement.closed is None and not replacement.denied
+        for peer in (replacement, other):
+            await peer.close()
+        assert sorted(await redis_client.keys("yrelay:*:stream")) == [b"yrelay:{%EF%BF%BD}:stream"]

@@ -56,7 +56,7 @@ def room_doc_id(room: str) -> str:
     try:
         data = room.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate: no bytes to escape, so no id
-        raise InvalidDocumentId("a room name must be valid Unicode text") from exc
+        raise InvalidDocumentId("a room name must be valid Unicode text (a URL's %XX escapes UTF-8 bytes)") from exc
     doc = "".join(chr(byte) if byte in _PLAIN else f"%{byte:02X}" for byte in data)
     if not doc:
         raise InvalidDocumentId("a room name may not be empty")

@@ -197,10 +197,13 @@ class YwsConnection:
         denied once, synced with nothing, and sent an empty awareness update
         whenever ``yws_echo_after`` passed (y-websocket closes, then
         reconnects, a socket silent for 30 s). Its messages are read and
-        dropped, paced as before a token is checked.
+        dropped, paced as before a token is checked. It is closed as any
+        other once its token expires or is revoked (:meth:`_tick`): a held
+        socket does not outlive the token that opened it.
         """
         log.info("/yws room refused: %s", reason)
         keepalive = self._tasks.spawn(self._keep_alive())
+        self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
             await self.send(yprotocol.permission_denied(reason))
             while True:
@@ -213,6 +216,7 @@ class YwsConnection:
         except Flooded as flood:
             await self.close(CLOSE_TOO_MANY_MESSAGES, str(flood))
         finally:
+            self._stop_ticking()
             keepalive.cancel()
 
     async def _keep_alive(self) -> None:

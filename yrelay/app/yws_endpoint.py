@@ -43,10 +43,30 @@ def yws_doc(scope: Scope) -> str | None:
     if scope["type"] != "websocket":
         return None
     routed = scope.get("path_params", {}).get("doc")
-    if routed is not None:
-        return routed
-    path = get_route_path(scope)
-    return path[len(YWS_PREFIX):] if path.startswith(YWS_PREFIX) else None
+    if routed is None:
+        path = get_route_path(scope)
+        routed = path[len(YWS_PREFIX):] if path.startswith(YWS_PREFIX) else None
+    return None if routed is None else _undecodable_left_out(scope, routed)
+
+
+#: What a U+FFFD the URL itself holds looks like in a raw path (escaped, or
+#: as its UTF-8 bytes).
+_REPLACEMENT = ("%EF%BF%BD", "\ufffd".encode())
+
+
+def _undecodable_left_out(scope: Scope, room: str) -> str:
+    """``room``, or, when its URL escaped bytes that are not UTF-8 (``%FF``),
+    the room with those U+FFFD as lone surrogates: no document id names it.
+
+    The server decodes the path with U+FFFD for each such byte, so every
+    room like ``%FF``, ``%FE`` or ``%C3`` would otherwise share the
+    document of the room U+FFFD (``%EF%BF%BD``). A replacement character
+    that the raw path does not spell is one of those."""
+    if "\ufffd" not in room:
+        return room
+    raw = scope.get("raw_path") or b""
+    spelled = raw.upper().count(_REPLACEMENT[0].encode()) + raw.count(_REPLACEMENT[1])
+    return room if room.count("\ufffd") <= spelled else room.replace("\ufffd", "\udcff")
 
 
 class YwsEndpoint:

@@ -297,8 +297,9 @@ class YrelayClient:
             await self.close()
             raise
         if not opened:
+            reason = self._last_failure  # before close(): its own close would read as the last failure
             await self.close()
-            raise ServerUnreachable(self.urls, timeout, self._last_failure or "no answer yet")
+            raise ServerUnreachable(self.urls, timeout, reason or "no answer yet")
         return self
 
     async def close(self) -> None:
