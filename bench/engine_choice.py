@@ -111,8 +111,13 @@ def _child_hostile(engine_name: str) -> None:
 
 
 def hostile(engine_name: str, kind: str, data: bytes) -> str:
-    result = subprocess.run([sys.executable, __file__, "--child-hostile", engine_name],
-                            input=f"{kind} {data.hex()}", capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, __file__, "--child-hostile", engine_name],
+        input=f"{kind} {data.hex()}",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if result.returncode != 0:
         return f"process died (exit {result.returncode}): {result.stderr.strip().splitlines()[-1][:80]}"
     return result.stdout.strip()
@@ -173,8 +178,12 @@ def fuzz(engine_name: str, seconds: float) -> dict[str, object]:
     seed = 0
     while (left := deadline - time.monotonic()) > 0.5:
         seed += 1
-        result = subprocess.run([sys.executable, __file__, "--child-fuzz", engine_name, str(left), str(seed)],
-                                capture_output=True, text=True, timeout=seconds + 120)
+        result = subprocess.run(
+            [sys.executable, __file__, "--child-fuzz", engine_name, str(left), str(seed)],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 120,
+        )
         lines = result.stdout.splitlines()
         totals["raised"] += lines.count("raised")
         totals["applied"] += lines.count("applied")

@@ -48,15 +48,21 @@ def main() -> None:
         sent.update(result.sent)
         for key, (last, _) in result.receipts.items():
             arrived[key] = max(arrived.get(key, 0.0), last)
-    timeline = sorted((sent[key] - generator.start, (arrived[key] - sent[key]) * 1000) for key in sent if key in arrived)
+    timeline = sorted(
+        (sent[key] - generator.start, (arrived[key] - sent[key]) * 1000) for key in sent if key in arrived
+    )
     latencies = sorted(ms for _, ms in timeline)
     p99 = percentile(latencies, 0.99)
-    print(f"{len(timeline)} updates: p50 {percentile(latencies, 0.5):.2f} ms, p99 {p99:.2f} ms, "
-          f"max {latencies[-1]:.2f} ms")
+    print(
+        f"{len(timeline)} updates: p50 {percentile(latencies, 0.5):.2f} ms, p99 {p99:.2f} ms, "
+        f"max {latencies[-1]:.2f} ms"
+    )
     print("at or above the p99 (s into the run: ms):")
     print(" ".join(f"{at:.2f}:{ms:.1f}" for at, ms in timeline if ms >= p99))
-    print(f"the run started at {time.time() - (time.perf_counter() - generator.start):.3f} (unix time; "
-          f"the stall probe's clock)")
+    print(
+        f"the run started at {time.time() - (time.perf_counter() - generator.start):.3f} (unix time; "
+        f"the stall probe's clock)"
+    )
     print(f"server's work directory: {work}")
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from yrelay import crdt
-from yrelay.offsets import StreamId
-
 from conftest import running_server
 from gcutil import append_at, dump_document, text_updates, track, tracked
+from yrelay import crdt
+from yrelay.offsets import StreamId
 
 TOKEN = "ops-secret-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

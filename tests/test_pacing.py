@@ -9,8 +9,8 @@ import random
 import time
 
 import pytest
-from test_floods import masked
 
+from test_floods import masked
 from yrelay.app.answer_cache import MAX_KEY_BYTES, AnswerCache
 from yrelay.app.frame_walker import FrameWalker
 from yrelay.app.pacing import Flooded, Pacer

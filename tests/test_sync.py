@@ -4,7 +4,6 @@ import asyncio
 
 from conftest import eventually, running_server
 from wsraw import RawPeer
-
 from yrelay import crdt
 from yrelay.offsets import StreamId
 from yrelay_tools.testing.checker import check_delivery

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import eventually
 
+from conftest import eventually
 from yrelay import crdt
 from yrelay.config import Settings
 from yrelay.keys import stream_key
@@ -49,8 +49,12 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
     started = time.monotonic()
     server = subprocess.Popen(
         [sys.executable, "-m", "yrelay", "serve", "--workers", "2", "--port", str(port), "--data-dir", str(data)],
-        cwd=Path(__file__).parent.parent, env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=Path(__file__).parent.parent,
+        env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_ready(port, server)
         children = _children(server.pid)
@@ -91,8 +95,12 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
         # past its start-up (counted from when the supervisor started it, after the embedded Redis: later than `started`)
         await asyncio.sleep(max(0.0, started + START_GRACE + 2.0 - time.monotonic()))
         os.kill(workers[0], signal.SIGKILL)  # a worker that dies is replaced
-        await eventually(lambda: len([p for p, n in _children(server.pid).items()
-                                      if n.startswith("python") and p not in workers]) == 1, timeout=20)
+        await eventually(
+            lambda: (
+                len([p for p, n in _children(server.pid).items() if n.startswith("python") and p not in workers]) == 1
+            ),
+            timeout=20,
+        )
         workers = [pid for pid, name in _children(server.pid).items() if name.startswith("python")]
         assert len(workers) == 2
         wait_ready(port, server)
@@ -135,10 +143,24 @@ def test_a_port_taken_is_refused_before_any_worker_starts(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "yrelay", "serve", "--workers", "2", "--port", str(port),
-             "--data-dir", str(tmp_path / "data")],
-            cwd=Path(__file__).parent.parent, env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
-            capture_output=True, text=True, timeout=60)
+            [
+                sys.executable,
+                "-m",
+                "yrelay",
+                "serve",
+                "--workers",
+                "2",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            cwd=Path(__file__).parent.parent,
+            env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 1, result.stderr[-2000:]
     [line] = result.stderr.splitlines()
     assert line.startswith(f"yrelay: cannot listen on 127.0.0.1:{port}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import redis.exceptions as redis_exceptions
@@ -104,8 +104,9 @@ class Rounds:
     def sweep_soon(self) -> None:
         self.next_sweep = 0.0
 
-    def due(self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None],
-            *, sweep: bool = False) -> dict[str, T]:
+    def due(
+        self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None], *, sweep: bool = False
+    ) -> dict[str, T]:
         """The documents (-> cursor) to read now: all of ``every()`` on a
         sweep (or when ``sweep``), else those woken that ``one`` gives a
         cursor (so a round costs what was woken, not what is followed)."""
@@ -136,8 +137,9 @@ class ChangeFeed(Rounds):
     def listening(self, now: float) -> bool:
         return self.cursor is not None and self.broken_until <= now
 
-    def due(self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None],
-            *, sweep: bool = False) -> dict[str, T]:
+    def due(
+        self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None], *, sweep: bool = False
+    ) -> dict[str, T]:
         """:meth:`Rounds.due`; every round is a sweep while the change stream is not listened to."""
         return super().due(now, every, one, sweep=sweep or not self.listening(now))
 
@@ -163,8 +165,12 @@ class ChangeFeed(Rounds):
         self.cursor = None
 
     def set_aside(self, exc: Exception, seconds: float) -> None:
-        log.error("the change stream %s cannot be read (%s): every document followed is read every round for %ss",
-                  changes_key(), exc, seconds)
+        log.error(
+            "the change stream %s cannot be read (%s): every document followed is read every round for %ss",
+            changes_key(),
+            exc,
+            seconds,
+        )
         self.broken_until = time.monotonic() + seconds
 
     def take(self, entries: list[tuple[bytes, dict[bytes, bytes]]], wanted: Callable[[str], bool], count: int) -> None:

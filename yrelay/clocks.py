@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-async def bring_clocks_up_to_date(store: "DocumentStore", doc: str, page_size: int = 500) -> list[Blocked]:
+async def bring_clocks_up_to_date(store: DocumentStore, doc: str, page_size: int = 500) -> list[Blocked]:
     """Account for every stored entry in the clocks hash; returns the entries
     no replica can apply (stored before admission existed)."""
     while True:
@@ -53,8 +53,9 @@ async def bring_clocks_up_to_date(store: "DocumentStore", doc: str, page_size: i
             args += [client, clock]
         if await store.scripts.clocks_set(keys=[meta_key(doc), clocks_key(doc)], args=args):
             blocked = builder.blocked
-            log.info("document %s: state vector rebuilt through %s (%d entries not applicable)", doc, last,
-                     len(blocked))
+            log.info(
+                "document %s: state vector rebuilt through %s (%d entries not applicable)", doc, last, len(blocked)
+            )
             return blocked
 
 
@@ -63,7 +64,7 @@ def _add_all(builder: StateBuilder, entries: list) -> None:
         builder.add(str(entry.id), entry.update)
 
 
-async def _from_snapshot(store: "DocumentStore", doc: str) -> tuple[StateBuilder, StreamId]:
+async def _from_snapshot(store: DocumentStore, doc: str) -> tuple[StateBuilder, StreamId]:
     snapshot = await store.load_snapshot(doc)
     builder = StateBuilder()
     if snapshot.update:
@@ -71,8 +72,9 @@ async def _from_snapshot(store: "DocumentStore", doc: str) -> tuple[StateBuilder
     return builder, snapshot.offset
 
 
-async def _read_into(store: "DocumentStore", doc: str, builder: StateBuilder, start: StreamId, last: StreamId,
-                     page_size: int) -> bool | None:
+async def _read_into(
+    store: DocumentStore, doc: str, builder: StateBuilder, start: StreamId, last: StreamId, page_size: int
+) -> bool | None:
     from .store import HistoryTrimmed
 
     try:

@@ -65,8 +65,7 @@ async def announce(client: Redis, docs: list[str]) -> None:
     try:
         async with client.pipeline(transaction=False) as pipe:
             for bucket, members in by_bucket(docs).items():
-                pipe.xadd(bucket_changes_key(bucket), announcement(members), maxlen=CHANGES_MAXLEN,
-                          approximate=True)
+                pipe.xadd(bucket_changes_key(bucket), announcement(members), maxlen=CHANGES_MAXLEN, approximate=True)
             await pipe.execute()
     except Exception as exc:  # the sweep delivers them within block_ms
         if not lost_redis(exc):
@@ -131,9 +130,10 @@ class BucketWakeups:
         #: Documents a wake-up (or :meth:`wake`) asked to read, and the sweep.
         self.rounds = Rounds(block_ms)
         self._event = asyncio.Event()
-        self._watchers = [BackgroundTask(f"{name}-bucket-{bucket}", partial(self._watch, bucket),
-                                        kind=f"{name}-buckets")
-                          for bucket in range(DOCUMENT_BUCKETS)]
+        self._watchers = [
+            BackgroundTask(f"{name}-bucket-{bucket}", partial(self._watch, bucket), kind=f"{name}-buckets")
+            for bucket in range(DOCUMENT_BUCKETS)
+        ]
 
     def start(self) -> None:
         for watcher in self._watchers:
@@ -156,8 +156,9 @@ class BucketWakeups:
         self.rounds.wake(doc)
         self._event.set()
 
-    async def next_round(self, readable: Callable[[], Mapping[str, StreamId]],
-                         one: Callable[[str], StreamId | None] | None = None) -> dict[str, StreamId]:
+    async def next_round(
+        self, readable: Callable[[], Mapping[str, StreamId]], one: Callable[[str], StreamId | None] | None = None
+    ) -> dict[str, StreamId]:
         """Wait for a wake-up or the sweep (at most ``block_ms``); the
         documents (-> cursor) of ``readable()`` to read now: all of them on a
         sweep, else those woken (``one(doc)``: a woken one's cursor, so that
@@ -189,7 +190,7 @@ class BucketWakeups:
                 log.warning("wake-ups of bucket %d lost Redis (%r); retrying in %.1fs", bucket, exc, reconnect.delay)
                 await reconnect.wait()
                 continue
-            for _, entries in (reply.items() if isinstance(reply, dict) else reply or []):
+            for _, entries in reply.items() if isinstance(reply, dict) else reply or []:
                 for entry_id, fields in entries:
                     cursor = text(entry_id)
                     self.rounds.woken.update(doc for doc in announced(fields) if self.wanted(doc))

@@ -31,9 +31,22 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from .change_feed import announce
-from .keys import (bucket_documents_key, bucket_gc_due_key, document_bucket, document_keys, documents_key,
-                   gc_due_key, group_dead_letters_key, group_leases_key, group_progress_key, groups_key, meta_key,
-                   replication_probe_key, stream_key, tracker_key)
+from .keys import (
+    bucket_documents_key,
+    bucket_gc_due_key,
+    document_bucket,
+    document_keys,
+    documents_key,
+    gc_due_key,
+    group_dead_letters_key,
+    group_leases_key,
+    group_progress_key,
+    groups_key,
+    meta_key,
+    replication_probe_key,
+    stream_key,
+    tracker_key,
+)
 from .offsets import StreamId
 from .replies import text
 from .scripts import source

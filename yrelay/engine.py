@@ -162,8 +162,9 @@ def _pending_deletes(state_vector: bytes, parts: Sequence[update_format.Coverage
     its engine's encoding): kept in what the server hands on (snapshot, sync
     answer), as Yjs keeps them pending, so content deleted before it arrived
     stays deleted."""
-    return update_format.pending_deletes(update_format.decode_state_vector(state_vector),
-                                         [part for part in parts if part is not None])
+    return update_format.pending_deletes(
+        update_format.decode_state_vector(state_vector), [part for part in parts if part is not None]
+    )
 
 
 # -------------------------------------------------------- the worker's wire

@@ -125,12 +125,19 @@ class EventLog:
         return {} if recorded is None else {"subject": recorded}
 
     def _event(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> dict[str, Any]:
-        return {"v": SCHEMA_VERSION, "ts": int(time.time() * 1000), "type": type,
-                "process": self.process, "doc": doc, "session": session, **fields}
+        return {
+            "v": SCHEMA_VERSION,
+            "ts": int(time.time() * 1000),
+            "type": type,
+            "process": self.process,
+            "doc": doc,
+            "session": session,
+            **fields,
+        }
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> "EventLog":
+    def start(self) -> EventLog:
         self._thread = threading.Thread(target=self._run, name="yrelay-event-log", daemon=True)
         self._thread.start()
         return self
@@ -228,7 +235,7 @@ class NullEventLog(EventLog):
     def emit(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> None:
         pass
 
-    def start(self) -> "EventLog":
+    def start(self) -> EventLog:
         return self
 
     def stop(self) -> None:

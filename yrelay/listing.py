@@ -23,8 +23,7 @@ from collections.abc import AsyncIterator, Iterable
 
 from redis.asyncio import Redis
 
-from .keys import (DOCUMENT_BUCKETS, bucket_documents_key, bucket_gc_due_key, document_bucket, documents_key,
-                   gc_due_key)
+from .keys import DOCUMENT_BUCKETS, bucket_documents_key, bucket_gc_due_key, document_bucket, documents_key, gc_due_key
 from .replies import text
 
 log = logging.getLogger(__name__)
@@ -80,8 +79,11 @@ class BucketMerge:
 
     def wanted(self) -> list[tuple[int, str, str, str]]:
         """``(bucket, key, start, end)`` of the reads this round needs."""
-        return [(bucket, bucket_documents_key(bucket), start, self.end)
-                for bucket, start in self._start.items() if not self._buffer[bucket]]
+        return [
+            (bucket, bucket_documents_key(bucket), start, self.end)
+            for bucket, start in self._start.items()
+            if not self._buffer[bucket]
+        ]
 
     def feed(self, replies: dict[int, list[bytes]]) -> list[list[str]]:
         """Take the replies of :meth:`wanted`'s reads; pages (of at most
@@ -100,11 +102,12 @@ class BucketMerge:
             ready += buffered[:cut]
             self._buffer[bucket] = buffered[cut:]
         ready.sort()
-        return [ready[i:i + self.page] for i in range(0, len(ready), self.page)]
+        return [ready[i : i + self.page] for i in range(0, len(ready), self.page)]
 
 
-async def all_documents(redis: Redis, page: int = 1000, prefix: str = "",
-                        after: str | None = None) -> AsyncIterator[list[str]]:
+async def all_documents(
+    redis: Redis, page: int = 1000, prefix: str = "", after: str | None = None
+) -> AsyncIterator[list[str]]:
     """Every registered document (those starting with ``prefix``, after
     ``after``), in id order, a page of at most ``page`` at a time."""
     merge = BucketMerge(page, prefix, after)
@@ -148,8 +151,10 @@ async def fold_unbucketed(redis: Redis) -> int:
     server wrote between the copy and the removal: a later GC, never data.
     """
     moved = 0
-    for old, bucket_key, mode in ((documents_key(), bucket_documents_key, {"nx": True}),
-                                  (gc_due_key(), bucket_gc_due_key, {"lt": True})):
+    for old, bucket_key, mode in (
+        (documents_key(), bucket_documents_key, {"nx": True}),
+        (gc_due_key(), bucket_gc_due_key, {"lt": True}),
+    ):
         while rows := await redis.zrange(old, 0, FOLD_PAGE - 1, withscores=True):
             scores = {text(member): score for member, score in rows}
             async with redis.pipeline(transaction=False) as pipe:
@@ -159,6 +164,7 @@ async def fold_unbucketed(redis: Redis) -> int:
             await redis.zrem(old, *scores)
             moved += len(scores)
     if moved:
-        log.info("folded %d members of the unsplit document registry and GC due set into %d buckets",
-                 moved, DOCUMENT_BUCKETS)
+        log.info(
+            "folded %d members of the unsplit document registry and GC due set into %d buckets", moved, DOCUMENT_BUCKETS
+        )
     return moved

@@ -112,8 +112,16 @@ class ResyncReason(str, enum.Enum):
 class ProtocolError(Exception):
     """A frame the server must reject; turned into an ``error`` frame."""
 
-    def __init__(self, code: ErrorCode, message: str, *, doc: str | None = None, clock: int | None = None,
-                 retry_after_ms: int | None = None, missing: dict[int, int] | None = None):
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        doc: str | None = None,
+        clock: int | None = None,
+        retry_after_ms: int | None = None,
+        missing: dict[int, int] | None = None,
+    ):
         super().__init__(message)
         self.code = code
         self.message = message
@@ -167,7 +175,6 @@ class Hello(_Frame):
     #: The client's credential (a JWT by default); or sent as the websocket
     #: subprotocol ``yrelay.auth.<token>``. Never in the URL: URLs end up in logs.
     token: str | None = Field(default=None, max_length=16_384, repr=False)
-
 
 
 class WindowDigest(_Frame):
@@ -297,18 +304,40 @@ def _parse_hot_frame(text: str | bytes) -> UpdateFrame | AckFrame | None:
 
 
 ClientFrame = Annotated[
-    Union[Hello, Subscribe, Unsubscribe, Update, Ack, Sync, CheckSubscriptions, Reconcile, Ping, Awareness],
+    Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping | Awareness,
     Field(discriminator="op"),
 ]
 _client_frame = TypeAdapter(ClientFrame)
-CLIENT_OPS = {"hello", "subscribe", "unsubscribe", "update", "ack", "sync", "check_subscriptions", "reconcile", "ping",
-              "awareness"}
+CLIENT_OPS = {
+    "hello",
+    "subscribe",
+    "unsubscribe",
+    "update",
+    "ack",
+    "sync",
+    "check_subscriptions",
+    "reconcile",
+    "ping",
+    "awareness",
+}
 
 
 def parse_client_frame(
     text: str | bytes,
-) -> (Hello | Subscribe | Unsubscribe | Update | UpdateFrame | Ack | AckFrame | Sync | CheckSubscriptions | Reconcile
-      | Ping | Awareness):
+) -> (
+    Hello
+    | Subscribe
+    | Unsubscribe
+    | Update
+    | UpdateFrame
+    | Ack
+    | AckFrame
+    | Sync
+    | CheckSubscriptions
+    | Reconcile
+    | Ping
+    | Awareness
+):
     """Decode and validate one client frame, or raise :class:`ProtocolError`.
     A valid ``update`` or ``ack`` comes back as an :class:`UpdateFrame` or
     :class:`AckFrame` (read fast); the same frame refused says why as before."""
@@ -324,7 +353,7 @@ def parse_client_frame(
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a JSON object")
     doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
-    clock = raw.get("clock") if type(raw.get("clock")) is int else None  # noqa: E721 - a bool is no clock
+    clock = raw.get("clock") if type(raw.get("clock")) is int else None
     op = raw.get("op")
     if not isinstance(op, str) or op not in CLIENT_OPS:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}", doc=doc, clock=clock)
@@ -378,8 +407,15 @@ def encode(frame: dict[str, Any]) -> str:
 def welcome(session: str, resumed: bool, limits: dict[str, int], auth: dict[str, Any]) -> dict[str, Any]:
     """``auth``: ``{mode, subject, permission}``; ``mode`` is ``disabled`` on a
     development server that checks nothing."""
-    return {"op": "welcome", "session": session, "resumed": resumed, "protocol": PROTOCOL_VERSION, "limits": limits,
-            "auth": auth, "features": list(FEATURES)}
+    return {
+        "op": "welcome",
+        "session": session,
+        "resumed": resumed,
+        "protocol": PROTOCOL_VERSION,
+        "limits": limits,
+        "auth": auth,
+        "features": list(FEATURES),
+    }
 
 
 def subscribed(doc: str, offset: str, digest: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -398,8 +434,9 @@ def snapshot(doc: str, offset: str, update: bytes, part: int, parts: int) -> dic
     return {"op": "snapshot", "doc": doc, "offset": offset, "update": b64encode(update), "part": part, "parts": parts}
 
 
-def appended(doc: str, clock: int, entry_id: str | None, duplicate: bool,
-             dropped: dict[int, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
+def appended(
+    doc: str, clock: int, entry_id: str | None, duplicate: bool, dropped: dict[int, list[tuple[int, int]]] | None = None
+) -> dict[str, Any]:
     """``entry_id`` is None only for a sync push of which nothing could be
     stored; ``dropped`` lists, per Yjs client, the ``[start, end)`` clock
     ranges of a sync push the document cannot apply (they were not stored)."""

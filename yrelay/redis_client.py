@@ -26,12 +26,19 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline as _ClusterPipeline
-from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import (AskError, ClusterDownError, DataError, NoScriptError, RedisClusterException, RedisError,
-                              ResponseError, TryAgainError)
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    DataError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -57,9 +64,26 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, *CLUSTER_TRANSIENT)
 
 #: Methods of a stream, transport or socket: one called on ``None`` is I/O on
 #: a connection that is gone.
-_IO_METHODS = frozenset({"write", "writelines", "drain", "read", "readline", "readexactly", "readuntil",
-                         "close", "wait_closed", "is_closing", "at_eof", "get_extra_info", "send", "recv",
-                         "feed_data", "set_exception"})
+_IO_METHODS = frozenset(
+    {
+        "write",
+        "writelines",
+        "drain",
+        "read",
+        "readline",
+        "readexactly",
+        "readuntil",
+        "close",
+        "wait_closed",
+        "is_closing",
+        "at_eof",
+        "get_extra_info",
+        "send",
+        "recv",
+        "feed_data",
+        "set_exception",
+    }
+)
 #: What an event loop's transport says when asked to work after its close.
 _CLOSED_TRANSPORT = re.compile(r"handler is closed|[Tt]ransport is closed|closed=True|after write_eof")
 #: Redis's replies that are a bug of the caller, not a passing state of Redis
@@ -96,8 +120,11 @@ def lost_redis(exc: BaseException) -> bool:
     if isinstance(exc, RedisClusterException):
         return bool(_CLUSTER_UNREACHABLE.search(str(exc)))
     if isinstance(exc, AttributeError):
-        return (getattr(exc, "obj", False) is None and getattr(exc, "name", None) in _IO_METHODS
-                and _passed_through_redis_py(exc))
+        return (
+            getattr(exc, "obj", False) is None
+            and getattr(exc, "name", None) in _IO_METHODS
+            and _passed_through_redis_py(exc)
+        )
     if isinstance(exc, RuntimeError):
         return bool(_CLOSED_TRANSPORT.search(str(exc)))
     return False
@@ -120,8 +147,10 @@ def shown_url(url: str) -> str:
         parts = urlsplit(url)
         if parts.password:
             parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
-        query = [(name, "***" if name.lower() == "password" else value)
-                 for name, value in parse_qsl(parts.query, keep_blank_values=True)]
+        query = [
+            (name, "***" if name.lower() == "password" else value)
+            for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        ]
         return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
     except ValueError:
         return "the Redis URL given"
@@ -136,9 +165,11 @@ async def ensure_reachable(redis: Any, url: str) -> None:
     except Exception as exc:
         if not (lost_redis(exc) or isinstance(exc, RedisClusterException)):  # e.g. not a cluster node
             raise
-        raise StartupError(f"Redis at {shown_url(url)} did not answer ({exc}): start it (or check the URL, its "
-                           "password and TLS), or leave out --redis-url / YRELAY_REDIS_URL to run an embedded "
-                           "one") from exc
+        raise StartupError(
+            f"Redis at {shown_url(url)} did not answer ({exc}): start it (or check the URL, its "
+            "password and TLS), or leave out --redis-url / YRELAY_REDIS_URL to run an embedded "
+            "one"
+        ) from exc
 
 
 def is_cluster(redis: object) -> bool:
@@ -191,8 +222,9 @@ def xread_one(client: Any, key: str, cursor: str, count: int, block_ms: int | No
     ``MOVED`` reply is still followed."""
     block = ("BLOCK", block_ms) if block_ms is not None else ()
     cluster = client if isinstance(client, RedisCluster) else client.cluster_client
-    return client.execute_command("XREAD", *block, "COUNT", count, "STREAMS", key, cursor,
-                                  target_nodes=cluster.get_node_from_key(key))
+    return client.execute_command(
+        "XREAD", *block, "COUNT", count, "STREAMS", key, cursor, target_nodes=cluster.get_node_from_key(key)
+    )
 
 
 class ClusterPipeline(_ClusterPipeline):

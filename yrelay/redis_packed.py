@@ -96,11 +96,19 @@ class Batch:
         self.commands.append(command(*map(arg, args)))
         return self
 
-    def zadd(self, name: str, mapping: dict[str, int | float], nx: bool = False, xx: bool = False,
-             gt: bool = False, ch: bool = False) -> Batch:
+    def zadd(
+        self,
+        name: str,
+        mapping: dict[str, int | float],
+        nx: bool = False,
+        xx: bool = False,
+        gt: bool = False,
+        ch: bool = False,
+    ) -> Batch:
         flags = [flag for flag, on in ((b"NX", nx), (b"XX", xx), (b"GT", gt), (b"CH", ch)) if on]
-        return self.execute_command(b"ZADD", name, *flags, *(part for member, score in mapping.items()
-                                                              for part in (score, member)))
+        return self.execute_command(
+            b"ZADD", name, *flags, *(part for member, score in mapping.items() for part in (score, member))
+        )
 
     async def evalsha(self, sha: str, numkeys: int, *keys_and_args: bytes | str | int) -> Batch:
         """Queued (a redis-py ``AsyncScript`` called with ``client=`` this batch
@@ -121,8 +129,9 @@ class Batch:
         return replies
 
 
-async def rerun_refused_scripts(batch: Batch, replies: list[object], scripts: Iterable[AsyncScript],
-                                then: Sequence[bytes] = ()) -> list[object]:
+async def rerun_refused_scripts(
+    batch: Batch, replies: list[object], scripts: Iterable[AsyncScript], then: Sequence[bytes] = ()
+) -> list[object]:
     """The commands of ``batch`` that Redis refused NOSCRIPT (restarted
     without its script cache) run again once ``scripts`` are loaded (the
     same sha: the commands stand), followed by ``then`` (what must come
@@ -136,7 +145,7 @@ async def rerun_refused_scripts(batch: Batch, replies: list[object], scripts: It
     again = await execute(batch.redis, [*(batch.commands[index] for index in missing), *then])
     for index, reply in zip(missing, again):
         replies[index] = reply
-    return again[len(missing):]
+    return again[len(missing) :]
 
 
 def pipeline(redis: Redis) -> Batch | Pipeline:

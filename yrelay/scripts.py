@@ -22,9 +22,27 @@ def source(name: str) -> str:
     return lua.joinpath("_prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
-NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release",
-         "digest_window", "digest_advance", "idset_update", "clocks_set", "quota_take", "quota_subscriptions",
-         "consumer_claim", "consumer_ack", "consumer_heartbeat", "consumer_assign", "consumer_release", "consumer_read", "gc_groups")
+NAMES = (
+    "append",
+    "gc_evict",
+    "gc_snapshot",
+    "gc_trim",
+    "gc_claim",
+    "gc_release",
+    "digest_window",
+    "digest_advance",
+    "idset_update",
+    "clocks_set",
+    "quota_take",
+    "quota_subscriptions",
+    "consumer_claim",
+    "consumer_ack",
+    "consumer_heartbeat",
+    "consumer_assign",
+    "consumer_release",
+    "consumer_read",
+    "gc_groups",
+)
 
 
 class Scripts:
@@ -57,4 +75,3 @@ class Scripts:
         for name in NAMES:
             script = getattr(self, name)
             script.sha = await redis.script_load(script.script)
-

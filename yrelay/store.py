@@ -15,15 +15,15 @@ from redis.asyncio import Redis
 
 from . import crdt
 from .admission import Needs, needs_of
-from .clocks import bring_clocks_up_to_date
-from .update_format import MalformedUpdate, read_layout
-from .keys import clocks_key, dedup_key, meta_key, snapshot_key, stream_key
 from .change_feed import announce_in
+from .clocks import bring_clocks_up_to_date
+from .keys import clocks_key, dedup_key, meta_key, snapshot_key, stream_key
 from .listing import mark_changed
 from .offsets import ZERO, StreamId
 from .protocol import b64encode
 from .replies import stream_id, text
 from .scripts import Scripts
+from .update_format import MalformedUpdate, read_layout
 
 
 class Entry:
@@ -91,8 +91,9 @@ class DocumentStore:
     async def load_scripts(self) -> None:
         await self.scripts.load(self.redis)
 
-    async def append(self, doc: str, session: str, clock: int, update: bytes,
-                     needs: Needs | None = None) -> tuple[str, bool]:
+    async def append(
+        self, doc: str, session: str, clock: int, update: bytes, needs: Needs | None = None
+    ) -> tuple[str, bool]:
         """Append one update, unbatched and unvalidated (servers validate and
         use the Appender; tools and tests use this). ``needs`` defaults to
         what the update needs when it decodes, to nothing when it does not.
@@ -100,13 +101,15 @@ class DocumentStore:
         if needs is None:
             needs = needs_or_nothing(update)
         async with self.redis.pipeline(transaction=False) as pipe:
-            await self.scripts.append(keys=append_keys(doc), args=append_args([(session, clock, update, needs)]),
-                                      client=pipe)
+            await self.scripts.append(
+                keys=append_keys(doc), args=append_args([(session, clock, update, needs)]), client=pipe
+            )
             mark_changed(pipe, [doc])
             announce_in(pipe, [doc])
             [reply, *_] = await pipe.execute(raise_on_error=False)  # the bookkeeping's errors are not the append's
         if isinstance(reply, redis.exceptions.ResponseError):
             from .deletion import is_deleted_error, unlist  # deletion builds on this module
+
             if is_deleted_error(reply):  # refused, but mark_changed listed it again
                 await unlist(self.redis, doc)
             raise reply
@@ -195,8 +198,9 @@ class DocumentStore:
                 continue
             return snapshot, entries
 
-    async def load_document(self, doc: str, page_size: int = 500,
-                            engine: str = crdt.PYCRDT) -> tuple[crdt.Doc, StreamId]:
+    async def load_document(
+        self, doc: str, page_size: int = 500, engine: str = crdt.PYCRDT
+    ) -> tuple[crdt.Doc, StreamId]:
         """Snapshot + every stream entry after it, as a document of ``engine``
         (pycrdt by default; :mod:`yrelay.crdt`) and its offset (tools and
         tests; the server answers syncs from :meth:`load_entries` in its

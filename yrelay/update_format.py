@@ -158,8 +158,9 @@ def _content_length(reader: lib0.Reader, ref: int, strict: bool = False) -> int:
     raise MalformedUpdate(f"unknown content type {ref}")
 
 
-def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None,
-                   strict: bool = False) -> int:
+def _struct_length(
+    reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None, strict: bool = False
+) -> int:
     """Consume one Item (after its info byte) and return its length; the ids
     it refers to (origin, right origin, parent) go to ``refs`` when given."""
     if info & _BIT8:
@@ -315,8 +316,9 @@ def with_deletes(update: bytes, extra: Ranges) -> bytes:
     _read_structs(reader)
     start = reader.pos
     merged = union([Coverage(deletes=_read_deletes(reader)), Coverage(deletes=extra)]).deletes
-    return update[:start] + _delete_set([(client, [(lo, hi - lo) for lo, hi in ranges])
-                                         for client, ranges in merged.items()])
+    return update[:start] + _delete_set(
+        [(client, [(lo, hi - lo) for lo, hi in ranges]) for client, ranges in merged.items()]
+    )
 
 
 def _delete_set(entries: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> bytes:
@@ -408,8 +410,14 @@ def causal_order(updates: Sequence[bytes]) -> list[bytes]:
         work = [first] if ranges is not None else []
         while work:
             index = work.pop()
-            waiting_for = next(((client, spans[0][0]) for client, spans in structs[index].items()  # type: ignore[union-attr]
-                                if spans[0][0] > state.get(client, 0)), None)
+            waiting_for = next(
+                (
+                    (client, spans[0][0])
+                    for client, spans in structs[index].items()  # type: ignore[union-attr]
+                    if spans[0][0] > state.get(client, 0)
+                ),
+                None,
+            )
             if waiting_for is not None:
                 heapq.heappush(blocked.setdefault(waiting_for[0], []), (waiting_for[1], index))
                 continue
@@ -531,9 +539,13 @@ def encode_part(update: bytes, layout: Layout, kept: dict[int, int]) -> bytes:
 
     Each struct's bytes are copied as they are: a kept prefix starts at its
     section's first clock, so no struct needs rewriting."""
-    sections = [(section.client, section.structs[:kept.get(index, 0)]) for index, section in enumerate(layout.sections)]
-    return _sections(update, [(client, structs) for client, structs in sections if structs]) \
+    sections = [
+        (section.client, section.structs[: kept.get(index, 0)]) for index, section in enumerate(layout.sections)
+    ]
+    return (
+        _sections(update, [(client, structs) for client, structs in sections if structs])
         + update[layout.delete_start :]
+    )
 
 
 def _sections(update: bytes, sections: Sequence[tuple[int, Sequence[Struct]]]) -> bytes:
@@ -575,18 +587,19 @@ def stored_form(update: bytes, layout: Layout) -> bytes:
 
     Nothing the sender meant is lost, and every engine applies the result.
     The caller reads the result's layout again when it differs."""
-    same_structs = all(section.structs and all(struct.length for struct in section.structs)
-                       for section in layout.sections)
+    same_structs = all(
+        section.structs and all(struct.length for struct in section.structs) for section in layout.sections
+    )
     no_deletes = len(update) == layout.delete_start + 1  # "0 clients": most updates
     deletes = None if no_deletes else _non_empty_deletes(update, layout.delete_start)
     if same_structs and deletes is None:
         return update
     if same_structs:
-        head = update[:layout.delete_start]
+        head = update[: layout.delete_start]
     else:
         sections = [(section.client, [s for s in section.structs if s.length]) for section in layout.sections]
         head = _sections(update, [(client, structs) for client, structs in sections if structs])
-    return head + (update[layout.delete_start:] if deletes is None else _delete_set(deletes))
+    return head + (update[layout.delete_start :] if deletes is None else _delete_set(deletes))
 
 
 def _non_empty_deletes(update: bytes, start: int) -> list[tuple[int, list[tuple[int, int]]]] | None:

@@ -30,13 +30,13 @@ from ..admission import Needs, ready_part
 from ..change_feed import announce, announce_in
 from ..clocks import bring_clocks_up_to_date
 from ..deletion import is_deleted_error, unlist
+from ..listing import mark_changed
 from ..redis_client import UNREACHABLE
 from ..replies import text
-from ..listing import mark_changed
 from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks
 from ..tasks import BackgroundTask, TaskSet
 from ..update_format import Layout, Ranges
-from .replicas import ReplicaWait, ReplicationTimeout
+from .replicas import ReplicationTimeout, ReplicaWait
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,12 @@ class _Item:
 
 
 class Appender:
-    def __init__(self, store: DocumentStore, replicas: ReplicaWait | None = None,
-                 announce: Callable[[list[str]], Coroutine[Any, Any, None]] | None = None):
+    def __init__(
+        self,
+        store: DocumentStore,
+        replicas: ReplicaWait | None = None,
+        announce: Callable[[list[str]], Coroutine[Any, Any, None]] | None = None,
+    ):
         self.store = store
         #: ``ack_replicas``: each batch ends with a WAIT (:mod:`.replicas`).
         self.replicas = replicas
@@ -91,8 +95,9 @@ class Appender:
         for item in self._pending:
             item.future.cancel()
 
-    def submit(self, doc: str, session: str, clock: int, update: bytes, needs: Needs,
-               sync_layout: Layout | None = None) -> asyncio.Future[AppendResult]:
+    def submit(
+        self, doc: str, session: str, clock: int, update: bytes, needs: Needs, sync_layout: Layout | None = None
+    ) -> asyncio.Future[AppendResult]:
         """Queue one update; the future resolves once it is in the stream, or
         fails with :class:`NotAdmitted`. ``sync_layout`` marks a sync push."""
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
@@ -174,11 +179,16 @@ class Appender:
             groups[wait_of[doc]].append(doc)
         unconfirmed: set[str] = set()
         for index, members in groups.items():
-            codes = {entry[1] for doc, result in zip(docs, results) if doc in members and isinstance(result, list)
-                     for entry in result if isinstance(entry, list) and len(entry) > 1}
+            codes = {
+                entry[1]
+                for doc, result in zip(docs, results)
+                if doc in members and isinstance(result, list)
+                for entry in result
+                if isinstance(entry, list) and len(entry) > 1
+            }
             if not self.replicas.enough([replies[index]]) or (
-                    1 in codes and 0 not in codes
-                    and not await self.replicas.after_read_only(self.store.redis, members[0])):
+                1 in codes and 0 not in codes and not await self.replicas.after_read_only(self.store.redis, members[0])
+            ):
                 unconfirmed.update(members)
         return unconfirmed
 
@@ -200,8 +210,13 @@ class Appender:
             if is_deleted_error(result):  # the client's news, not ours; the batch's mark_changed listed it again
                 self._side_task(unlist(self.store.redis, doc))
             else:  # a node out of reach (failover) is no fault of the document
-                log.log(logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR,
-                        "append to %s failed: %s", doc, result, extra={"doc": doc})
+                log.log(
+                    logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR,
+                    "append to %s failed: %s",
+                    doc,
+                    result,
+                    extra={"doc": doc},
+                )
             for item in items:
                 _fail(item, result)
             return
@@ -232,8 +247,9 @@ class Appender:
         if part.update is None:
             _succeed(item, AppendResult(None, False, part.dropped))
             return
-        self._queue(_Item(item.doc, item.session, item.clock, part.update, part.needs, item.future,
-                          dropped=part.dropped))
+        self._queue(
+            _Item(item.doc, item.session, item.clock, part.update, part.needs, item.future, dropped=part.dropped)
+        )
 
 
 def _succeed(item: _Item, result: AppendResult) -> None:

@@ -10,7 +10,8 @@ routes then call :func:`relay_settings` or :func:`relay_context`.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from fastapi import HTTPException, Request, status
 
@@ -46,6 +47,7 @@ def relay_context(request: Request) -> ServerContext:
     shutting down)."""
     context = request.scope[RELAY_KEY].context
     if context is None:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                            "yrelay is not running: enter relay.lifespan() from the app's lifespan")
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, "yrelay is not running: enter relay.lifespan() from the app's lifespan"
+        )
     return context

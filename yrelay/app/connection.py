@@ -28,8 +28,23 @@ from starlette.websockets import WebSocketDisconnected
 from .. import logs, protocol, pygc
 from ..auth import Principal
 from ..offsets import StreamId
-from ..protocol import (Ack, AckFrame, AnyUpdate, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError,
-                        Reconcile, Subscribe, Sync, Unsubscribe, Update, UpdateFrame)
+from ..protocol import (
+    Ack,
+    AckFrame,
+    AnyUpdate,
+    Awareness,
+    CheckSubscriptions,
+    ErrorCode,
+    Hello,
+    Ping,
+    ProtocolError,
+    Reconcile,
+    Subscribe,
+    Sync,
+    Unsubscribe,
+    Update,
+    UpdateFrame,
+)
 from ..redis_client import lost_redis
 from ..tasks import TaskSet
 from . import subscription_set
@@ -76,8 +91,9 @@ class Connection:
         self.pacer = self.allowance.pacer
         self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
         self.writes = WritePath(ctx, self.allowance, self.send, self._reject, self._spawn)
-        self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send,
-                                             self.send_prepared if write_prepared is not None else None)
+        self.documents = ConnectionDocuments(
+            ctx, self.allowance, self.presence, self.send, self.send_prepared if write_prepared is not None else None
+        )
         self._write_prepared = write_prepared
 
     @property
@@ -118,8 +134,9 @@ class Connection:
         except (WebSocketDisconnect, WebSocketDisconnected):  # the peer left, or the server closed it
             pass
         except Flooded as flood:
-            await self._cut_off(CutOff(str(flood), ErrorCode.RATE_LIMITED, CLOSE_TOO_MANY_MESSAGES,
-                                       flood.retry_after_ms))
+            await self._cut_off(
+                CutOff(str(flood), ErrorCode.RATE_LIMITED, CLOSE_TOO_MANY_MESSAGES, flood.retry_after_ms)
+            )
         finally:
             self.state = ConnectionState.CLOSED
             self.writes.close()
@@ -128,8 +145,12 @@ class Connection:
             await self.documents.close()
             await self.presence.leave_all()
             if self.session is not None:
-                self.ctx.events.emit("disconnect", session=self.session, docs=len(self.documents),
-                                     duration_ms=int((time.monotonic() - opened) * 1000))
+                self.ctx.events.emit(
+                    "disconnect",
+                    session=self.session,
+                    docs=len(self.documents),
+                    duration_ms=int((time.monotonic() - opened) * 1000),
+                )
 
     def send_prepared(self, frame: bytes) -> bool:
         """Write a deliver frame framed once for many sockets now, from the
@@ -156,10 +177,15 @@ class Connection:
             return
         if len(text) > self.ctx.settings.max_frame_bytes:
             doc, clock = frame_identity(text)  # bounded by ws_max_size; names the refused update
-            await self._reject(ProtocolError(
-                ErrorCode.FRAME_TOO_LARGE, f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes; "
-                "send a larger update in parts (feature update_parts)", doc=doc, clock=clock
-            ))
+            await self._reject(
+                ProtocolError(
+                    ErrorCode.FRAME_TOO_LARGE,
+                    f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes; "
+                    "send a larger update in parts (feature update_parts)",
+                    doc=doc,
+                    clock=clock,
+                )
+            )
             return
         try:
             frame = protocol.parse_client_frame(text)
@@ -182,8 +208,12 @@ class Connection:
 
     async def _reject(self, error: ProtocolError) -> None:
         self.writes.refused(error)  # the rest of a refused update's parts is ignored
-        log.debug("rejected a frame: %s %s", error.code.value, error.message,
-                  extra={"doc": error.doc} if error.doc is not None else None)
+        log.debug(
+            "rejected a frame: %s %s",
+            error.code.value,
+            error.message,
+            extra={"doc": error.doc} if error.doc is not None else None,
+        )
         await self.send(protocol.error(error))
 
     async def _dispatch(self, frame: object) -> None:
@@ -237,8 +267,12 @@ class Connection:
         self.allowance.open(opened.session, opened.principal)
         trust(self.websocket)  # messages may now be as large as ws_max_size
         self.state = ConnectionState.OPEN
-        self.ctx.events.emit("connect", session=opened.session, resumed=opened.resumed,
-                             **self.ctx.events.log.subject(opened.principal.subject))
+        self.ctx.events.emit(
+            "connect",
+            session=opened.session,
+            resumed=opened.resumed,
+            **self.ctx.events.log.subject(opened.principal.subject),
+        )
 
     async def _cut_off(self, cut: CutOff) -> None:
         """Refuse or end the session: say why, then close (docs/security.md)."""
@@ -251,8 +285,12 @@ class Connection:
     async def _update(self, frame: AnyUpdate) -> None:
         assert self.principal is not None
         if not self.principal.can_write(frame.doc):
-            raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
-                                doc=frame.doc, clock=frame.clock)
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN,
+                "read-only: this token may not change this document",
+                doc=frame.doc,
+                clock=frame.clock,
+            )
         self.documents.get(frame.doc, frame.clock)
         await self.writes.receive(frame, self._received)
 
@@ -283,4 +321,3 @@ class Connection:
         """Cut off from a tick: no more ticks, and the closing on a task of its own."""
         self._stop_ticking()
         self._spawn(self._cut_off(cut))
-

@@ -120,8 +120,16 @@ class Feed:
 
 
 class Fanout:
-    def __init__(self, url_redis: Redis, store: DocumentStore, subscribers: SubscriptionRegistry[Subscriber], *,
-                 block_ms: int, count: int, max_bytes: int = 1024 * 1024):
+    def __init__(
+        self,
+        url_redis: Redis,
+        store: DocumentStore,
+        subscribers: SubscriptionRegistry[Subscriber],
+        *,
+        block_ms: int,
+        count: int,
+        max_bytes: int = 1024 * 1024,
+    ):
         self.reader = url_redis  # a single-connection client, owned by this loop
         self.store = store
         self.subscribers = subscribers
@@ -262,8 +270,11 @@ class Fanout:
         lose entries this process had seen, or that one of its subscribers
         was sent? Its cursor goes back to the stream's last id and its
         subscribers resync (:mod:`.rewind`)."""
-        seen = {doc: marks | self._marks(doc, self.feeds[doc])  # with what the subscribers read meanwhile
-                for doc, marks in self._unverified.items() if doc in self.feeds}
+        seen = {
+            doc: marks | self._marks(doc, self.feeds[doc])  # with what the subscribers read meanwhile
+            for doc, marks in self._unverified.items()
+            if doc in self.feeds
+        }
         try:
             rewound = await find_rewound(self.store.redis, seen)
         except Exception as exc:  # not back yet (a failover in progress): after the backoff
@@ -275,9 +286,14 @@ class Fanout:
             feed = self.feeds.get(doc)
             if feed is None:
                 continue
-            log.warning("document %s lost entries this process had seen (up to %s; its last id is now %s): "
-                        "a failover to a replica that lagged, or a restore; its subscribers here resync",
-                        doc, max(seen[doc]), last, extra={"doc": doc})
+            log.warning(
+                "document %s lost entries this process had seen (up to %s; its last id is now %s): "
+                "a failover to a replica that lagged, or a restore; its subscribers here resync",
+                doc,
+                max(seen[doc]),
+                last,
+                extra={"doc": doc},
+            )
             feed.cursor, feed.stored = min(feed.cursor, last), ZERO
             for subscriber in self.subscribers.of(doc):
                 subscriber.stream_rewound()
@@ -291,8 +307,11 @@ class Fanout:
         on a sweep (every ``block_ms``, and every round while the change
         stream cannot be read), else those woken."""
         feeds = self.feeds
-        return self.changes.due(now, self._readable, lambda doc: feed.cursor if (feed := feeds.get(doc)) is not None
-                                and feed.broken_until <= now else None)
+        return self.changes.due(
+            now,
+            self._readable,
+            lambda doc: feed.cursor if (feed := feeds.get(doc)) is not None and feed.broken_until <= now else None,
+        )
 
     async def _read_once(self) -> None:
         if self._reader_id is None:
@@ -380,8 +399,10 @@ class Fanout:
         if listening:
             assert self.changes.cursor is not None
             try:
-                self._take_changes(await self.store.redis.xread({changes_key(): self.changes.cursor},
-                                                                count=self.count) or [], self.count)
+                self._take_changes(
+                    await self.store.redis.xread({changes_key(): self.changes.cursor}, count=self.count) or [],
+                    self.count,
+                )
             except redis.exceptions.ResponseError as exc:
                 if not is_wrong_type(exc):
                     raise
@@ -398,8 +419,9 @@ class Fanout:
         feed = self.feeds.get(doc)
         if feed is None:
             return
-        log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS,
-                  extra={"doc": doc})
+        log.error(
+            "document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS, extra={"doc": doc}
+        )
         feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
         for subscriber in self.subscribers.of(doc):
             subscriber.document_failed(str(exc))
@@ -410,8 +432,10 @@ def _stream_pairs(reply: object) -> list:
     if not reply:
         return []
     pairs = reply.items() if isinstance(reply, dict) else reply
-    return [(key, [(entry_id, dict(zip(fields[::2], fields[1::2]))) for entry_id, fields in entries])
-            for key, entries in pairs]  # type: ignore[union-attr]
+    return [
+        (key, [(entry_id, dict(zip(fields[::2], fields[1::2]))) for entry_id, fields in entries])
+        for key, entries in pairs
+    ]  # type: ignore[union-attr]
 
 
 _CHANGES_RAW_KEY = changes_key().encode()

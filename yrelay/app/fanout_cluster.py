@@ -22,7 +22,6 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from ..cluster_reads import BucketWakeups, announce
-from ..offsets import StreamId
 from ..store import DocumentStore
 from .acks import SubscriptionRegistry
 from .fanout import Fanout, Subscriber
@@ -33,11 +32,20 @@ __all__ = ["ClusterFanout", "announce"]
 class ClusterFanout(Fanout):
     """:class:`~.fanout.Fanout` with the cluster's read path (module doc)."""
 
-    def __init__(self, redis: Redis, store: DocumentStore, subscribers: SubscriptionRegistry[Subscriber], *,
-                 block_ms: int, count: int, max_bytes: int = 1024 * 1024):
+    def __init__(
+        self,
+        redis: Redis,
+        store: DocumentStore,
+        subscribers: SubscriptionRegistry[Subscriber],
+        *,
+        block_ms: int,
+        count: int,
+        max_bytes: int = 1024 * 1024,
+    ):
         super().__init__(redis, store, subscribers, block_ms=block_ms, count=count, max_bytes=max_bytes)
-        self.wakeups = BucketWakeups(self.reader, block_ms=block_ms, wanted=lambda doc: doc in self.feeds,
-                                     name="yrelay-fanout")
+        self.wakeups = BucketWakeups(
+            self.reader, block_ms=block_ms, wanted=lambda doc: doc in self.feeds, name="yrelay-fanout"
+        )
         #: The masters the reader's slot map names (a failover changes them).
         self._masters: frozenset[str] | None = None
 

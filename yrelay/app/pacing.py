@@ -75,8 +75,10 @@ class Flooded(Exception):
     """The connection was held back by its rates for too long: close it (4429)."""
 
     def __init__(self, retry_after_ms: int):
-        super().__init__(f"too many messages: held back by the server's rates for too long; "
-                         f"reconnect no sooner than {retry_after_ms} ms")
+        super().__init__(
+            f"too many messages: held back by the server's rates for too long; "
+            f"reconnect no sooner than {retry_after_ms} ms"
+        )
         self.retry_after_ms = retry_after_ms
 
 
@@ -84,11 +86,19 @@ class Pacer(TokenBucket):
     """One websocket's share of the event loop and its rates. It is itself
     the connection's frame bucket (one object less per idle connection)."""
 
-    __slots__ = ("_settings", "_metrics", "_control", "_answers", "_turn_frames", "_turn_bytes", "_pressure",
-                 "_pressure_at", "trusted")
+    __slots__ = (
+        "_settings",
+        "_metrics",
+        "_control",
+        "_answers",
+        "_turn_frames",
+        "_turn_bytes",
+        "_pressure",
+        "_pressure_at",
+        "trusted",
+    )
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, settings: Settings, metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic):
         super().__init__(PREAUTH_RATE, PREAUTH_BURST, clock)
         self._settings = settings
         self._metrics = metrics

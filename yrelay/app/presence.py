@@ -49,8 +49,16 @@ GREETING_REUSE = 1.0
 
 
 class Presence:
-    def __init__(self, redis: Redis, listener: Redis, *, timeout: float, process_id: str,
-                 max_clients: int = 500, greeting_bytes: int = 1024 * 1024):
+    def __init__(
+        self,
+        redis: Redis,
+        listener: Redis,
+        *,
+        timeout: float,
+        process_id: str,
+        max_clients: int = 500,
+        greeting_bytes: int = 1024 * 1024,
+    ):
         self.redis = redis
         self.listener = listener  # its own client: the pub/sub connection stays subscribed
         self.timeout_ms = int(timeout * 1000)
@@ -189,8 +197,12 @@ class Presence:
 
     def _refused_locally(self, member: Member, entries: list[AwarenessEntry]) -> list[int]:
         """Without Redis, at least this process's own members are protected."""
-        owned = {client for other in self.members.get(member.doc, ())
-                 if other.owner != member.owner for client in other.clocks}
+        owned = {
+            client
+            for other in self.members.get(member.doc, ())
+            if other.owner != member.owner
+            for client in other.clocks
+        }
         return [entry.client_id for entry in entries if entry.client_id in owned]
 
     async def _forget_owned(self, member: Member, clients: list[int]) -> set[int]:

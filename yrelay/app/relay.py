@@ -63,8 +63,14 @@ class Relay:
     lifespan refuses to start when they name none.
     """
 
-    def __init__(self, settings: Settings | None = None, *, redis_url: str | None = None,
-                 authenticator: Authenticator | None = None, authenticate: AuthenticateFn | None = None):
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        redis_url: str | None = None,
+        authenticator: Authenticator | None = None,
+        authenticate: AuthenticateFn | None = None,
+    ):
         if authenticator is not None and authenticate is not None:
             raise ValueError("pass authenticator or authenticate, not both")
         self.settings = settings if settings is not None else Settings.from_env()

@@ -29,7 +29,6 @@ from ..offsets import ZERO, StreamId
 from ..redis_client import UNREACHABLE
 from ..replies import stream_id
 
-
 #: Documents per pipeline: a process following 100k documents checks them
 #: in pages, not in one 300k-command pipeline.
 PAGE = 1000
@@ -50,7 +49,7 @@ async def find_rewound(redis: Any, seen: Mapping[str, Iterable[StreamId]]) -> di
     docs = [doc for doc, ids in checked.items() if ids]
     rewound: dict[str, StreamId] = {}
     for start in range(0, len(docs), PAGE):
-        rewound.update(await _check_page(redis, {doc: checked[doc] for doc in docs[start:start + PAGE]}))
+        rewound.update(await _check_page(redis, {doc: checked[doc] for doc in docs[start : start + PAGE]}))
     return rewound
 
 

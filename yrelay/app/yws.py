@@ -37,6 +37,7 @@ import secrets
 import time
 from collections.abc import Coroutine
 from typing import Any
+
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from .. import logs, yprotocol
@@ -277,8 +278,15 @@ class YwsConnection:
         if not principal.can_write(self.doc):
             await self.send(yprotocol.permission_denied("read-only: this token may not change this document"))
             return
-        frame = Update.model_construct(op="update", doc=self.doc, clock=self._clock, update="",
-                                       sync=message.step is SyncStep.STEP2, part=None, parts=None)
+        frame = Update.model_construct(
+            op="update",
+            doc=self.doc,
+            clock=self._clock,
+            update="",
+            sync=message.step is SyncStep.STEP2,
+            part=None,
+            parts=None,
+        )
         self._clock += 1
         await self.allowance.take_update(frame)
         await self.writes.submit(frame, message.payload, received)

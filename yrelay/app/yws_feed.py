@@ -138,8 +138,9 @@ class YwsFeed:
         its catch-up read the stream itself), so the fan-out's check after a
         failover (:mod:`.rewind`) may never have seen what it holds."""
         assert self.cursor is not None
-        async for page in self.ctx.store.iter_entries(self.doc, self.cursor, until, self.ctx.settings.page_size,
-                                                      held=True):
+        async for page in self.ctx.store.iter_entries(
+            self.doc, self.cursor, until, self.ctx.settings.page_size, held=True
+        ):
             await self._deliver(page)
 
     async def _take(self, batch: Batch) -> None:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import Awaitable, Mapping
-from typing import Callable, Union
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -29,7 +28,7 @@ from .authenticator import AuthError
 from .principal import Principal
 
 #: ``(connection, token) -> Principal``, the host's function (async or plain).
-AuthenticateFn = Callable[[HTTPConnection, "str | None"], Union[Awaitable[Principal], Principal]]
+AuthenticateFn = Callable[[HTTPConnection, "str | None"], Awaitable[Principal] | Principal]
 
 #: The websocket being served, set by the relay's endpoint for this
 #: connection's task: the Authenticator protocol passes only the headers.
@@ -42,7 +41,8 @@ class HostAuthenticator:
     def __init__(self, authenticate: AuthenticateFn):
         self.authenticate_fn = authenticate
         self._is_async = inspect.iscoroutinefunction(authenticate) or inspect.iscoroutinefunction(
-            getattr(authenticate, "__call__", None))
+            getattr(authenticate, "__call__", None)
+        )
 
     async def authenticate(self, token: str | None, headers: Mapping[str, str]) -> Principal:
         connection = current_connection.get(None) or _connection_of(headers)

@@ -48,8 +48,10 @@ class Revocations:
         now = time.time()
         until = expires_at + self.leeway if expires_at is not None else now + DEFAULT_KEEP
         if until <= now:
-            raise AlreadyExpired(f"the token expired at {expires_at:.0f} (+{self.leeway:g} s leeway) "
-                                 "and is refused already; nothing to revoke")
+            raise AlreadyExpired(
+                f"the token expired at {expires_at:.0f} (+{self.leeway:g} s leeway) "
+                "and is refused already; nothing to revoke"
+            )
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zadd(revoked_tokens_key(), {token_id: until})
             pipe.zremrangebyscore(revoked_tokens_key(), "-inf", now)

@@ -30,7 +30,7 @@ def assign(docs: Sequence[str], members: Sequence[str], current: Mapping[str, st
     result: dict[str, str] = {}
     free: list[str] = []
     for member in members:
-        keep, spill = kept[member][: share[member]], kept[member][share[member]:]
+        keep, spill = kept[member][: share[member]], kept[member][share[member] :]
         result.update(dict.fromkeys(keep, member))
         free.extend(spill)
     free.extend(doc for doc in docs if current.get(doc) not in kept)

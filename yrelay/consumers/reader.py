@@ -39,7 +39,7 @@ from ..change_feed import ChangeFeed
 from ..cluster_reads import BucketWakeups, read_each
 from ..deletion import is_deletion
 from ..events import EventSink
-from ..keys import changes_key, meta_key, stream_key
+from ..keys import changes_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import is_cluster, lost_redis
 from ..replies import is_wrong_type, stream_id, text
@@ -61,7 +61,7 @@ SET_ASIDE_SECONDS = 30.0
 
 def _doc_of_stream(key: bytes | str) -> str:
     name = text(key)
-    return name[len(_STREAM_PREFIX):-len(_STREAM_SUFFIX)]
+    return name[len(_STREAM_PREFIX) : -len(_STREAM_SUFFIX)]
 
 
 #: Hand-outs are recorded (``<group>:out``) this many batches at a time, in
@@ -104,9 +104,18 @@ class Held:
 
 
 class Reader:
-    def __init__(self, redis: Redis, progress: Progress, events: EventSink, *, member: str,
-                 batch_size: int, block_ms: int, valid: Callable[[], bool],
-                 release: Callable[[str, str, int], Awaitable[bool]]):
+    def __init__(
+        self,
+        redis: Redis,
+        progress: Progress,
+        events: EventSink,
+        *,
+        member: str,
+        batch_size: int,
+        block_ms: int,
+        valid: Callable[[], bool],
+        release: Callable[[str, str, int], Awaitable[bool]],
+    ):
         self.redis = redis
         self.progress = progress
         self.events = events
@@ -138,8 +147,13 @@ class Reader:
         self.redelivered = 0
         self.unreported_redelivered = 0
         #: On a Redis Cluster: the per-bucket wake-ups and the sweep (else None).
-        self.wakeups = (BucketWakeups(redis, block_ms=block_ms, wanted=lambda doc: doc in self.held,
-                                      name=f"yrelay-consumer-{progress.group}") if is_cluster(redis) else None)
+        self.wakeups = (
+            BucketWakeups(
+                redis, block_ms=block_ms, wanted=lambda doc: doc in self.held, name=f"yrelay-consumer-{progress.group}"
+            )
+            if is_cluster(redis)
+            else None
+        )
         #: On one Redis: the change stream's announcements and the sweep.
         self.changes = ChangeFeed(block_ms)
 
@@ -212,8 +226,12 @@ class Reader:
         except Exception as exc:
             if not lost_redis(exc):
                 raise
-            log.warning("consumer group %s: could not release %s (%s); the leader moves it at the deadline",
-                        self.progress.group, doc, exc)
+            log.warning(
+                "consumer group %s: could not release %s (%s); the leader moves it at the deadline",
+                self.progress.group,
+                doc,
+                exc,
+            )
             return
         if released:
             self.events.emit("consumer_handover", doc, group=self.progress.group, member=self.member)
@@ -233,16 +251,29 @@ class Reader:
         mine = held is not None and held.version == batch.version
         if result is AckResult.ACKED and mine:
             head = max(held.head or batch.offset, batch.offset)  # type: ignore[union-attr]
-            self.events.emit("consumer_ack", batch.doc, group=self.progress.group, member=self.member,
-                             offset=str(batch.offset), head=str(head), entries=len(batch.entries))
+            self.events.emit(
+                "consumer_ack",
+                batch.doc,
+                group=self.progress.group,
+                member=self.member,
+                offset=str(batch.offset),
+                head=str(head),
+                entries=len(batch.entries),
+            )
             held.acked = max(held.acked or batch.offset, batch.offset)  # type: ignore[union-attr]
             while held.unacked and held.unacked[0][1] <= batch.offset:  # type: ignore[union-attr]
                 held.unacked.popleft()  # type: ignore[union-attr]
             await self._release_if_finished(batch.doc, held)  # type: ignore[arg-type]
         elif result is not AckResult.ACKED:
             self.refused += 1
-            self.events.emit("consumer_refused", batch.doc, group=self.progress.group, member=self.member,
-                             reason=result.value, offset=str(batch.offset))
+            self.events.emit(
+                "consumer_refused",
+                batch.doc,
+                group=self.progress.group,
+                member=self.member,
+                reason=result.value,
+                offset=str(batch.offset),
+            )
             if mine and result is AckResult.STALE:
                 del self.held[batch.doc]
             elif mine:
@@ -264,8 +295,9 @@ class Reader:
             except Exception as exc:
                 if not lost_redis(exc):
                     raise
-                log.warning("consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc,
-                            reconnect.delay)
+                log.warning(
+                    "consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc, reconnect.delay
+                )
                 self.changes.lost()  # what was read and woken may not have been handed out: sweep next
                 await reconnect.wait()
                 continue
@@ -276,7 +308,7 @@ class Reader:
                         if (held := self.held.get(rest.doc)) is not None and held.version == rest.version:
                             self._unread(rest, held)
                     break
-                if index % MARK_AHEAD == 0 and not await self._mark_handed_out(ready[index:index + MARK_AHEAD]):
+                if index % MARK_AHEAD == 0 and not await self._mark_handed_out(ready[index : index + MARK_AHEAD]):
                     break  # Redis failed: read again (nothing was handed out of these)
                 if not self.valid():  # paused past our lease while reading: these may be another's now
                     self.held.clear()
@@ -284,7 +316,9 @@ class Reader:
                 held = self.held.get(batch.doc)
                 if held is not None and held.version == batch.version and held.releasing:
                     await self._drop(batch, held)  # read before the handover was seen: not handed out
-                elif held is not None and held.version == batch.version and batch.doc not in self.paused:  # else moved away meanwhile
+                elif (
+                    held is not None and held.version == batch.version and batch.doc not in self.paused
+                ):  # else moved away meanwhile
                     self._count_redelivered(batch.doc, held, batch.entries)
                     yield batch
 
@@ -293,8 +327,11 @@ class Reader:
         application is given entries (a takeover counts what it reads again
         up to there), and stop at once for documents another member claimed.
         False when Redis failed (the documents read again from their cursor)."""
-        batches = [batch for batch in batches if (held := self.held.get(batch.doc)) is not None
-                   and held.version == batch.version and not held.releasing]  # the others are not handed out
+        batches = [
+            batch
+            for batch in batches
+            if (held := self.held.get(batch.doc)) is not None and held.version == batch.version and not held.releasing
+        ]  # the others are not handed out
         if not batches:
             return True
         try:
@@ -409,8 +446,14 @@ class Reader:
         held.cursor = snapshot.offset
         reason = "evicted" if start.evicted else (held.restart or "new")
         held.restart = None
-        self.events.emit("consumer_restart", doc, group=self.progress.group, member=self.member, reason=reason,
-                         offset=str(snapshot.offset))
+        self.events.emit(
+            "consumer_restart",
+            doc,
+            group=self.progress.group,
+            member=self.member,
+            reason=reason,
+            offset=str(snapshot.offset),
+        )
         if reason == "new" and not snapshot.update:
             return None  # nothing folded yet: the stream holds the whole document
         held.unacked.append((snapshot.offset, snapshot.offset, 0))
@@ -479,8 +522,14 @@ class Reader:
         broken stream stopped the member for every document it holds."""
         if (held := self.held.get(doc)) is not None:
             held.set_aside_until = time.monotonic() + SET_ASIDE_SECONDS
-            log.error("consumer group %s: document %s cannot be read (%s); set aside for %ss",
-                      self.progress.group, doc, exc, SET_ASIDE_SECONDS, extra={"doc": doc})
+            log.error(
+                "consumer group %s: document %s cannot be read (%s); set aside for %ss",
+                self.progress.group,
+                doc,
+                exc,
+                SET_ASIDE_SECONDS,
+                extra={"doc": doc},
+            )
 
     async def _read(self, cursors: dict[str, StreamId], reply: list) -> list[Batch]:
         """Batches of ``reply``, read from ``cursors``: each document's fence
@@ -507,8 +556,11 @@ class Reader:
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
             held.head = max(stream_id(head or None) or held.cursor, held.cursor)
             deleted = is_deletion(entries[-1])  # the marker ends the stream (yrelay/deletion.py)
-            batches.append(Batch(doc, entries[:-1] if deleted else entries, held.version, held.cursor,
-                                 deleted=deleted, _ack=self.ack))
+            batches.append(
+                Batch(
+                    doc, entries[:-1] if deleted else entries, held.version, held.cursor, deleted=deleted, _ack=self.ack
+                )
+            )
         return batches
 
     def _count_redelivered(self, doc: str, held: Held, entries: list) -> None:
@@ -524,5 +576,4 @@ class Reader:
         if again:
             self.redelivered += again
             self.unreported_redelivered += again
-            self.events.emit("consumer_redelivered", doc, group=self.progress.group, member=self.member,
-                             entries=again)
+            self.events.emit("consumer_redelivered", doc, group=self.progress.group, member=self.member, entries=again)

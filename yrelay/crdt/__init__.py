@@ -36,9 +36,28 @@ else:
     Doc = Any
 
 __all__ = [
-    "EMPTY_UPDATE", "ENGINES", "Doc", "EngineMissing", "InvalidUpdate", "Replica", "apply_update", "apply_updates",
-    "check_layout", "check_state_vector", "contains", "delete_text", "encode_state", "engine_of", "held_prefix",
-    "insert_text", "merge_updates", "new_doc", "observe_updates", "replace_text", "state_vector", "text_of",
+    "EMPTY_UPDATE",
+    "ENGINES",
+    "Doc",
+    "EngineMissing",
+    "InvalidUpdate",
+    "Replica",
+    "apply_update",
+    "apply_updates",
+    "check_layout",
+    "check_state_vector",
+    "contains",
+    "delete_text",
+    "encode_state",
+    "engine_of",
+    "held_prefix",
+    "insert_text",
+    "merge_updates",
+    "new_doc",
+    "observe_updates",
+    "replace_text",
+    "state_vector",
+    "text_of",
     "validate_update",
 ]
 
@@ -65,8 +84,10 @@ def _ypy() -> ModuleType:
     try:
         from . import ypy_doc
     except ImportError as exc:
-        raise EngineMissing(f"the y-py engine needs the {YPY_EXTRA} extra: pip install 'yrelay[{YPY_EXTRA}]' "
-                            f"(y-py 0.6.2 has wheels for CPython 3.10-3.12 only) ({exc})") from None
+        raise EngineMissing(
+            f"the y-py engine needs the {YPY_EXTRA} extra: pip install 'yrelay[{YPY_EXTRA}]' "
+            f"(y-py 0.6.2 has wheels for CPython 3.10-3.12 only) ({exc})"
+        ) from None
     return ypy_doc
 
 
@@ -124,8 +145,9 @@ def check_ypy_client_ids(update: bytes) -> None:
     ``pycrdt.Doc()`` has such ids; :func:`new_doc`'s do not)."""
     coverage = update_format.decode(update)
     if any(client > YPY_MAX_CLIENT_ID for client in (*coverage.structs, *coverage.deletes)):
-        raise InvalidUpdate("not a Yjs update for y-py clients: a client id past 2**32 - 1 "
-                            "(y-py reads it as another client)")
+        raise InvalidUpdate(
+            "not a Yjs update for y-py clients: a client id past 2**32 - 1 (y-py reads it as another client)"
+        )
 
 
 # ------------------------------------------------------------ documents
@@ -279,8 +301,7 @@ class Replica:
         pending ones integrated since)."""
         if self._suspects:
             held = update_format.decode(self._engine.encode_state(self.doc))
-            self._suspects = [update for update in self._suspects
-                              if update_format.held_prefix(held, [update]) == 0]
+            self._suspects = [update for update in self._suspects if update_format.held_prefix(held, [update]) == 0]
 
     def _retry_suspects(self) -> None:
         while True:

@@ -80,6 +80,6 @@ def edit_text(doc: Doc, name: str, index: int, length: int, chunk: str) -> None:
     text = doc.get(name, type=pycrdt.Text)
     with doc.transaction():
         if length:
-            del text[index:index + length]
+            del text[index : index + length]
         if chunk:
             text.insert(index, chunk)

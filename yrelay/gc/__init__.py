@@ -11,6 +11,14 @@ from .policy import GcPolicy
 from .schedule import DueSet, GcLoop, PassSummary, all_documents, collect_documents, run_due_pass
 
 __all__ = [
-    "Collector", "DocReport", "DueSet", "GcLoop", "GcPolicy", "PassSummary", "Step",
-    "all_documents", "collect_documents", "run_due_pass",
+    "Collector",
+    "DocReport",
+    "DueSet",
+    "GcLoop",
+    "GcPolicy",
+    "PassSummary",
+    "Step",
+    "all_documents",
+    "collect_documents",
+    "run_due_pass",
 ]

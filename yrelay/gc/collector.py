@@ -46,14 +46,14 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from .. import crdt, engine
+from ..eventlog import NullEventLog
+from ..events import EventSink
 from ..keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
+from ..reconciliation.digest import hash_hex, item_hash
 from ..redis_client import lost_redis
 from ..replies import stream_id, text
 from ..scripts import Scripts
-from ..reconciliation.digest import hash_hex, item_hash
-from ..eventlog import NullEventLog
-from ..events import EventSink
 from ..store import Entry, to_entry
 from ..tracker.tracker import session_documents
 from .groups import evict_groups
@@ -141,8 +141,14 @@ async def fold_in_thread(base: bytes, updates: Sequence[bytes]) -> engine.Fold:
 class Collector:
     """Runs collections; one per process (or per CLI run), any number at once."""
 
-    def __init__(self, redis: Redis, policy: GcPolicy, checkpoint: Checkpoint | None = None,
-                 events: EventSink | None = None, fold: Folder = fold_in_thread):
+    def __init__(
+        self,
+        redis: Redis,
+        policy: GcPolicy,
+        checkpoint: Checkpoint | None = None,
+        events: EventSink | None = None,
+        fold: Folder = fold_in_thread,
+    ):
         """``fold``: where folds run (the server passes its engine pool's)."""
         self.fold = fold
         self.redis = redis
@@ -179,8 +185,12 @@ class Collector:
                 await self.scripts.gc_evict(
                     keys=[tracker_key(report.doc), stream_key(report.doc), meta_key(report.doc)],
                     # A real eviction returns every name: each leaves its session's document set.
-                    args=[policy.relative_ms, policy.absolute_ms, int(dry_run),
-                          policy.max_reported_sessions if dry_run else -1],
+                    args=[
+                        policy.relative_ms,
+                        policy.absolute_ms,
+                        int(dry_run),
+                        policy.max_reported_sessions if dry_run else -1,
+                    ],
                     client=pipe,
                 )
             results = await pipe.execute(raise_on_error=False)
@@ -195,7 +205,7 @@ class Collector:
         if not dry_run:
             await self._forget_evicted(reports)
         for report in reports:
-            del report.evicted_sessions[policy.max_reported_sessions:]
+            del report.evicted_sessions[policy.max_reported_sessions :]
         return await self._hold_for_groups(plans, dry_run)
 
     async def _hold_for_groups(self, plans: list[_Plan], dry_run: bool) -> list[_Plan]:
@@ -203,9 +213,15 @@ class Collector:
         (after evicting those that lag too far: yrelay/gc/groups.py)."""
         if not plans:
             return plans
-        lowest = await evict_groups(self.redis, self.scripts, [plan.doc for plan in plans],
-                                    abandoned_ms=self.policy.group_abandoned_ms,
-                                    absolute_ms=self.policy.group_absolute_ms, dry_run=dry_run, events=self.events)
+        lowest = await evict_groups(
+            self.redis,
+            self.scripts,
+            [plan.doc for plan in plans],
+            abandoned_ms=self.policy.group_abandoned_ms,
+            absolute_ms=self.policy.group_absolute_ms,
+            dry_run=dry_run,
+            events=self.events,
+        )
         for plan in plans:
             position = lowest[plan.doc]
             if isinstance(position, Exception):
@@ -254,8 +270,12 @@ class Collector:
                     pipe.get(snapshot_key(plan.doc))
                 else:
                     pipe.exists(snapshot_key(plan.doc))  # a dry run needs no bytes
-                pipe.xrange(stream_key(plan.doc), min=f"({plan.snapshot_offset}", max=str(plan.target),
-                            count=min(READ_PAGE, self.policy.max_fold_entries))
+                pipe.xrange(
+                    stream_key(plan.doc),
+                    min=f"({plan.snapshot_offset}",
+                    max=str(plan.target),
+                    count=min(READ_PAGE, self.policy.max_fold_entries),
+                )
                 pipe.smembers(dropped_key(plan.doc))
             results = await pipe.execute(raise_on_error=False)
         for index, plan in enumerate(to_read):
@@ -288,8 +308,9 @@ class Collector:
         got = len(plan.entries)
         while got == asked and len(plan.entries) < limit and plan.entries[-1].id < plan.target:
             asked = min(READ_PAGE, limit - len(plan.entries))
-            page = await self.redis.xrange(stream_key(plan.doc), min=f"({plan.entries[-1].id}",
-                                           max=str(plan.target), count=asked)
+            page = await self.redis.xrange(
+                stream_key(plan.doc), min=f"({plan.entries[-1].id}", max=str(plan.target), count=asked
+            )
             got = len(page)
             plan.entries.extend(to_entry(entry_id, fields) for entry_id, fields in page)
 
@@ -337,8 +358,13 @@ class Collector:
                 plan.stored = stream_id(result[1])
                 plan.report.folded = plan.fold.held  # type: ignore[union-attr]
                 plan.report.snapshot_offset = str(plan.stored)
-                self.events.emit("snapshot", plan.doc, offset=str(plan.stored), entries=plan.report.folded,
-                                 bytes=len(plan.fold.snapshot))  # type: ignore[union-attr]
+                self.events.emit(
+                    "snapshot",
+                    plan.doc,
+                    offset=str(plan.stored),
+                    entries=plan.report.folded,
+                    bytes=len(plan.fold.snapshot),
+                )  # type: ignore[union-attr]
             else:
                 plan.report.conflict = True
 
@@ -425,8 +451,13 @@ class Collector:
             await self.redis.delete(*[dropped_key(doc) for doc in emptied])
         for plan in plans:
             if plan.report.trimmed:
-                self.events.emit("trim", plan.doc, offset=plan.trimmed_to, entries=plan.report.trimmed,
-                                 stream_length=plan.report.stream_length)
+                self.events.emit(
+                    "trim",
+                    plan.doc,
+                    offset=plan.trimmed_to,
+                    entries=plan.report.trimmed,
+                    stream_length=plan.report.stream_length,
+                )
 
 
 def _empty_dropped(entries: list[Entry], dropped: set[str]) -> None:
@@ -465,5 +496,3 @@ def _folded_ids(plan: _Plan, through: StreamId, limit: int) -> list[str] | None:
     if plan.trimmed_through != plan.snapshot_offset or not plan.entries or plan.entries[-1].id < through:
         return None
     return [str(entry.id) for entry in itertools.islice(plan.entries, limit) if entry.id <= through]
-
-

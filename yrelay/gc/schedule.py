@@ -81,8 +81,9 @@ class DueSet:
         docs: list[str] = []
         for step in range(DOCUMENT_BUCKETS):
             bucket = (self._next_bucket + step) % DOCUMENT_BUCKETS
-            lease, *claimed = await self.scripts.gc_claim(keys=[bucket_gc_due_key(bucket)],
-                                                          args=[limit - len(docs), lease_ms])
+            lease, *claimed = await self.scripts.gc_claim(
+                keys=[bucket_gc_due_key(bucket)], args=[limit - len(docs), lease_ms]
+            )
             if claimed:
                 leases[bucket] = text(lease)
                 docs += [text(doc) for doc in claimed]
@@ -176,8 +177,15 @@ async def run_due_pass(
 class GcLoop:
     """The periodic GC of one server process."""
 
-    def __init__(self, collector: Collector, *, interval: float, batch_size: int, lease: float,
-                 on_pass: Callable[[PassSummary], None] | None = None):
+    def __init__(
+        self,
+        collector: Collector,
+        *,
+        interval: float,
+        batch_size: int,
+        lease: float,
+        on_pass: Callable[[PassSummary], None] | None = None,
+    ):
         self.collector = collector
         self.on_pass = on_pass  # told of every completed pass (metrics)
         self.due = DueSet(collector.redis)
@@ -202,7 +210,10 @@ class GcLoop:
     async def run_once(self) -> PassSummary:
         await fold_unbucketed(self.collector.redis)  # what servers of an older release still write
         summary = await run_due_pass(
-            self.collector, self.due, batch_size=self.batch_size, lease_ms=self.lease_ms,
+            self.collector,
+            self.due,
+            batch_size=self.batch_size,
+            lease_ms=self.lease_ms,
             next_due_ms=round(self.interval * 1000),
         )
         self.passes += 1
@@ -212,8 +223,13 @@ class GcLoop:
         if summary.documents:
             log.info(
                 "gc pass: %d documents, %d evicted, %d folded, %d trimmed, %d blocked, %d conflicts in %.3fs",
-                summary.documents, summary.evicted, summary.folded, summary.trimmed,
-                summary.blocked, summary.conflicts, summary.seconds,
+                summary.documents,
+                summary.evicted,
+                summary.folded,
+                summary.trimmed,
+                summary.blocked,
+                summary.conflicts,
+                summary.seconds,
             )
         return summary
 

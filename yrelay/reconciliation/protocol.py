@@ -25,8 +25,19 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .digest import Digest, xor_hashes
-from .messages import (MAX_ID_BYTES, REPLY_MODES, REQUEST_MODES, Encoder, Entry, MalformedMessage, Message, Mode,
-                       decode, fingerprint, id_sizes)
+from .messages import (
+    MAX_ID_BYTES,
+    REPLY_MODES,
+    REQUEST_MODES,
+    Encoder,
+    Entry,
+    MalformedMessage,
+    Message,
+    Mode,
+    decode,
+    fingerprint,
+    id_sizes,
+)
 from .storage import WHOLE, IdSet, Range, separator
 
 #: Parts per split. 16 keeps one difference among a million ids under 1 KB
@@ -196,8 +207,15 @@ class Reconciler:
     checked against ``remote`` (the server's digest, from the drift check) and
     ReconciliationError says the sets moved meanwhile."""
 
-    def __init__(self, local: IdSet, remote: Digest, *, limits: Limits = Limits(),
-                 full_list_fraction: float = FULL_LIST_FRACTION, max_round_trips: int = 256):
+    def __init__(
+        self,
+        local: IdSet,
+        remote: Digest,
+        *,
+        limits: Limits = Limits(),
+        full_list_fraction: float = FULL_LIST_FRACTION,
+        max_round_trips: int = 256,
+    ):
         self.local = local
         self.remote = remote
         self.limits = limits
@@ -275,8 +293,13 @@ class Reconciler:
             self._only_remote += [item for item in entry.ids if item not in mine]
             self._only_local += [item for item in ours if item not in theirs]
         digests = await self.local.fingerprints([(e.lower, e.upper) for e in prints])
-        await self._differs([((entry.lower, entry.upper), entry.count, ours.count)
-                             for entry, ours in zip(prints, digests) if not _matches(entry, ours)])
+        await self._differs(
+            [
+                ((entry.lower, entry.upper), entry.count, ours.count)
+                for entry, ours in zip(prints, digests)
+                if not _matches(entry, ours)
+            ]
+        )
         end = message.end
         for ask in self._pending:  # what the reply did not reach is asked again
             if end is not None and (ask.upper is None or ask.upper > end):
@@ -346,6 +369,9 @@ def _check_inside(entries: list[Entry], asks: list[_Ask]) -> None:
     for entry in entries:
         while index < len(asks) and asks[index].upper is not None and asks[index].upper <= entry.lower:
             index += 1
-        if index == len(asks) or asks[index].lower > entry.lower or (
-                asks[index].upper is not None and (entry.upper is None or entry.upper > asks[index].upper)):
+        if (
+            index == len(asks)
+            or asks[index].lower > entry.lower
+            or (asks[index].upper is not None and (entry.upper is None or entry.upper > asks[index].upper))
+        ):
             raise MalformedMessage("reply entry outside the ranges asked about")

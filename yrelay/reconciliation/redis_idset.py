@@ -60,7 +60,7 @@ class RedisIdSet:
         changed = 0
         for start in range(0, len(listed), UPDATE_BATCH):
             args = [operation]
-            for item in listed[start:start + UPDATE_BATCH]:
+            for item in listed[start : start + UPDATE_BATCH]:
                 args += (item, hash_hex(item_hash(item)))
             reply = await self.scripts.idset_update(keys=[self.members_key, self.digest_key], args=args)
             changed += int(reply[0])

@@ -26,16 +26,16 @@ drift (see docs/reconciliation.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from ..keys import meta_key, stream_key
+from ..listing import all_documents
 from ..offsets import ZERO, StreamId
 from ..replies import stream_id, text
 from ..scripts import Scripts
-from ..listing import all_documents
 from .digest import Digest, hash_hex, item_hash, xor_hashes
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,9 @@ class StreamDigests:
             await self._advance(doc, base_raw, through_raw, stored, text(unhashed[-1]), total)
         outside = [text(entry_id) for entry_id in (*below, *above)]
         held_own = [text(entry_id) for entry_id in own]
-        digest = Digest(count=int(length) - len(outside) + len(held_own),
-                        hash=total ^ xor_hashes(outside) ^ xor_hashes(held_own))
+        digest = Digest(
+            count=int(length) - len(outside) + len(held_own), hash=total ^ xor_hashes(outside) ^ xor_hashes(held_own)
+        )
         return WindowDigest(max(base, since), offset, digest, through)
 
     async def _advance(self, doc: str, base: bytes, through: bytes, stored: str, new_through: str, total: int) -> bool:
@@ -185,7 +186,13 @@ class StreamDigests:
             for doc in docs:
                 check = await self.recompute(doc, fix=fix)
                 if check.wrong:
-                    log.warning("drift digest of %s was wrong (stored %s, actual %s)%s",
-                                doc, check.stored, check.actual, "; fixed" if check.fixed else "", extra={"doc": doc})
+                    log.warning(
+                        "drift digest of %s was wrong (stored %s, actual %s)%s",
+                        doc,
+                        check.stored,
+                        check.actual,
+                        "; fixed" if check.fixed else "",
+                        extra={"doc": doc},
+                    )
                     wrong.append(check)
         return wrong

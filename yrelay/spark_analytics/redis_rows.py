@@ -27,28 +27,32 @@ from .redis_pages import RawEntry, entry_id, stream_pages, tracker_pages
 
 BATCH_ROWS = 4096
 
-ENTRIES_SCHEMA = pa.schema([
-    ("doc", pa.string()),
-    ("id", pa.string()),          # "<ms>-<seq>"
-    ("ms", pa.int64()),
-    ("seq", pa.int32()),
-    ("score", pa.int64()),        # ms * 1000 + seq, as in the tracker
-    ("session", pa.string()),     # field s: the session that sent the update
-    ("clock", pa.int64()),        # field c: that session's clock for it
-    ("bytes", pa.int32()),        # length of field u, the Yjs update
-])
+ENTRIES_SCHEMA = pa.schema(
+    [
+        ("doc", pa.string()),
+        ("id", pa.string()),  # "<ms>-<seq>"
+        ("ms", pa.int64()),
+        ("seq", pa.int32()),
+        ("score", pa.int64()),  # ms * 1000 + seq, as in the tracker
+        ("session", pa.string()),  # field s: the session that sent the update
+        ("clock", pa.int64()),  # field c: that session's clock for it
+        ("bytes", pa.int32()),  # length of field u, the Yjs update
+    ]
+)
 #: Added to ENTRIES_SCHEMA by option ``withUpdates=true``.
 UPDATE_FIELD = pa.field("update", pa.binary())
 
-TRACKER_SCHEMA = pa.schema([
-    ("doc", pa.string()),
-    ("session", pa.string()),
-    ("offset", pa.string()),      # "<ms>-<seq>" of the score
-    ("score", pa.int64()),
-    ("ms", pa.int64()),           # the offset's ms
-    ("lag_entries", pa.int64()),  # stream entries after the offset (capped walk)
-    ("lag_ms", pa.int64()),       # last appended id's ms - offset's ms, at least 0
-])
+TRACKER_SCHEMA = pa.schema(
+    [
+        ("doc", pa.string()),
+        ("session", pa.string()),
+        ("offset", pa.string()),  # "<ms>-<seq>" of the score
+        ("score", pa.int64()),
+        ("ms", pa.int64()),  # the offset's ms
+        ("lag_entries", pa.int64()),  # stream entries after the offset (capped walk)
+        ("lag_ms", pa.int64()),  # last appended id's ms - offset's ms, at least 0
+    ]
+)
 
 
 def arrow_schema(options: SourceOptions) -> pa.Schema:
@@ -87,7 +91,11 @@ def _entry_row(doc: str, raw_id: bytes, fields: dict[bytes, bytes], with_updates
     ident = entry_id(raw_id)
     session, clock, update = fields.get(b"s"), fields.get(b"c"), fields.get(b"u", b"")
     row = (
-        doc, str(ident), ident.ms, ident.seq, ident.score(),
+        doc,
+        str(ident),
+        ident.ms,
+        ident.seq,
+        ident.score(),
         session.decode() if session is not None else None,
         int(clock) if clock is not None else None,
         len(update),

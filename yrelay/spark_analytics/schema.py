@@ -47,13 +47,31 @@ def _fields(**types: object) -> list[StructField]:
 
 
 #: Every field of every event type, as docs/events.md lists them.
-EVENT_SCHEMA = StructType(_fields(
-    v=IntegerType(), ts=LongType(), type=StringType(), process=StringType(), doc=StringType(), session=StringType(),
-    resumed=BooleanType(), duration_ms=LongType(),
-    offset=StringType(), clock=LongType(), bytes=LongType(), duplicate=BooleanType(),
-    first=StringType(), last=StringType(), entries=LongType(), head=StringType(),
-    reason=StringType(), mode=StringType(), stream_length=LongType(), group=StringType(), subject=StringType(),
-))
+EVENT_SCHEMA = StructType(
+    _fields(
+        v=IntegerType(),
+        ts=LongType(),
+        type=StringType(),
+        process=StringType(),
+        doc=StringType(),
+        session=StringType(),
+        resumed=BooleanType(),
+        duration_ms=LongType(),
+        offset=StringType(),
+        clock=LongType(),
+        bytes=LongType(),
+        duplicate=BooleanType(),
+        first=StringType(),
+        last=StringType(),
+        entries=LongType(),
+        head=StringType(),
+        reason=StringType(),
+        mode=StringType(),
+        stream_length=LongType(),
+        group=StringType(),
+        subject=StringType(),
+    )
+)
 #: What the JSON reader is given: the schema plus the corrupt-record column.
 READ_SCHEMA = StructType([*EVENT_SCHEMA.fields, StructField(CORRUPT, StringType(), nullable=True)])
 

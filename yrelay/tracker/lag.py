@@ -70,13 +70,16 @@ async def _ids_after(redis: Redis, doc: str, after: StreamId, cap: int) -> tuple
     return ids, False
 
 
-async def document_status(redis: Redis, doc: str, with_sessions: bool = False, count_cap: int = COUNT_CAP) -> DocumentStatus:
+async def document_status(
+    redis: Redis, doc: str, with_sessions: bool = False, count_cap: int = COUNT_CAP
+) -> DocumentStatus:
     """Stream, snapshot and tracker figures of one document."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.xlen(stream_key(doc))
         pipe.xrange(stream_key(doc), "-", "+", count=1)
-        pipe.hmget(meta_key(doc), "last_id", "snapshot_offset", "trimmed_through", "gc_at", "blocked_at",
-                   "blocked_since")
+        pipe.hmget(
+            meta_key(doc), "last_id", "snapshot_offset", "trimmed_through", "gc_at", "blocked_at", "blocked_since"
+        )
         pipe.strlen(snapshot_key(doc))
         pipe.zrange(tracker_key(doc), 0, -1 if with_sessions else 0, withscores=True)
         pipe.zcard(tracker_key(doc))

@@ -25,8 +25,8 @@ from redis.asyncio import Redis
 from .. import redis_packed
 from ..keys import session_documents_digest_key, session_documents_key, tracker_key
 from ..offsets import StreamId
-from ..redis_client import lost_redis
 from ..reconciliation.redis_idset import RedisIdSet
+from ..redis_client import lost_redis
 from ..scripts import Scripts
 from ..tasks import BackgroundTask
 

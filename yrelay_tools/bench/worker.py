@@ -112,14 +112,17 @@ class Worker:
                 break
             try:
                 await asyncio.wait_for(driver.complete.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 result.complete = False
         while self._unacked() and time.perf_counter() < deadline:
             await asyncio.sleep(0.005)
         sampler.cancel()
         # Busy while there was work: from the start to the last thing that arrived.
-        end = max(self.receipts.last, max((d.last_ack for d in self.drivers), default=0.0),
-                  max(result.sent.values(), default=start))
+        end = max(
+            self.receipts.last,
+            max((d.last_ack for d in self.drivers), default=0.0),
+            max(result.sent.values(), default=start),
+        )
         active = [(t, cpu) for t, cpu in samples if t <= end + SAMPLE] or samples[:2]
         result.wall = max(1e-9, active[-1][0] - samples[0][0]) if len(active) > 1 else 1e-9
         result.cpu = active[-1][1] - samples[0][1] if len(active) > 1 else 0.0
@@ -137,9 +140,11 @@ class Worker:
         return any(driver.acked < len(messages) for driver, messages in zip(self.drivers, self.messages))
 
     async def _write(self, start: float, result: WorkerResult) -> None:
-        writers = [(driver, conn.rate, conn.phase, messages, keys)
-                   for driver, conn, messages, keys in zip(self.drivers, self.spec.conns, self.messages, self.keys)
-                   if messages]
+        writers = [
+            (driver, conn.rate, conn.phase, messages, keys)
+            for driver, conn, messages, keys in zip(self.drivers, self.spec.conns, self.messages, self.keys)
+            if messages
+        ]
         positions = [0] * len(writers)
         sent = result.sent
         while writers and any(pos < len(w[3]) for pos, w in zip(positions, writers)):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from yrelay.redis_server import _die_with_parent
+
 from ..testing.processes import terminate
 from .proxy import FaultProxy
 from .workload import WorkloadConfig
@@ -49,7 +50,9 @@ class ClientProcess:
         log = (self.dir / "client.log").open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "yrelay_tools.chaos.workload", str(config_path)],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
         )
 
     @property
@@ -89,6 +92,15 @@ class ClientProcess:
                 raw = json.loads(line)
             except ValueError:
                 continue
-            records.append(AckRecord(self.name, raw["doc"], raw["session"], raw["clock"], raw["id"],
-                                     raw["duplicate"], base64.b64decode(raw["update"])))
+            records.append(
+                AckRecord(
+                    self.name,
+                    raw["doc"],
+                    raw["session"],
+                    raw["clock"],
+                    raw["id"],
+                    raw["duplicate"],
+                    base64.b64decode(raw["update"]),
+                )
+            )
         return records

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from redis.exceptions import RedisError
 
 from yrelay.gc import Collector, GcPolicy, collect_documents
-from .clients import ClientProcess
+
 from .checker import connect
+from .clients import ClientProcess
 from .cluster import Cluster
 from .sharded import ShardedCluster
 
@@ -204,8 +205,13 @@ class Nemesis:
             log.exception("fault %s failed", action)
             record.detail = f"failed: {exc!r}"
         record.ended = self.now()
-        log.info("fault %s at %.1fs: %s (%.1fs)", action.fault.value, record.started, record.detail,
-                 record.ended - record.started)
+        log.info(
+            "fault %s at %.1fs: %s (%.1fs)",
+            action.fault.value,
+            record.started,
+            record.detail,
+            record.ended - record.started,
+        )
 
     async def _gc_pass(self, attempts: int = 20) -> str:
         """One pass over every document; retried while Redis is away (another
@@ -290,10 +296,12 @@ class Nemesis:
             lost = await self.probe_loss(f"redis-kill at {action.at}s")
         await asyncio.sleep(action.seconds)
         client.start()
-        return (f"{client.name} killed {waited:.2f}s after Redis was back; since then "
-                f"{refused.get('answered_past_unacked', 0)} answers past an unacked update, refused: "
-                f"missing_dependency {refused.get('error:missing_dependency', 0)}, "
-                f"unavailable {refused.get('error:unavailable', 0)}; acked updates missing from the restarted Redis: {lost}")
+        return (
+            f"{client.name} killed {waited:.2f}s after Redis was back; since then "
+            f"{refused.get('answered_past_unacked', 0)} answers past an unacked update, refused: "
+            f"missing_dependency {refused.get('error:missing_dependency', 0)}, "
+            f"unavailable {refused.get('error:unavailable', 0)}; acked updates missing from the restarted Redis: {lost}"
+        )
 
     async def _other_fault(self, action: Action) -> str:
         if action.fault is Fault.GC:
@@ -336,5 +344,7 @@ def _refusals(client: ClientProcess) -> dict[str, int]:
     """The client's refusals so far and its answers past an unacked update
     (from its status file: rewritten at once on the latter)."""
     counters = (client.status() or {}).get("counters", {})
-    return {name: counters.get(name, 0)
-            for name in ("error:unavailable", "error:missing_dependency", "answered_past_unacked")}
+    return {
+        name: counters.get(name, 0)
+        for name in ("error:unavailable", "error:missing_dependency", "answered_past_unacked")
+    }

@@ -53,8 +53,12 @@ class ShardedCluster:
         self.redis.start()
         env = {"YRELAY_REDIS_CLUSTER": "1", **self.config.server_env}
         self.servers = [
-            ServerProcess(self.redis_url, self.root / "servers", module=self.config.server_module,
-                          env={"YRELAY_DATA_DIR": str(self.root / "servers" / f"server-{index}"), **env})
+            ServerProcess(
+                self.redis_url,
+                self.root / "servers",
+                module=self.config.server_module,
+                env={"YRELAY_DATA_DIR": str(self.root / "servers" / f"server-{index}"), **env},
+            )
             for index in range(self.config.servers)
         ]
         for server in self.servers:

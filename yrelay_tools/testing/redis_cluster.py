@@ -33,13 +33,18 @@ def cluster_port() -> int:
 
 
 def cluster_node(data_dir: Path) -> RedisProcess:
-    return RedisProcess(data_dir, cluster_port(), fsync="everysec", extra_config={
-        "cluster-enabled": "yes",
-        "cluster-config-file": str(data_dir / "nodes.conf"),
-        "cluster-node-timeout": "2000",
-        # A replica of a lost master may take over even if it lagged a while.
-        "cluster-replica-validity-factor": "0",
-    })
+    return RedisProcess(
+        data_dir,
+        cluster_port(),
+        fsync="everysec",
+        extra_config={
+            "cluster-enabled": "yes",
+            "cluster-config-file": str(data_dir / "nodes.conf"),
+            "cluster-node-timeout": "2000",
+            # A replica of a lost master may take over even if it lagged a while.
+            "cluster-replica-validity-factor": "0",
+        },
+    )
 
 
 def start_node(data_dir: Path, attempts: int = 5) -> RedisProcess:
@@ -68,13 +73,24 @@ class LocalCluster:
         """A seed node's URL (what ``--redis-url`` gets with ``--redis-cluster``)."""
         return self.nodes[0].url
 
-    def start(self, timeout: float = 30.0) -> "LocalCluster":
+    def start(self, timeout: float = 30.0) -> LocalCluster:
         self.nodes = [start_node(self.data_dir / f"node{i}") for i in range(2 * self.masters)]
         if self.masters >= 3:
             cli = str(Path(find_redis_server()).with_name("redis-cli"))
-            subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{node.port}" for node in self.nodes),
-                            "--cluster-replicas", "1", "--cluster-yes"],
-                           check=True, capture_output=True, timeout=timeout)
+            subprocess.run(
+                [
+                    cli,
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=timeout,
+            )
         else:
             self._create_by_hand(timeout)
         self.wait_healthy(timeout)
@@ -83,7 +99,7 @@ class LocalCluster:
     def _create_by_hand(self, timeout: float) -> None:
         """What ``redis-cli --cluster create`` does, for fewer than the three
         masters it insists on (a 1-shard cluster to compare against)."""
-        masters, replicas = self.nodes[:self.masters], self.nodes[self.masters:]
+        masters, replicas = self.nodes[: self.masters], self.nodes[self.masters :]
         share = 16384 // self.masters
         for index, node in enumerate(masters):
             end = 16384 if index == self.masters - 1 else (index + 1) * share
@@ -269,8 +285,10 @@ class LocalCluster:
         half of them moved), then the slot's new owner told to every node."""
         source = self.master_of_slot(slot)
         source_id, target_id = self.node_id(source), self.node_id(target)
-        with redis.Redis(port=source, socket_timeout=timeout) as src, \
-                redis.Redis(port=target, socket_timeout=timeout) as dst:
+        with (
+            redis.Redis(port=source, socket_timeout=timeout) as src,
+            redis.Redis(port=target, socket_timeout=timeout) as dst,
+        ):
             dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
             src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
             while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000):
