@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import redis.exceptions as redis_exceptions
 from redis.asyncio import Redis
@@ -152,7 +152,7 @@ class ChangeFeed(Rounds):
             return
         self.sweep_soon()
         try:
-            last = await redis.xrevrange(changes_key(), count=1)
+            last = cast("list[tuple[bytes, object]]", await redis.xrevrange(changes_key(), count=1))
         except redis_exceptions.ResponseError as exc:
             if not is_wrong_type(exc):
                 raise

@@ -10,9 +10,11 @@ import sys
 from dataclasses import replace
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 import typer
 import uvicorn
+from fastapi import FastAPI
 from redis.asyncio import Redis
 from rich.console import Console
 from rich.progress import Progress
@@ -149,17 +151,17 @@ def serve(
                 raise typer.Exit(code)
             return
         app = create_app(settings, url, authenticator)
-        options = dict(
-            host=settings.host,
-            port=settings.port,
-            log_level=log_level,
-            log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
+        options: dict[str, Any] = {  # uvicorn's keyword arguments
+            "host": settings.host,
+            "port": settings.port,
+            "log_level": log_level,
+            "log_config": None,  # uvicorn's lines go through the handler above (format, redaction)
             **settings.uvicorn_options(),
-        )
+        }
         if reuse_port:
             _serve_on_shared_port(app, options)
         else:
-            uvicorn.run(app, **options)  # type: ignore[arg-type]
+            uvicorn.run(app, **options)
     finally:
         if embedded is not None:
             embedded.stop()
@@ -220,10 +222,10 @@ def _signposts(settings: Settings) -> None:
     )
 
 
-def _serve_on_shared_port(app: object, options: dict[str, object]) -> None:
+def _serve_on_shared_port(app: FastAPI, options: dict[str, Any]) -> None:
     """uvicorn on its own ``SO_REUSEPORT`` socket: one of ``--workers``."""
-    server = uvicorn.Server(uvicorn.Config(app, **options))  # type: ignore[arg-type]
-    server.run(sockets=[reuse_port_socket(str(options["host"]), int(options["port"]))])  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, **options))
+    server.run(sockets=[reuse_port_socket(str(options["host"]), int(options["port"]))])
     if not server.started:  # as uvicorn.run: a server that could not start is a failure
         raise typer.Exit(3)
 

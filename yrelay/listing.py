@@ -20,6 +20,7 @@ import logging
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
+from typing import cast
 
 from redis.asyncio import Redis
 
@@ -117,7 +118,7 @@ async def all_documents(
             for _, key, start, end in wanted:
                 pipe.zrangebylex(key, start, end, 0, page)
             raw = await pipe.execute() if wanted else []
-        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw)}):
+        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw, strict=True)}):
             yield chunk
 
 
@@ -155,7 +156,7 @@ async def fold_unbucketed(redis: Redis) -> int:
         (documents_key(), bucket_documents_key, {"nx": True}),
         (gc_due_key(), bucket_gc_due_key, {"lt": True}),
     ):
-        while rows := await redis.zrange(old, 0, FOLD_PAGE - 1, withscores=True):
+        while rows := cast("list[tuple[bytes, float]]", await redis.zrange(old, 0, FOLD_PAGE - 1, withscores=True)):
             scores = {text(member): score for member, score in rows}
             async with redis.pipeline(transaction=False) as pipe:
                 for bucket, members in by_bucket(scores).items():

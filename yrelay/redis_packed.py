@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.commands.core import AsyncScript
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
+
+from .scripts import LuaScript
 
 
 def bulk(value: bytes) -> bytes:
@@ -37,6 +39,11 @@ def arg(value: bytes | str | int | float) -> bytes:
     return b"%d" % value
 
 
+#: redis-py's pool hands out a connection (its method is untyped; the
+#: signature of its ConnectionInterface, typed here once).
+_get_connection: Callable[[ConnectionPool], Awaitable[AbstractConnection]] = ConnectionPool.get_connection
+
+
 def command(*parts: bytes) -> bytes:
     """One RESP command (an array of bulk strings)."""
     return b"*%d\r\n%s" % (len(parts), b"".join(map(bulk, parts)))
@@ -51,7 +58,7 @@ async def execute(redis: Redis, commands: list[bytes]) -> list[object]:
     if not commands:
         return []
     pool = redis.connection_pool
-    connection = await pool.get_connection()
+    connection = await _get_connection(pool)
     try:
         async with asyncio.timeout(connection.socket_timeout):  # one timer for the batch, not one per reply
             await connection.send_packed_command(b"".join(commands))
@@ -115,7 +122,7 @@ class Batch:
         lands here); a NOSCRIPT reply is the caller's to handle."""
         return self.execute_command(b"EVALSHA", sha, numkeys, *keys_and_args)
 
-    async def execute(self, raise_on_error: bool = True, scripts: Iterable[AsyncScript] = ()) -> list[object]:
+    async def execute(self, raise_on_error: bool = True, scripts: Iterable[LuaScript] = ()) -> list[object]:
         """The replies in order. With ``scripts`` (those the batch may call):
         EVALSHAs refused NOSCRIPT (Redis restarted without its script cache)
         run again once they are loaded, as redis-py's pipeline would have
@@ -130,7 +137,7 @@ class Batch:
 
 
 async def rerun_refused_scripts(
-    batch: Batch, replies: list[object], scripts: Iterable[AsyncScript], then: Sequence[bytes] = ()
+    batch: Batch, replies: list[object], scripts: Iterable[LuaScript], then: Sequence[bytes] = ()
 ) -> list[object]:
     """The commands of ``batch`` that Redis refused NOSCRIPT (restarted
     without its script cache) run again once ``scripts`` are loaded (the
@@ -143,7 +150,7 @@ async def rerun_refused_scripts(
     for script in scripts:
         await batch.redis.script_load(script.script)
     again = await execute(batch.redis, [*(batch.commands[index] for index in missing), *then])
-    for index, reply in zip(missing, again):
+    for index, reply in zip(missing, again, strict=False):  # `again` goes on with the replies to `then`
         replies[index] = reply
     return again[len(missing) :]
 

@@ -23,7 +23,7 @@ import bisect
 import heapq
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from . import lib0
@@ -92,7 +92,8 @@ def _not_json(word: str) -> None:
 #: builds a decoder per call: 4 us, 10 times the lenient read of a
 #: ContentJSON item, so a 64 KiB update of tiny items held the event loop
 #: 150 ms and a 16 MiB one a thread 39 s).
-_SCAN = json.JSONDecoder(parse_constant=_not_json).scan_once
+#: (An attribute each decoder sets in ``__init__``, which typeshed does not declare.)
+_SCAN: Callable[[str, int], tuple[object, int]] = vars(json.JSONDecoder(parse_constant=_not_json))["scan_once"]
 #: What ``JSON.parse`` skips around a value.
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
@@ -100,12 +101,18 @@ _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 def _is_json(text: str) -> bool:
     """Whether ``JSON.parse(text)`` returns (one value, JSON's whitespace
     around it), without Python's NaN and Infinity."""
-    start = _JSON_SPACE.match(text).end()  # type: ignore[union-attr]  # matches the empty string
     try:
-        _, end = _SCAN(text, start)
+        _, end = _SCAN(text, _past_space(text, 0))
     except (StopIteration, ValueError, RecursionError):
         return False
-    return end == len(text) or _JSON_SPACE.match(text, end).end() == len(text)  # type: ignore[union-attr]
+    return end == len(text) or _past_space(text, end) == len(text)
+
+
+def _past_space(text: str, start: int) -> int:
+    """Where JSON's whitespace from ``start`` on ends."""
+    space = _JSON_SPACE.match(text, start)
+    assert space is not None  # the pattern matches the empty string
+    return space.end()
 
 
 def _utf16_length(text: str) -> int:
@@ -410,19 +417,17 @@ def causal_order(updates: Sequence[bytes]) -> list[bytes]:
         work = [first] if ranges is not None else []
         while work:
             index = work.pop()
+            ranges_of = structs[index]
+            assert ranges_of is not None  # only updates that decoded are worked on
             waiting_for = next(
-                (
-                    (client, spans[0][0])
-                    for client, spans in structs[index].items()  # type: ignore[union-attr]
-                    if spans[0][0] > state.get(client, 0)
-                ),
+                ((client, spans[0][0]) for client, spans in ranges_of.items() if spans[0][0] > state.get(client, 0)),
                 None,
             )
             if waiting_for is not None:
                 heapq.heappush(blocked.setdefault(waiting_for[0], []), (waiting_for[1], index))
                 continue
             order.append(index)
-            for client, spans in structs[index].items():  # type: ignore[union-attr]
+            for client, spans in ranges_of.items():
                 state[client] = max(state.get(client, 0), spans[-1][1])
                 heap = blocked.get(client, [])
                 while heap and heap[0][0] <= state[client]:

@@ -21,7 +21,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import NoScriptError
 
@@ -133,14 +133,16 @@ class Appender:
                 results = await pipe.execute(raise_on_error=False)
                 await self._load_and_rerun(pipe, results, list(by_doc))
             unconfirmed = await self._unconfirmed(list(by_doc), results, wait_of)
-        except Exception as exc:  # Redis unreachable: every caller gets the error
+        except Exception as exc:  # noqa: BLE001 - whatever failed the batch (Redis unreachable), every caller gets it
             log.warning("append batch failed: %s", exc)
             for item in batch:
                 _fail(item, exc)
             return
         if self.announce is not None:
             self._side_task(self.announce(list(by_doc)))
-        for (doc, items), result in zip(by_doc.items(), results):
+        for (doc, items), result in zip(
+            by_doc.items(), results, strict=False
+        ):  # the replies after the scripts' are the batch's own
             if result == [b"stale"]:
                 self._side_task(self._catch_up_then_retry(doc, items))
             else:
@@ -155,7 +157,7 @@ class Appender:
         came before them). Nothing else of the batch runs twice."""
         if not isinstance(pipe, redis_packed.Batch):
             return
-        refused = [doc for doc, result in zip(docs, results) if isinstance(result, NoScriptError)]
+        refused = [doc for doc, result in zip(docs, results, strict=False) if isinstance(result, NoScriptError)]
         wait = pipe.commands[-1:] if self.replicas is not None else []
         waited = await redis_packed.rerun_refused_scripts(pipe, results, [self.store.scripts.append], then=wait)
         if wait and waited:
@@ -181,7 +183,7 @@ class Appender:
         for index, members in groups.items():
             codes = {
                 entry[1]
-                for doc, result in zip(docs, results)
+                for doc, result in zip(docs, results, strict=False)  # the WAITs' replies follow
                 if doc in members and isinstance(result, list)
                 for entry in result
                 if isinstance(entry, list) and len(entry) > 1
@@ -197,7 +199,7 @@ class Appender:
         (written before admission): rebuild them, then append again."""
         try:
             await bring_clocks_up_to_date(self.store, doc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the items' senders get whatever failed the rebuild
             log.warning("rebuilding the state vector of %s failed: %s", doc, exc, extra={"doc": doc})
             for item in items:
                 _fail(item, exc)
@@ -220,7 +222,8 @@ class Appender:
             for item in items:
                 _fail(item, result)
             return
-        for item, (entry_id, code, *refusal) in zip(items, result):  # type: ignore[misc]
+        rows = cast("list[list[Any]]", result)  # the append script's reply: a row per item
+        for item, (entry_id, code, *refusal) in zip(items, rows, strict=True):
             if code != 2 and not replicated:  # stored, not confirmed: the client resends
                 _fail(item, ReplicationTimeout(text(entry_id)))
             elif code != 2:
@@ -240,7 +243,7 @@ class Appender:
         assert item.split is not None
         try:
             part = await asyncio.to_thread(ready_part, item.update, item.split, clocks)
-        except Exception as exc:  # never leave the sender without an answer
+        except Exception as exc:  # noqa: BLE001 - never leave the sender without an answer
             log.warning("cutting a sync push of %s failed: %s", item.doc, exc, extra={"doc": item.doc})
             _fail(item, exc)
             return

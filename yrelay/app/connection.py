@@ -19,7 +19,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
@@ -124,12 +124,12 @@ class Connection:
         opened = time.monotonic()
         self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
-            while self.state is not ConnectionState.CLOSED:  # cut off (a tick, a flood): its socket is closing
+            while not self.closed:  # cut off (a tick, a flood): its socket is closing
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
                 await self.pacer.admit(len(message.get("text") or message.get("bytes") or ""))
-                if self.state is not ConnectionState.CLOSED:
+                if not self.closed:  # read again: the pacer's wait may have seen it cut off
                     await self._handle_message(message)
         except (WebSocketDisconnect, WebSocketDisconnected):  # the peer left, or the server closed it
             pass
@@ -152,6 +152,12 @@ class Connection:
                     duration_ms=int((time.monotonic() - opened) * 1000),
                 )
 
+    @property
+    def closed(self) -> bool:
+        """Cut off or ended (a property, read again after each await, where a
+        tick or a flood may have closed it)."""
+        return self.state is ConnectionState.CLOSED
+
     def send_prepared(self, frame: bytes) -> bool:
         """Write a deliver frame framed once for many sockets now, from the
         fan-out's dispatch (:meth:`.sending.Sender.deliver_now`), if the
@@ -169,7 +175,7 @@ class Connection:
         if not isinstance(frame, str) and frame["op"] == "error":  # shared text frames are deliveries
             self.ctx.metrics.rejected(frame["code"])
 
-    async def _handle_message(self, message: dict[str, Any]) -> None:
+    async def _handle_message(self, message: Mapping[str, Any]) -> None:
         self._received = time.perf_counter()
         text = message.get("text")
         if text is None:
@@ -189,11 +195,11 @@ class Connection:
             return
         try:
             frame = protocol.parse_client_frame(text)
-            doc = logs.doc.set(getattr(frame, "doc", None))  # log lines (and tasks started here) name it
+            named = logs.doc.set(getattr(frame, "doc", None))  # log lines (and tasks started here) name it
             try:
                 await self._dispatch(frame)
             finally:
-                logs.doc.reset(doc)
+                logs.doc.reset(named)
         except ProtocolError as error:
             await self._reject(error)
         except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError, Flooded):

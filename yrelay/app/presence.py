@@ -23,7 +23,8 @@ import asyncio
 import itertools
 import logging
 import secrets
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -46,6 +47,12 @@ SUBSCRIBE_WAIT = 1.0
 #: since was relayed to them). An awareness query answered from Redis each
 #: time was the 34,000x amplifier of issue 30.
 GREETING_REUSE = 1.0
+
+
+def _untyped(method: object) -> Callable[[], Awaitable[None]]:
+    """A redis-py ``PubSub`` method its library leaves unannotated
+    (``connect``, ``aclose``), typed as what it is: a coroutine of nothing."""
+    return cast("Callable[[], Awaitable[None]]", method)
 
 
 class Presence:
@@ -272,7 +279,7 @@ class Presence:
     async def _listen(self) -> None:
         pubsub = self.listener.pubsub()
         try:
-            await pubsub.connect()
+            await _untyped(pubsub.connect)()
             async with self._channel_lock:
                 self._pubsub = pubsub
                 self._channels = {doc: asyncio.Event() for doc in self.members}
@@ -286,7 +293,7 @@ class Presence:
         finally:
             self._pubsub = None
             self._channels = {}
-            await asyncio.gather(pubsub.aclose(), return_exceptions=True)
+            await asyncio.gather(_untyped(pubsub.aclose)(), return_exceptions=True)
 
     def _on_message(self, message: dict[str, Any]) -> None:
         doc = doc_of_presence_channel(_text(message["channel"]))

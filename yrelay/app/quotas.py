@@ -241,7 +241,7 @@ class SubjectQuotas:
             if self._flushing is None:
                 self._flushing = spawn(self._flush(), name="yrelay-subscription-counts")
 
-    def _count_args(self, subject: str, count: int, check: bool) -> list[object]:
+    def _count_args(self, subject: str, count: int, check: bool) -> list[str | int]:
         lease_ms = int(self.settings.subscription_lease * 1000)
         return [self.instance, count, self.settings.max_subscriptions_per_subject, lease_ms, int(check)]
 

@@ -95,7 +95,7 @@ async def sync_answer(ctx: ServerContext, doc: str, state_vector: bytes) -> Sync
     precheck_state_vector(state_vector)
     snapshot, entries = await _read_again_if_lost(ctx, doc)
     folded = str(entries[-1].id if entries else snapshot.offset)  # what the answer is computed from
-    cached = ctx.answers.get(doc, state_vector, folded)
+    cached: SyncAnswer | None = ctx.answers.get(doc, state_vector, folded)
     if cached is not None:  # the same entries and state vector: the engine's diff would be the same
         return cached
     answer = await ctx.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])

@@ -93,9 +93,9 @@ class WritePath:
         update = decode_limited(
             frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE, frame.doc, frame.clock
         )
-        update = await self._parts.feed(frame, update)  # None until the last part of an update in parts
-        if update is not None:
-            await self.submit(frame, update, received)
+        whole = await self._parts.feed(frame, update)  # None until the last part of an update in parts
+        if whole is not None:
+            await self.submit(frame, whole, received)
 
     async def submit(self, frame: AnyUpdate, update: bytes, received: float) -> None:
         """Check the whole ``update`` (raising :class:`ProtocolError`) and

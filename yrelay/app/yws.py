@@ -35,7 +35,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
@@ -231,7 +231,7 @@ class YwsConnection:
             await self.websocket.send_bytes(yprotocol.permission_denied(reason))
         await self.close(code, reason)
 
-    async def _handle(self, message: dict[str, Any], principal: Principal) -> None:
+    async def _handle(self, message: Mapping[str, Any], principal: Principal) -> None:
         data = message.get("bytes")
         if data is None:
             await self.close(CLOSE_UNSUPPORTED_DATA, "y-websocket messages are binary")

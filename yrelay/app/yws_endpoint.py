@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import parse_qsl, urlencode
 
-from starlette.routing import get_route_path
+from starlette._utils import get_route_path  # Starlette's own (routing re-exports it without declaring it)
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 

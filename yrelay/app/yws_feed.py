@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from .. import yprotocol
 from ..deletion import DocumentDeleted, is_deletion
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 SendBytes = Callable[[bytes], Awaitable[None]]
 #: Ends the connection: (close code, reason).
-Close = Callable[[int, str], Awaitable[None]]
+Close = Callable[[int, str], Coroutine[Any, Any, None]]  # a coroutine: spawned from the fan-out's calls
 
 #: Close code when GC trimmed entries this connection had not been sent.
 CLOSE_TRIMMED = 4410

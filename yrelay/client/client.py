@@ -309,6 +309,11 @@ class YrelayClient:
             raise ServerUnreachable(self.urls, timeout, reason or "no answer yet")
         return self
 
+    def _is_closing(self) -> bool:
+        """``close()`` was called (a call, read again after an await: mypy
+        would keep the attribute's value from the loop's check)."""
+        return self._closing
+
     async def close(self) -> None:
         self._closing = True
         for due in self._acks_due.values():
@@ -666,7 +671,7 @@ class YrelayClient:
                 self._ws = None
                 self.connected.clear()
                 self._forget_presence()
-            if self._closing:
+            if self._is_closing():  # close() ran while this connection ended
                 return
             self._emit("disconnected", {})
             if self.failure is not None:
