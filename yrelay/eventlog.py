@@ -158,7 +158,7 @@ class EventLog:
         while not self._stop.wait(self.flush_interval):
             try:
                 self.flush()
-            except Exception as exc:  # never let the writer die silently
+            except Exception as exc:  # noqa: BLE001 - the writer thread's boundary: never let it die silently
                 self._warn(f"event log writer error: {exc!r}")
 
     def flush(self) -> None:

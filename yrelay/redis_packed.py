@@ -2,9 +2,10 @@
 
 For the per-event-loop-turn batches of the hot path (the appends and the
 acks of every document), on a standalone Redis (a cluster client keeps
-redis-py's pipeline, which routes each command to its node). redis-py's pipeline spends more CPU per command than Redis takes
-to run it: under 1,000 documents its ``execute_command`` and the timer it
-arms per reply were ~15% of the server's samples (BENCHMARKS.md, issue 20).
+redis-py's pipeline, which routes each command to its node). redis-py's
+pipeline spends more CPU per command than Redis takes to run it: under
+1,000 documents its ``execute_command`` and the timer it arms per reply
+were ~15% of the server's samples (BENCHMARKS.md, issue 20).
 Here a command's bytes are joined once, the batch has one timeout, and
 each reply is read without a timer of its own.
 """

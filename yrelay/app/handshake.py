@@ -163,7 +163,7 @@ async def refuse(websocket: WebSocket, refusal: Refusal) -> None:
         await websocket.accept()
         await websocket.send_text(protocol.encode(protocol.error(refusal.error)))
         await websocket.close(refusal.close_code)
-    except Exception:  # gone already
+    except Exception:  # noqa: BLE001 - gone already (whatever the closed socket raises): the refusal is best effort
         pass
 
 

@@ -15,8 +15,9 @@ of every websocket endpoint (``/ws``, ``/yws``) therefore passes
   subscribe, unsubscribe, sync, digests, awareness queries) one of its
   control bucket (:meth:`control`), and requests whose answer is larger
   than the request (:meth:`answer`) wait while the connection's answer-byte
-  bucket is in debt (:meth:`charge` books an answer's bytes once it is sent). Over a rate the connection simply stops reading: its
-  unread frames stay in the socket and TCP slows the sender down
+  bucket is in debt (:meth:`charge` books an answer's bytes once it is
+  sent). Over a rate the connection simply stops reading: its unread
+  frames stay in the socket and TCP slows the sender down
   (the websocket protocol, :mod:`.ws_protocol`, parses no more than a few
   frames ahead). Nothing is refused, so nothing cascades: the updates behind
   a slowed one are not turned into ``missing_dependency``;

@@ -90,7 +90,7 @@ class ReplicaWait:
                 pipe.set(replication_probe_key(doc), b"1", px=PROBE_TTL_MS)
                 self.queue(pipe, {doc: replication_probe_key(doc)})
                 _, *replies = await pipe.execute()
-        except Exception as exc:  # the entry is stored: the client resends either way
+        except Exception as exc:  # noqa: BLE001 - the entry is stored: the client resends whatever failed here
             log.warning("waiting for replicas after a resend failed: %s", exc)
             return False
         return self.enough(replies)

@@ -69,7 +69,7 @@ async def _check_page(redis: Any, checked: dict[str, list[StreamId]]) -> dict[st
             continue  # the document's keys are broken: the fan-out sets it aside when it reads it
         raw_trimmed, raw_last = answers[-1]
         trimmed = stream_id(raw_trimmed) or ZERO
-        if any(not held and entry_id > trimmed for entry_id, held in zip(ids, answers[:-1])):
+        if any(not held and entry_id > trimmed for entry_id, held in zip(ids, answers[:-1], strict=True)):
             rewound[doc] = stream_id(raw_last) or ZERO
     return rewound
 

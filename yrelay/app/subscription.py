@@ -239,7 +239,7 @@ class Subscription:
                 pass
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the socket closed under us, most likely
+        except Exception as exc:  # noqa: BLE001 - the pump's task boundary: the socket closed under us, most likely
             if self.state is not SubscriptionState.CLOSED:  # else: closed while a step was finishing
                 log.warning("subscription %s stopped: %r", self.doc, exc)
 

@@ -167,7 +167,7 @@ class Validator:
         return sum(worker.restarts for worker in self._workers)
 
     async def start(self) -> None:
-        for worker, loop in zip(self._workers, self._loops):
+        for worker, loop in zip(self._workers, self._loops, strict=True):
             await worker.start()
             loop.start()
 
@@ -240,7 +240,7 @@ class Validator:
             except Exception as exc:  # never leave a connection waiting
                 log.exception("validator failed")
                 errors = [ValidatorUnavailable(type(exc).__name__) for _ in batch]
-            for (_, future), error in zip(batch, errors):
+            for (_, future), error in zip(batch, errors, strict=True):
                 if not future.done():
                     future.set_result(error)
 

@@ -213,7 +213,7 @@ class WritePath:
                 )
             )
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every update is answered: deleted, else unavailable (resend)
             if is_deleted_error(exc):
                 await self._safe_send(
                     protocol.error(
@@ -251,7 +251,7 @@ class WritePath:
     async def _safe_send(self, frame: dict[str, Any]) -> None:
         try:
             await self._send(frame)
-        except Exception:  # the socket is gone; the client resends unacked updates
+        except Exception:  # noqa: BLE001 - the socket is gone (however it says so); the client resends unacked updates
             pass
 
 

@@ -154,7 +154,7 @@ class YwsConnection:
             pass
         except Flooded as flood:
             await self.close(CLOSE_TOO_MANY_MESSAGES, str(flood))
-        except Exception as exc:  # the fan-out could not read the document (Redis down)
+        except Exception as exc:  # noqa: BLE001 - the connection's boundary: the fan-out could not read the document (Redis down)
             log.warning("/yws connection to %s failed: %s", self.doc, exc)
             await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
         finally:
@@ -260,7 +260,7 @@ class YwsConnection:
             raise
         except EngineFailed:
             await self.close(CLOSE_TRY_AGAIN, "the document could not be read; reconnect")
-        except Exception as exc:  # Redis down, or a bug: never a trace to the client
+        except Exception as exc:  # noqa: BLE001 - Redis down, or a bug: never a trace to the client
             log.warning("/yws message on %s failed: %s", self.doc, exc)
             await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
 

@@ -128,7 +128,7 @@ class YwsFeed:
             await self._close(CLOSE_REWOUND, REWOUND_REASON)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # Redis gone: the client's reconnect sync heals it
+        except Exception as exc:  # noqa: BLE001 - the feed task's boundary (Redis gone): the client's reconnect sync heals it
             log.warning("/yws delivery of %s stopped: %s", self.doc, exc)
             await self._close(CLOSE_DOCUMENT_FAILED, "storage unavailable; reconnect")
 

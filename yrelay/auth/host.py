@@ -41,7 +41,7 @@ class HostAuthenticator:
     def __init__(self, authenticate: AuthenticateFn):
         self.authenticate_fn = authenticate
         self._is_async = inspect.iscoroutinefunction(authenticate) or inspect.iscoroutinefunction(
-            getattr(authenticate, "__call__", None)
+            getattr(authenticate, "__call__", None)  # noqa: B004 - not a callability test: is a callable object's __call__ async
         )
 
     async def authenticate(self, token: str | None, headers: Mapping[str, str]) -> Principal:
