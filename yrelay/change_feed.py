@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 
 from .keys import changes_key
 from .redis_client import is_cluster, lost_redis
+from .redis_packed import CommandQueue
 from .replies import is_wrong_type, text
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def announced(fields: Mapping[bytes, bytes]) -> list[str]:
     return text(fields.get(b"d", b"")).split("\n")
 
 
-def announce_in(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]
+def announce_in(pipe: CommandQueue, docs: list[str]) -> None:
     """Queue the announcement of an append to ``docs`` on ``pipe``, after
     the appends (nothing on a cluster: :mod:`yrelay.cluster_reads`)."""
     if docs and not is_cluster(pipe):

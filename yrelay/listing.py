@@ -25,6 +25,7 @@ from typing import cast
 from redis.asyncio import Redis
 
 from .keys import DOCUMENT_BUCKETS, bucket_documents_key, bucket_gc_due_key, document_bucket, documents_key, gc_due_key
+from .redis_packed import CommandQueue
 from .replies import text
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def by_bucket(docs: Iterable[str]) -> dict[int, list[str]]:
     return grouped
 
 
-def mark_changed(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]
+def mark_changed(pipe: CommandQueue, docs: list[str]) -> None:
     """Queue the GC bookkeeping of an append on ``pipe``: the documents become
     due for collection and are listed in the registry, in their buckets.
 

@@ -156,9 +156,24 @@ async def rerun_refused_scripts(
     return again[len(missing) :]
 
 
-def pipeline(redis: Redis) -> Batch | Pipeline:
+#: Where the hot path queues commands: a packed :class:`Batch`, or redis-py's
+#: pipeline (a cluster's too: the clients are typed as ``Redis``).
+CommandQueue = Batch | Pipeline
+
+
+def pipeline(redis: Redis) -> CommandQueue:
     """A packed :class:`Batch` on a standalone client, else redis-py's pipeline."""
     return Batch(redis) if packable(redis) else redis.pipeline(transaction=False)
 
 
-__all__ = ["Batch", "arg", "bulk", "command", "execute", "packable", "pipeline", "rerun_refused_scripts"]
+__all__ = [
+    "Batch",
+    "CommandQueue",
+    "arg",
+    "bulk",
+    "command",
+    "execute",
+    "packable",
+    "pipeline",
+    "rerun_refused_scripts",
+]

@@ -19,7 +19,9 @@ the figures of ``bench/cluster_fanout.py``.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+from typing import cast
+
+from redis.asyncio import Redis, RedisCluster
 
 from ..cluster_reads import BucketWakeups, announce
 from ..store import DocumentStore
@@ -84,7 +86,8 @@ class ClusterFanout(Fanout):
         failover may have happened without an error reaching this loop
         (redis-py retries a read on the new master by itself), and the new
         master may lack what the old one had (:mod:`.rewind`)."""
-        masters = frozenset(node.name for node in self.reader.get_primaries())  # type: ignore[attr-defined]
+        reader = cast(RedisCluster, self.reader)  # this fan-out's reader is a cluster client
+        masters = frozenset(node.name for node in reader.get_primaries())
         changed = self._masters is not None and masters != self._masters
         self._masters = masters
         return changed

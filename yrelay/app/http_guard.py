@@ -71,6 +71,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_done = False
 
+    # uvicorn's own override narrows asyncio's BaseTransport to Transport (its ignore): this one keeps its signature.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._await_request()

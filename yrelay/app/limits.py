@@ -103,9 +103,9 @@ class SessionRates:
         return bucket
 
     def release(self, session: str) -> None:
-        bucket, users = self._buckets.get(session, (None, 0))
-        if users > 1:
-            self._buckets[session] = (bucket, users - 1)  # type: ignore[assignment]
+        held = self._buckets.get(session)
+        if held is not None and held[1] > 1:
+            self._buckets[session] = (held[0], held[1] - 1)
         else:
             self._buckets.pop(session, None)
 

@@ -131,6 +131,8 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
             )
         if self.preauth_max_size and config.ws_max_size:
             self.conn.max_message_size = min(self.preauth_max_size, config.ws_max_size)
+        # uvicorn declares these as asyncio's Queue and Event; the lean ones
+        # (.lean) offer the same calls uvicorn makes, at less cost per frame.
         self.queue = Inbox()  # type: ignore[assignment]
         self.writable = Flag()  # type: ignore[assignment]
         self.writable.set()
@@ -377,6 +379,7 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
             self._continue()
         if message["type"] == "websocket.accept" and self.handshake_complete:
             self.request.headers.clear()  # websockets' parser keeps the request until the socket closes
+            # uvicorn declares them non-optional, but reads them only during the handshake, which is over.
             self.request = self.response = None  # type: ignore[assignment]
 
 

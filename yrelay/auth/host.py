@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -48,9 +49,11 @@ class HostAuthenticator:
         connection = current_connection.get(None) or _connection_of(headers)
         try:
             if self._is_async:
-                principal = await self.authenticate_fn(connection, token)  # type: ignore[misc]
+                answer = self.authenticate_fn(connection, token)
+                principal = await cast("Awaitable[Principal]", answer)  # _is_async: a coroutine function
             else:  # a blocking lookup must not stall every other connection
-                principal = await run_in_threadpool(self.authenticate_fn, connection, token)
+                blocking = cast("Callable[[HTTPConnection, str | None], Principal]", self.authenticate_fn)
+                principal = await run_in_threadpool(blocking, connection, token)
         except HTTPException as exc:  # what a FastAPI dependency raises
             if exc.status_code not in (401, 403):
                 raise
