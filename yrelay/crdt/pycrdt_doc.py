@@ -10,12 +10,14 @@ A document belongs to the thread that made it.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pycrdt
 
 from .errors import EMPTY_UPDATE, InvalidUpdate, check_state_vector, reraise_control_flow
 
-Doc = pycrdt.Doc
+Doc = pycrdt.Doc[Any]
 
 
 def validate_update(update: bytes) -> None:
@@ -60,7 +62,7 @@ def state_vector(doc: Doc) -> bytes:
     return doc.get_state()
 
 
-def observe_updates(doc: Doc, callback) -> object:
+def observe_updates(doc: Doc, callback: Callable[[bytes], object]) -> object:
     """pycrdt calls observers once per transaction that changed something."""
 
     def on_transaction(event: pycrdt.TransactionEvent) -> None:

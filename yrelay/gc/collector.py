@@ -195,7 +195,7 @@ class Collector:
                 )
             results = await pipe.execute(raise_on_error=False)
         plans = []
-        for report, result in zip(reports, results):
+        for report, result in zip(reports, results, strict=True):
             if isinstance(result, Exception):
                 report.error = str(result)[:200]
                 continue
@@ -351,7 +351,7 @@ class Collector:
                     client=pipe,
                 )
             results = await pipe.execute(raise_on_error=False)
-        for plan, result in zip(writes, results):
+        for plan, result in zip(writes, results, strict=True):
             if isinstance(result, Exception):
                 plan.report.error = str(result)[:200]
             elif int(result[0]) == 1:
@@ -385,14 +385,14 @@ class Collector:
             chunks = await self._trim_chunks(list(pending.values()), first_round)
             first_round = False
             async with self.redis.pipeline(transaction=False) as pipe:
-                for (plan, _), ids in zip(pending.values(), chunks):
+                for (plan, _), ids in zip(pending.values(), chunks, strict=True):
                     await self.scripts.gc_trim(
                         keys=[stream_key(plan.doc), meta_key(plan.doc), dedup_key(plan.doc)],
                         args=_ids_with_running_xor(ids),
                         client=pipe,
                     )
                 results = await pipe.execute(raise_on_error=False)
-            for (plan, _), result in zip(list(pending.values()), results):
+            for (plan, _), result in zip(list(pending.values()), results, strict=True):
                 if isinstance(result, Exception):
                     plan.report.error = str(result)[:200]
                     removed = 0
@@ -423,7 +423,7 @@ class Collector:
                     plan, through = pending[index]
                     pipe.xrange(stream_key(plan.doc), min="-", max=str(through), count=self._trim_chunk)
                 pages = await pipe.execute(raise_on_error=False)
-            for index, page in zip(to_read, pages):
+            for index, page in zip(to_read, pages, strict=True):
                 chunks[index] = [] if isinstance(page, Exception) else [text(entry_id) for entry_id, _ in page]
         return [ids or [] for ids in chunks]
 
@@ -443,7 +443,7 @@ class Collector:
                 lengths.append(len(pipe))
                 pipe.xlen(stream_key(plan.doc))
             results = await pipe.execute(raise_on_error=False)
-        for index, plan in zip(lengths, plans):
+        for index, plan in zip(lengths, plans, strict=True):
             length = results[index]
             plan.report.stream_length = 0 if isinstance(length, Exception) else int(length)
         emptied = [plan.doc for plan in plans if plan.report.stream_length == 0 and plan.report.folded]

@@ -90,8 +90,8 @@ async def respond(store: IdSet, request: bytes, limits: Limits = Limits()) -> by
     planned = _affordable(entries, counts, limits.max_reply_bytes)
     small = [i for i in range(planned) if entries[i].mode == Mode.LIST or counts[i] <= LEAF]
     large = sorted(set(range(planned)).difference(small))
-    ids = dict(zip(small, await store.items([spans[i] for i in small], LIST_READ)))
-    parts = dict(zip(large, await store.parts([spans[i] for i in large], BRANCHING)))
+    ids = dict(zip(small, await store.items([spans[i] for i in small], LIST_READ), strict=True))
+    parts = dict(zip(large, await store.parts([spans[i] for i in large], BRANCHING), strict=True))
     encoder = Encoder()
     for index in range(planned):
         entry, mark, reached = entries[index], encoder.mark(), None
@@ -118,7 +118,7 @@ def _affordable(entries: list[Entry], counts: list[int], max_bytes: int) -> int:
     """How many entries are worth reading for one reply: stop once even the
     smallest answers (2 bytes an id, 11 a fingerprint) would overflow it."""
     spent = 0
-    for index, (entry, count) in enumerate(zip(entries, counts)):
+    for index, (entry, count) in enumerate(zip(entries, counts, strict=True)):
         if spent > max_bytes:
             return index
         spent += 11 * BRANCHING if entry.mode == Mode.FINGERPRINT and count > LEAF else 2 * count + 2
@@ -287,7 +287,7 @@ class Reconciler:
         for entry in message.entries:
             (ids if entry.mode == Mode.IDS else prints).append(entry)
         _check_inside(message.entries, self._pending)
-        for entry, ours in zip(ids, await self.local.items([(e.lower, e.upper) for e in ids])):
+        for entry, ours in zip(ids, await self.local.items([(e.lower, e.upper) for e in ids]), strict=True):
             theirs = set(entry.ids)
             mine = set(ours)
             self._only_remote += [item for item in entry.ids if item not in mine]
@@ -296,7 +296,7 @@ class Reconciler:
         await self._differs(
             [
                 ((entry.lower, entry.upper), entry.count, ours.count)
-                for entry, ours in zip(prints, digests)
+                for entry, ours in zip(prints, digests, strict=True)
                 if not _matches(entry, ours)
             ]
         )
@@ -331,7 +331,9 @@ class Reconciler:
         self._queue.sort(key=lambda ask: ask.lower)
         batch = self._queue[: self.limits.max_request_ranges // 2]
         unknown = [ask for ask in batch if ask.mode == Mode.FINGERPRINT and ask.digest is None]
-        for ask, digest in zip(unknown, await self.local.fingerprints([(a.lower, a.upper) for a in unknown])):
+        for ask, digest in zip(
+            unknown, await self.local.fingerprints([(a.lower, a.upper) for a in unknown]), strict=True
+        ):
             ask.digest = digest
         encoder, sent = Encoder(), 0
         for ask in batch:

@@ -103,7 +103,7 @@ class RedisIdSet:
         return [Digest(len(ids), xor_hashes(ids)) for ids in await self.items(ranges)]
 
     async def parts(self, ranges: Sequence[Range], parts: int) -> list[list[Part]]:
-        return [parts_of(ids, span, parts) for ids, span in zip(await self.items(ranges), ranges)]
+        return [parts_of(ids, span, parts) for ids, span in zip(await self.items(ranges), ranges, strict=True)]
 
     async def items(self, ranges: Sequence[Range], limit: int | None = None) -> list[list[str]]:
         """Pages of every range read in one pipeline per round: each range
@@ -114,11 +114,11 @@ class RedisIdSet:
         while todo:
             wants = [PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(found[i])) for i in todo]
             async with self.redis.pipeline(transaction=False) as pipe:
-                for index, want in zip(todo, wants):
+                for index, want in zip(todo, wants, strict=True):
                     pipe.zrangebylex(self.members_key, *cursors[index], start=0, num=want)
                 pages = await pipe.execute()
             more = []
-            for index, want, page in zip(todo, wants, pages):
+            for index, want, page in zip(todo, wants, pages, strict=True):
                 found[index] += map(text, page)
                 if len(page) == want and (limit is None or len(found[index]) < limit):
                     cursors[index] = ("(" + found[index][-1], cursors[index][1])

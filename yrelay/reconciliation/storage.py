@@ -69,7 +69,7 @@ def separator(before: str, after: str) -> str:
 def common_prefix(left: Sequence[object], right: Sequence[object]) -> int:
     """How many leading items (characters, bytes) ``left`` and ``right`` share."""
     common = 0
-    for a, b in zip(left, right):
+    for a, b in zip(left, right, strict=False):
         if a != b:
             break
         common += 1

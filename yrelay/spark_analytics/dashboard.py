@@ -200,7 +200,9 @@ def lag_figure(out_dir: Path, troubled: pd.DataFrame, bucket: str) -> go.Figure:
     chosen = troubled.head(LAG_LINES) if not troubled.empty else troubled
     if not chosen.empty:
         lag = read_table(out_dir, Table.LAG_TIMELINE, session=sorted(set(chosen["session"])))
-        for doc, session, subject, status in zip(chosen["doc"], chosen["session"], chosen["subject"], chosen["status"]):
+        for doc, session, subject, status in zip(
+            chosen["doc"], chosen["session"], chosen["subject"], chosen["status"], strict=True
+        ):
             line = lag[(lag["doc"] == doc) & (lag["session"] == session)].sort_values("bucket")
             name = f"{doc} / {_who(subject, session)} ({status})"
             figure.add_trace(
@@ -362,7 +364,7 @@ def _table_section(title: str, frame: pd.DataFrame, columns: list[str], name: st
     else:
         header = "".join(f"<th>{html.escape(LABELS.get(c, c))}</th>" for c in shown.columns)
         rows = "".join(
-            "<tr>" + "".join(_cell(c, v) for c, v in zip(shown.columns, record)) + "</tr>"
+            "<tr>" + "".join(_cell(c, v) for c, v in zip(shown.columns, record, strict=True)) + "</tr>"
             for record in shown.itertuples(index=False)
         )
         body = f"<table id='{name}'><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"

@@ -38,7 +38,7 @@ def registered_documents(client: redis.Redis, page: int = REGISTRY_PAGE) -> Iter
         for _, key, start, end in wanted:
             pipe.zrange(key, start, end, bylex=True, offset=0, num=page)
         raw = pipe.execute() if wanted else []
-        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw)}):
+        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw, strict=True)}):
             yield from chunk
 
 

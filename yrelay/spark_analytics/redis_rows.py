@@ -75,8 +75,8 @@ def arrow_batches(rows: Iterable[tuple], schema: pa.Schema, size: int = BATCH_RO
     """Row tuples (in ``schema``'s column order) as record batches of ``size`` rows."""
     rows = iter(rows)
     while chunk := list(islice(rows, size)):
-        columns = zip(*chunk)
-        arrays = [pa.array(column, type=field.type) for column, field in zip(columns, schema)]
+        columns = zip(*chunk, strict=True)
+        arrays = [pa.array(column, type=field.type) for column, field in zip(columns, schema, strict=True)]
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

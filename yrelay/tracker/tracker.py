@@ -124,14 +124,14 @@ class AckWriter:
             return
         # An ack that moved nothing: an old ack, or the session was evicted. Look
         # only at those (one command per ack in the usual case, not two).
-        unmoved = [key for key, changed in zip(batch, moved) if not changed]
+        unmoved = [key for key, changed in zip(batch, moved, strict=True) if not changed]
         if not unmoved:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for doc, session in unmoved:
                 pipe.zscore(tracker_key(doc), session)
             scores = await pipe.execute()
-        for (doc, session), score in zip(unmoved, scores):
+        for (doc, session), score in zip(unmoved, scores, strict=True):
             if score is None:
                 self.on_evicted(doc, session)
 
