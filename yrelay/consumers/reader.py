@@ -43,7 +43,7 @@ from ..events import EventSink
 from ..keys import changes_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import is_cluster, lost_redis
-from ..replies import is_wrong_type, stream_id, text
+from ..replies import RawEntry, is_wrong_type, stream_id, text
 from ..store import DocumentStore, Entry, to_entry
 from ..tasks import raise_lost_cancel, wait_event
 from .batch import Batch
@@ -78,10 +78,8 @@ def _before(entry_id: StreamId) -> StreamId:
     return StreamId(entry_id.ms, entry_id.seq - 1) if entry_id.seq else StreamId(entry_id.ms - 1, MAX_SEQ)
 
 
-#: A stream's entries as redis-py reads them from a RESP2 connection: (id, fields).
-RawEntries = list[tuple[bytes, dict[bytes, bytes]]]
 #: An XREAD reply (``(stream key, entries)`` per stream), or what stands for one.
-StreamReads = list[tuple[bytes, RawEntries]]
+StreamReads = list[tuple[bytes, list[RawEntry]]]
 
 
 @dataclass

@@ -65,6 +65,10 @@ class Limits:
             raise ValueError("limits too small to guarantee progress")
 
 
+#: The default bounds (a frozen value, shared as every call's default).
+DEFAULT_LIMITS = Limits()
+
+
 class ReconciliationError(RuntimeError):
     """The differences found do not account for the digests (a set changed
     during the run, or the peer misbehaved): run detection again."""
@@ -73,7 +77,7 @@ class ReconciliationError(RuntimeError):
 # -- server --------------------------------------------------------------------
 
 
-async def respond(store: IdSet, request: bytes, limits: Limits = Limits()) -> bytes:
+async def respond(store: IdSet, request: bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """The server's answer to one request: stateless, bounded by ``limits``.
 
     FINGERPRINT ranges that match are left out; mismatched ones are answered
@@ -212,7 +216,7 @@ class Reconciler:
         local: IdSet,
         remote: Digest,
         *,
-        limits: Limits = Limits(),
+        limits: Limits = DEFAULT_LIMITS,
         full_list_fraction: float = FULL_LIST_FRACTION,
         max_round_trips: int = 256,
     ):
@@ -311,8 +315,8 @@ class Reconciler:
         """Decide for each mismatched ``(range, server count, local count)``:
         settle it (the server has none), ask for its ids, or split it."""
         empty = [span for span, theirs, _ in ranges if theirs == 0]
-        for ours in await self.local.items(empty):
-            self._only_local += ours
+        for ids in await self.local.items(empty):
+            self._only_local += ids
         split: list[Range] = []
         for span, theirs, ours in ranges:
             if theirs == 0:
@@ -341,6 +345,7 @@ class Reconciler:
             if ask.mode == Mode.LIST:
                 encoder.list_request(ask.lower, ask.upper)
             else:
+                assert ask.digest is not None  # every FINGERPRINT ask of the batch has one (above)
                 encoder.fingerprint(ask.lower, ask.upper, ask.digest.count, ask.digest.hash)
             if len(encoder) > self.limits.max_request_bytes:
                 encoder.rollback(mark)
@@ -369,11 +374,12 @@ def _check_inside(entries: list[Entry], asks: list[_Ask]) -> None:
     about (both lists are sorted): a peer cannot make us settle other ranges."""
     index = 0
     for entry in entries:
-        while index < len(asks) and asks[index].upper is not None and asks[index].upper <= entry.lower:
+        while index < len(asks) and (passed := asks[index].upper) is not None and passed <= entry.lower:
             index += 1
+        ask = asks[index] if index < len(asks) else None
         if (
-            index == len(asks)
-            or asks[index].lower > entry.lower
-            or (asks[index].upper is not None and (entry.upper is None or entry.upper > asks[index].upper))
+            ask is None
+            or ask.lower > entry.lower
+            or (ask.upper is not None and (entry.upper is None or entry.upper > ask.upper))
         ):
             raise MalformedMessage("reply entry outside the ranges asked about")

@@ -14,9 +14,11 @@ In Redis Cluster the two keys must share a hash tag.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from ..replies import text
@@ -79,7 +81,7 @@ class RedisIdSet:
                 actual = (await self.fingerprints([WHOLE]))[0]
                 if not fix or stored == actual:
                     return stored, actual
-                pipe.multi()
+                _multi(pipe)
                 pipe.hset(self.digest_key, mapping={"count": actual.count, "hash": hash_hex(actual.hash)})
                 try:
                     await pipe.execute()
@@ -127,6 +129,12 @@ class RedisIdSet:
         return found
 
 
-def _digest(fields: list[bytes | None]) -> Digest:
+def _digest(fields: Sequence[bytes | str | None]) -> Digest:
     count, value = fields
     return Digest(int(count or 0), int(text(value), 16) if value else 0)
+
+
+def _multi(pipe: Pipeline) -> None:
+    """``pipe.multi()``, which redis-py's asyncio pipeline leaves untyped:
+    typed here, once (it returns None, starting the queued transaction)."""
+    cast(Callable[[], None], pipe.multi)()

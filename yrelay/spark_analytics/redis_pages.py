@@ -16,7 +16,7 @@ import redis
 from ..keys import stream_key, tracker_key
 from ..listing import BucketMerge
 from ..offsets import StreamId
-from ..replies import text
+from ..replies import RawEntry, scored, stream_entries, text
 
 #: Ids per ZRANGE BYLEX page of the registry.
 REGISTRY_PAGE = 1000
@@ -24,9 +24,6 @@ REGISTRY_PAGE = 1000
 STREAM_PAGE = 1000
 #: Members per ZRANGE page of a tracker.
 TRACKER_PAGE = 1000
-
-#: A raw stream entry as redis-py returns it: id and field map.
-RawEntry = tuple[bytes, dict[bytes, bytes]]
 
 
 def registered_documents(client: redis.Redis, page: int = REGISTRY_PAGE) -> Iterator[str]:
@@ -46,19 +43,19 @@ def stream_pages(client: redis.Redis, doc: str, after: str = "-", page: int = ST
     """Pages of ``doc``'s stream entries with ids above ``after`` ("-": all)."""
     start = after if after == "-" else f"({after}"
     while True:
-        entries = client.xrange(stream_key(doc), min=start, max="+", count=page)
-        if entries:
-            yield entries
-        if len(entries) < page:
+        read = stream_entries(client.xrange(stream_key(doc), min=start, max="+", count=page))
+        if read:
+            yield read
+        if len(read) < page:
             return
-        start = f"({text(entries[-1][0])}"
+        start = f"({text(read[-1][0])}"
 
 
 def tracker_pages(client: redis.Redis, doc: str, page: int = TRACKER_PAGE) -> Iterator[list[tuple[str, int]]]:
     """Pages of ``doc``'s tracker as (session, score), lowest offset first."""
     rank = 0
     while True:
-        rows = client.zrange(tracker_key(doc), rank, rank + page - 1, withscores=True)
+        rows = scored(client.zrange(tracker_key(doc), rank, rank + page - 1, withscores=True))
         if rows:
             yield [(text(member), int(score)) for member, score in rows]
         if len(rows) < page:

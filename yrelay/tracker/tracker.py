@@ -27,6 +27,7 @@ from ..keys import session_documents_digest_key, session_documents_key, tracker_
 from ..offsets import StreamId
 from ..reconciliation.redis_idset import RedisIdSet
 from ..redis_client import lost_redis
+from ..replies import scored
 from ..scripts import Scripts
 from ..tasks import BackgroundTask
 
@@ -73,7 +74,7 @@ class Tracker:
         return None if score is None else StreamId.from_score(score)
 
     async def sessions(self, doc: str) -> dict[str, StreamId]:
-        rows = await self.redis.zrange(tracker_key(doc), 0, -1, withscores=True)
+        rows = scored(await self.redis.zrange(tracker_key(doc), 0, -1, withscores=True))
         return {member.decode(): StreamId.from_score(score) for member, score in rows}
 
 
