@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import redis
-
 from ..keys import stream_key, tracker_key
 from ..listing import BucketMerge
 from ..offsets import StreamId
 from ..replies import RawEntry, scored, stream_entries, text
+from .redis_connection import SyncRedis
 
 #: Ids per ZRANGE BYLEX page of the registry.
 REGISTRY_PAGE = 1000
@@ -26,7 +25,7 @@ STREAM_PAGE = 1000
 TRACKER_PAGE = 1000
 
 
-def registered_documents(client: redis.Redis, page: int = REGISTRY_PAGE) -> Iterator[str]:
+def registered_documents(client: SyncRedis, page: int = REGISTRY_PAGE) -> Iterator[str]:
     """Every document of the registry (its buckets merged: yrelay/listing.py), in id order."""
     merge = BucketMerge(page)
     while not merge.done:
@@ -39,7 +38,7 @@ def registered_documents(client: redis.Redis, page: int = REGISTRY_PAGE) -> Iter
             yield from chunk
 
 
-def stream_pages(client: redis.Redis, doc: str, after: str = "-", page: int = STREAM_PAGE) -> Iterator[list[RawEntry]]:
+def stream_pages(client: SyncRedis, doc: str, after: str = "-", page: int = STREAM_PAGE) -> Iterator[list[RawEntry]]:
     """Pages of ``doc``'s stream entries with ids above ``after`` ("-": all)."""
     start = after if after == "-" else f"({after}"
     while True:
@@ -51,7 +50,7 @@ def stream_pages(client: redis.Redis, doc: str, after: str = "-", page: int = ST
         start = f"({text(read[-1][0])}"
 
 
-def tracker_pages(client: redis.Redis, doc: str, page: int = TRACKER_PAGE) -> Iterator[list[tuple[str, int]]]:
+def tracker_pages(client: SyncRedis, doc: str, page: int = TRACKER_PAGE) -> Iterator[list[tuple[str, int]]]:
     """Pages of ``doc``'s tracker as (session, score), lowest offset first."""
     rank = 0
     while True:
