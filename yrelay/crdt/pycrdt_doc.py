@@ -42,7 +42,7 @@ def new_doc(client_id: int | None = None) -> Doc:
 def apply_update(doc: Doc, update: bytes) -> None:
     try:
         doc.apply_update(update)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - see errors.reraise_control_flow
         reraise_control_flow(exc)
         raise InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
 

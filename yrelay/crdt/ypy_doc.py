@@ -36,7 +36,7 @@ def new_doc(client_id: int | None = None) -> Doc:
 def apply_update(doc: Doc, update: bytes) -> None:
     try:
         y_py.apply_update(doc, update)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - see errors.reraise_control_flow
         reraise_control_flow(exc)
         raise InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
 
@@ -47,7 +47,7 @@ def encode_state(doc: Doc, state_vector: bytes | None = None) -> bytes:
     check_state_vector(state_vector)
     try:
         return y_py.encode_state_as_update(doc, state_vector)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - see errors.reraise_control_flow
         reraise_control_flow(exc)
         raise InvalidUpdate(f"not a Yjs state vector: {str(exc)[:200]}") from None
 
