@@ -34,23 +34,23 @@ if TYPE_CHECKING:
 else:
     Doc = Any
 
-D = TypeVar("D")
+_D = TypeVar("_D")
 
 
-class Engine(Protocol[D]):
+class _Engine(Protocol[_D]):
     """What an engine module (:mod:`.pycrdt_doc`, :mod:`.ypy_doc`) provides
-    for documents of its own type ``D``: the helpers below dispatch to one
+    for documents of its own type ``_D``: the helpers below dispatch to one
     after picking it from the document's type, so each module is checked
     against this once, where it is chosen."""
 
     def validate_update(self, update: bytes) -> None: ...
-    def new_doc(self, client_id: int | None = None) -> D: ...
-    def apply_update(self, doc: D, update: bytes) -> None: ...
-    def encode_state(self, doc: D, state_vector: bytes | None = None) -> bytes: ...
-    def state_vector(self, doc: D) -> bytes: ...
-    def observe_updates(self, doc: D, callback: Callable[[bytes], object]) -> object: ...
-    def text_of(self, doc: D, name: str) -> str: ...
-    def edit_text(self, doc: D, name: str, index: int, length: int, chunk: str) -> None: ...
+    def new_doc(self, client_id: int | None = None) -> _D: ...
+    def apply_update(self, doc: _D, update: bytes) -> None: ...
+    def encode_state(self, doc: _D, state_vector: bytes | None = None) -> bytes: ...
+    def state_vector(self, doc: _D) -> bytes: ...
+    def observe_updates(self, doc: _D, callback: Callable[[bytes], object]) -> object: ...
+    def text_of(self, doc: _D, name: str) -> str: ...
+    def edit_text(self, doc: _D, name: str, index: int, length: int, chunk: str) -> None: ...
 
 
 __all__ = [
@@ -98,7 +98,7 @@ def ypy_available() -> bool:
     return importlib.util.find_spec("y_py") is not None
 
 
-def _ypy() -> Engine[y_py.YDoc]:
+def _ypy() -> _Engine[y_py.YDoc]:
     try:
         from . import ypy_doc
     except ImportError as exc:
@@ -109,9 +109,9 @@ def _ypy() -> Engine[y_py.YDoc]:
     return ypy_doc
 
 
-def _module(doc: Doc) -> Engine[Any]:
+def _module(doc: Doc) -> _Engine[Any]:
     """The engine module of ``doc``: a document not of pycrdt is y-py's (if
-    it exists, y-py is importable). Engine[Any]: the engine is the one of
+    it exists, y-py is importable). _Engine[Any]: the engine is the one of
     ``doc``'s own type, which the two engines' union cannot say."""
     return pycrdt_doc if isinstance(doc, pycrdt.Doc) else _ypy()
 
@@ -121,7 +121,7 @@ def engine_of(doc: Doc) -> str:
     return PYCRDT if isinstance(doc, pycrdt.Doc) else YPY
 
 
-def _engine_module(engine: str) -> Engine[Any]:
+def _engine_module(engine: str) -> _Engine[Any]:
     if engine == PYCRDT:
         return pycrdt_doc
     if engine == YPY:

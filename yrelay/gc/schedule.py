@@ -22,8 +22,7 @@ from redis.asyncio import Redis
 from redis.typing import EncodableT
 
 from ..keys import DOCUMENT_BUCKETS, bucket_gc_due_key
-from ..listing import all_documents as all_documents  # re-exported by yrelay.gc
-from ..listing import by_bucket, fold_unbucketed, registry_counts
+from ..listing import all_documents, by_bucket, fold_unbucketed, registry_counts
 from ..redis_client import lost_redis
 from ..replies import text
 from ..scripts import Scripts
