@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -1058,7 +1059,7 @@ class YrelayClient:
                 self.docs[item.doc] = ClientDocument(item.doc, crdt.new_doc(engine=self.engine))
             self.docs[item.doc].replica.apply(item.update)
         for doc in self.docs.values():
-            crdt.observe_updates(doc.ydoc, lambda update, doc=doc: self._local_update(doc, update))
+            crdt.observe_updates(doc.ydoc, functools.partial(self._local_update, doc))
         pending = state.pending + state.journal
         clock = max([state.clock, *(item.clock for item in pending)])
         self.buffer.restore(clock, [(item.clock, item.doc, item.update) for item in pending if item.clock])

@@ -131,7 +131,7 @@ async def _document_lags(redis: Redis, group: str, docs: list[str]) -> dict[str,
     async with redis.pipeline(transaction=False) as pipe:
         for doc, acked in behind:
             pipe.xrange(stream_key(doc), f"({acked}" if acked is not None else "-", "+", count=LAG_COUNT_CAP)
-        counts = {doc: len(entries) for (doc, _), entries in zip(behind, await pipe.execute())}
+        counts = {doc: len(entries) for (doc, _), entries in zip(behind, await pipe.execute(), strict=True)}
     return {
         doc: {
             "acked": str(acked) if acked else None,

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 from ..events import EventSink
 from ..keys import group_assignment_key, group_handover_key, group_leader_key, group_members_key, group_meta_key
@@ -82,7 +83,7 @@ class Leader:
         )
         if not moved:
             return None
-        args: list[object] = [self.membership.member, self.handover_ms]
+        args: list[EncodableT] = [self.membership.member, self.handover_ms]
         for doc, member in moved.items():
             args += [doc, member]
         version = int(

@@ -105,4 +105,6 @@ class Progress:
             for doc in docs:
                 pipe.zscore(group_progress_key(doc), self.group)
             scores = await pipe.execute()
-        return {doc: None if score is None else StreamId.from_score(score) for doc, score in zip(docs, scores)}
+        return {
+            doc: None if score is None else StreamId.from_score(score) for doc, score in zip(docs, scores, strict=True)
+        }

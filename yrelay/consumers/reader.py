@@ -28,10 +28,11 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis.exceptions
 from redis.asyncio import Redis
+from redis.typing import KeyT, StreamIdT
 
 from .. import redis_packed
 from ..backoff import Reconnect
@@ -42,8 +43,8 @@ from ..events import EventSink
 from ..keys import changes_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import is_cluster, lost_redis
-from ..replies import is_wrong_type, stream_id, text
-from ..store import DocumentStore, to_entry
+from ..replies import RawEntry, is_wrong_type, stream_id, text
+from ..store import DocumentStore, Entry, to_entry
 from ..tasks import raise_lost_cancel, wait_event
 from .batch import Batch
 from .progress import AckResult, Progress, StaleClaim
@@ -75,6 +76,10 @@ MARK_AHEAD = 1
 def _before(entry_id: StreamId) -> StreamId:
     """The greatest id below ``entry_id``: XREAD from it reads ``entry_id`` again."""
     return StreamId(entry_id.ms, entry_id.seq - 1) if entry_id.seq else StreamId(entry_id.ms - 1, MAX_SEQ)
+
+
+#: An XREAD reply (``(stream key, entries)`` per stream), or what stands for one.
+StreamReads = list[tuple[bytes, list[RawEntry]]]
 
 
 @dataclass
@@ -249,8 +254,8 @@ class Reader:
         result = await self.progress.ack(batch.doc, batch.version, batch.offset)
         held = self.held.get(batch.doc)
         mine = held is not None and held.version == batch.version
-        if result is AckResult.ACKED and mine:
-            head = max(held.head or batch.offset, batch.offset)  # type: ignore[union-attr]
+        if result is AckResult.ACKED and held is not None and mine:
+            head = max(held.head or batch.offset, batch.offset)
             self.events.emit(
                 "consumer_ack",
                 batch.doc,
@@ -260,10 +265,10 @@ class Reader:
                 head=str(head),
                 entries=len(batch.entries),
             )
-            held.acked = max(held.acked or batch.offset, batch.offset)  # type: ignore[union-attr]
-            while held.unacked and held.unacked[0][1] <= batch.offset:  # type: ignore[union-attr]
-                held.unacked.popleft()  # type: ignore[union-attr]
-            await self._release_if_finished(batch.doc, held)  # type: ignore[arg-type]
+            held.acked = max(held.acked or batch.offset, batch.offset)
+            while held.unacked and held.unacked[0][1] <= batch.offset:
+                held.unacked.popleft()
+            await self._release_if_finished(batch.doc, held)
         elif result is not AckResult.ACKED:
             self.refused += 1
             self.events.emit(
@@ -344,7 +349,7 @@ class Reader:
                 if (held := self.held.get(batch.doc)) is not None and held.version == batch.version:
                     self._unread(batch, held)
             return False
-        for batch, (fence, _, _) in zip(batches, replies):
+        for batch, (fence, _, _) in zip(batches, replies, strict=True):
             held = self.held.get(batch.doc)
             if text(fence) == "stale" and held is not None and held.version == batch.version:
                 del self.held[batch.doc]  # claimed by another since we read: hand nothing out
@@ -459,7 +464,7 @@ class Reader:
         held.unacked.append((snapshot.offset, snapshot.offset, 0))
         return Batch(doc, [], held.version, snapshot.offset, snapshot.update, reason, self.ack)
 
-    async def _xread(self) -> tuple[dict[str, StreamId], list]:
+    async def _xread(self) -> tuple[dict[str, StreamId], StreamReads]:
         """The documents due (-> the cursor read from), and their new
         entries as ``(stream key, entries)``, within ``block_ms``: those
         woken, all of them on a sweep; one blocking XREAD with the change
@@ -474,7 +479,7 @@ class Reader:
             self._set_aside(doc, exc)
         return due, reads.pairs
 
-    async def _xread_announced(self) -> tuple[dict[str, StreamId], list]:
+    async def _xread_announced(self) -> tuple[dict[str, StreamId], StreamReads]:
         """One Redis: XREAD BLOCK over the change stream and the documents
         due (:class:`~yrelay.change_feed.ChangeFeed`); a Redis failure
         loses our place in the change stream (the round after sweeps)."""
@@ -482,7 +487,7 @@ class Reader:
         await changes.follow(self.redis, SET_ASIDE_SECONDS)
         now = time.monotonic()
         due = changes.due(now, self._cursors, self._cursor)
-        streams = {stream_key(doc): str(cursor) for doc, cursor in due.items()}
+        streams: dict[KeyT, StreamIdT] = {stream_key(doc): str(cursor) for doc, cursor in due.items()}
         if changes.listening(now):
             assert changes.cursor is not None
             streams = {changes_key(): changes.cursor, **streams}
@@ -491,7 +496,11 @@ class Reader:
             await wait_event(self._changed, changes.block_ms_left(now) / 1000)
             return due, []
         try:
-            reply = await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or []
+            # RESP2 (ConsumerGroup refuses a RESP3 client): a list of (key, entries)
+            reply = cast(
+                StreamReads,
+                await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or [],
+            )
         except redis.exceptions.ResponseError as exc:
             changes.lost()  # a change stream of the wrong type is set aside at the next follow()
             if not is_wrong_type(exc):  # BUSY, MASTERDOWN...: Redis's passing state, retried
@@ -505,7 +514,7 @@ class Reader:
                 raise
             changes.lost()
             raise
-        documents = []
+        documents: StreamReads = []
         for key, entries in reply:  # RESP2: ConsumerGroup refuses a RESP3 client
             if text(key) == changes_key():
                 changes.take(entries, self.held.__contains__, self.batch_size)
@@ -531,7 +540,7 @@ class Reader:
                 extra={"doc": doc},
             )
 
-    async def _read(self, cursors: dict[str, StreamId], reply: list) -> list[Batch]:
+    async def _read(self, cursors: dict[str, StreamId], reply: StreamReads) -> list[Batch]:
         """Batches of ``reply``, read from ``cursors``: each document's fence
         and trim mark checked in one round trip first."""
         read = [(_doc_of_stream(key), entries) for key, entries in reply if entries]
@@ -539,7 +548,7 @@ class Reader:
         read = [(doc, entries) for doc, entries in read if doc in versions]
         marks = await self._marks([(doc, versions[doc], None) for doc, _ in read])
         batches = []
-        for (doc, raw_entries), (fence, mark, head) in zip(read, marks):
+        for (doc, raw_entries), (fence, mark, head) in zip(read, marks, strict=True):
             held = self.held.get(doc)
             if held is None or held.cursor != cursors[doc] or held.version != versions[doc]:
                 continue  # taken from us, or restarted, while we read
@@ -563,7 +572,7 @@ class Reader:
             )
         return batches
 
-    def _count_redelivered(self, doc: str, held: Held, entries: list) -> None:
+    def _count_redelivered(self, doc: str, held: Held, entries: list[Entry]) -> None:
         """Count the entries of a batch about to be handed out that the
         document's previous owner had handed out and not acked (the
         duplicates of a takeover)."""

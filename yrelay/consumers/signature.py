@@ -52,8 +52,8 @@ def verify_signature(
         return False
     if abs((time.time() if now is None else now) - stamp) > tolerance:
         return False
-    key = secret.encode() if isinstance(secret, str) else secret
-    expected = _digest(key, stamp, body)
+    secret_bytes = secret.encode() if isinstance(secret, str) else secret
+    expected = _digest(secret_bytes, stamp, body)
     # As bytes: compare_digest raises on str with non-ASCII characters.
     return any(hmac.compare_digest(expected.encode(), candidate.encode(errors="replace")) for candidate in candidates)
 

@@ -49,7 +49,7 @@ async def group_stats(redis: Redis) -> list[GroupStats]:
     ]
 
 
-def _stats(group: str, live: set[str], raw_meta: dict, now_ms: int) -> GroupStats:
+def _stats(group: str, live: set[str], raw_meta: dict[bytes | str, bytes | str], now_ms: int) -> GroupStats:
     meta = {text(key): text(value) for key, value in raw_meta.items()}
     entries, oldest = 0, now_ms
     for member in live:

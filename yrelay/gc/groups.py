@@ -34,7 +34,7 @@ async def live_groups(redis: Redis) -> list[str]:
         for group in groups:
             pipe.zcount(group_members_key(group), now_ms, "+inf")
         counts = await pipe.execute()
-    return [group for group, count in zip(groups, counts) if count]
+    return [group for group, count in zip(groups, counts, strict=True) if count]
 
 
 async def evict_groups(
@@ -59,7 +59,7 @@ async def evict_groups(
             )
         results = await pipe.execute(raise_on_error=False)
     lowest: dict[str, StreamId | None | Exception] = {}
-    for doc, result in zip(docs, results):
+    for doc, result in zip(docs, results, strict=True):
         if isinstance(result, Exception):
             lowest[doc] = result
             continue

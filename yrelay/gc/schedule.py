@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 from ..keys import DOCUMENT_BUCKETS, bucket_gc_due_key
 from ..listing import all_documents, by_bucket, fold_unbucketed, registry_counts
@@ -97,7 +98,7 @@ class DueSet:
         due ``next_due_ms`` from now (unless appended to meanwhile)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for bucket, docs in by_bucket(settled).items():
-                args: list[object] = [claim.leases[bucket], next_due_ms]
+                args: list[EncodableT] = [claim.leases[bucket], next_due_ms]
                 for doc in docs:
                     args += [doc, "drop" if settled[doc] else "keep"]
                 await self.scripts.gc_release(keys=[bucket_gc_due_key(bucket)], args=args, client=pipe)
@@ -237,12 +238,15 @@ class GcLoop:
         while not self._stopping:
             # Jitter keeps the passes of many processes from lining up.
             await asyncio.sleep(self.interval * random.uniform(0.8, 1.2))
-            if self._stopping:
-                return
-            try:
-                await self.run_once()
-            except Exception as exc:
-                if lost_redis(exc):
-                    log.warning("gc pass failed (Redis): %r; next pass in %.0fs", exc, self.interval)
-                else:
-                    log.exception("gc pass failed; next pass in %.0fs", self.interval)
+            if not self._stopping:  # stop() may have come during the sleep
+                await self._pass()
+
+    async def _pass(self) -> None:
+        """One pass of the loop: a failure is logged and the loop goes on."""
+        try:
+            await self.run_once()
+        except Exception as exc:
+            if lost_redis(exc):
+                log.warning("gc pass failed (Redis): %r; next pass in %.0fs", exc, self.interval)
+            else:
+                log.exception("gc pass failed; next pass in %.0fs", self.interval)

@@ -69,7 +69,7 @@ def separator(before: str, after: str) -> str:
 def common_prefix(left: Sequence[object], right: Sequence[object]) -> int:
     """How many leading items (characters, bytes) ``left`` and ``right`` share."""
     common = 0
-    for a, b in zip(left, right):
+    for a, b in zip(left, right, strict=False):
         if a != b:
             break
         common += 1
@@ -94,11 +94,12 @@ def cut(
     """``span``, whose sorted ids are ``ids[start:end]``, cut as
     :meth:`IdSet.parts` says; ``digest(i, j)`` is the digest of ``ids[i:j]``."""
     cuts = [start + rank for rank in cut_ranks(end - start, parts)]
-    bounds = [span[0], *(separator(ids[index - 1], ids[index]) for index in cuts), span[1]]
+    inner = [separator(ids[index - 1], ids[index]) for index in cuts]
+    lowers: list[str] = [span[0], *inner]
+    uppers: list[str | None] = [*inner, span[1]]
     edges = [start, *cuts, end]
     return [
-        Part(bounds[index], bounds[index + 1], digest(edges[index], edges[index + 1]))
-        for index in range(len(edges) - 1)
+        Part(lowers[index], uppers[index], digest(edges[index], edges[index + 1])) for index in range(len(edges) - 1)
     ]
 
 

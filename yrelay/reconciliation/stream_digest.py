@@ -30,11 +30,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 from ..keys import meta_key, stream_key
 from ..listing import all_documents
 from ..offsets import ZERO, StreamId
-from ..replies import stream_id, text
+from ..replies import stream_entries, stream_id, text
 from ..scripts import Scripts
 from .digest import Digest, hash_hex, item_hash, xor_hashes
 
@@ -99,7 +100,7 @@ class StreamDigests:
         None when more than ``cap`` ids would have to be hashed. Also folds the
         unhashed tail into the stored digest (best effort: a concurrent trim
         wins, and the next reader folds it)."""
-        args = [str(since), str(offset), self.cap, str(max(through or offset, offset)), session]
+        args: list[EncodableT] = [str(since), str(offset), self.cap, str(max(through or offset, offset)), session]
         raw = await self.scripts.digest_window(keys=[stream_key(doc), meta_key(doc)], args=args)
         if not int(raw[-1]) and await self.advance(doc):  # a long unhashed tail: fold it in pages, then retry
             raw = await self.scripts.digest_window(keys=[stream_key(doc), meta_key(doc)], args=args)
@@ -171,7 +172,7 @@ class StreamDigests:
     async def _ids_after(self, doc: str, after: StreamId, page_size: int) -> AsyncIterator[list[str]]:
         cursor = str(after)
         while True:
-            page = await self.redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=page_size)
+            page = stream_entries(await self.redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=page_size))
             if not page:
                 return
             ids = [text(entry_id) for entry_id, _ in page]

@@ -65,6 +65,10 @@ class Options:
     top: int = 20  # rows of top_lagging and hottest_documents
 
 
+#: The options of an :class:`Analysis` when none are given (frozen: shared safely).
+DEFAULT_OPTIONS = Options()
+
+
 @dataclass(frozen=True)
 class Bounds:
     """The log's first and last event (ms) and the events its writers lost."""
@@ -85,7 +89,7 @@ class Analysis:
         self,
         spark: SparkSession,
         log: EventLog,
-        options: Options = Options(),
+        options: Options = DEFAULT_OPTIONS,
         redis: tuple[DataFrame, DataFrame] | None = None,
     ):
         self.spark = spark
@@ -209,20 +213,17 @@ class Analysis:
     @cached_property
     def summary(self) -> dict[str, Any]:
         """The headline figures of the whole log, as one dict."""
-        documents = (
-            self.documents.agg(
-                *[
-                    F.sum(name).alias(name)
-                    for name in ("appends", "bytes", "deliveries", "resends", "evictions", "resyncs", "trimmed")
-                ],
-                F.count(F.lit(1)).alias("documents"),
-            )
-            .first()
-            .asDict()
-        )
+        documents = self.documents.agg(
+            *[
+                F.sum(name).alias(name)
+                for name in ("appends", "bytes", "deliveries", "resends", "evictions", "resyncs", "trimmed")
+            ],
+            F.count(F.lit(1)).alias("documents"),
+        ).first()
+        assert documents is not None  # an aggregate without grouping has one row
         overall = self.latency_summary.filter(F.col("doc").isNull()).first()
         statuses = {row["status"]: row["count"] for row in self.status.groupBy("status").count().collect()}
-        totals = {name: value or 0 for name, value in documents.items()}
+        totals = {name: value or 0 for name, value in documents.asDict().items()}
         groups = self.groups.agg(F.count(F.lit(1)), F.max("last_lag_ms")).first()
         return {
             "start_ts": self.bounds.start_ts,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any, SupportsInt
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -200,7 +201,9 @@ def lag_figure(out_dir: Path, troubled: pd.DataFrame, bucket: str) -> go.Figure:
     chosen = troubled.head(LAG_LINES) if not troubled.empty else troubled
     if not chosen.empty:
         lag = read_table(out_dir, Table.LAG_TIMELINE, session=sorted(set(chosen["session"])))
-        for doc, session, subject, status in zip(chosen["doc"], chosen["session"], chosen["subject"], chosen["status"]):
+        for doc, session, subject, status in zip(
+            chosen["doc"], chosen["session"], chosen["subject"], chosen["status"], strict=True
+        ):
             line = lag[(lag["doc"] == doc) & (lag["session"] == session)].sort_values("bucket")
             name = f"{doc} / {_who(subject, session)} ({status})"
             figure.add_trace(
@@ -245,7 +248,7 @@ def status_figure(status: pd.DataFrame) -> go.Figure:
     return _titled(figure, "Sessions by status at the end of the log")
 
 
-def latency_figure(histogram: pd.DataFrame, summary: dict) -> go.Figure:
+def latency_figure(histogram: pd.DataFrame, summary: dict[str, Any]) -> go.Figure:
     ordered = histogram.sort_values("bin_ms") if not histogram.empty else histogram
     labels = [f">= {int(edge):,} ms" for edge in ordered.get("bin_ms", [])]
     figure = go.Figure(go.Bar(x=labels, y=list(ordered.get("deliveries", [])), marker_color="#1565c0"))
@@ -336,11 +339,12 @@ def _number(value: object) -> str:
     return f"{value:,.3f}".rstrip("0").rstrip(".") if isinstance(value, float) else f"{value:,}"
 
 
-def _time(value: object) -> str:
-    """ms since the epoch as a UTC time, "-" for missing."""
+def _time(value: SupportsInt | None) -> str:
+    """ms since the epoch as a UTC time, "-" for missing (None or NaN)."""
     if value is None or pd.isna(value):
         return "-"
-    return pd.Timestamp(int(value), unit="ms", tz="UTC").strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    when: str = pd.Timestamp(int(value), unit="ms", tz="UTC").strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return when[:-3] + "Z"
 
 
 def _who(subject: object, session: str) -> str:
@@ -348,11 +352,8 @@ def _who(subject: object, session: str) -> str:
 
 
 def _figure_html(figure: go.Figure, div_id: str) -> str:
-    return (
-        "<section>"
-        + pio.to_html(figure, full_html=False, include_plotlyjs=False, div_id=div_id, config=_CONFIG)
-        + "</section>"
-    )
+    div: str = pio.to_html(figure, full_html=False, include_plotlyjs=False, div_id=div_id, config=_CONFIG)
+    return "<section>" + div + "</section>"
 
 
 def _table_section(title: str, frame: pd.DataFrame, columns: list[str], name: str) -> str:
@@ -362,7 +363,7 @@ def _table_section(title: str, frame: pd.DataFrame, columns: list[str], name: st
     else:
         header = "".join(f"<th>{html.escape(LABELS.get(c, c))}</th>" for c in shown.columns)
         rows = "".join(
-            "<tr>" + "".join(_cell(c, v) for c, v in zip(shown.columns, record)) + "</tr>"
+            "<tr>" + "".join(_cell(c, v) for c, v in zip(shown.columns, record, strict=True)) + "</tr>"
             for record in shown.itertuples(index=False)
         )
         body = f"<table id='{name}'><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
@@ -379,14 +380,13 @@ def _cell(column: str, value: object) -> str:
     return f"<td>{html.escape(_number(value))}</td>"
 
 
-def _headline(row: dict) -> str:
+def _headline(row: dict[str, Any]) -> str:
     """The figures to read first, as cards (red when they call for action)."""
     if not row:
         return "<section class='headline'><p>no summary table</p></section>"
+    shown = [(s, row.get(f"status_{s.value.lower()}", 0)) for s in SEVERITY]
     counts = " ".join(
-        f"<span class='pill' style='background:{STATUS_COLOURS[s]}'>{s.value} {int(row.get(f'status_{s.value.lower()}', 0))}</span>"
-        for s in SEVERITY
-        if row.get(f"status_{s.value.lower()}", 0)
+        f"<span class='pill' style='background:{STATUS_COLOURS[s]}'>{s.value} {int(n)}</span>" for s, n in shown if n
     )
     troubled = sum(int(row.get(f"status_{s.value.lower()}", 0)) for s in TROUBLED)
     worst_s = (row.get("worst_lag_ms") or 0) / 1000
@@ -450,10 +450,11 @@ table.summary th { text-align: left; }
 """
 
 
-def _page(row: dict, sections: list[str]) -> str:
+def _page(row: dict[str, Any], sections: list[str]) -> str:
     span = ""
     if row:
-        span = f" <small>{_time(row.get('start_ts'))} to {_time(row.get('end_ts'))} ({_number(row.get('span_s'))} s)</small>"
+        start, end = _time(row.get("start_ts")), _time(row.get("end_ts"))
+        span = f" <small>{start} to {end} ({_number(row.get('span_s'))} s)</small>"
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>yrelay: lag and delivery</title>"
         f"<style>{_STYLE}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"

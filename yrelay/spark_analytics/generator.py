@@ -180,7 +180,11 @@ def _value_at(values: list[int], counts: Counter[int], rank: int) -> int:
     raise IndexError(rank)
 
 
-def generate(out_dir: Path, scenario: Scenario = Scenario()) -> Expected:
+#: The scenario of :func:`generate` when none is given (frozen: shared safely).
+DEFAULT_SCENARIO = Scenario()
+
+
+def generate(out_dir: Path, scenario: Scenario = DEFAULT_SCENARIO) -> Expected:
     """Write the scenario's event log under ``out_dir``; return what analysing it must find."""
     out_dir.mkdir(parents=True, exist_ok=True)
     expected = Expected(scenario, start_ts=scenario.start_ms)
@@ -211,13 +215,13 @@ class _Log:
     def __exit__(self, *exc: object) -> None:
         self.flush_before(None)
         if self.scenario.broken_lines:
-            self.files[-1].write('{"v":1,"ts":%d,"type":"ack","doc":"d0","sess' % self.scenario.end_ms)  # torn
+            self.files[-1].write(f'{{"v":1,"ts":{self.scenario.end_ms:d},"type":"ack","doc":"d0","sess')  # torn
             self.expected.corrupt_lines += 1
         for file in self.files:
             file.close()
 
     def _write_broken_head(self) -> None:
-        self.files[0].write('{"v":1,"ts":%d,"type":"append","doc":"d0" garbage\n' % self.scenario.start_ms)
+        self.files[0].write(f'{{"v":1,"ts":{self.scenario.start_ms:d},"type":"append","doc":"d0" garbage\n')
         self.files[0].write(json.dumps({"v": 99, "ts": self.scenario.start_ms, "type": "append", "doc": "d0"}) + "\n")
         self.expected.corrupt_lines += 1
         self.expected.other_version_lines += 1

@@ -68,7 +68,7 @@ def run(
         report("done", total, total)
         return analysis.summary
     finally:
-        context.setJobDescription(None)  # type: ignore[arg-type]
+        context.setJobDescription(None)  # type: ignore[arg-type]  # None clears it (SparkContext passes it to Java); the stub says str only
         analysis.release()
 
 

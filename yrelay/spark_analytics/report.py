@@ -70,13 +70,13 @@ class JobProgress:
         try:
             tracker = self.context.statusTracker()
             stages = [tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds()]
-        except Exception:  # the context is stopping; the bar is cosmetic
+        except Exception:  # noqa: BLE001 - py4j's or a closed context's errors alike: the context is stopping, and the bar is cosmetic
             return ""
-        stages = [stage for stage in stages if stage is not None]
-        if not stages:
+        active = [stage for stage in stages if stage is not None]
+        if not active:
             return ""
-        done = sum(stage.numCompletedTasks for stage in stages)
-        return f" (tasks {done}/{sum(stage.numTasks for stage in stages)})"
+        done = sum(stage.numCompletedTasks for stage in active)
+        return f" (tasks {done}/{sum(stage.numTasks for stage in active)})"
 
 
 @contextlib.contextmanager

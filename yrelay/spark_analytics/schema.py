@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType
 
 #: The event log versions the analysis reads. Version 2 only adds ``subject``
 #: to ``connect`` (a version-1 log has no subjects: the column is null).
@@ -42,8 +42,8 @@ class EventType(StrEnum):
     REFUSE = "refuse"
 
 
-def _fields(**types: object) -> list[StructField]:
-    return [StructField(name, kind, nullable=True) for name, kind in types.items()]  # type: ignore[arg-type]
+def _fields(**types: DataType) -> list[StructField]:
+    return [StructField(name, kind, nullable=True) for name, kind in types.items()]
 
 
 #: Every field of every event type, as docs/events.md lists them.

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from ..keys import meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
-from ..replies import stream_id, text
+from ..replies import stream_entries, stream_id, text
 
 COUNT_CAP = 100_000
 _PAGE = 1_000
@@ -62,7 +62,9 @@ async def _ids_after(redis: Redis, doc: str, after: StreamId, cap: int) -> tuple
     ids: list[StreamId] = []
     cursor = after
     while len(ids) < cap:
-        page = await redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=min(_PAGE, cap - len(ids)))
+        page = stream_entries(
+            await redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=min(_PAGE, cap - len(ids)))
+        )
         ids.extend(StreamId.parse(text(entry_id)) for entry_id, _ in page)
         if len(page) < _PAGE:
             return ids, True
