@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .eventlog import SUBJECT_MODES
+
 #: Upper bound of ``auth_leeway``: a token's expiry may be stretched, not ignored.
 MAX_AUTH_LEEWAY = 60.0
 #: Upper bound of ``ack_replicas_timeout``: the WAIT must end well before
@@ -282,8 +284,6 @@ class Settings:
     ack_replicas_timeout: float = 1.0
 
     def __post_init__(self) -> None:
-        from .eventlog import SUBJECT_MODES
-
         if self.event_log_subject not in SUBJECT_MODES:
             raise ValueError(
                 f"event_log_subject must be one of {', '.join(SUBJECT_MODES)}, got {self.event_log_subject!r}"
