@@ -8,6 +8,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from .eventlog import SUBJECT_MODES
@@ -332,7 +333,7 @@ class Settings:
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         """Defaults, then ``YRELAY_<FIELD>`` variables, then explicit overrides."""
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # each of its field's type: _convert checks the variables
         for item in fields(cls):
             raw = os.environ.get(f"YRELAY_{item.name.upper()}")
             if raw is not None:

@@ -183,6 +183,9 @@ def open_redis(url: str, cluster: bool, *, pool_size: int = 64, **options: Any) 
     node in a cluster); a caller past that waits (one Redis) or is refused
     (the cluster client has no blocking pool: its default is unbounded)."""
     if cluster:
+        # Typed as the one-Redis client its callers share commands with (the
+        # cluster client is no subclass of it): lost_redis, xread_one and
+        # ClusterPipeline cover where the two differ.
         return YrelayCluster.from_url(url, **options)  # type: ignore[return-value]
     return Redis.from_pool(BlockingConnectionPool.from_url(url, max_connections=pool_size, timeout=10, **options))
 
