@@ -8,7 +8,10 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
+
+from .eventlog import SUBJECT_MODES
 
 #: Upper bound of ``auth_leeway``: a token's expiry may be stretched, not ignored.
 MAX_AUTH_LEEWAY = 60.0
@@ -282,8 +285,6 @@ class Settings:
     ack_replicas_timeout: float = 1.0
 
     def __post_init__(self) -> None:
-        from .eventlog import SUBJECT_MODES
-
         if self.event_log_subject not in SUBJECT_MODES:
             raise ValueError(
                 f"event_log_subject must be one of {', '.join(SUBJECT_MODES)}, got {self.event_log_subject!r}"
@@ -332,7 +333,7 @@ class Settings:
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         """Defaults, then ``YRELAY_<FIELD>`` variables, then explicit overrides."""
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # each of its field's type: _convert checks the variables
         for item in fields(cls):
             raw = os.environ.get(f"YRELAY_{item.name.upper()}")
             if raw is not None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -41,7 +42,6 @@ from .tasks import RESTARTS
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from .app.context import ServerContext
     from .gc import PassSummary
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,38 @@ GC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.
 CONNECTION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 EVICTION_MODES = ("relative", "absolute", "operator")
 GC_TRIGGERS = ("loop", "ops")
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """What a scrape reads of a running server's own state, this process only."""
+
+    #: Documents with a subscriber (a fan-out feed).
+    documents_active: int
+    #: Subscriptions (connection x document).
+    subscriptions_open: int
+    #: Entries sent to the subscribers and not acked yet.
+    unacked_entries: int
+    #: Presence members (connection x document).
+    presence_members: int
+    #: Presence (awareness) updates received from clients.
+    presence_updates: int
+    #: Awareness frames queued to local connections.
+    presence_relayed: int
+    #: Websockets closed (1013) at ``max_receiving_bytes``.
+    receiving_closes: int
+    #: Bytes of websocket messages being received.
+    receiving_bytes: int
+    #: Events the event log could not write.
+    event_log_dropped: int
+
+
+class ServerState(Protocol):
+    """A server whose state a scrape reports (:class:`yrelay.app.context.ServerContext`):
+    the metrics name the figures they need, so they never import the server
+    that imports them."""
+
+    def scrape_figures(self) -> ServerFigures: ...
 
 
 def _ms(stream_id: str) -> int:
@@ -292,15 +324,15 @@ class Metrics:
 
     # -------------------------------------------------------- scrape time
 
-    def watch(self, ctx: ServerContext) -> None:
-        """Also report ``ctx``'s state (read at every scrape)."""
-        self.registry.register(_ServerState(ctx))
+    def watch(self, server: ServerState) -> None:
+        """Also report ``server``'s state (read at every scrape)."""
+        self.registry.register(_ServerState(server))
 
     async def refresh(self, redis: Redis) -> None:
         """Read the counts that live in Redis (before rendering a scrape)."""
         try:
             documents, due = await registry_counts(redis)
-        except Exception as exc:  # the scrape still shows everything else
+        except Exception as exc:  # noqa: BLE001 - Redis failing in any way is redis_up 0, never a failed scrape
             log.debug("metrics: Redis counts not read: %s", exc)
             self.redis_up.set(0)
             return
@@ -342,7 +374,7 @@ class NullMetrics(Metrics):
     def gc_pass(self, summary: PassSummary, trigger: str = "loop") -> None:
         pass
 
-    def watch(self, ctx: ServerContext) -> None:
+    def watch(self, server: ServerState) -> None:
         pass
 
 
@@ -350,7 +382,7 @@ class _TaskRestarts(Collector):
     """Background loops restarted after a crash (:class:`yrelay.tasks.BackgroundTask`),
     by kind of loop; counted per process (every app of the process reports them)."""
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[Any]:
@@ -368,7 +400,7 @@ class _GroupState(Collector):
     def __init__(self) -> None:
         self.stats: list[GroupStats] = []
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[Any]:
@@ -422,52 +454,52 @@ class _GroupState(Collector):
 class _ServerState(Collector):
     """Figures read from the server's state when scraped."""
 
-    def __init__(self, ctx: ServerContext):
-        self.ctx = ctx
+    def __init__(self, server: ServerState):
+        self.server = server
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []  # unchecked: collect() needs a running server
 
     def collect(self) -> Iterator[Any]:
-        ctx = self.ctx
-        feeds = list(ctx.fanout.feeds.values())
-        subscriptions = list(ctx.subscriptions)
+        figures = self.server.scrape_figures()
         yield GaugeMetricFamily(
-            "yrelay_documents_active", "Documents with a subscriber on this process.", value=len(feeds)
+            "yrelay_documents_active", "Documents with a subscriber on this process.", value=figures.documents_active
         )
         yield GaugeMetricFamily(
             "yrelay_subscriptions_open",
             "Subscriptions (connection x document) on this process.",
-            value=len(subscriptions),
+            value=figures.subscriptions_open,
         )
         yield GaugeMetricFamily(
             "yrelay_unacked_entries",
             "Entries sent to this process's subscribers, not acked yet.",
-            value=sum(getattr(subscriber, "unacked", 0) for subscriber in subscriptions),
+            value=figures.unacked_entries,
         )
         yield GaugeMetricFamily(
             "yrelay_presence_members",
             "Presence members (connection x document) on this process.",
-            value=sum(len(members) for members in ctx.presence.members.values()),
+            value=figures.presence_members,
         )
         yield CounterMetricFamily(
-            "yrelay_presence_updates", "Presence (awareness) updates received from clients.", value=ctx.presence.updates
+            "yrelay_presence_updates",
+            "Presence (awareness) updates received from clients.",
+            value=figures.presence_updates,
         )
         yield CounterMetricFamily(
             "yrelay_presence_frames_relayed",
             "Awareness frames queued to local connections.",
-            value=ctx.presence.relayed,
+            value=figures.presence_relayed,
         )
         yield CounterMetricFamily(
             "yrelay_receiving_closes",
             "Websockets closed (1013) because the messages being received by the process reached max_receiving_bytes.",
-            value=ctx.receiving.closed,
+            value=figures.receiving_closes,
         )
         yield GaugeMetricFamily(
             "yrelay_receiving_bytes",
             "Bytes of websocket messages being received (partial frames, unparsed reads) on this process.",
-            value=ctx.receiving.held,
+            value=figures.receiving_bytes,
         )
         yield CounterMetricFamily(
-            "yrelay_event_log_dropped_events", "Events the event log could not write.", value=ctx.events.log.dropped
+            "yrelay_event_log_dropped_events", "Events the event log could not write.", value=figures.event_log_dropped
         )

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import redis
+import redis.asyncio
 
 from .replies import text
 
@@ -55,7 +56,8 @@ def find_redis_server() -> str:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _die_with_parent() -> None:
@@ -225,13 +227,13 @@ def durability_warnings(config: dict[str, str]) -> list[str]:
     return warnings
 
 
-async def check_durability(client) -> list[str]:
+async def check_durability(client: redis.asyncio.Redis) -> list[str]:
     """Read the server's settings (CONFIG GET) and return warnings, if any."""
     try:
         config: dict[str, str] = {}
         for name in DURABLE_CONFIG:
             raw = await client.config_get(name)
-            config.update({text(k): text(v) for k, v in raw.items()})
+            config.update({text(k): text(v) for k, v in raw.items() if k is not None and v is not None})  # never nil
     except redis.ResponseError as exc:
         return [f"could not read Redis settings ({exc}); durability of acks is unverified"]
     return durability_warnings(config)

@@ -25,7 +25,7 @@ from ..events import Events
 from ..gc import Collector, GcLoop, GcPolicy
 from ..keys import session_documents_key, session_of_documents_key
 from ..listing import fold_unbucketed
-from ..metrics import Metrics, NullMetrics
+from ..metrics import Metrics, NullMetrics, ServerFigures
 from ..reconciliation.stream_digest import StreamDigests
 from ..redis_client import ensure_reachable, open_redis
 from ..redis_server import check_durability
@@ -93,6 +93,21 @@ class ServerContext:
 
     def __post_init__(self) -> None:
         self.ticker = Ticker(self.settings.resend_check_interval)
+
+    def scrape_figures(self) -> ServerFigures:
+        """This process's state for a scrape (:class:`yrelay.metrics.ServerState`)."""
+        subscriptions = list(self.subscriptions)
+        return ServerFigures(
+            documents_active=len(self.fanout.feeds),
+            subscriptions_open=len(subscriptions),
+            unacked_entries=sum(getattr(subscriber, "unacked", 0) for subscriber in subscriptions),
+            presence_members=sum(len(members) for members in self.presence.members.values()),
+            presence_updates=self.presence.updates,
+            presence_relayed=self.presence.relayed,
+            receiving_closes=self.receiving.closed,
+            receiving_bytes=self.receiving.held,
+            event_log_dropped=self.events.log.dropped,
+        )
 
     @classmethod
     async def open(
