@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 from conftest import eventually
-from test_gc import store  # noqa: F401 - the fixture
 from yrelay.keys import group_leader_key, group_leases_key, group_meta_key, group_progress_key
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore

@@ -14,7 +14,6 @@ import pytest
 from conftest import eventually
 from consumerutil import LEASE, Worker
 from gcutil import append_all, text_updates
-from test_gc import store  # noqa: F401 - the fixture
 from test_metrics import scrape, scrape_until, served
 from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.assignment import assign, changes
