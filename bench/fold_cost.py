@@ -5,7 +5,8 @@ the server: on a small machine its CPU is what the server's clients wait
 behind during a GC pass (BENCHMARKS.md, "Issue 20: the GC pass in hot's
 tail"). Compare two checkouts by running it under each one's PYTHONPATH:
 
-    cd /tmp && PYTHONPATH=<checkout> /work/main/.venv/bin/python /work/main/bench/fold_cost.py [--base 2000 --entries 3000]
+    cd /tmp && PYTHONPATH=<checkout> /work/main/.venv/bin/python /work/main/bench/fold_cost.py \\
+        [--base 2000 --entries 3000]
 """
 
 from __future__ import annotations

@@ -186,7 +186,9 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
                     summary = await run_due_pass(collector, due, batch_size=500, lease_ms=60_000, next_due_ms=10_000)
                     gc_seconds = summary.seconds
                     print(
-                        f"# gc pass: {summary.documents} docs, {summary.folded} folded, {summary.trimmed} trimmed, {summary.evicted} evicted, {summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors",
+                        f"# gc pass: {summary.documents} docs, {summary.folded} folded, {summary.trimmed} trimmed,"
+                        f" {summary.evicted} evicted, {summary.blocked} blocked, {summary.conflicts} conflicts,"
+                        f" {summary.errors} errors",
                         flush=True,
                     )
                     next_gc += 10

@@ -9,7 +9,8 @@ traced allocations before and after are compared by file, grouped by package
 (``yrelay``, ``asyncio``, ``uvicorn``, ``websockets``...). zlib's own buffers
 are allocated by C, not traced: the RSS figure of ``yrelay bench idle`` holds them.
 
-    PYTHONPATH=. .venv/bin/python bench/idle_profile.py [--connections 1000] [--no-deflate] [--env YRELAY_X=1] [--embedded]
+    PYTHONPATH=. .venv/bin/python bench/idle_profile.py \\
+        [--connections 1000] [--no-deflate] [--env YRELAY_X=1] [--embedded]
 """
 
 from __future__ import annotations

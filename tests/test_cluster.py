@@ -183,7 +183,7 @@ async def assert_everything_acked_is_stored(cluster_url, clients, docs_of_client
     try:
         for index, doc in enumerate(DOCS):
             replicas = {f"client-{n}": docs[index].ydoc for n, docs in enumerate(docs_of_clients)}
-            await eventually(lambda: len({crdt.text_of(r) for r in replicas.values()}) == 1, timeout=30)
+            await eventually(lambda: len({crdt.text_of(r) for r in replicas.values()}) == 1, timeout=30)  # noqa: B023 - called within this iteration, never after it
             stored, _ = await store.load_document(doc)
             acked = [u.update for client in clients for u in client.acked if u.doc == doc]
             check_delivery({**replicas, "redis": stored}, acked)

@@ -196,7 +196,8 @@ async def test_bodies_wait_for_the_token_under_a_prefix_too(redis_url: str):
             # The room "ctl/nl\n" is the document ctl/nl%0A (docs/web.md#room-names), never ctl/nl.
             writer, reader = [await YwsPeer.connect(f"ws://127.0.0.1:{port}{prefix}", "ctl/nl%0A") for _ in "wr"]
             await writer.edit(prefix)
-            await eventually(lambda: prefix in str(reader.text))  # stored: the reader has it from the stream
+            # stored: the reader has it from the stream
+            await eventually(lambda: prefix in str(reader.text))  # noqa: B023 - called within this iteration, never after it
             await writer.close()
             await reader.close()
     assert await stored(redis_url, "ctl/nl%0A") == "/collab/deep/er" and await stored(redis_url, "ctl/nl") == ""

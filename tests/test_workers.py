@@ -92,7 +92,8 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
             assert f"<{i}>" in docs[0].text
         for client in clients:
             await client.close()
-        # past its start-up (counted from when the supervisor started it, after the embedded Redis: later than `started`)
+        # past its start-up (counted from when the supervisor started it, after the
+        # embedded Redis: later than `started`)
         await asyncio.sleep(max(0.0, started + START_GRACE + 2.0 - time.monotonic()))
         os.kill(workers[0], signal.SIGKILL)  # a worker that dies is replaced
         await eventually(
