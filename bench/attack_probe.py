@@ -685,7 +685,7 @@ def print_tables(results: dict[str, dict[str, Any]], trees: list[str], attacks_r
                 long_rows.append((label, cells))
         for label, cells in long_rows:
             print(f"{label}:")
-            for tree, cell in zip(trees, cells):
+            for tree, cell in zip(trees, cells, strict=True):
                 print(f"    {tree}: {cell}")
 
 

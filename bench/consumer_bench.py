@@ -107,7 +107,7 @@ async def drained(redis: Redis, group: str, last: dict[str, float]) -> None:
             for doc in docs:
                 pipe.zscore(group_progress_key(doc), group)
             scores = await pipe.execute()
-        docs = [doc for doc, score in zip(docs, scores) if score is None or score < last[doc]]
+        docs = [doc for doc, score in zip(docs, scores, strict=True) if score is None or score < last[doc]]
         if not docs:
             return
         await asyncio.sleep(0.1)
@@ -156,7 +156,7 @@ async def takeover(redis: Redis, group: str, processes: list[subprocess.Popen]) 
             fences = await pipe.execute()
         if all(
             assigned[doc].member != victim and fence is not None and int(fence) == assigned[doc].version
-            for doc, fence in zip(held, fences)
+            for doc, fence in zip(held, fences, strict=True)
         ):
             return time.perf_counter() - killed, len(held)
         await asyncio.sleep(0.01)

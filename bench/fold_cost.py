@@ -26,7 +26,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
     half = (args.base + args.entries + 1) // 2
-    updates = [update for pair in zip(writer_edits(1001, half), writer_edits(1002, half)) for update in pair]
+    updates = [
+        update for pair in zip(writer_edits(1001, half), writer_edits(1002, half), strict=True) for update in pair
+    ]
     base = engine.fold(b"", updates[: args.base]).snapshot
     new = updates[args.base : args.base + args.entries]
     times = []

@@ -61,11 +61,11 @@ async def test_two_servers_sync_documents_spread_over_every_master(
         docs_a = [await alice.subscribe(doc) for doc in DOCS]
         docs_b = [await bob.subscribe(doc) for doc in DOCS]
         for round_ in range(3):
-            for a, b in zip(docs_a, docs_b):
+            for a, b in zip(docs_a, docs_b, strict=True):
                 crdt.insert_text(a.ydoc, 0, f"a{round_} ")
                 crdt.insert_text(b.ydoc, 0, f"b{round_} ")
         await alice.wait_idle(), await bob.wait_idle()
-        for a, b in zip(docs_a, docs_b):
+        for a, b in zip(docs_a, docs_b, strict=True):
             await eventually(lambda a=a, b=b: a.text == b.text and len(a.text) == 18)
         assert len(alice.acked) == len(bob.acked) == 3 * len(DOCS)
         listed = [doc async for page in all_documents(cluster_client, 5) for doc in page]

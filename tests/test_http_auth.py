@@ -330,7 +330,7 @@ class _ServerLines(logging.Handler):
         return self.lines
 
     def __exit__(self, *exc: object) -> None:
-        for logger, level in zip(self.loggers, self.levels):
+        for logger, level in zip(self.loggers, self.levels, strict=True):
             logger.removeHandler(self)
             logger.setLevel(level)
 

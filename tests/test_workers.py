@@ -86,7 +86,9 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
             theirs = [id_ for id_, session in entries if session != client.session]
             return doc.offset is not None and StreamId.parse(doc.offset) >= StreamId.parse(theirs[-1])
 
-        await eventually(lambda: all(delivered_everything(c, d) for c, d in zip(clients, docs)), timeout=20)
+        await eventually(
+            lambda: all(delivered_everything(c, d) for c, d in zip(clients, docs, strict=True)), timeout=20
+        )
         assert all(sum(client.error_codes.values()) == 0 for client in clients)
         for i in range(30):
             assert f"<{i}>" in docs[0].text

@@ -84,7 +84,7 @@ class Worker:
         self.keys: list[list[int]] = []
 
     def prepare(self) -> None:
-        for conn, driver in zip(self.spec.conns, self.drivers):
+        for conn, driver in zip(self.spec.conns, self.drivers, strict=True):
             updates = writer_edits(conn.client, conn.updates) if conn.client is not None and conn.updates else []
             self.keys.append([update_key(u) for u in updates])  # type: ignore[misc]
             self.messages.append([driver.encode_update(clock + 1, u) for clock, u in enumerate(updates)])
@@ -137,17 +137,19 @@ class Worker:
     def _unacked(self) -> bool:
         if self.spec.protocol != "yrelay":
             return False  # at-most-once servers acknowledge nothing
-        return any(driver.acked < len(messages) for driver, messages in zip(self.drivers, self.messages))
+        return any(driver.acked < len(messages) for driver, messages in zip(self.drivers, self.messages, strict=True))
 
     async def _write(self, start: float, result: WorkerResult) -> None:
         writers = [
             (driver, conn.rate, conn.phase, messages, keys)
-            for driver, conn, messages, keys in zip(self.drivers, self.spec.conns, self.messages, self.keys)
+            for driver, conn, messages, keys in zip(
+                self.drivers, self.spec.conns, self.messages, self.keys, strict=True
+            )
             if messages
         ]
         positions = [0] * len(writers)
         sent = result.sent
-        while writers and any(pos < len(w[3]) for pos, w in zip(positions, writers)):
+        while writers and any(pos < len(w[3]) for pos, w in zip(positions, writers, strict=True)):
             now = time.perf_counter()
             for index, (driver, rate, phase, messages, keys) in enumerate(writers):
                 due = min(len(messages), int((now - start) * rate + 1 - phase))

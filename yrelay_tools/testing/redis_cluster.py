@@ -109,7 +109,7 @@ class LocalCluster:
             for node in self.nodes[1:]:
                 client.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
         deadline = time.monotonic() + timeout
-        for replica, master in zip(replicas, masters):
+        for replica, master in zip(replicas, masters, strict=True):
             master_id = self.node_id(master.port)
             while True:
                 try:
