@@ -579,7 +579,7 @@ def attack_rows(attack: str, record: dict[str, Any]) -> list[tuple[str, Any]]:
                 ("presence greeting entries", _get(record, "presence", "greeting", "entries")),
             ]
             rows += [
-                ("query rounds of %s" % r.get("queries_per_round"), r.get("rounds")),
+                (f"query rounds of {r.get('queries_per_round')}", r.get("rounds")),
                 ("amplification (recv/sent)", r.get("amplification")),
             ]
         else:

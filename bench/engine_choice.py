@@ -134,7 +134,6 @@ def _child_fuzz(engine_name: str, seconds: float, seed: int) -> None:
     for update in seeds:
         engine["apply"](base, update)
     seeds += [engine["encode"](base), engine["state"](base)]
-    counts = {"raised": 0, "applied": 0}
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         data = _mutate(rng, rng.choice(seeds))

@@ -144,7 +144,7 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
             collector, due = Collector(loads[0].redis, policy), DueSet(loads[0].redis)
             writers = {doc: crdt.new_doc(index + 1) for index, doc in enumerate(loads[0].docs)}
             made: list[bytes] = []
-            observers = [crdt.observe_updates(writer, made.append) for writer in writers.values()]  # kept alive
+            _observers = [crdt.observe_updates(writer, made.append) for writer in writers.values()]  # kept alive
             rng = random.Random(1)
 
             def next_edit(doc: str) -> bytes:

@@ -75,7 +75,7 @@ async def serve(redis_url: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     before: tracemalloc.Snapshot | None = None
     only = os.environ.get("IDLE_PROFILE_ONLY", "")
-    while (line := (await loop.run_in_executor(None, sys.stdin.readline)).strip()) != "quit":
+    while (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "quit":
         gc.collect()
         snapshot = tracemalloc.take_snapshot()
         if before is None:

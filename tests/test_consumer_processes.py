@@ -48,7 +48,9 @@ class Member:
         return [line.split() for line in self.out.read_text().splitlines()] if self.out.exists() else []
 
     def processed(self) -> list[tuple[str, str]]:
-        return [(doc, entry_id) for kind, doc, entry_id, *_ in (l for l in self.lines() if len(l) >= 3) if kind == "P"]
+        return [
+            (doc, entry_id) for kind, doc, entry_id, *_ in (row for row in self.lines() if len(row) >= 3) if kind == "P"
+        ]
 
     def batches(self) -> list[tuple[list[tuple[str, str]], str]]:
         """Each batch's entries and its ack's result ('none': never acked)."""

@@ -156,7 +156,8 @@ async def _assert_every_route_answers_before_the_body(port: int, prefix: str = "
 
 
 async def test_tokens_are_checked_before_the_body_arrives(server: ServerProcess):
-    schema = httpx.get(f"http://127.0.0.1:{server.port}/openapi.json").json()
+    async with httpx.AsyncClient() as client:
+        schema = (await client.get(f"http://127.0.0.1:{server.port}/openapi.json")).json()
     routes = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
     assert {route for route in routes if route[1].startswith("/ops") or route[1] == "/metrics"} == set(GUARDED)
     await _assert_every_route_answers_before_the_body(server.port)

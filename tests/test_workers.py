@@ -47,7 +47,7 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
     port = free_port()
     data = tmp_path / "data"
     started = time.monotonic()
-    server = subprocess.Popen(
+    server = subprocess.Popen(  # noqa: ASYNC220 - started, not waited on: the test talks to it over HTTP
         [sys.executable, "-m", "yrelay", "serve", "--workers", "2", "--port", str(port), "--data-dir", str(data)],
         cwd=Path(__file__).parent.parent,
         env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
@@ -113,7 +113,7 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
     assert server.returncode == 0, output[-3000:]
     assert "restarting it" in output
     for pid in [*workers, *redises]:
-        assert not os.path.exists(f"/proc/{pid}"), f"{children[pid]} {pid} outlived the supervisor"
+        assert not os.path.exists(f"/proc/{pid}"), f"{children[pid]} {pid} outlived the supervisor"  # noqa: ASYNC240 - /proc is in memory
 
 
 def test_workers_setting():

@@ -169,7 +169,7 @@ class YrelayDriver(Driver):
     def _send_ack(self) -> None:
         offset, self._ack_due = self._ack_due, None
         if self.ws is not None and offset is not None and not self.ws.closed.done():
-            self.ws.send_text('{"op":"ack","doc":%s,"offset":"%s"}' % (_dumps(self.doc), offset))
+            self.ws.send_text(f'{{"op":"ack","doc":{_dumps(self.doc)},"offset":"{offset}"}}')
 
 
 class YWebsocketDriver(Driver):
