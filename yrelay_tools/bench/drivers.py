@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 from typing import Any
 
 from yrelay import protocol
@@ -22,16 +23,16 @@ from .wsclient import WsClient
 try:  # the bench extra; the standard library otherwise
     import orjson
 
-    _loads = orjson.loads
+    _loads: Callable[[str | bytes], Any] = orjson.loads
 
-    def _dumps(frame: dict[str, Any]) -> str:
+    def _dumps(frame: object) -> str:
         return orjson.dumps(frame).decode()
 except ImportError:  # pragma: no cover
     import json
 
     _loads = json.loads
 
-    def _dumps(frame: dict[str, Any]) -> str:
+    def _dumps(frame: object) -> str:
         return json.dumps(frame, separators=(",", ":"))
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 from .drivers import DRIVERS, Driver, Receipts
 from .edits import update_key, writer_edits
@@ -175,6 +177,7 @@ async def _sample_cpu(samples: list[tuple[float, float]]) -> None:
 
 def main(pipe: Connection, spec: WorkerSpec) -> None:
     """Entry point of a worker process."""
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
 

@@ -175,6 +175,7 @@ class Workload:
         last = text.find(self.last_token) if self.last_token else -1
         draw = self.rng.random()
         if last >= 0 and draw < 0.1:
+            assert self.last_token is not None  # found in the text above
             end = last + len(self.last_token)
             crdt.delete_text(ydoc, end - 3, 3)
             self.last_token = None
