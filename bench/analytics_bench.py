@@ -228,7 +228,7 @@ def spark_from_json(spark: SparkSession, events_dir: Path) -> dict[str, object]:
 
 def agree(a: dict[str, object], b: dict[str, object]) -> bool:
     same_counts = a["lag_entries"] == b["lag_entries"] and a["appends"] == b["appends"]
-    return same_counts and all(abs(x - y) < 1e-6 for x, y in zip(a["percentiles"], b["percentiles"]))
+    return same_counts and all(abs(x - y) < 1e-6 for x, y in zip(a["percentiles"], b["percentiles"], strict=True))
 
 
 def measure(spark: SparkSession, events: int, root: Path) -> list[str]:

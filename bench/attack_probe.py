@@ -579,7 +579,7 @@ def attack_rows(attack: str, record: dict[str, Any]) -> list[tuple[str, Any]]:
                 ("presence greeting entries", _get(record, "presence", "greeting", "entries")),
             ]
             rows += [
-                ("query rounds of %s" % r.get("queries_per_round"), r.get("rounds")),
+                (f"query rounds of {r.get('queries_per_round')}", r.get("rounds")),
                 ("amplification (recv/sent)", r.get("amplification")),
             ]
         else:
@@ -685,7 +685,7 @@ def print_tables(results: dict[str, dict[str, Any]], trees: list[str], attacks_r
                 long_rows.append((label, cells))
         for label, cells in long_rows:
             print(f"{label}:")
-            for tree, cell in zip(trees, cells):
+            for tree, cell in zip(trees, cells, strict=True):
                 print(f"    {tree}: {cell}")
 
 

@@ -69,7 +69,7 @@ def paste(size: int = 1 << 20) -> bytes:
 
 def presence_update() -> bytes:
     entries = [
-        awareness.AwarenessEntry(1000 + i, i + 1, '{"user":{"name":"user %d","color":"#30bced"}}' % i)
+        awareness.AwarenessEntry(1000 + i, i + 1, f'{{"user":{{"name":"user {i}","color":"#30bced"}}}}')
         for i in range(awareness.MAX_ENTRIES)
     ]
     return awareness.encode_update(entries)

@@ -107,7 +107,7 @@ async def drained(redis: Redis, group: str, last: dict[str, float]) -> None:
             for doc in docs:
                 pipe.zscore(group_progress_key(doc), group)
             scores = await pipe.execute()
-        docs = [doc for doc, score in zip(docs, scores) if score is None or score < last[doc]]
+        docs = [doc for doc, score in zip(docs, scores, strict=True) if score is None or score < last[doc]]
         if not docs:
             return
         await asyncio.sleep(0.1)
@@ -156,7 +156,7 @@ async def takeover(redis: Redis, group: str, processes: list[subprocess.Popen]) 
             fences = await pipe.execute()
         if all(
             assigned[doc].member != victim and fence is not None and int(fence) == assigned[doc].version
-            for doc, fence in zip(held, fences)
+            for doc, fence in zip(held, fences, strict=True)
         ):
             return time.perf_counter() - killed, len(held)
         await asyncio.sleep(0.01)
@@ -205,7 +205,7 @@ async def follower(url: str, group: str, name: str, lease: float, out: str) -> N
         cpu = time.process_time() - cpu
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    Path(out).write_text(json.dumps({"cpu": cpu, "lags": lags}))
+    Path(out).write_text(json.dumps({"cpu": cpu, "lags": lags}))  # noqa: ASYNC240 - after the measurement
 
 
 async def redis_cpu(redis: Redis) -> float:
@@ -248,7 +248,7 @@ async def follow(
         await asyncio.sleep(1.0)
         cpu = await redis_cpu(redis) - cpu
         stop([process])
-        result = json.loads(Path(out).read_text())
+        result = json.loads(Path(out).read_text())  # noqa: ASYNC240 - after the measurement
     lags = sorted(result["lags"])
     pick = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] if lags else float("nan")  # noqa: E731
     print(

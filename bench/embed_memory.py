@@ -108,7 +108,7 @@ async def serve(mode: str, redis_url: str, port: int, trace: bool) -> None:
         await asyncio.sleep(0.05)
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
-    while (line := (await loop.run_in_executor(None, sys.stdin.readline)).strip()) != "quit":
+    while (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "quit":
         gc.collect()
         traced = tracemalloc.get_traced_memory()[0] if trace else 0
         print(json.dumps({"rss": rss(), "traced": traced}), flush=True)

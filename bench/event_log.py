@@ -95,7 +95,7 @@ def compare(variable: str, what: str, args: argparse.Namespace) -> None:
                 print(f"| {round_no} | {mode} | {rate:,.0f} | {delivered:.2f} | {lines:,} |")
         on = statistics.median(rate for rate, _ in results["on"])
         off = statistics.median(rate for rate, _ in results["off"])
-        paired = statistics.median(a / b for (a, _), (b, _) in zip(results["on"], results["off"]))
+        paired = statistics.median(a / b for (a, _), (b, _) in zip(results["on"], results["off"], strict=True))
         print(
             f"\nmedian acked updates/s: on {on:,.0f}, off {off:,.0f}, ratio on/off {on / off:.2f}; "
             f"median of the rounds' on/off ratios {paired:.2f}"

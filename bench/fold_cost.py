@@ -5,7 +5,8 @@ the server: on a small machine its CPU is what the server's clients wait
 behind during a GC pass (BENCHMARKS.md, "Issue 20: the GC pass in hot's
 tail"). Compare two checkouts by running it under each one's PYTHONPATH:
 
-    cd /tmp && PYTHONPATH=<checkout> /work/main/.venv/bin/python /work/main/bench/fold_cost.py [--base 2000 --entries 3000]
+    cd /tmp && PYTHONPATH=<checkout> /work/main/.venv/bin/python /work/main/bench/fold_cost.py \\
+        [--base 2000 --entries 3000]
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
     half = (args.base + args.entries + 1) // 2
-    updates = [update for pair in zip(writer_edits(1001, half), writer_edits(1002, half)) for update in pair]
+    updates = [
+        update for pair in zip(writer_edits(1001, half), writer_edits(1002, half), strict=True) for update in pair
+    ]
     base = engine.fold(b"", updates[: args.base]).snapshot
     new = updates[args.base : args.base + args.entries]
     times = []

@@ -144,7 +144,7 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
             collector, due = Collector(loads[0].redis, policy), DueSet(loads[0].redis)
             writers = {doc: crdt.new_doc(index + 1) for index, doc in enumerate(loads[0].docs)}
             made: list[bytes] = []
-            observers = [crdt.observe_updates(writer, made.append) for writer in writers.values()]  # kept alive
+            _observers = [crdt.observe_updates(writer, made.append) for writer in writers.values()]  # kept alive
             rng = random.Random(1)
 
             def next_edit(doc: str) -> bytes:
@@ -186,7 +186,9 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
                     summary = await run_due_pass(collector, due, batch_size=500, lease_ms=60_000, next_due_ms=10_000)
                     gc_seconds = summary.seconds
                     print(
-                        f"# gc pass: {summary.documents} docs, {summary.folded} folded, {summary.trimmed} trimmed, {summary.evicted} evicted, {summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors",
+                        f"# gc pass: {summary.documents} docs, {summary.folded} folded, {summary.trimmed} trimmed,"
+                        f" {summary.evicted} evicted, {summary.blocked} blocked, {summary.conflicts} conflicts,"
+                        f" {summary.errors} errors",
                         flush=True,
                     )
                     next_gc += 10

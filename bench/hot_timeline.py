@@ -1,14 +1,16 @@
 """When the slow updates of a hot (or many) run happened: the tail, over time.
 
 Runs one step of ``yrelay bench``'s hot scenario (1 document, 2 writers, 50
-readers; or ``--scenario many``: 1,000 documents x 2 clients) against one target and prints, besides p50/p99/max, the send time
-(seconds into the run) and latency of every update at or above the p99. A
-tail spread over the run is queueing; a cluster at one moment is a stall
+readers; or ``--scenario many``: 1,000 documents x 2 clients) against one
+target and prints, besides p50/p99/max, the send time (seconds into the run)
+and latency of every update at or above the p99. A tail spread over the run
+is queueing; a cluster at one moment is a stall
 (issue 20: the GC pass every ``gc_interval`` seconds, see BENCHMARKS.md
 "Issue 20: hot p99"). The server's work directory (its log, its event log
 with the ``snapshot`` and ``trim`` events) is kept and named at the end.
 
-    cd /tmp && PYTHONPATH=/work/main /work/main/.venv/bin/python /work/main/bench/hot_timeline.py [--target yrelay] [--rate 500] [--duration 10] [--scenario many]
+    cd /tmp && PYTHONPATH=/work/main /work/main/.venv/bin/python /work/main/bench/hot_timeline.py \\
+        [--target yrelay] [--rate 500] [--duration 10] [--scenario many]
 """
 
 from __future__ import annotations

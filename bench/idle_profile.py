@@ -9,7 +9,8 @@ traced allocations before and after are compared by file, grouped by package
 (``yrelay``, ``asyncio``, ``uvicorn``, ``websockets``...). zlib's own buffers
 are allocated by C, not traced: the RSS figure of ``yrelay bench idle`` holds them.
 
-    PYTHONPATH=. .venv/bin/python bench/idle_profile.py [--connections 1000] [--no-deflate] [--env YRELAY_X=1] [--embedded]
+    PYTHONPATH=. .venv/bin/python bench/idle_profile.py \\
+        [--connections 1000] [--no-deflate] [--env YRELAY_X=1] [--embedded]
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ async def serve(redis_url: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     before: tracemalloc.Snapshot | None = None
     only = os.environ.get("IDLE_PROFILE_ONLY", "")
-    while (line := (await loop.run_in_executor(None, sys.stdin.readline)).strip()) != "quit":
+    while (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "quit":
         gc.collect()
         snapshot = tracemalloc.take_snapshot()
         if before is None:

@@ -154,7 +154,7 @@ async def main() -> None:
         print(f"served: one writer, {args.updates} updates, best of {args.rounds}")
         rates: dict[str, list[float]] = {"subject limit off": [], "subject limit on ": []}
         for _ in range(args.rounds):  # alternated: the machine's load drifts
-            for label, rate in zip(rates, (0, 1e9)):
+            for label, rate in zip(rates, (0, 1e9), strict=True):
                 rates[label].append(await served_rate(redis.url, args.updates, rate))
         for label, runs in rates.items():
             print(f"  {label}  best {max(runs):6.0f} updates/s   runs: {', '.join(f'{r:.0f}' for r in runs)}")

@@ -65,7 +65,7 @@ async def pool_us(
     layouts = [update_format.read_layout(u) if with_layout else None for u in updates]
     await validator.start()
     try:
-        queue = iter(zip(updates, layouts))
+        queue = iter(zip(updates, layouts, strict=True))
 
         async def connection() -> None:
             for update, layout in queue:
@@ -116,7 +116,7 @@ def main() -> None:
             f"| the server's path (known shapes in-loop, {args.workers} processes for the rest), "
             f"{concurrency} connections | {us:.1f} | {cpu:.1f} |"
         )
-    known = sum(known_safe(u, layout) for u, layout in zip(updates, layouts))
+    known = sum(known_safe(u, layout) for u, layout in zip(updates, layouts, strict=True))
     print(f"known-safe shapes: {known} of {len(updates)}")
     print(f"\n64 KiB pastes, {len(big)}:")
     print("| check | us per update (wall) | us of server CPU per update |")

@@ -34,7 +34,7 @@ def read_by_both(candidates: list[bytes]) -> list[bytes]:
     ypy = Engine("ypy")
     try:
         ypy.send(kept)
-        return [update for update, verdict in zip(kept, ypy.receive(kept)) if verdict == OK]
+        return [update for update, verdict in zip(kept, ypy.receive(kept), strict=True) if verdict == OK]
     finally:
         ypy.stop()
 

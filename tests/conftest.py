@@ -11,7 +11,9 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 import redis
 import uvicorn
@@ -21,6 +23,10 @@ from yrelay.app import create_app
 from yrelay.client import Backoff, YrelayClient
 from yrelay.config import Settings
 from yrelay.redis_server import RedisProcess, free_port
+from yrelay.store import DocumentStore
+
+if TYPE_CHECKING:  # imported by the fixture itself: only the cluster tests pay for it
+    from yrelay_tools.testing.redis_cluster import LocalCluster
 
 FAST_BACKOFF = Backoff(base=0.05, max_delay=0.5, max_attempts=30)
 
@@ -83,7 +89,7 @@ def _start_spark() -> None:
         thread.start()
         thread.join(SPARK_START_DEADLINE)
     finally:
-        for fd, copy in zip((1, 2), saved):
+        for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
     if thread.is_alive():
@@ -277,6 +283,28 @@ async def redis_client(redis_url: str) -> AsyncIterator[Redis]:
     client = Redis.from_url(redis_url)
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+async def store(redis_client: Redis) -> DocumentStore:
+    """A document store on the test's redis-server, its scripts loaded."""
+    store = DocumentStore(redis_client)
+    await store.load_scripts()
+    return store
+
+
+#: The /ops token of the ``ops`` server, and the header that presents it.
+OPS_TOKEN = "ops-secret-for-tests"
+OPS_AUTH = {"Authorization": f"Bearer {OPS_TOKEN}"}
+
+
+@pytest.fixture
+async def ops(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on a running server whose /ops endpoints take ``OPS_AUTH``."""
+    async with running_server(redis_url, ops_token=OPS_TOKEN, gc_interval=0) as ws_url:
+        base = ws_url.replace("ws://", "http://").removesuffix("/ws")
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            yield client
 
 
 @contextlib.asynccontextmanager

@@ -47,7 +47,7 @@ async def append_at(
     """Entries with chosen times (history from the past), laid out exactly as
     the append script lays them out: stream entry, dedup field, meta last_id."""
     ids = []
-    for clock, (ms, update) in enumerate(zip(times_ms, updates)):
+    for clock, (ms, update) in enumerate(zip(times_ms, updates, strict=True)):
         entry_id = StreamId(ms, 0)
         await redis.xadd(stream_key(doc), {"u": update, "s": session, "c": clock}, id=str(entry_id))
         await redis.hset(dedup_key(doc), f"{session}:{clock}", str(entry_id))

@@ -282,7 +282,8 @@ async def test_a_5_mb_paste_arrives_intact_and_a_20_mb_one_is_refused_without_co
                 const Provider = provider.constructor
                 window.other = new Provider(provider.client, name, new doc.constructor(), { awareness: null })
                 window.errors = []
-                provider.on('error', (e) => window.errors.push({code: e.code, doc: e.doc, clock: e.clock, size: e.size}))
+                provider.on('error', (e) =>
+                    window.errors.push({code: e.code, doc: e.doc, clock: e.clock, size: e.size}))
             }""",
                 other,
             )

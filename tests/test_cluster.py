@@ -61,11 +61,11 @@ async def test_two_servers_sync_documents_spread_over_every_master(
         docs_a = [await alice.subscribe(doc) for doc in DOCS]
         docs_b = [await bob.subscribe(doc) for doc in DOCS]
         for round_ in range(3):
-            for a, b in zip(docs_a, docs_b):
+            for a, b in zip(docs_a, docs_b, strict=True):
                 crdt.insert_text(a.ydoc, 0, f"a{round_} ")
                 crdt.insert_text(b.ydoc, 0, f"b{round_} ")
         await alice.wait_idle(), await bob.wait_idle()
-        for a, b in zip(docs_a, docs_b):
+        for a, b in zip(docs_a, docs_b, strict=True):
             await eventually(lambda a=a, b=b: a.text == b.text and len(a.text) == 18)
         assert len(alice.acked) == len(bob.acked) == 3 * len(DOCS)
         listed = [doc async for page in all_documents(cluster_client, 5) for doc in page]
@@ -183,7 +183,7 @@ async def assert_everything_acked_is_stored(cluster_url, clients, docs_of_client
     try:
         for index, doc in enumerate(DOCS):
             replicas = {f"client-{n}": docs[index].ydoc for n, docs in enumerate(docs_of_clients)}
-            await eventually(lambda: len({crdt.text_of(r) for r in replicas.values()}) == 1, timeout=30)
+            await eventually(lambda: len({crdt.text_of(r) for r in replicas.values()}) == 1, timeout=30)  # noqa: B023 - called within this iteration, never after it
             stored, _ = await store.load_document(doc)
             acked = [u.update for client in clients for u in client.acked if u.doc == doc]
             check_delivery({**replicas, "redis": stored}, acked)

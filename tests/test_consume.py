@@ -14,7 +14,6 @@ from pathlib import Path
 
 from conftest import eventually
 from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.pipe import Pipe
 from yrelay.keys import group_members_key

@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 from conftest import eventually
-from test_gc import store  # noqa: F401 - the fixture
 from yrelay.keys import group_leader_key, group_leases_key, group_meta_key, group_progress_key
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore
@@ -49,7 +48,9 @@ class Member:
         return [line.split() for line in self.out.read_text().splitlines()] if self.out.exists() else []
 
     def processed(self) -> list[tuple[str, str]]:
-        return [(doc, entry_id) for kind, doc, entry_id, *_ in (l for l in self.lines() if len(l) >= 3) if kind == "P"]
+        return [
+            (doc, entry_id) for kind, doc, entry_id, *_ in (row for row in self.lines() if len(row) >= 3) if kind == "P"
+        ]
 
     def batches(self) -> list[tuple[list[tuple[str, str]], str]]:
         """Each batch's entries and its ack's result ('none': never acked)."""

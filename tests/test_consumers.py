@@ -14,7 +14,6 @@ import pytest
 from conftest import eventually
 from consumerutil import LEASE, Worker
 from gcutil import append_all, text_updates
-from test_gc import store  # noqa: F401 - the fixture
 from test_metrics import scrape, scrape_until, served
 from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.assignment import assign, changes
@@ -25,6 +24,9 @@ from yrelay.store import DocumentStore
 #: leader to notice and one of the others to read the new assignment (and
 #: slack for a machine shared with other test runs).
 TAKEOVER_BOUND = LEASE + 2 * LEASE / 3 + 2.0
+
+#: The recipe of docs/consumers.md, run as a reader would run it.
+SEARCH_INDEXER = Path(__file__).resolve().parent.parent / "docs" / "examples" / "search_indexer.py"
 
 
 async def write(store: DocumentStore, docs: list[str], count: int, word: str = "w") -> dict[str, list[str]]:
@@ -299,8 +301,7 @@ async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(red
 
 
 async def test_the_search_indexer_recipe_indexes_every_documents_text(redis_url, redis_client, store):
-    path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "search_indexer.py"
-    spec = importlib.util.spec_from_file_location("search_indexer", path)
+    spec = importlib.util.spec_from_file_location("search_indexer", SEARCH_INDEXER)
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
     for index, doc in enumerate(["notes/a", "notes/b"]):

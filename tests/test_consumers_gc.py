@@ -12,7 +12,6 @@ from collections import Counter
 from conftest import eventually
 from consumerutil import LEASE, Worker
 from gcutil import append_all, append_at, text_updates
-from test_gc import store  # noqa: F401 - the fixture
 from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.progress import Progress
 from yrelay.gc import Collector, GcPolicy

@@ -81,7 +81,7 @@ def table_rows(page: str, table_id: str) -> list[dict[str, str]]:
     table = table[: table.index("</table>")]
     head, body = table.split("</thead>")
     titles = [html.unescape(cell.split("</th>")[0]) for cell in head.split("<th>")[1:]]
-    return [dict(zip(titles, cells(row))) for row in body.split("</tr>") if "<td" in row]
+    return [dict(zip(titles, cells(row), strict=True)) for row in body.split("</tr>") if "<td" in row]
 
 
 def cells(row: str) -> list[str]:

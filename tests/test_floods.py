@@ -385,7 +385,7 @@ async def test_three_clients_of_one_user_paste_1000_updates_each_and_nothing_cas
         docs = [await client.subscribe("flood/paste") for client in clients]
         started = time.monotonic()
         for doc in docs:
-            for index in range(1000):
+            for _ in range(1000):
                 crdt.insert_text(doc.ydoc, 0, "x")
         for client in clients:
             await client.wait_idle(timeout=120)

@@ -337,7 +337,7 @@ def assert_no_foreign_documents(client: redis.Redis, allowed: set[str]) -> list[
 def assert_every_entry_is_valid(client: redis.Redis, docs: list[str]) -> int:
     count = 0
     for doc in docs:
-        for entry_id, fields in client.xrange(f"yrelay:{{{doc}}}:stream"):
+        for _entry_id, fields in client.xrange(f"yrelay:{{{doc}}}:stream"):
             crdt.validate_update(fields[b"u"])  # raises on an invalid stored update
             count += 1
     return count

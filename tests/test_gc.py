@@ -15,7 +15,7 @@ from yrelay import crdt
 from yrelay.gc import Collector, GcPolicy, Step
 from yrelay.keys import dedup_key, meta_key, stream_key
 from yrelay.offsets import ZERO, StreamId
-from yrelay.store import DocumentStore, HistoryTrimmed
+from yrelay.store import HistoryTrimmed
 from yrelay.tracker.lag import document_status
 
 POLICY = GcPolicy(relative_ms=10_000, absolute_ms=50_500)
@@ -31,13 +31,6 @@ def crash_at(point: Step):
             raise SimulatedCrash(step.value)
 
     return checkpoint
-
-
-@pytest.fixture
-async def store(redis_client) -> DocumentStore:
-    store = DocumentStore(redis_client)
-    await store.load_scripts()
-    return store
 
 
 async def stream_ids(redis, doc: str) -> list[StreamId]:

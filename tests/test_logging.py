@@ -162,7 +162,7 @@ def test_serve_logs_json_without_secrets(tmp_path):
     for secret in (OPS_TOKEN, REDIS_PASSWORD, JWT, AUTH_SECRET, "eyJ"):
         assert secret not in output
     lines = [json.loads(line) for line in output.splitlines()]
-    assert any(line["message"] == "using Redis at redis://:[redacted]@127.0.0.1:%d/0" % private.port for line in lines)
+    assert any(line["message"] == f"using Redis at redis://:[redacted]@127.0.0.1:{private.port}/0" for line in lines)
     assert any("/ws?token=[redacted]" in line["message"] for line in lines), "uvicorn's lines go through it too"
     [resync] = [line for line in lines if line["message"] == "resync required: ahead"]
     assert (resync["doc"], resync["session"]) == ("logged", session)

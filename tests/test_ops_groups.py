@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from conftest import OPS_AUTH as AUTH
 from conftest import eventually
 from consumerutil import Worker
 from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
-from test_ops import AUTH, ops  # noqa: F401 - the fixture
 from yrelay.keys import group_leases_key, group_meta_key, group_progress_key, groups_key
 
 

@@ -161,7 +161,11 @@ async def test_memory_set_ranges_follow_changes(operations, cuts):
         if step % 50 == 0:  # reads in between: the prefix array is rebuilt from the change on
             assert (await ids.fingerprints([WHOLE]))[0] == digest_of(reference)
     bounds = sorted(set(cuts))
-    spans = [(lower, upper) for lower, upper in zip(["", *bounds], [*bounds, None]) if upper is None or lower < upper]
+    spans = [
+        (lower, upper)
+        for lower, upper in zip(["", *bounds], [*bounds, None], strict=True)
+        if upper is None or lower < upper
+    ]
     expected = [
         sorted(item for item in reference if lower <= item and (upper is None or item < upper))
         for lower, upper in spans
@@ -170,7 +174,7 @@ async def test_memory_set_ranges_follow_changes(operations, cuts):
     assert await ids.counts(spans) == list(map(len, expected))
     assert await ids.fingerprints(spans) == list(map(digest_of, expected))
     assert await ids.digest() == digest_of(reference) and len(ids) == len(reference)
-    for span, parts, inside in zip(spans, await ids.parts(spans, 4), expected):
+    for span, parts, inside in zip(spans, await ids.parts(spans, 4), expected, strict=True):
         assert len(parts) == max(1, min(4, len(inside)))
         assert (parts[0].lower, parts[-1].upper) == span
         assert [p.lower for p in parts[1:]] == [p.upper for p in parts[:-1]]
@@ -222,7 +226,7 @@ bounds = st.lists(st.text(ALPHABET + "é€", min_size=1, max_size=6), unique=Tr
 @given(bounds, st.data())
 def test_messages_round_trip(cuts, data):
     encoder, expected = Encoder(), []
-    for lower, upper in zip(["", *cuts], [*cuts, None]):
+    for lower, upper in zip(["", *cuts], [*cuts, None], strict=True):
         mode = data.draw(st.sampled_from([Mode.SKIP, Mode.FINGERPRINT, Mode.IDS]))
         if mode == Mode.FINGERPRINT:
             count, value = data.draw(st.integers(0, 2**40)), data.draw(st.integers(0, 2**128 - 1))
@@ -441,7 +445,7 @@ async def test_a_set_changing_during_the_run_is_detected():
         while request is not None:
             request = await reconciler.step(await respond(server, request))
     with pytest.raises(RuntimeError):  # failed for good: no unchecked results
-        reconciler.only_local
+        _ = reconciler.only_local  # the property raises
 
 
 async def test_state_is_checked():
@@ -449,7 +453,7 @@ async def test_state_is_checked():
     with pytest.raises(RuntimeError):
         await reconciler.step(b"\x01")
     with pytest.raises(RuntimeError):
-        reconciler.only_local
+        _ = reconciler.only_local  # the property raises
     assert await reconciler.start() is None
     with pytest.raises(RuntimeError):
         await reconciler.start()

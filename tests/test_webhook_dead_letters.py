@@ -17,7 +17,6 @@ from starlette.routing import Route
 from conftest import eventually, serving
 from consumerutil import LEASE
 from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
 from test_metrics import AUTH, Scrape, scrape_until, served
 from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup

@@ -23,7 +23,6 @@ import psutil
 from conftest import eventually
 from consumerutil import LEASE
 from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
 from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.dead_letters import DeadLetters

@@ -21,7 +21,6 @@ from conftest import eventually, serving
 from consumerutil import LEASE
 from gcutil import append_all, text_updates
 from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
 from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.signature import DELIVERY_HEADER, HEADER, sign, verify_signature

@@ -47,7 +47,7 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
     port = free_port()
     data = tmp_path / "data"
     started = time.monotonic()
-    server = subprocess.Popen(
+    server = subprocess.Popen(  # noqa: ASYNC220 - started, not waited on: the test talks to it over HTTP
         [sys.executable, "-m", "yrelay", "serve", "--workers", "2", "--port", str(port), "--data-dir", str(data)],
         cwd=Path(__file__).parent.parent,
         env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
@@ -86,13 +86,16 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
             theirs = [id_ for id_, session in entries if session != client.session]
             return doc.offset is not None and StreamId.parse(doc.offset) >= StreamId.parse(theirs[-1])
 
-        await eventually(lambda: all(delivered_everything(c, d) for c, d in zip(clients, docs)), timeout=20)
+        await eventually(
+            lambda: all(delivered_everything(c, d) for c, d in zip(clients, docs, strict=True)), timeout=20
+        )
         assert all(sum(client.error_codes.values()) == 0 for client in clients)
         for i in range(30):
             assert f"<{i}>" in docs[0].text
         for client in clients:
             await client.close()
-        # past its start-up (counted from when the supervisor started it, after the embedded Redis: later than `started`)
+        # past its start-up (counted from when the supervisor started it, after the
+        # embedded Redis: later than `started`)
         await asyncio.sleep(max(0.0, started + START_GRACE + 2.0 - time.monotonic()))
         os.kill(workers[0], signal.SIGKILL)  # a worker that dies is replaced
         await eventually(
@@ -110,7 +113,7 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
     assert server.returncode == 0, output[-3000:]
     assert "restarting it" in output
     for pid in [*workers, *redises]:
-        assert not os.path.exists(f"/proc/{pid}"), f"{children[pid]} {pid} outlived the supervisor"
+        assert not os.path.exists(f"/proc/{pid}"), f"{children[pid]} {pid} outlived the supervisor"  # noqa: ASYNC240 - /proc is in memory
 
 
 def test_workers_setting():

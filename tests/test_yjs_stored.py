@@ -141,7 +141,7 @@ def test_what_is_refused_or_left_out_reads_in_pycrdt_and_not_in_yjs():
     """The refusals are about Yjs: each case reads in pycrdt and the
     lenient layout read, throws in Yjs, and (refused) fails the strict read."""
     updates = [*REFUSED.values(), *(sent for sent, _ in EMPTY.values())]
-    for update, result in zip(updates, yjs_apply(*([update] for update in updates))):
+    for update, result in zip(updates, yjs_apply(*([update] for update in updates)), strict=True):
         assert "threw" in result, (update.hex(), result)
         crdt.pycrdt_doc.validate_update(update)  # raises if pycrdt did not read it
         read_layout(update)

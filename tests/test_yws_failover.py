@@ -101,7 +101,8 @@ async def test_a_yws_reader_of_a_restarted_server_ends_equal_or_resyncs_after_a_
                         await store_client.aclose()
                     closes, connects = len(reader.closes), reader.connects
                     reader.online.set()
-                    await eventually(lambda: f"<gone{round_}>" in reader.text, timeout=30)  # its sync answer
+                    # its sync answer
+                    await eventually(lambda: f"<gone{round_}>" in reader.text, timeout=30)  # noqa: B023 - called within this iteration, never after it
                     redis_cluster.node(master).kill()
                 finally:
                     redis_cluster.resume(replica)
@@ -111,8 +112,8 @@ async def test_a_yws_reader_of_a_restarted_server_ends_equal_or_resyncs_after_a_
                 await writer.wait_idle(timeout=60)
 
                 async def settled() -> bool:
-                    stored = await stored_text(replica, DOC)
-                    return reader.ws is not None and reader.text == stored == written.text
+                    stored = await stored_text(replica, DOC)  # noqa: B023 - called within this iteration, never after it
+                    return reader.ws is not None and reader.text == stored == written.text  # noqa: B023 - called within this iteration, never after it
 
                 deadline = asyncio.get_running_loop().time() + 30
                 while not await settled() and asyncio.get_running_loop().time() < deadline:

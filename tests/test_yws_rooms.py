@@ -21,7 +21,7 @@ from yrelay import yprotocol
 from yrelay.auth import issue_token
 from yrelay.keys import DOC_ID_PATTERN, InvalidDocumentId, doc_id_room, room_doc_id, validate_doc_id
 from yrelay.yprotocol import AuthMessage, AwarenessMessage
-from ywspeer import YwsPeer
+from ywspeer import REFUSED_AFTER_ACCEPT, YwsPeer
 
 SECRET = "yws-rooms-secret-0123456789abcdef0123456"
 KEEPALIVE = 0.3  # yws_echo_after: how often a refused socket hears the empty awareness update
@@ -98,7 +98,7 @@ async def test_a_grant_names_the_rooms_id(redis_url):
         peer = await YwsPeer.connect(base, f"{quote('team 7/notes')}?token={token}")
         await peer.edit("granted")
         assert peer.closed is None and not peer.denied
-        with pytest.raises(Exception):  # "team 8/..." is another prefix
+        with pytest.raises(REFUSED_AFTER_ACCEPT):  # "team 8/..." is another prefix
             await YwsPeer.connect(base, f"{quote('team 8/notes')}?token={token}")
         await peer.close()
 

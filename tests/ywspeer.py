@@ -13,6 +13,13 @@ import websockets
 from yrelay import yprotocol
 from yrelay.yprotocol import AuthMessage, AwarenessMessage, SyncMessage, SyncStep
 
+#: What :meth:`YwsPeer.connect` raises when the server accepts the websocket
+#: and then closes it with a refusal (4401 bad token, 4403 not granted): the
+#: close, when it arrives before sync step 1 is sent; a timeout of the sync,
+#: when it arrives after (the reader ends quietly, the sync never completes).
+#: A refusal at the HTTP handshake (a foreign origin) is ``InvalidStatus``.
+REFUSED_AFTER_ACCEPT = (websockets.ConnectionClosed, TimeoutError)
+
 
 class YwsPeer:
     def __init__(self, ws: Any, doc: pycrdt.Doc | None = None):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 from typing import Any
 
 from yrelay import protocol
@@ -22,16 +23,16 @@ from .wsclient import WsClient
 try:  # the bench extra; the standard library otherwise
     import orjson
 
-    _loads = orjson.loads
+    _loads: Callable[[str | bytes], Any] = orjson.loads
 
-    def _dumps(frame: dict[str, Any]) -> str:
+    def _dumps(frame: object) -> str:
         return orjson.dumps(frame).decode()
 except ImportError:  # pragma: no cover
     import json
 
     _loads = json.loads
 
-    def _dumps(frame: dict[str, Any]) -> str:
+    def _dumps(frame: object) -> str:
         return json.dumps(frame, separators=(",", ":"))
 
 
@@ -169,7 +170,7 @@ class YrelayDriver(Driver):
     def _send_ack(self) -> None:
         offset, self._ack_due = self._ack_due, None
         if self.ws is not None and offset is not None and not self.ws.closed.done():
-            self.ws.send_text('{"op":"ack","doc":%s,"offset":"%s"}' % (_dumps(self.doc), offset))
+            self.ws.send_text(f'{{"op":"ack","doc":{_dumps(self.doc)},"offset":"{offset}"}}')
 
 
 class YWebsocketDriver(Driver):

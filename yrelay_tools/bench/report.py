@@ -196,8 +196,8 @@ class Report:
             "command": self.command,
             "machine": self.machine or machine(),
             "ladders": [
-                {"scenario": l.scenario, "ceilings": l.ceilings, "runs": [r.as_dict() for r in l.runs]}
-                for l in self.ladders
+                {"scenario": ladder.scenario, "ceilings": ladder.ceilings, "runs": [r.as_dict() for r in ladder.runs]}
+                for ladder in self.ladders
             ],
             "catchup": [c.__dict__ for c in self.catchup],
             "idle": [dict(i.__dict__, per_connection=i.per_connection) for i in self.idle],

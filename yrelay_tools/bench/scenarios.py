@@ -193,7 +193,8 @@ class _Peer:
     async def open(self, host: str, port: int, session: str | None = None) -> str:
         self.ws = await WsClient.connect(host, port, "/ws", lambda _, data: self.frames.put_nowait(_loads(data)))
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "session": session})
-        return (await self.expect("welcome"))["session"]
+        welcome = await self.expect("welcome")
+        return str(welcome["session"])
 
     def send(self, frame: dict[str, Any]) -> None:
         assert self.ws is not None

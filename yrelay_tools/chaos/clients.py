@@ -74,16 +74,18 @@ class ClientProcess:
 
     def status(self) -> dict[str, Any] | None:
         try:
-            return json.loads((self.dir / "status.json").read_text())
+            status: dict[str, Any] = json.loads((self.dir / "status.json").read_text())
+            return status
         except (FileNotFoundError, ValueError):
             return None
 
     def final(self) -> dict[str, Any]:
-        return json.loads((self.dir / "final.json").read_text())
+        final: dict[str, Any] = json.loads((self.dir / "final.json").read_text())
+        return final
 
     def acked(self) -> list[AckRecord]:
         """Every ack of every incarnation (a torn last line of a killed one is skipped)."""
-        records = []
+        records: list[AckRecord] = []
         path = self.dir / "acked.jsonl"
         if not path.exists():
             return records

@@ -70,7 +70,7 @@ class FaultProxy:
     @property
     def port(self) -> int:
         assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        return int(self._server.sockets[0].getsockname()[1])
 
     @property
     def ws_url(self) -> str:

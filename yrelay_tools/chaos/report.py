@@ -93,8 +93,10 @@ class RunReport:
             "acked updates": delivery.acked_updates,
             "lost acked updates": delivery.lost,
             "stuck entries (stored, never applicable in full)": delivery.stuck,
-            "streams folded into their snapshot after the last GC pass": f"{delivery.folded_streams} of {self.config.get('docs', '?')}"
-            f" ({delivery.unfolded} entries left, {delivery.blocked} blocked)",
+            "streams folded into their snapshot after the last GC pass": (
+                f"{delivery.folded_streams} of {self.config.get('docs', '?')}"
+                f" ({delivery.unfolded} entries left, {delivery.blocked} blocked)"
+            ),
             "lost by Redis / recovered from clients": f"{delivery.lost_from_redis} / {delivery.recovered}",
             "duplicates appended to streams": delivery.stream_duplicates,
             "resends answered from the dedup (duplicate: true)": server.get("append:duplicate", 0),
@@ -108,8 +110,12 @@ class RunReport:
             "drift repairs (client)": clients.get("drift_repairs", 0),
             "evictions": server.get("evict", 0),
             "clients without persistence": self.config.get("ephemeral_clients", 0),
-            "client crashes (of clients without persistence)": f"{clients.get('crashes', 0)} ({clients.get('ephemeral_crashes', 0)})",
-            "refused: unavailable / missing_dependency (client)": f"{clients.get('error:unavailable', 0)} / {clients.get('error:missing_dependency', 0)}",
+            "client crashes (of clients without persistence)": (
+                f"{clients.get('crashes', 0)} ({clients.get('ephemeral_crashes', 0)})"
+            ),
+            "refused: unavailable / missing_dependency (client)": (
+                f"{clients.get('error:unavailable', 0)} / {clients.get('error:missing_dependency', 0)}"
+            ),
             "converged": "yes" if self.converged else "NO",
             "time to converge after the last fault": _seconds(self.converge_after_last_fault),
             "time to converge after the last edit": _seconds(self.converge_after_edits),

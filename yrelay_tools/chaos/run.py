@@ -256,7 +256,7 @@ class ChaosRun:
         statuses = [client.status() or {} for client in self.clients]
         try:
             server = await server_documents(self.cluster.redis_url, self.docs, self.cluster.is_cluster)
-        except Exception as exc:  # Redis coming back: not settled yet
+        except Exception as exc:  # noqa: BLE001 - any failure to read them (Redis coming back) is 'not settled yet': _settle retries until its deadline
             return repr(exc), False
         server_sha = {doc: hashlib.sha256(crdt.text_of(ydoc).encode()).hexdigest() for doc, ydoc in server.items()}
         seen = (server_sha, [(s.get("pending"), s.get("connected"), s.get("docs")) for s in statuses])
@@ -345,7 +345,7 @@ def _load(state_b64: str) -> crdt.Doc:
 
 async def run_chaos(config: ChaosConfig, root: Path) -> RunReport:
     """Run once under ``root`` (logs, data, report.json / report.md stay there)."""
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - before the run starts anything in this loop
     handler = logging.FileHandler(root / "harness.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("yrelay")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from redis.cluster import key_slot
+from redis.crc import key_slot
 
 from ..testing.processes import ServerProcess
 from ..testing.redis_cluster import LocalCluster

@@ -24,12 +24,12 @@ from yrelay.redis_server import _die_with_parent
 SPIN = "while True: pass"
 
 
-def start_hogs(count: int) -> list[subprocess.Popen]:
+def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
     """``count`` spinning processes; each dies with this one, even by SIGKILL."""
     return [subprocess.Popen([sys.executable, "-c", SPIN], preexec_fn=_die_with_parent) for _ in range(count)]
 
 
-def stop_hogs(hogs: list[subprocess.Popen]) -> None:
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
     for hog in hogs:
         hog.kill()
     for hog in hogs:

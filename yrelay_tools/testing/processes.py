@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -17,7 +18,7 @@ from yrelay.redis_server import _die_with_parent, free_port
 HARNESS_ENV = {"YRELAY_INSECURE_NO_AUTH": "1"}
 
 
-def wait_ready(port: int, process: subprocess.Popen, timeout: float = 20.0, log_path: Path | None = None) -> None:
+def wait_ready(port: int, process: subprocess.Popen[Any], timeout: float = 20.0, log_path: Path | None = None) -> None:
     """Poll a server's ``/readyz`` until it answers 200; fail if ``process`` exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -109,7 +110,7 @@ class LocalCluster:
             for node in self.nodes[1:]:
                 client.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
         deadline = time.monotonic() + timeout
-        for replica, master in zip(replicas, masters):
+        for replica, master in zip(replicas, masters, strict=True):
             master_id = self.node_id(master.port)
             while True:
                 try:
@@ -160,6 +161,8 @@ class LocalCluster:
 
     def _replicas_linked(self, topology: dict[int, int | None]) -> bool:
         for replica in topology.values():
+            if replica is None:
+                return False
             with redis.Redis(port=replica, socket_timeout=5) as client:
                 if client.info("replication").get("master_link_status") != "up":
                     return False
@@ -178,7 +181,8 @@ class LocalCluster:
 
     def node_id(self, port: int) -> str:
         with redis.Redis(port=port, socket_timeout=5) as client:
-            return client.execute_command("CLUSTER MYID").decode()
+            reply: bytes = client.execute_command("CLUSTER MYID")
+            return reply.decode()
 
     def failover(self, master: int, timeout: float = 30.0) -> int:
         """``CLUSTER FAILOVER`` on ``master``'s replica (a coordinated
@@ -307,7 +311,7 @@ class LocalCluster:
             node.stop()
 
 
-def parse_nodes(nodes: dict[str, dict]) -> dict[int, int | None]:
+def parse_nodes(nodes: dict[str, dict[str, Any]]) -> dict[int, int | None]:
     """CLUSTER NODES (as redis-py parses it) -> master port (of masters
     with slots) -> replica port."""
     ports = {info["node_id"]: int(address.rsplit(":", 1)[1]) for address, info in nodes.items()}

@@ -85,7 +85,7 @@ def _child(engine: str) -> None:
             try:
                 apply(update)
                 verdicts.append(OK)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the verdict is whether the engine refused the update, whatever it raises
                 verdicts.append(ERROR)
             except BaseException as exc:  # pyo3's PanicException derives from BaseException
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -648,7 +648,7 @@ def _judge(engines: list[Engine], batch: list[tuple[bytes, bool]], report: Repor
     for engine in engines:
         engine.send(updates)
     ypy, pycrdt = (engine.receive(updates) for engine in engines)
-    for (update, safe), a, b in zip(batch, ypy, pycrdt):
+    for (update, safe), a, b in zip(batch, ypy, pycrdt, strict=True):
         stored_alone = safe or b == OK
         report.stored_pycrdt_alone += stored_alone
         report.stored_pycrdt_alone_ypy_failed += stored_alone and a != OK

@@ -99,7 +99,7 @@ class YrelayClient:
         url: str | list[str],
         *,
         session: str | None = None,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = Backoff(),  # noqa: B008 - a frozen dataclass: one shared default is safe
         batch_delay: float = 0.0,
         subscription_check_interval: float | None = 300.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
