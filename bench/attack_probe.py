@@ -99,9 +99,13 @@ def _attack_child(name: str, kwargs: dict[str, Any], out: Any, acks: Any) -> Non
         if name == "burst":
             result = asyncio.run(attacks.burst(**kwargs, on_event=on_event))
         else:
-            function = {"ping": attacks.ping_flood, "ping_auth": attacks.ping_flood,
-                        "query_awareness": attacks.query_awareness_flood, "half_frames": attacks.half_frames,
-                        "ops_body": attacks.ops_flood}[name]
+            function = {
+                "ping": attacks.ping_flood,
+                "ping_auth": attacks.ping_flood,
+                "query_awareness": attacks.query_awareness_flood,
+                "half_frames": attacks.half_frames,
+                "ops_body": attacks.ops_flood,
+            }[name]
             result = function(**kwargs, on_event=on_event)
         out.put(("result", result))
     except BaseException:  # noqa: BLE001 - reported by the parent
@@ -153,15 +157,27 @@ class Tree:
 
     def check(self) -> None:
         """The tree's ``yrelay`` is what ``python -m yrelay`` imports there."""
-        found = subprocess.run([sys.executable, "-c", "import yrelay; print(yrelay.__file__)"], cwd=self.path,
-                               capture_output=True, text=True, timeout=60)
+        found = subprocess.run(
+            [sys.executable, "-c", "import yrelay; print(yrelay.__file__)"],
+            cwd=self.path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         imported = Path(found.stdout.strip()).resolve() if found.returncode == 0 else None
         if imported is None or self.path not in imported.parents:
-            raise SystemExit(f"tree {self.name}: python -m yrelay in {self.path} imports {imported or found.stderr[-300:]}")
+            raise SystemExit(
+                f"tree {self.name}: python -m yrelay in {self.path} imports {imported or found.stderr[-300:]}"
+            )
         self.info["imports"] = str(imported)
-        rev = subprocess.run(["git", "-C", str(self.path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", str(self.path), "status", "--porcelain", "--untracked-files=no", "--", "yrelay"],
-                               capture_output=True, text=True)
+        rev = subprocess.run(
+            ["git", "-C", str(self.path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(self.path), "status", "--porcelain", "--untracked-files=no", "--", "yrelay"],
+            capture_output=True,
+            text=True,
+        )
         self.info["commit"] = rev.stdout.strip() or None
         self.info["uncommitted_yrelay_files"] = len(dirty.stdout.splitlines()) if dirty.returncode == 0 else None
         self.info["static"] = (self.path / "yrelay" / "app" / "static").is_dir()
@@ -173,8 +189,14 @@ class Tree:
         self.redis.start()
 
     def server_env(self, attack: str) -> dict[str, str]:
-        return {"YRELAY_INSECURE_NO_AUTH": "0", "YRELAY_AUTH_SECRET": self.secret, "YRELAY_OPS_TOKEN": self.ops_token,
-                "YRELAY_WORKERS": "1", "YRELAY_DATA_DIR": str(self.workdir / f"data-{attack}"), **self.env}
+        return {
+            "YRELAY_INSECURE_NO_AUTH": "0",
+            "YRELAY_AUTH_SECRET": self.secret,
+            "YRELAY_OPS_TOKEN": self.ops_token,
+            "YRELAY_WORKERS": "1",
+            "YRELAY_DATA_DIR": str(self.workdir / f"data-{attack}"),
+            **self.env,
+        }
 
     def token(self, subject: str, docs: list[str], permission: str) -> str:
         return attacks.mint_token(self.secret, subject, docs, permission)
@@ -197,8 +219,12 @@ async def run_one(tree: Tree, attack: str, args: argparse.Namespace) -> dict[str
     health = attacks.HealthProbe(port)
     health.start()
     record: dict[str, Any] = {"server_log": str(server.log_path), "port": port}
-    victim = attacks.Victim(server.ws_url, f"victim-{attack}", tree.token("victim", ["victim-*"], "write"),
-                            tree.token("victim", ["victim-*"], "write"))
+    victim = attacks.Victim(
+        server.ws_url,
+        f"victim-{attack}",
+        tree.token("victim", ["victim-*"], "write"),
+        tree.token("victim", ["victim-*"], "write"),
+    )
     crowd: attacks.PresenceCrowd | None = None
     child: multiprocessing.process.BaseProcess | None = None
     try:
@@ -212,27 +238,52 @@ async def run_one(tree: Tree, attack: str, args: argparse.Namespace) -> dict[str
         elif attack == "ping_auth":
             kwargs |= {"duration": args.seconds, "token": attacker}
         elif attack == "query_awareness":
-            crowd = attacks.PresenceCrowd(server.ws_url, "presence-doc",
-                                          lambda i: tree.token(f"presence-{i}", ["presence-doc"], "read"),
-                                          total_bytes=args.presence_bytes)
+            crowd = attacks.PresenceCrowd(
+                server.ws_url,
+                "presence-doc",
+                lambda i: tree.token(f"presence-{i}", ["presence-doc"], "read"),
+                total_bytes=args.presence_bytes,
+            )
             await crowd.start()
             greeting = await _greeting(port, "presence-doc", attacker, crowd.entries)
-            record["presence"] = {"connections": crowd.connections, "entries": crowd.entries,
-                                  "state_bytes": crowd.state_bytes, "greeting": greeting,
-                                  "errors": dict(crowd.errors)}
-            progress(f"{tree.name}/{attack}: presence set up, {crowd.connections} connections, greeting "
-                     f"{greeting['bytes'] / 1024:.1f} KiB ({greeting['entries']} entries)")
-            kwargs |= {"doc": "presence-doc", "token": attacker, "duration": args.seconds, "queries": args.queries,
-                       "answers_quiet": args.query_quiet or None}
+            record["presence"] = {
+                "connections": crowd.connections,
+                "entries": crowd.entries,
+                "state_bytes": crowd.state_bytes,
+                "greeting": greeting,
+                "errors": dict(crowd.errors),
+            }
+            progress(
+                f"{tree.name}/{attack}: presence set up, {crowd.connections} connections, greeting "
+                f"{greeting['bytes'] / 1024:.1f} KiB ({greeting['entries']} entries)"
+            )
+            kwargs |= {
+                "doc": "presence-doc",
+                "token": attacker,
+                "duration": args.seconds,
+                "queries": args.queries,
+                "answers_quiet": args.query_quiet or None,
+            }
         elif attack == "half_frames":
-            kwargs |= {"waves": args.half_waves, "per_wave": args.half_sockets, "declared": args.half_declared_mib * MiB,
-                       "payload": args.half_payload_mib * MiB, "hold": args.seconds}
+            kwargs |= {
+                "waves": args.half_waves,
+                "per_wave": args.half_sockets,
+                "declared": args.half_declared_mib * MiB,
+                "payload": args.half_payload_mib * MiB,
+                "hold": args.seconds,
+            }
         elif attack == "ops_body":
             kwargs |= {"duration": args.seconds, "size": args.ops_body_mib * MiB}
         elif attack == "burst":
-            kwargs = {"url": server.ws_url, "token": tree.token("burst", ["burst-*"], "write"), "doc": "burst-doc",
-                      "clients": 3, "updates": args.burst_updates, "timeout": args.burst_timeout,
-                      "check_token": tree.token("burst-check", ["burst-*"], "read")}
+            kwargs = {
+                "url": server.ws_url,
+                "token": tree.token("burst", ["burst-*"], "write"),
+                "doc": "burst-doc",
+                "clients": 3,
+                "updates": args.burst_updates,
+                "timeout": args.burst_timeout,
+                "check_token": tree.token("burst-check", ["burst-*"], "read"),
+            }
         baseline_connections = sampler.connections(port)
 
         # quiet
@@ -288,13 +339,21 @@ async def run_one(tree: Tree, attack: str, args: argparse.Namespace) -> dict[str
                 elif event == "attack_end":
                     a1 = now
                     victim.send_updates(False)
-                events.append({"event": event, **data, "at_s": round(now - (a0 or now), 3),
-                               "rss_mib": round(sample[1], 1) if sample else None})
+                events.append(
+                    {
+                        "event": event,
+                        **data,
+                        "at_s": round(now - (a0 or now), 3),
+                        "rss_mib": round(sample[1], 1) if sample else None,
+                    }
+                )
                 if event in ("wave", "closing", "closed"):
                     events[-1]["server_connections"] = sampler.connections(port)
                 if event in ("wave", "closing") or (event == "request_end" and len(events) <= 8):
-                    progress(f"{tree.name}/{attack}: {event} {json.dumps(data)[:160]} "
-                             f"rss {sample[1] if sample else float('nan'):.1f} MiB")
+                    progress(
+                        f"{tree.name}/{attack}: {event} {json.dumps(data)[:160]} "
+                        f"rss {sample[1] if sample else float('nan'):.1f} MiB"
+                    )
                 acks.put(True)
             elif kind == "result":
                 result = item[1]
@@ -318,24 +377,32 @@ async def run_one(tree: Tree, attack: str, args: argparse.Namespace) -> dict[str
         after: dict[str, Any] = {}
         if attack == "half_frames":
             after = await _settle(sampler, port, baseline_connections)
-        record.update({
-            "attack_result": result, "attack_failure": failure, "events": events,
-            "phases": {
-                "quiet": _phase(victim, health, sampler, "quiet", q0, q1, logs0, logs1),
-                "attack": _phase(victim, health, sampler, "attack", a0, a1, logs1, logs2),
-            },
-            "victim_all_delivered_5s_after": delivered_all, "victim_reconnects": dict(victim.reconnects),
-            "after": after, "server_connections_baseline": baseline_connections,
-            "server_exit_code": server.process.poll(),
-        })
+        record.update(
+            {
+                "attack_result": result,
+                "attack_failure": failure,
+                "events": events,
+                "phases": {
+                    "quiet": _phase(victim, health, sampler, "quiet", q0, q1, logs0, logs1),
+                    "attack": _phase(victim, health, sampler, "attack", a0, a1, logs1, logs2),
+                },
+                "victim_all_delivered_5s_after": delivered_all,
+                "victim_reconnects": dict(victim.reconnects),
+                "after": after,
+                "server_connections_baseline": baseline_connections,
+                "server_exit_code": server.process.poll(),
+            }
+        )
         if crowd is not None:
             record["presence"]["errors_end"] = dict(crowd.errors)
             record["presence"]["dropped"] = crowd.dropped
         if attack == "ops_body":
             record["ops_requests_rss"] = _request_rss(events, sampler, a0)
         record["log_lines_total"] = attacks.count_log_lines(server.log_path, LOG_PATTERNS)
-        progress(f"{tree.name}/{attack}: attack done ({_short(victim.summary('attack', a1))})"
-                 + (f"; FAILED: {failure.strip().splitlines()[-1]}" if failure else ""))
+        progress(
+            f"{tree.name}/{attack}: attack done ({_short(victim.summary('attack', a1))})"
+            + (f"; FAILED: {failure.strip().splitlines()[-1]}" if failure else "")
+        )
         return record
     finally:
         if child is not None and child.is_alive():
@@ -351,8 +418,11 @@ async def run_one(tree: Tree, attack: str, args: argparse.Namespace) -> dict[str
 
 
 def _child_timeout(attack: str, args: argparse.Namespace) -> float:
-    return {"burst": args.burst_timeout + 90, "half_frames": args.half_waves * 20 + args.seconds + 60,
-            "ops_body": args.seconds + 240}.get(attack, args.seconds + 60)
+    return {
+        "burst": args.burst_timeout + 90,
+        "half_frames": args.half_waves * 20 + args.seconds + 60,
+        "ops_body": args.seconds + 240,
+    }.get(attack, args.seconds + 60)
 
 
 async def _greeting(port: int, doc: str, token: str, expected: int, timeout: float = 10.0) -> dict[str, Any]:
@@ -383,9 +453,13 @@ async def _settle(sampler: attacks.ProcessSampler, port: int, baseline: int, tim
         if len(recent) == 5 and max(recent) - min(recent) < 1.0:
             break
         await asyncio.sleep(0.25)
-    return {"connections_back_s": round(back, 2), "connections_now": connections, "connections_baseline": baseline,
-            "rss_after_close_mib": round(recent[-1], 1) if recent else None,
-            "settled_s": round(time.perf_counter() - started, 2)}
+    return {
+        "connections_back_s": round(back, 2),
+        "connections_now": connections,
+        "connections_baseline": baseline,
+        "rss_after_close_mib": round(recent[-1], 1) if recent else None,
+        "settled_s": round(time.perf_counter() - started, 2),
+    }
 
 
 def _request_rss(events: list[dict[str, Any]], sampler: attacks.ProcessSampler, a0: float) -> list[dict[str, Any]]:
@@ -398,23 +472,44 @@ def _request_rss(events: list[dict[str, Any]], sampler: attacks.ProcessSampler, 
         elif event["event"] == "request_end" and start is not None:
             window = sampler.summary(a0 + start["at_s"], a0 + event["at_s"])
             if window:
-                out.append({"malformed": start.get("malformed"), "size": start.get("size"), "status": event.get("status"),
-                            "rss_start_mib": window["rss_start_mib"], "rss_max_mib": window["rss_max_mib"],
-                            "growth_mib": round(window["rss_max_mib"] - window["rss_start_mib"], 1)})
+                out.append(
+                    {
+                        "malformed": start.get("malformed"),
+                        "size": start.get("size"),
+                        "status": event.get("status"),
+                        "rss_start_mib": window["rss_start_mib"],
+                        "rss_max_mib": window["rss_max_mib"],
+                        "growth_mib": round(window["rss_max_mib"] - window["rss_start_mib"], 1),
+                    }
+                )
             start = None
     return out
 
 
-def _phase(victim: attacks.Victim, health: attacks.HealthProbe, sampler: attacks.ProcessSampler, name: str,
-           start: float, end: float, logs_before: dict[str, int], logs_after: dict[str, int]) -> dict[str, Any]:
-    return {"seconds": round(end - start, 3), "victim": victim.summary(name, end),
-            "healthz": health.summary(start, end), "server": sampler.summary(start, end),
-            "log_lines": {p: logs_after[p] - logs_before[p] for p in LOG_PATTERNS}}
+def _phase(
+    victim: attacks.Victim,
+    health: attacks.HealthProbe,
+    sampler: attacks.ProcessSampler,
+    name: str,
+    start: float,
+    end: float,
+    logs_before: dict[str, int],
+    logs_after: dict[str, int],
+) -> dict[str, Any]:
+    return {
+        "seconds": round(end - start, 3),
+        "victim": victim.summary(name, end),
+        "healthz": health.summary(start, end),
+        "server": sampler.summary(start, end),
+        "log_lines": {p: logs_after[p] - logs_before[p] for p in LOG_PATTERNS},
+    }
 
 
 def _short(summary: dict[str, Any]) -> str:
-    return (f"victim sent {summary['sent']}, undelivered {summary['undelivered']}, "
-            f"p50 {_fmt(summary['p50_ms'])} p99 {_fmt(summary['p99_ms'])} max {_fmt(summary['max_ms'])} ms")
+    return (
+        f"victim sent {summary['sent']}, undelivered {summary['undelivered']}, "
+        f"p50 {_fmt(summary['p50_ms'])} p99 {_fmt(summary['p99_ms'])} max {_fmt(summary['max_ms'])} ms"
+    )
 
 
 # ---------------------------------------------------------------- the tables
@@ -469,15 +564,24 @@ def attack_rows(attack: str, record: dict[str, Any]) -> list[tuple[str, Any]]:
     if record.get("attack_failure"):
         rows.append(("attack FAILED", record["attack_failure"].strip().splitlines()[-1][:60]))
     if attack in ("ping", "ping_auth", "query_awareness"):
-        rows += [("attack connections", r.get("connections")), ("attack frames sent", r.get("frames_sent")),
-                 ("attack KiB sent", _kib(r.get("bytes_sent"))), ("attack MiB received", _mib(r.get("bytes_received"))),
-                 ("attack replies", r.get("replies")), ("attack sockets ended", r.get("ended")),
-                 ("attack handshakes refused", r.get("refused"))]
+        rows += [
+            ("attack connections", r.get("connections")),
+            ("attack frames sent", r.get("frames_sent")),
+            ("attack KiB sent", _kib(r.get("bytes_sent"))),
+            ("attack MiB received", _mib(r.get("bytes_received"))),
+            ("attack replies", r.get("replies")),
+            ("attack sockets ended", r.get("ended")),
+            ("attack handshakes refused", r.get("refused")),
+        ]
         if attack == "query_awareness":
-            rows[1:1] = [("presence greeting KiB", _kib(_get(record, "presence", "greeting", "bytes"))),
-                         ("presence greeting entries", _get(record, "presence", "greeting", "entries"))]
-            rows += [("query rounds of %s" % r.get("queries_per_round"), r.get("rounds")),
-                     ("amplification (recv/sent)", r.get("amplification"))]
+            rows[1:1] = [
+                ("presence greeting KiB", _kib(_get(record, "presence", "greeting", "bytes"))),
+                ("presence greeting entries", _get(record, "presence", "greeting", "entries")),
+            ]
+            rows += [
+                (f"query rounds of {r.get('queries_per_round')}", r.get("rounds")),
+                ("amplification (recv/sent)", r.get("amplification")),
+            ]
         else:
             rows.insert(2, ("attack frames/s", r.get("frames_per_second")))
     elif attack == "half_frames":
@@ -487,12 +591,14 @@ def attack_rows(attack: str, record: dict[str, Any]) -> list[tuple[str, Any]]:
             rows.append((f"RSS after wave {wave['wave']} MiB", wave.get("rss_mib")))
             rows.append((f"  server connections after wave {wave['wave']}", wave.get("server_connections")))
             rows.append((f"  wave {wave['wave']} MiB sent, s", f"{wave.get('sent_mib')} @{wave.get('seconds')}"))
-        rows += [("server connections before", record.get("server_connections_baseline")),
-                 ("RSS after close+settle MiB", _get(record, "after", "rss_after_close_mib")),
-                 ("connections back after s", _get(record, "after", "connections_back_s")),
-                 ("sockets sent all payload", f"{r.get('sent_all')}/{r.get('sockets')}" if r else None),
-                 ("/ws sockets ended", _get(r, "ended_by_path", "/ws")),
-                 ("/yws sockets ended", _get(r, "ended_by_path", "/yws"))]
+        rows += [
+            ("server connections before", record.get("server_connections_baseline")),
+            ("RSS after close+settle MiB", _get(record, "after", "rss_after_close_mib")),
+            ("connections back after s", _get(record, "after", "connections_back_s")),
+            ("sockets sent all payload", f"{r.get('sent_all')}/{r.get('sockets')}" if r else None),
+            ("/ws sockets ended", _get(r, "ended_by_path", "/ws")),
+            ("/yws sockets ended", _get(r, "ended_by_path", "/yws")),
+        ]
     elif attack == "ops_body":
         kinds: dict[str, list[dict[str, Any]]] = {}
         for request in r.get("requests", []):
@@ -501,21 +607,41 @@ def attack_rows(attack: str, record: dict[str, Any]) -> list[tuple[str, Any]]:
         for index, request in enumerate(r.get("requests", [])[:3]):
             peak = growth[index]["growth_mib"] if index < len(growth) else None
             rows.append((f"{request['kind']}: status", request.get("status")))
-            rows.append((f"{request['kind']}: s, MiB sent first", f"{request.get('seconds')}, {_mib(request.get('body_bytes_sent'))}"))
+            rows.append(
+                (
+                    f"{request['kind']}: s, MiB sent first",
+                    f"{request.get('seconds')}, {_mib(request.get('body_bytes_sent'))}",
+                )
+            )
             top = growth[index]["rss_max_mib"] if index < len(growth) else None
             rows.append((f"{request['kind']}: RSS growth (peak) MiB", None if peak is None else f"{peak} ({top})"))
         rows.append(("ops requests made", len(r.get("requests", []))))
         rows.append(("ops statuses", {k: _fmt(v) for k, v in (r.get("statuses") or {}).items()}))
     elif attack == "burst":
-        rows += [("burst seconds to all stored", r.get("seconds")), ("burst all stored", r.get("all_stored")),
-                 ("burst update frames sent", r.get("update_frames_sent")), ("burst acked total", r.get("acked_total")),
-                 ("burst resyncs", r.get("resyncs")), ("burst errors", r.get("errors")),
-                 ("burst doc characters (of %s)" % (3 * (r.get("updates_per_client") or 0)), r.get("document_characters"))]
-    rows.append(("victim errors (quiet/attack)", f"{_fmt(_get(record, 'phases', 'quiet', 'victim', 'errors'))} / "
-                                                 f"{_fmt(_get(record, 'phases', 'attack', 'victim', 'errors'))}"))
+        rows += [
+            ("burst seconds to all stored", r.get("seconds")),
+            ("burst all stored", r.get("all_stored")),
+            ("burst update frames sent", r.get("update_frames_sent")),
+            ("burst acked total", r.get("acked_total")),
+            ("burst resyncs", r.get("resyncs")),
+            ("burst errors", r.get("errors")),
+            ("burst doc characters (of %s)" % (3 * (r.get("updates_per_client") or 0)), r.get("document_characters")),
+        ]
+    rows.append(
+        (
+            "victim errors (quiet/attack)",
+            f"{_fmt(_get(record, 'phases', 'quiet', 'victim', 'errors'))} / "
+            f"{_fmt(_get(record, 'phases', 'attack', 'victim', 'errors'))}",
+        )
+    )
     rows.append(("victim reconnects", record.get("victim_reconnects") or None))
-    rows.append(("log lines, whole server run", {p.strip(): n for p, n in (record.get("log_lines_total") or {}).items() if n}
-                                                or (None if record.get("log_lines_total") is None else "none")))
+    rows.append(
+        (
+            "log lines, whole server run",
+            {p.strip(): n for p, n in (record.get("log_lines_total") or {}).items() if n}
+            or (None if record.get("log_lines_total") is None else "none"),
+        )
+    )
     return rows
 
 
@@ -533,7 +659,7 @@ def print_tables(results: dict[str, dict[str, Any]], trees: list[str], attacks_r
         records = {tree: results.get(tree, {}).get(attack) for tree in trees}
         print()
         print(f"== {attack} ({seconds:g} s phases) ".ljust(width + len(trees) * 2 * col, "="))
-        print(" " * width + "".join(f"{tree[:2 * col - 2]:>{2 * col}}" for tree in trees))
+        print(" " * width + "".join(f"{tree[: 2 * col - 2]:>{2 * col}}" for tree in trees))
         print(" " * width + "".join(f"{'quiet':>{col}}{'attack':>{col}}" for _ in trees))
         for label, path in COMMON_ROWS + [(f"log lines {p.strip()!r}", ("log_lines", p)) for p in LOG_PATTERNS]:
             cells = []
@@ -559,7 +685,7 @@ def print_tables(results: dict[str, dict[str, Any]], trees: list[str], attacks_r
                 long_rows.append((label, cells))
         for label, cells in long_rows:
             print(f"{label}:")
-            for tree, cell in zip(trees, cells):
+            for tree, cell in zip(trees, cells, strict=True):
                 print(f"    {tree}: {cell}")
 
 
@@ -567,19 +693,39 @@ def print_tables(results: dict[str, dict[str, Any]], trees: list[str], attacks_r
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
-                        help="a checkout to serve (repeatable; columns in this order)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--tree",
+        action="append",
+        required=True,
+        metavar="NAME=PATH",
+        help="a checkout to serve (repeatable; columns in this order)",
+    )
     parser.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated, of {', '.join(ATTACKS)}")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the quiet phase and of each flood")
     parser.add_argument("--json", type=Path, help="write every raw figure here")
-    parser.add_argument("--env", action="append", default=[], metavar="[TREE:]KEY=VALUE",
-                        help="extra server environment, for every tree or (TREE:) one")
-    parser.add_argument("--workdir", type=Path, help="servers' logs and data (default: a new temporary directory, kept)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="[TREE:]KEY=VALUE",
+        help="extra server environment, for every tree or (TREE:) one",
+    )
+    parser.add_argument(
+        "--workdir", type=Path, help="servers' logs and data (default: a new temporary directory, kept)"
+    )
     parser.add_argument("--queries", type=int, default=2000, help="query-awareness messages per round")
-    parser.add_argument("--query-quiet", type=float, default=1.0,
-                        help="next query round once no answer came for this long (0: at once, a flood)")
-    parser.add_argument("--presence-bytes", type=int, default=237 * 1024, help="presence states on the queried document")
+    parser.add_argument(
+        "--query-quiet",
+        type=float,
+        default=1.0,
+        help="next query round once no answer came for this long (0: at once, a flood)",
+    )
+    parser.add_argument(
+        "--presence-bytes", type=int, default=237 * 1024, help="presence states on the queried document"
+    )
     parser.add_argument("--half-waves", type=int, default=3)
     parser.add_argument("--half-sockets", type=int, default=64, help="sockets per wave")
     parser.add_argument("--half-declared-mib", type=int, default=16)
@@ -587,8 +733,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops-body-mib", type=int, default=128)
     parser.add_argument("--burst-updates", type=int, default=1000, help="updates per client (3 clients)")
     parser.add_argument("--burst-timeout", type=float, default=60.0)
-    parser.add_argument("--log-pattern", action="append", default=[],
-                        help="also count server log lines containing this (repeatable)")
+    parser.add_argument(
+        "--log-pattern", action="append", default=[], help="also count server log lines containing this (repeatable)"
+    )
     args = parser.parse_args(argv)
     args.attack_list = [a.strip() for a in args.attacks.split(",") if a.strip()]
     unknown = [a for a in args.attack_list if a not in ATTACKS]
@@ -628,18 +775,28 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     trees = [Tree(name, path, args.tree_env[name], workdir) for name, path in args.trees]
     for tree in trees:
         tree.check()
-        progress(f"tree {tree.name}: {tree.path} (commit {tree.info['commit']}, "
-                 f"{tree.info['uncommitted_yrelay_files']} uncommitted files under yrelay/, imports {tree.info['imports']})"
-                 + ("" if tree.info["static"] else "; no yrelay/app/static (built client missing)"))
+        progress(
+            f"tree {tree.name}: {tree.path} (commit {tree.info['commit']}, "
+            f"{tree.info['uncommitted_yrelay_files']} uncommitted files under yrelay/, imports {tree.info['imports']})"
+            + ("" if tree.info["static"] else "; no yrelay/app/static (built client missing)")
+        )
         tree.start_redis()
         assert tree.redis is not None
         progress(f"tree {tree.name}: redis-server on {tree.redis.url}")
     results: dict[str, dict[str, Any]] = {tree.name: {} for tree in trees}
     output: dict[str, Any] = {
-        "meta": {"argv": sys.argv, "seconds": args.seconds, "attacks": args.attack_list,
-                 "trees": {tree.name: tree.info for tree in trees}, "env": args.tree_env,
-                 "cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-                 "workdir": str(workdir), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        "meta": {
+            "argv": sys.argv,
+            "seconds": args.seconds,
+            "attacks": args.attack_list,
+            "trees": {tree.name: tree.info for tree in trees},
+            "env": args.tree_env,
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "workdir": str(workdir),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
         "results": results,
     }
     for attack in args.attack_list:

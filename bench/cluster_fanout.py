@@ -20,20 +20,18 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from yrelay_tools.testing.redis_cluster import LocalCluster  # noqa: E402
-
-from yrelay.admission import Needs  # noqa: E402
-from yrelay.app.acks import SubscriptionRegistry  # noqa: E402
-from yrelay.app.appender import Appender  # noqa: E402
-from yrelay.app.fanout_cluster import ClusterFanout, announce  # noqa: E402
-from yrelay.keys import stream_key  # noqa: E402
-from yrelay.redis_client import YrelayCluster, xread_one  # noqa: E402
-from yrelay.store import DocumentStore  # noqa: E402
+from yrelay.admission import Needs
+from yrelay.app.acks import SubscriptionRegistry
+from yrelay.app.appender import Appender
+from yrelay.app.fanout_cluster import ClusterFanout, announce
+from yrelay.keys import stream_key
+from yrelay.redis_client import YrelayCluster, xread_one
+from yrelay.store import DocumentStore
+from yrelay_tools.testing.redis_cluster import LocalCluster
 
 
 class Probe:
@@ -84,9 +82,11 @@ async def run(args: argparse.Namespace) -> None:
         for doc in docs:
             await store.append(doc, "seed", 0, b"\x00\x00")
         sweep = await sweep_ms(redis, docs)
-        print(f"one pipelined XREAD of each of {len(docs)} documents: {sweep:.1f} ms "
-              f"(polling every 10 ms would need {sweep / 10:.0%} of a core and "
-              f"{len(docs) * 100:,} commands/s with nothing to deliver)")
+        print(
+            f"one pipelined XREAD of each of {len(docs)} documents: {sweep:.1f} ms "
+            f"(polling every 10 ms would need {sweep / 10:.0%} of a core and "
+            f"{len(docs) * 100:,} commands/s with nothing to deliver)"
+        )
 
         arrivals: dict[str, float] = {}
         registry: SubscriptionRegistry = SubscriptionRegistry()
@@ -109,14 +109,21 @@ async def run(args: argparse.Namespace) -> None:
         await asyncio.sleep(1.5)
         after = await commands(redis)
         latencies = sorted((arrivals[entry] - sent) * 1000 for entry, sent in submitted.items() if entry in arrivals)
-        print(f"{len(submitted)} appends at {args.rate}/s to random ones of {len(docs)} subscribed documents: "
-              f"{len(latencies)} delivered, submit-to-delivery p50 {statistics.median(latencies):.1f} ms, "
-              f"p99 {latencies[int(len(latencies) * 0.99) - 1]:.1f} ms; "
-              f"{(sum(after.values()) - sum(before.values())) / len(submitted):.1f} Redis commands per append "
-              f"(append, marks, wake-up, reads, sweeps)")
-        print("  per append: " + ", ".join(
-            f"{name.removeprefix('cmdstat_')} {(after[name] - before.get(name, 0)) / len(submitted):.2f}"
-            for name in sorted(after) if after[name] - before.get(name, 0) >= len(submitted) / 100))
+        print(
+            f"{len(submitted)} appends at {args.rate}/s to random ones of {len(docs)} subscribed documents: "
+            f"{len(latencies)} delivered, submit-to-delivery p50 {statistics.median(latencies):.1f} ms, "
+            f"p99 {latencies[int(len(latencies) * 0.99) - 1]:.1f} ms; "
+            f"{(sum(after.values()) - sum(before.values())) / len(submitted):.1f} Redis commands per append "
+            f"(append, marks, wake-up, reads, sweeps)"
+        )
+        print(
+            "  per append: "
+            + ", ".join(
+                f"{name.removeprefix('cmdstat_')} {(after[name] - before.get(name, 0)) / len(submitted):.2f}"
+                for name in sorted(after)
+                if after[name] - before.get(name, 0) >= len(submitted) / 100
+            )
+        )
         await appender.stop()
         await fanout.stop()
         await redis.aclose()

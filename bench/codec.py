@@ -68,8 +68,10 @@ def paste(size: int = 1 << 20) -> bytes:
 
 
 def presence_update() -> bytes:
-    entries = [awareness.AwarenessEntry(1000 + i, i + 1, '{"user":{"name":"user %d","color":"#30bced"}}' % i)
-               for i in range(awareness.MAX_ENTRIES)]
+    entries = [
+        awareness.AwarenessEntry(1000 + i, i + 1, f'{{"user":{{"name":"user {i}","color":"#30bced"}}}}')
+        for i in range(awareness.MAX_ENTRIES)
+    ]
     return awareness.encode_update(entries)
 
 
@@ -77,7 +79,7 @@ def reconciliation_reply() -> bytes:
     ids = sorted(f"team-{i // 50:04d}/doc-{i:06d}" for i in range(2000))
     encoder = messages.Encoder()
     for start in range(0, len(ids), 100):
-        chunk = ids[start:start + 100]
+        chunk = ids[start : start + 100]
         lower = "" if start == 0 else ids[start - 1] + "\0"
         encoder.ids(lower, chunk[-1] + "\0", chunk)
     return encoder.finish()
@@ -102,22 +104,40 @@ def main() -> None:
     hello, reply, vector = presence_update(), reconciliation_reply(), _state_vector()
     layout = update_format.read_layout(state)
     structs = sum(len(section.structs) for section in layout.sections)
-    print(f"typing trace: {len(trace)} updates, {sum(map(len, trace)):,} bytes; scattered state: "
-          f"{len(state):,} bytes, {structs:,} structs; paste: {len(big):,} bytes; "
-          f"presence: {len(hello)} bytes; reconciliation reply: {len(reply):,} bytes\n")
+    print(
+        f"typing trace: {len(trace)} updates, {sum(map(len, trace)):,} bytes; scattered state: "
+        f"{len(state):,} bytes, {structs:,} structs; paste: {len(big):,} bytes; "
+        f"presence: {len(hello)} bytes; reconciliation reply: {len(reply):,} bytes\n"
+    )
     print("| workload | best | median |")
     print("| --- | ---: | ---: |")
-    timed("read_layout, 1,000-update typing trace (all)", lambda: [update_format.read_layout(u) for u in trace],
-          args.repeat, "ms")
+    timed(
+        "read_layout, 1,000-update typing trace (all)",
+        lambda: [update_format.read_layout(u) for u in trace],
+        args.repeat,
+        "ms",
+    )
     timed("read_layout, 1 MiB scattered state", lambda: update_format.read_layout(state), args.repeat, "ms")
     timed("read_layout, 1 MiB paste", lambda: update_format.read_layout(big), args.repeat, "ms")
     timed("decode (coverage), 1 MiB scattered state", lambda: update_format.decode(state), args.repeat, "ms")
-    timed("decode_state_vector, 20 clients, x1000", lambda: [update_format.decode_state_vector(vector)
-                                                              for _ in range(1000)], args.repeat, "ms")
-    timed("awareness.decode_update, 16 entries, x1000", lambda: [awareness.decode_update(hello) for _ in range(1000)],
-          args.repeat, "ms")
-    timed("messages.decode, 2,000 ids, x10", lambda: [messages.decode(reply, messages.REPLY_MODES, 10_000)
-                                                      for _ in range(10)], args.repeat, "ms")
+    timed(
+        "decode_state_vector, 20 clients, x1000",
+        lambda: [update_format.decode_state_vector(vector) for _ in range(1000)],
+        args.repeat,
+        "ms",
+    )
+    timed(
+        "awareness.decode_update, 16 entries, x1000",
+        lambda: [awareness.decode_update(hello) for _ in range(1000)],
+        args.repeat,
+        "ms",
+    )
+    timed(
+        "messages.decode, 2,000 ids, x10",
+        lambda: [messages.decode(reply, messages.REPLY_MODES, 10_000) for _ in range(10)],
+        args.repeat,
+        "ms",
+    )
 
 
 def _state_vector() -> bytes:

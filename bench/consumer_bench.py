@@ -66,7 +66,7 @@ async def seed(store: DocumentStore, docs: list[str], entries: int) -> dict[str,
             await store.append(doc, "seed", clock, update)
 
     for start in range(0, len(docs), 100):
-        await asyncio.gather(*(one(doc) for doc in docs[start:start + 100]))
+        await asyncio.gather(*(one(doc) for doc in docs[start : start + 100]))
     return {doc: (await store.last_id(doc)).score() for doc in docs}
 
 
@@ -84,8 +84,10 @@ async def xread_ceiling(redis: Redis, docs: list[str], total: int) -> float:
 
 def spawn(url: str, group: str, member: str, lease: float, *extra: str, tree: str | None = None) -> subprocess.Popen:
     role = "follower" if extra else "member"
-    return subprocess.Popen([sys.executable, __file__, role, url, group, member, str(lease), *extra],
-                            env={**os.environ, "PYTHONPATH": tree or str(Path(__file__).resolve().parent.parent)})
+    return subprocess.Popen(
+        [sys.executable, __file__, role, url, group, member, str(lease), *extra],
+        env={**os.environ, "PYTHONPATH": tree or str(Path(__file__).resolve().parent.parent)},
+    )
 
 
 async def balanced(redis: Redis, group: str, members: int, docs: int) -> dict[str, int]:
@@ -105,14 +107,15 @@ async def drained(redis: Redis, group: str, last: dict[str, float]) -> None:
             for doc in docs:
                 pipe.zscore(group_progress_key(doc), group)
             scores = await pipe.execute()
-        docs = [doc for doc, score in zip(docs, scores) if score is None or score < last[doc]]
+        docs = [doc for doc, score in zip(docs, scores, strict=True) if score is None or score < last[doc]]
         if not docs:
             return
         await asyncio.sleep(0.1)
 
 
-async def drain(redis: Redis, url: str, group: str, members: int, last: dict[str, float], lease: float,
-                keep: bool = False) -> tuple[float, list[subprocess.Popen]]:
+async def drain(
+    redis: Redis, url: str, group: str, members: int, last: dict[str, float], lease: float, keep: bool = False
+) -> tuple[float, list[subprocess.Popen]]:
     await redis.delete(GO_KEY)
     processes = [spawn(url, group, f"{group}-m{i}", lease) for i in range(members)]
     await balanced(redis, group, members, len(last))
@@ -151,8 +154,10 @@ async def takeover(redis: Redis, group: str, processes: list[subprocess.Popen]) 
             for doc in held:
                 pipe.hget(group_leases_key(doc), group)
             fences = await pipe.execute()
-        if all(assigned[doc].member != victim and fence is not None and int(fence) == assigned[doc].version
-               for doc, fence in zip(held, fences)):
+        if all(
+            assigned[doc].member != victim and fence is not None and int(fence) == assigned[doc].version
+            for doc, fence in zip(held, fences, strict=True)
+        ):
             return time.perf_counter() - killed, len(held)
         await asyncio.sleep(0.01)
 
@@ -184,6 +189,7 @@ async def follower(url: str, group: str, name: str, lease: float, out: str) -> N
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     lags: list[float] = []
     async with ConsumerGroup(redis, group, member=name, lease=lease) as consumer:
+
         async def consume() -> None:
             async for batch in consumer.batches():
                 now = time.time() * 1000
@@ -199,7 +205,7 @@ async def follower(url: str, group: str, name: str, lease: float, out: str) -> N
         cpu = time.process_time() - cpu
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    Path(out).write_text(json.dumps({"cpu": cpu, "lags": lags}))
+    Path(out).write_text(json.dumps({"cpu": cpu, "lags": lags}))  # noqa: ASYNC240 - after the measurement
 
 
 async def redis_cpu(redis: Redis) -> float:
@@ -207,8 +213,17 @@ async def redis_cpu(redis: Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-async def follow(redis: Redis, store: DocumentStore, url: str, docs: list[str], last: dict[str, float],
-                 rate: int, seconds: float, lease: float, tree: str | None) -> None:
+async def follow(
+    redis: Redis,
+    store: DocumentStore,
+    url: str,
+    docs: list[str],
+    last: dict[str, float],
+    rate: int,
+    seconds: float,
+    lease: float,
+    tree: str | None,
+) -> None:
     """One member drains, then follows ``rate`` appends/s to random documents."""
     import random
 
@@ -225,19 +240,23 @@ async def follow(redis: Redis, store: DocumentStore, url: str, docs: list[str], 
         while (elapsed := time.perf_counter() - started) < seconds:
             due = int(elapsed * rate) - sent
             if due > 0:
-                await asyncio.gather(*(store.append(random.choice(docs), "follow", clock + i, update) for i in range(due)))
+                await asyncio.gather(
+                    *(store.append(random.choice(docs), "follow", clock + i, update) for i in range(due))
+                )
                 clock, sent = clock + due, sent + due
             await asyncio.sleep(0.005)
         await asyncio.sleep(1.0)
         cpu = await redis_cpu(redis) - cpu
         stop([process])
-        result = json.loads(Path(out).read_text())
+        result = json.loads(Path(out).read_text())  # noqa: ASYNC240 - after the measurement
     lags = sorted(result["lags"])
     pick = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] if lags else float("nan")  # noqa: E731
-    print(f"follow {len(docs)} documents at {rate}/s for {seconds:.0f} s ({tree or 'this tree'}): "
-          f"{sent} appended, {len(lags)} handed out; Redis CPU {cpu / sent * 1000:.3f} s per 1k entries "
-          f"(appends included), member CPU {result['cpu'] / sent * 1000:.3f} s per 1k; "
-          f"lag p50 {pick(0.5):.1f} ms, p99 {pick(0.99):.1f} ms")
+    print(
+        f"follow {len(docs)} documents at {rate}/s for {seconds:.0f} s ({tree or 'this tree'}): "
+        f"{sent} appended, {len(lags)} handed out; Redis CPU {cpu / sent * 1000:.3f} s per 1k entries "
+        f"(appends included), member CPU {result['cpu'] / sent * 1000:.3f} s per 1k; "
+        f"lag p50 {pick(0.5):.1f} ms, p99 {pick(0.99):.1f} ms"
+    )
 
 
 def load() -> str:
@@ -246,7 +265,9 @@ def load() -> str:
 
 
 @asynccontextmanager
-async def seeded(docs_count: int, entries: int) -> AsyncIterator[tuple[RedisProcess, Redis, DocumentStore, list[str], dict[str, float]]]:
+async def seeded(
+    docs_count: int, entries: int
+) -> AsyncIterator[tuple[RedisProcess, Redis, DocumentStore, list[str], dict[str, float]]]:
     """A fresh redis-server holding ``docs_count`` documents of ``entries`` entries (:func:`seed`)."""
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp)) as server:
         redis = Redis.from_url(server.url)
@@ -258,8 +279,9 @@ async def seeded(docs_count: int, entries: int) -> AsyncIterator[tuple[RedisProc
         await redis.aclose()
 
 
-async def main(docs_count: int, entries: int, lease: float, rate: int = 0, seconds: float = 20.0,
-               trees: list[str] | None = None) -> None:
+async def main(
+    docs_count: int, entries: int, lease: float, rate: int = 0, seconds: float = 20.0, trees: list[str] | None = None
+) -> None:
     print(f"load average before: {load()} (2 cores; other engineers' test runs share the machine)")
     if rate:
         for tree in trees or [None]:  # type: ignore[list-item]
@@ -274,8 +296,10 @@ async def main(docs_count: int, entries: int, lease: float, rate: int = 0, secon
         rows = [("raw XREAD, 1 client (ceiling)", ceiling, None)]
         for members in (1, 3):
             seconds, _ = await drain(redis, server.url, f"bench{members}", members, last, lease)
-            rows.append((f"group of {members}, {members} process{'es' if members > 1 else ''}", total / seconds, seconds))
-        print(f"\n| reader | entries/s | seconds | vs ceiling |\n| --- | ---: | ---: | ---: |")
+            rows.append(
+                (f"group of {members}, {members} process{'es' if members > 1 else ''}", total / seconds, seconds)
+            )
+        print("\n| reader | entries/s | seconds | vs ceiling |\n| --- | ---: | ---: | ---: |")
         for name, rate, seconds in rows:
             shown = "-" if seconds is None else f"{seconds:.2f}"
             print(f"| {name} | {rate:,.0f} | {shown} | {rate / ceiling:.2f} |")
@@ -298,10 +322,18 @@ if __name__ == "__main__":
         parser.add_argument("--docs", type=int, default=1000)
         parser.add_argument("--entries", type=int, default=20)
         parser.add_argument("--lease", type=float, default=3.0)
-        parser.add_argument("--follow", type=int, default=0, metavar="RATE",
-                            help="measure a member following RATE appends/s instead (see the module doc)")
+        parser.add_argument(
+            "--follow",
+            type=int,
+            default=0,
+            metavar="RATE",
+            help="measure a member following RATE appends/s instead (see the module doc)",
+        )
         parser.add_argument("--seconds", type=float, default=20.0)
-        parser.add_argument("--tree", action="append",
-                            help="run the member with this checkout's yrelay (repeat: one run each, in order)")
+        parser.add_argument(
+            "--tree",
+            action="append",
+            help="run the member with this checkout's yrelay (repeat: one run each, in order)",
+        )
         args = parser.parse_args()
         asyncio.run(main(args.docs, args.entries, args.lease, args.follow, args.seconds, args.tree))

@@ -22,10 +22,20 @@ ROUNDS = 200
 def delivers(entries: int) -> list[bytes]:
     """``ROUNDS`` consecutive deliver frames of one typing writer, ``entries`` each."""
     updates = writer_edits(client_id=12345, count=entries * ROUNDS)
-    return [json.dumps({"op": "deliver", "doc": "notes/today", "entries": [
-        {"id": f"{1795528884422 + r * entries + i}-0", "update": base64.b64encode(u).decode()}
-        for i, u in enumerate(updates[r * entries:(r + 1) * entries])]}, separators=(",", ":")).encode()
-        for r in range(ROUNDS)]
+    return [
+        json.dumps(
+            {
+                "op": "deliver",
+                "doc": "notes/today",
+                "entries": [
+                    {"id": f"{1795528884422 + r * entries + i}-0", "update": base64.b64encode(u).decode()}
+                    for i, u in enumerate(updates[r * entries : (r + 1) * entries])
+                ],
+            },
+            separators=(",", ":"),
+        ).encode()
+        for r in range(ROUNDS)
+    ]
 
 
 def per_message(frames: list[bytes], fresh: bool) -> tuple[float, float]:
@@ -40,16 +50,21 @@ def per_message(frames: list[bytes], fresh: bool) -> tuple[float, float]:
 
 
 def main() -> None:
-    frames = {"deliver, 1 entry": delivers(1), "deliver, 10 entries": delivers(10),
-              "deliver, 100 entries": delivers(100),
-              "ack": [b'{"op":"ack","doc":"notes/today","offset":"%d-0"}' % (1795528884422 + r) for r in range(ROUNDS)]}
+    frames = {
+        "deliver, 1 entry": delivers(1),
+        "deliver, 10 entries": delivers(10),
+        "deliver, 100 entries": delivers(100),
+        "ack": [b'{"op":"ack","doc":"notes/today","offset":"%d-0"}' % (1795528884422 + r) for r in range(ROUNDS)],
+    }
     print("| frame | bytes | no context takeover: µs, bytes | context kept: µs, bytes |")
     print("| --- | ---: | --- | --- |")
     for name, frame in frames.items():
         fresh_us, fresh_size = per_message(frame, fresh=True)
         kept_us, kept_size = per_message(frame, fresh=False)
-        print(f"| {name} | {sum(map(len, frame)) / len(frame):,.0f} | {fresh_us:.1f}, {fresh_size:,.0f} | "
-              f"{kept_us:.1f}, {kept_size:,.0f} |")
+        print(
+            f"| {name} | {sum(map(len, frame)) / len(frame):,.0f} | {fresh_us:.1f}, {fresh_size:,.0f} | "
+            f"{kept_us:.1f}, {kept_size:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,13 @@ def settings():
     from yrelay.config import Settings
 
     # the per-client limits off, as yrelay bench does: one address opening 1,000 sockets
-    return Settings.from_env(insecure_no_auth=True, max_connections_per_address=0, gc_interval=0,
-                             max_subscriptions_per_subject=0, admission_rate=0)
+    return Settings.from_env(
+        insecure_no_auth=True,
+        max_connections_per_address=0,
+        gc_interval=0,
+        max_subscriptions_per_subject=0,
+        admission_rate=0,
+    )
 
 
 def build(mode: str, redis_url: str):
@@ -83,6 +88,7 @@ def build(mode: str, redis_url: str):
             response = await call_next(request)
             response.headers["x-request-id"] = "1"
             return response
+
     return app
 
 
@@ -92,14 +98,17 @@ async def serve(mode: str, redis_url: str, port: int, trace: bool) -> None:
 
     if trace:
         tracemalloc.start()
-    server = uvicorn.Server(uvicorn.Config(build(mode, redis_url), host="127.0.0.1", port=port, log_level="warning",
-                                           **settings().uvicorn_options()))  # type: ignore[arg-type]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            build(mode, redis_url), host="127.0.0.1", port=port, log_level="warning", **settings().uvicorn_options()
+        )
+    )  # type: ignore[arg-type]
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.05)
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
-    while (line := (await loop.run_in_executor(None, sys.stdin.readline)).strip()) != "quit":
+    while (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "quit":
         gc.collect()
         traced = tracemalloc.get_traced_memory()[0] if trace else 0
         print(json.dumps({"rss": rss(), "traced": traced}), flush=True)
@@ -129,8 +138,13 @@ def measure(mode: str, redis_url: str, connections: int, trace: bool, deflate: b
     from yrelay.redis_server import free_port
 
     port = free_port()
-    child = subprocess.Popen([sys.executable, __file__, "--serve", mode, "--redis-url", redis_url, "--port", str(port)]
-                             + (["--trace"] if trace else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", mode, "--redis-url", redis_url, "--port", str(port)]
+        + (["--trace"] if trace else []),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdin and child.stdout
     assert child.stdout.readline().strip() == "ready"
 
@@ -183,13 +197,15 @@ def main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp)) as redis:
-        print(f"| server | connections | RSS per connection (kB) | traced per connection (kB) |")
+        print("| server | connections | RSS per connection (kB) | traced per connection (kB) |")
         print("| --- | --- | --- | --- |")
         for mode in args.modes.split(","):
             plain = measure(mode, redis.url, args.connections, trace=False, deflate=not args.no_deflate)
             traced = measure(mode, redis.url, args.connections, trace=True, deflate=not args.no_deflate)
-            print(f"| {mode} | {args.connections:,} | {plain['rss'] / 1024:.1f} | {traced['traced'] / 1024:.1f} |",
-                  flush=True)
+            print(
+                f"| {mode} | {args.connections:,} | {plain['rss'] / 1024:.1f} | {traced['traced'] / 1024:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -111,8 +111,13 @@ def _child_hostile(engine_name: str) -> None:
 
 
 def hostile(engine_name: str, kind: str, data: bytes) -> str:
-    result = subprocess.run([sys.executable, __file__, "--child-hostile", engine_name],
-                            input=f"{kind} {data.hex()}", capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, __file__, "--child-hostile", engine_name],
+        input=f"{kind} {data.hex()}",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if result.returncode != 0:
         return f"process died (exit {result.returncode}): {result.stderr.strip().splitlines()[-1][:80]}"
     return result.stdout.strip()
@@ -129,7 +134,6 @@ def _child_fuzz(engine_name: str, seconds: float, seed: int) -> None:
     for update in seeds:
         engine["apply"](base, update)
     seeds += [engine["encode"](base), engine["state"](base)]
-    counts = {"raised": 0, "applied": 0}
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         data = _mutate(rng, rng.choice(seeds))
@@ -173,8 +177,12 @@ def fuzz(engine_name: str, seconds: float) -> dict[str, object]:
     seed = 0
     while (left := deadline - time.monotonic()) > 0.5:
         seed += 1
-        result = subprocess.run([sys.executable, __file__, "--child-fuzz", engine_name, str(left), str(seed)],
-                                capture_output=True, text=True, timeout=seconds + 120)
+        result = subprocess.run(
+            [sys.executable, __file__, "--child-fuzz", engine_name, str(left), str(seed)],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 120,
+        )
         lines = result.stdout.splitlines()
         totals["raised"] += lines.count("raised")
         totals["applied"] += lines.count("applied")
@@ -232,7 +240,7 @@ def measure_folds(engine, count: int) -> list[tuple[str, float, int]]:
         for label, fold in variants:
             if label.startswith("re-apply") and order == "reversed" and count > 1500:
                 continue  # minutes
-            ms, doc = timed(lambda: fold(engine, sequence))
+            ms, doc = timed(lambda: fold(engine, sequence))  # noqa: B023 - called within this iteration, never after it
             rows.append((f"fold {order}, {label}", ms, len(engine["text"](doc))))
     return rows
 
@@ -246,7 +254,7 @@ def measure_sync(engine, count: int) -> list[tuple[str, float, int]]:
     fold = fold_sorted if engine["name"].startswith("y-py") else fold_one_pass
     rows = []
     for order, sequence in (("in order", updates), ("reversed", updates[::-1])):
-        ms, diff = timed(lambda: engine["encode"](fold(engine, sequence), vector))
+        ms, diff = timed(lambda: engine["encode"](fold(engine, sequence), vector))  # noqa: B023 - called within this iteration, never after it
         rows.append((order, ms, len(diff)))
     return rows
 

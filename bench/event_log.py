@@ -77,12 +77,17 @@ def compare(variable: str, what: str, args: argparse.Namespace) -> None:
         for round_no in range(args.rounds):
             for mode in ("on", "off"):
                 data = Path(tmp) / f"data-{mode}-{round_no}"
-                env = {"YRELAY_EVENT_LOG": "1", "YRELAY_DATA_DIR": str(data), "YRELAY_GC_INTERVAL": "0",
-                       variable: "1" if mode == "on" else "0"}
+                env = {
+                    "YRELAY_EVENT_LOG": "1",
+                    "YRELAY_DATA_DIR": str(data),
+                    "YRELAY_GC_INTERVAL": "0",
+                    variable: "1" if mode == "on" else "0",
+                }
                 server = ServerProcess(redis.url, Path(tmp), env=env).start()
                 try:
                     rate, delivered = asyncio.run(
-                        one_round(server.ws_url, f"bench-{mode}-{round_no}", args.writers, args.readers, args.updates))
+                        one_round(server.ws_url, f"bench-{mode}-{round_no}", args.writers, args.readers, args.updates)
+                    )
                 finally:
                     server.stop()
                 lines = sum(len(p.read_text().splitlines()) for p in (data / "events").glob("*.jsonl"))
@@ -90,9 +95,11 @@ def compare(variable: str, what: str, args: argparse.Namespace) -> None:
                 print(f"| {round_no} | {mode} | {rate:,.0f} | {delivered:.2f} | {lines:,} |")
         on = statistics.median(rate for rate, _ in results["on"])
         off = statistics.median(rate for rate, _ in results["off"])
-        paired = statistics.median(a / b for (a, _), (b, _) in zip(results["on"], results["off"]))
-        print(f"\nmedian acked updates/s: on {on:,.0f}, off {off:,.0f}, ratio on/off {on / off:.2f}; "
-              f"median of the rounds' on/off ratios {paired:.2f}")
+        paired = statistics.median(a / b for (a, _), (b, _) in zip(results["on"], results["off"], strict=True))
+        print(
+            f"\nmedian acked updates/s: on {on:,.0f}, off {off:,.0f}, ratio on/off {on / off:.2f}; "
+            f"median of the rounds' on/off ratios {paired:.2f}"
+        )
 
 
 def main() -> None:

@@ -55,7 +55,13 @@ async def gc_pass(docs: int, changed: int, entries: int) -> None:
         updates = edits(entries * 2, 1)
         names = [f"doc-{index:05d}" for index in range(docs)]
         print(f"seeding {docs} documents x {entries} entries ...")
-        await asyncio.gather(*(appender.submit(name, "w", c, updates[c], needs_or_nothing(updates[c])) for name in names for c in range(entries)))
+        await asyncio.gather(
+            *(
+                appender.submit(name, "w", c, updates[c], needs_or_nothing(updates[c]))
+                for name in names
+                for c in range(entries)
+            )
+        )
         collector, due = Collector(redis, GcPolicy()), DueSet(redis)
         for name in names:  # every reader acked everything
             await redis.zadd(tracker_key(name), {"reader": (await store.last_id(name)).score()})
@@ -76,7 +82,7 @@ async def gc_pass(docs: int, changed: int, entries: int) -> None:
                 await appender.submit(name, "w", 10_000 + len(rounds), updates[0], needs_or_nothing(updates[0]))
                 await redis.zadd(tracker_key(name), {"reader": (await store.last_id(name)).score()})
         await appender.stop()
-        print(f"\n| documents | changed | due set | pass seconds (3 runs) | folded per pass | docs/s |")
+        print("\n| documents | changed | due set | pass seconds (3 runs) | folded per pass | docs/s |")
         print("|---|---|---|---|---|---|")
         times = ", ".join(f"{seconds:.3f}" for seconds, _ in rounds)
         best = min(seconds for seconds, _ in rounds)
@@ -138,7 +144,7 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
             collector, due = Collector(loads[0].redis, policy), DueSet(loads[0].redis)
             writers = {doc: crdt.new_doc(index + 1) for index, doc in enumerate(loads[0].docs)}
             made: list[bytes] = []
-            observers = [crdt.observe_updates(writer, made.append) for writer in writers.values()]  # kept alive
+            _observers = [crdt.observe_updates(writer, made.append) for writer in writers.values()]  # kept alive
             rng = random.Random(1)
 
             def next_edit(doc: str) -> bytes:
@@ -154,8 +160,10 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
 
             deadline = time.monotonic() + minutes * 60
             next_sample, next_gc, sent = time.monotonic(), time.monotonic() + 10, 0
-            print("| minute | updates | used_memory GC on (MB) | used_memory GC off (MB) | stream entries on / off"
-                  " | snapshots on (KB) | gc pass s |")
+            print(
+                "| minute | updates | used_memory GC on (MB) | used_memory GC off (MB) | stream entries on / off"
+                " | snapshots on (KB) | gc pass s |"
+            )
             print("|---|---|---|---|---|---|---|")
             gc_seconds = 0.0
 
@@ -163,8 +171,10 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
                 on, off = [await load.memory() for load in loads]
                 entries_on, entries_off = [await load.stream_entries() for load in loads]
                 snapshots = await loads[0].snapshot_bytes()
-                return (f"| {label} | {sent} | {on / 1e6:.2f} | {off / 1e6:.2f} | {entries_on} / {entries_off}"
-                        f" | {snapshots / 1e3:.1f} | {gc_seconds:.3f} |")
+                return (
+                    f"| {label} | {sent} | {on / 1e6:.2f} | {off / 1e6:.2f} | {entries_on} / {entries_off}"
+                    f" | {snapshots / 1e3:.1f} | {gc_seconds:.3f} |"
+                )
 
             while time.monotonic() < deadline:
                 tick = time.monotonic()
@@ -175,7 +185,12 @@ async def memory_run(minutes: float, rate: float, docs: int) -> None:
                 if time.monotonic() >= next_gc:
                     summary = await run_due_pass(collector, due, batch_size=500, lease_ms=60_000, next_due_ms=10_000)
                     gc_seconds = summary.seconds
-                    print(f"# gc pass: {summary.documents} docs, {summary.folded} folded, {summary.trimmed} trimmed, {summary.evicted} evicted, {summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors", flush=True)
+                    print(
+                        f"# gc pass: {summary.documents} docs, {summary.folded} folded, {summary.trimmed} trimmed,"
+                        f" {summary.evicted} evicted, {summary.blocked} blocked, {summary.conflicts} conflicts,"
+                        f" {summary.errors} errors",
+                        flush=True,
+                    )
                     next_gc += 10
                 if time.monotonic() >= next_sample:
                     minute = (time.monotonic() - (deadline - minutes * 60)) / 60

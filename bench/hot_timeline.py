@@ -1,14 +1,16 @@
 """When the slow updates of a hot (or many) run happened: the tail, over time.
 
 Runs one step of ``yrelay bench``'s hot scenario (1 document, 2 writers, 50
-readers; or ``--scenario many``: 1,000 documents x 2 clients) against one target and prints, besides p50/p99/max, the send time
-(seconds into the run) and latency of every update at or above the p99. A
-tail spread over the run is queueing; a cluster at one moment is a stall
+readers; or ``--scenario many``: 1,000 documents x 2 clients) against one
+target and prints, besides p50/p99/max, the send time (seconds into the run)
+and latency of every update at or above the p99. A tail spread over the run
+is queueing; a cluster at one moment is a stall
 (issue 20: the GC pass every ``gc_interval`` seconds, see BENCHMARKS.md
 "Issue 20: hot p99"). The server's work directory (its log, its event log
 with the ``snapshot`` and ``trim`` events) is kept and named at the end.
 
-    cd /tmp && PYTHONPATH=/work/main /work/main/.venv/bin/python /work/main/bench/hot_timeline.py [--target yrelay] [--rate 500] [--duration 10] [--scenario many]
+    cd /tmp && PYTHONPATH=/work/main /work/main/.venv/bin/python /work/main/bench/hot_timeline.py \\
+        [--target yrelay] [--rate 500] [--duration 10] [--scenario many]
 """
 
 from __future__ import annotations
@@ -48,15 +50,21 @@ def main() -> None:
         sent.update(result.sent)
         for key, (last, _) in result.receipts.items():
             arrived[key] = max(arrived.get(key, 0.0), last)
-    timeline = sorted((sent[key] - generator.start, (arrived[key] - sent[key]) * 1000) for key in sent if key in arrived)
+    timeline = sorted(
+        (sent[key] - generator.start, (arrived[key] - sent[key]) * 1000) for key in sent if key in arrived
+    )
     latencies = sorted(ms for _, ms in timeline)
     p99 = percentile(latencies, 0.99)
-    print(f"{len(timeline)} updates: p50 {percentile(latencies, 0.5):.2f} ms, p99 {p99:.2f} ms, "
-          f"max {latencies[-1]:.2f} ms")
+    print(
+        f"{len(timeline)} updates: p50 {percentile(latencies, 0.5):.2f} ms, p99 {p99:.2f} ms, "
+        f"max {latencies[-1]:.2f} ms"
+    )
     print("at or above the p99 (s into the run: ms):")
     print(" ".join(f"{at:.2f}:{ms:.1f}" for at, ms in timeline if ms >= p99))
-    print(f"the run started at {time.time() - (time.perf_counter() - generator.start):.3f} (unix time; "
-          f"the stall probe's clock)")
+    print(
+        f"the run started at {time.time() - (time.perf_counter() - generator.start):.3f} (unix time; "
+        f"the stall probe's clock)"
+    )
     print(f"server's work directory: {work}")
 
 

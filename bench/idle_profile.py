@@ -9,7 +9,8 @@ traced allocations before and after are compared by file, grouped by package
 (``yrelay``, ``asyncio``, ``uvicorn``, ``websockets``...). zlib's own buffers
 are allocated by C, not traced: the RSS figure of ``yrelay bench idle`` holds them.
 
-    PYTHONPATH=. .venv/bin/python bench/idle_profile.py [--connections 1000] [--no-deflate] [--env YRELAY_X=1] [--embedded]
+    PYTHONPATH=. .venv/bin/python bench/idle_profile.py \\
+        [--connections 1000] [--no-deflate] [--env YRELAY_X=1] [--embedded]
 """
 
 from __future__ import annotations
@@ -49,8 +50,14 @@ async def serve(redis_url: str, port: int) -> None:
     from yrelay.config import Settings
 
     tracemalloc.start(int(os.environ.get("IDLE_PROFILE_FRAMES", "1")))
-    settings = Settings.from_env(insecure_no_auth=True, max_connections_per_address=0, gc_interval=0,
-                                 max_subscriptions_per_subject=0, admission_rate=0, updates_per_second=0)
+    settings = Settings.from_env(
+        insecure_no_auth=True,
+        max_connections_per_address=0,
+        gc_interval=0,
+        max_subscriptions_per_subject=0,
+        admission_rate=0,
+        updates_per_second=0,
+    )
     if os.environ.get("IDLE_PROFILE_EMBEDDED"):  # the relay in a FastAPI host app (the bench's yrelay-embedded)
         from yrelay import Relay
         from yrelay_tools.bench.targets.embedded import host_app
@@ -58,8 +65,9 @@ async def serve(redis_url: str, port: int) -> None:
         app = host_app(Relay(settings, redis_url=redis_url))
     else:
         app = create_app(settings, redis_url)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", **settings.uvicorn_options()))  # type: ignore[arg-type]
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **settings.uvicorn_options())
+    )  # type: ignore[arg-type]
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.05)
@@ -67,7 +75,7 @@ async def serve(redis_url: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     before: tracemalloc.Snapshot | None = None
     only = os.environ.get("IDLE_PROFILE_ONLY", "")
-    while (line := (await loop.run_in_executor(None, sys.stdin.readline)).strip()) != "quit":
+    while (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "quit":
         gc.collect()
         snapshot = tracemalloc.take_snapshot()
         if before is None:
@@ -77,10 +85,17 @@ async def serve(redis_url: str, port: int) -> None:
         grown: Counter[str] = Counter()
         for stat in snapshot.compare_to(before, "filename"):
             grown[package(stat.traceback[0].filename)] += stat.size_diff
-        lines = [(" <- ".join(f"{frame.filename.split('site-packages/')[-1].split('python3.11/')[-1]}:{frame.lineno}"
-                              for frame in stat.traceback), stat.size_diff)
-                 for stat in snapshot.compare_to(before, "traceback")
-                 if only in ("", package(stat.traceback[-1].filename))][:30]
+        lines = [
+            (
+                " <- ".join(
+                    f"{frame.filename.split('site-packages/')[-1].split('python3.11/')[-1]}:{frame.lineno}"
+                    for frame in stat.traceback
+                ),
+                stat.size_diff,
+            )
+            for stat in snapshot.compare_to(before, "traceback")
+            if only in ("", package(stat.traceback[-1].filename))
+        ][:30]
         print(json.dumps({"packages": dict(grown), "lines": lines}), flush=True)
     server.should_exit = True
     await task
@@ -130,13 +145,22 @@ def main() -> None:
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    env = {**os.environ, **dict(item.split("=", 1) for item in args.env), "IDLE_PROFILE_FRAMES": str(args.frames),
-           **({"IDLE_PROFILE_EMBEDDED": "1"} if args.embedded else {}),
-           "IDLE_PROFILE_ONLY": args.only}
+    env = {
+        **os.environ,
+        **dict(item.split("=", 1) for item in args.env),
+        "IDLE_PROFILE_FRAMES": str(args.frames),
+        **({"IDLE_PROFILE_EMBEDDED": "1"} if args.embedded else {}),
+        "IDLE_PROFILE_ONLY": args.only,
+    }
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp)) as redis:
         port = free_port()
-        child = subprocess.Popen([sys.executable, __file__, "--serve", "--redis-url", redis.url, "--port", str(port)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", "--redis-url", redis.url, "--port", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert child.stdin and child.stdout
 
         def sample() -> dict:

@@ -50,8 +50,15 @@ async def main(sizes: list[float]) -> None:
     with tempfile.TemporaryDirectory() as tmp, RedisProcess(Path(tmp)) as redis:
         settings = Settings.from_env(data_dir=Path(tmp), gc_interval=0)
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(settings, redis.url), host="127.0.0.1", port=port,
-                                               log_level="warning", **settings.uvicorn_options()))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(settings, redis.url),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                **settings.uvicorn_options(),
+            )
+        )
         task = asyncio.create_task(server.serve())
         while not server.started:
             await asyncio.sleep(0.01)

@@ -64,12 +64,15 @@ async def take_costs(url: str, takes: int) -> None:
     await redis.aclose()
     print(f"takes: {takes}  chunk: {bucket.chunk} tokens")
     print(f"  per-process TokenBucket.take      {local_us:7.2f} us")
-    print(f"  shared bucket, local allowance    {shared_us:7.2f} us   ({calls} Redis calls, "
-          f"{calls / takes:.5f} per take)")
+    print(
+        f"  shared bucket, local allowance    {shared_us:7.2f} us   ({calls} Redis calls, {calls / takes:.5f} per take)"
+    )
     print(f"  one quota_take script per update  {naive_us:7.2f} us   (1 Redis call per take)")
-    print(f"default limit (500/s, burst 2000), one writer pacing itself at <= 400/s for 2 s "
-          f"(got {paced[0] / 2:.0f}/s): {paced[0]} takes, "
-          f"{paced[1]} Redis calls ({paced[1] / paced[0]:.3f} per update), {paced[2]} refused")
+    print(
+        f"default limit (500/s, burst 2000), one writer pacing itself at <= 400/s for 2 s "
+        f"(got {paced[0] / 2:.0f}/s): {paced[0]} takes, "
+        f"{paced[1]} Redis calls ({paced[1] / paced[0]:.3f} per update), {paced[2]} refused"
+    )
 
 
 async def paced_calls(redis: Redis) -> tuple[int, int, int]:
@@ -96,18 +99,30 @@ def updates(count: int) -> list[str]:
 
 async def served_rate(url: str, count: int, subject_rate: float) -> float:
     """Updates acked per second for one writer, the subject limit at ``subject_rate`` (0: off)."""
-    settings = Settings.from_env(insecure_no_auth=True, updates_per_second=0, subject_updates_per_second=subject_rate,
-                                 subject_update_burst=10**9, admission_rate=0, gc_interval=0, event_log=False,
-                                 data_dir=Path(tempfile.mkdtemp()))
+    settings = Settings.from_env(
+        insecure_no_auth=True,
+        updates_per_second=0,
+        subject_updates_per_second=subject_rate,
+        subject_update_burst=10**9,
+        admission_rate=0,
+        gc_interval=0,
+        event_log=False,
+        data_dir=Path(tempfile.mkdtemp()),
+    )
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, url), host="127.0.0.1", port=port, log_level="warning",
-                                           **settings.uvicorn_options()))  # type: ignore[arg-type]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, url), host="127.0.0.1", port=port, log_level="warning", **settings.uvicorn_options()
+        )
+    )  # type: ignore[arg-type]
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
     doc = f"bench-{port}"
-    frames = [json.dumps({"op": "update", "doc": doc, "clock": clock, "update": update})
-              for clock, update in enumerate(updates(count), 1)]
+    frames = [
+        json.dumps({"op": "update", "doc": doc, "clock": clock, "update": update})
+        for clock, update in enumerate(updates(count), 1)
+    ]
     async with websockets.connect(f"ws://127.0.0.1:{port}/ws", max_size=None) as ws:
         await ws.send(json.dumps({"op": "hello"}))
         await ws.recv()
@@ -139,7 +154,7 @@ async def main() -> None:
         print(f"served: one writer, {args.updates} updates, best of {args.rounds}")
         rates: dict[str, list[float]] = {"subject limit off": [], "subject limit on ": []}
         for _ in range(args.rounds):  # alternated: the machine's load drifts
-            for label, rate in zip(rates, (0, 1e9)):
+            for label, rate in zip(rates, (0, 1e9), strict=True):
                 rates[label].append(await served_rate(redis.url, args.updates, rate))
         for label, runs in rates.items():
             print(f"  {label}  best {max(runs):6.0f} updates/s   runs: {', '.join(f'{r:.0f}' for r in runs)}")

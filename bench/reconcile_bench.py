@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from yrelay.reconciliation import protocol
-from yrelay.reconciliation import Digest, DigestSet, MemoryIdSet, Reconciler, RedisIdSet, digest_of, respond
+from yrelay.reconciliation import Digest, DigestSet, MemoryIdSet, Reconciler, RedisIdSet, digest_of, protocol, respond
 from yrelay.reconciliation.storage import IdSet
 from yrelay.redis_server import RedisProcess
 
@@ -57,8 +56,9 @@ class Run:
         return self.up + self.down
 
 
-async def reconcile(client: IdSet, server: IdSet, expect: tuple[int, int], *, wall: bool = False,
-                    **options: float) -> Run:
+async def reconcile(
+    client: IdSet, server: IdSet, expect: tuple[int, int], *, wall: bool = False, **options: float
+) -> Run:
     """One reconciliation, timed per side; checks the result's sizes."""
     clock = time.perf_counter if wall else time.process_time
     client_s = server_s = 0.0
@@ -81,7 +81,7 @@ def sides(ids: list[str], n: int, client_only: int, server_only: int) -> tuple[l
     """Client and server lists sharing ``n - server_only`` ids; the server's
     is always ``ids[:n]``."""
     common = ids[server_only:n]
-    return common + ids[n:n + client_only], common + ids[:server_only]
+    return common + ids[n : n + client_only], common + ids[:server_only]
 
 
 async def warm(*stores: MemoryIdSet) -> None:
@@ -100,8 +100,18 @@ def kb(size: float) -> str:
 async def differences_table(ids: list[str], n: int, redis: Redis | None) -> None:
     title = "RedisIdSet (server wall s)" if redis else "MemoryIdSet"
     print(f"\n### n = {n:,}, server store: {title}\n")
-    print(row("d", "client->server KB", "server->client KB", "round trips", "client CPU s", "server s",
-              "full list KB, RT, client+server s", "lower bound KB"))
+    print(
+        row(
+            "d",
+            "client->server KB",
+            "server->client KB",
+            "round trips",
+            "client CPU s",
+            "server s",
+            "full list KB, RT, client+server s",
+            "lower bound KB",
+        )
+    )
     print(row(*["---:"] * 8))
     if redis:  # the server holds ids[:n] for every d; the client's side varies
         server: IdSet = RedisIdSet(redis, "bench:{r}:ids", "bench:{r}:digest")
@@ -115,10 +125,21 @@ async def differences_table(ids: list[str], n: int, redis: Redis | None) -> None
         client = MemoryIdSet(sides(ids, n, client_only, server_only)[0])
         await warm(client)
         run = await reconcile(client, server, (client_only, server_only), wall=redis is not None)
-        full = await reconcile(client, server, (client_only, server_only), wall=redis is not None,
-                               full_list_fraction=0.0)
-        print(row(f"{d:,}", kb(run.up), kb(run.down), run.round_trips, f"{run.client_s:.2f}",
-                  f"{run.server_s:.2f}", summary(full), kb(lower_bound_bytes(n, d))))
+        full = await reconcile(
+            client, server, (client_only, server_only), wall=redis is not None, full_list_fraction=0.0
+        )
+        print(
+            row(
+                f"{d:,}",
+                kb(run.up),
+                kb(run.down),
+                run.round_trips,
+                f"{run.client_s:.2f}",
+                f"{run.server_s:.2f}",
+                summary(full),
+                kb(lower_bound_bytes(n, d)),
+            )
+        )
     if redis:
         started = time.perf_counter()
         await server.fingerprints([("", None)])
@@ -138,8 +159,16 @@ def seconds_on(link: str, run: Run) -> float:
 
 async def threshold_table(ids: list[str], n: int) -> None:
     print(f"\n### Where the full list wins (n = {n:,}, MemoryIdSet, no fallback vs full list)\n")
-    print(row("differences", "shape", "ranges KB, RT, CPU client+server s", "full list KB, RT, CPU s",
-              "bytes ratio", *(f"s on {link}: ranges / full" for link in LINKS)))
+    print(
+        row(
+            "differences",
+            "shape",
+            "ranges KB, RT, CPU client+server s",
+            "full list KB, RT, CPU s",
+            "bytes ratio",
+            *(f"s on {link}: ranges / full" for link in LINKS),
+        )
+    )
     print(row("---:", "---", "---:", "---:", "---:", *["---:"] * len(LINKS)))
     for fraction in FRACTIONS:
         d = int(n * fraction)
@@ -149,9 +178,16 @@ async def threshold_table(ids: list[str], n: int) -> None:
             await warm(client, server)
             ranges = await reconcile(client, server, (client_only, server_only), full_list_fraction=math.inf)
             full = await reconcile(client, server, (client_only, server_only), full_list_fraction=0.0)
-            print(row(f"{d:,} ({fraction:.1%})", shape, summary(ranges), summary(full),
-                      f"{ranges.total / full.total:.2f}",
-                      *(f"{seconds_on(link, ranges):.2f} / {seconds_on(link, full):.2f}" for link in LINKS)))
+            print(
+                row(
+                    f"{d:,} ({fraction:.1%})",
+                    shape,
+                    summary(ranges),
+                    summary(full),
+                    f"{ranges.total / full.total:.2f}",
+                    *(f"{seconds_on(link, ranges):.2f} / {seconds_on(link, full):.2f}" for link in LINKS),
+                )
+            )
 
 
 def summary(run: Run) -> str:
@@ -189,7 +225,7 @@ async def digest_costs(ids: list[str], n: int, redis: Redis | None) -> None:
     started = time.perf_counter()
     digest_of(ids[:n])
     print(row(f"digest_of({n:,} ids), duplicate check included", f"{time.perf_counter() - started:.3f} s"))
-    extra = ids[n:n + 10_000]
+    extra = ids[n : n + 10_000]
     digest_set = DigestSet()
     print(row("DigestSet.add, per id", f"{per_call_us(digest_set.add, extra):.2f} us"))
     print(row("DigestSet.remove, per id", f"{per_call_us(digest_set.remove, extra):.2f} us"))
@@ -207,12 +243,20 @@ async def digest_costs(ids: list[str], n: int, redis: Redis | None) -> None:
         started = time.perf_counter()
         for item in some:
             await store.add([item])
-        print(row("RedisIdSet.add, one id per call (script round trip)",
-                  f"{(time.perf_counter() - started) / len(some) * 1e6:.0f} us"))
+        print(
+            row(
+                "RedisIdSet.add, one id per call (script round trip)",
+                f"{(time.perf_counter() - started) / len(some) * 1e6:.0f} us",
+            )
+        )
         started = time.perf_counter()
         added = await store.add(ids[:100_000])
-        print(row("RedisIdSet.add, 1,000 ids per script call, per id",
-                  f"{(time.perf_counter() - started) / added * 1e6:.1f} us"))
+        print(
+            row(
+                "RedisIdSet.add, 1,000 ids per script call, per id",
+                f"{(time.perf_counter() - started) / added * 1e6:.1f} us",
+            )
+        )
         started = time.perf_counter()
         await store.digest()
         print(row("RedisIdSet.digest (HMGET)", f"{(time.perf_counter() - started) * 1e3:.2f} ms"))

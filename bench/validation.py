@@ -52,8 +52,9 @@ def large_updates(count: int, size: int) -> list[bytes]:
     return updates
 
 
-async def pool_us(updates: list[bytes], workers: int, concurrency: int,
-                  with_layout: bool = False) -> tuple[float, float]:
+async def pool_us(
+    updates: list[bytes], workers: int, concurrency: int, with_layout: bool = False
+) -> tuple[float, float]:
     """Microseconds per update through validator processes, ``concurrency``
     connections submitting at once (each awaits its own update): wall
     clock, and CPU of the server process (what the event loop pays).
@@ -64,7 +65,7 @@ async def pool_us(updates: list[bytes], workers: int, concurrency: int,
     layouts = [update_format.read_layout(u) if with_layout else None for u in updates]
     await validator.start()
     try:
-        queue = iter(zip(updates, layouts))
+        queue = iter(zip(updates, layouts, strict=True))
 
         async def connection() -> None:
             for update, layout in queue:
@@ -97,7 +98,9 @@ def main() -> None:
     print(f"| y-py decode into a scratch doc | {ypy[0]:.1f} | {ypy[1]:.1f} |")
     print(f"| update_format.decode | {ours[0]:.1f} | {ours[1]:.1f} |")
     print(f"| crdt.validate_update (pycrdt), in-loop | {full[0]:.1f} | {full[1]:.1f} |")
-    print(f"| crdt.validate_update (pycrdt and y-py: YRELAY_VALIDATE_WITH_YPY), in-loop | {both[0]:.1f} | {both[1]:.1f} |")
+    print(
+        f"| crdt.validate_update (pycrdt and y-py: YRELAY_VALIDATE_WITH_YPY), in-loop | {both[0]:.1f} | {both[1]:.1f} |"
+    )
     layouts = [update_format.read_layout(u) for u in updates]
     pairs = iter(layouts)
     shape = per_update_us(lambda u: known_safe(u, next(pairs)), updates)
@@ -109,9 +112,11 @@ def main() -> None:
         print(f"| {args.workers} validator processes, {concurrency} connections at once | {us:.1f} | {cpu:.1f} |")
     for concurrency in (1, 256):
         us, cpu = asyncio.run(pool_us(updates, args.workers, concurrency, with_layout=True))
-        print(f"| the server's path (known shapes in-loop, {args.workers} processes for the rest), "
-              f"{concurrency} connections | {us:.1f} | {cpu:.1f} |")
-    known = sum(known_safe(u, layout) for u, layout in zip(updates, layouts))
+        print(
+            f"| the server's path (known shapes in-loop, {args.workers} processes for the rest), "
+            f"{concurrency} connections | {us:.1f} | {cpu:.1f} |"
+        )
+    known = sum(known_safe(u, layout) for u, layout in zip(updates, layouts, strict=True))
     print(f"known-safe shapes: {known} of {len(updates)}")
     print(f"\n64 KiB pastes, {len(big)}:")
     print("| check | us per update (wall) | us of server CPU per update |")

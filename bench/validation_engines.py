@@ -34,7 +34,7 @@ def read_by_both(candidates: list[bytes]) -> list[bytes]:
     ypy = Engine("ypy")
     try:
         ypy.send(kept)
-        return [update for update, verdict in zip(kept, ypy.receive(kept)) if verdict == OK]
+        return [update for update, verdict in zip(kept, ypy.receive(kept), strict=True) if verdict == OK]
     finally:
         ypy.stop()
 
@@ -53,8 +53,10 @@ def report(name: str, updates: list[bytes]) -> None:
     outside = [u for u in updates if not known_safe(u, read_layout(u))]
     alone = ms_per_1000(validation.check, outside)
     both = ms_per_1000(lambda u: validation.check(u, True), outside)
-    print(f"| {name}, {len(outside)}, median {sorted(map(len, outside))[len(outside) // 2]} B | "
-          f"{alone:.1f} ms per 1,000 | {both:.1f} ms per 1,000 | {both / alone:.2f}x |")
+    print(
+        f"| {name}, {len(outside)}, median {sorted(map(len, outside))[len(outside) // 2]} B | "
+        f"{alone:.1f} ms per 1,000 | {both:.1f} ms per 1,000 | {both / alone:.2f}x |"
+    )
 
 
 def main() -> None:
@@ -64,12 +66,14 @@ def main() -> None:
     args = parser.parse_args()
     print("| updates outside the known shapes | pycrdt alone | with y-py | ratio |")
     print("| --- | ---: | ---: | ---: |")
-    report("real edits (update_fuzz.real_updates, seeds 1-5)",
-           read_by_both([u for seed in range(1, 6) for u in real_updates(seed)]))
+    report(
+        "real edits (update_fuzz.real_updates, seeds 1-5)",
+        read_by_both([u for seed in range(1, 6) for u in real_updates(seed)]),
+    )
     if args.survivors:
         lines = open(args.survivors).read().split()
         random.Random(1).shuffle(lines)
-        sample = [u for u in map(bytes.fromhex, lines) if not known_safe(u, read_layout(u))][:args.sample]
+        sample = [u for u in map(bytes.fromhex, lines) if not known_safe(u, read_layout(u))][: args.sample]
         report("fuzz survivors both engines read", read_by_both(sample))
 
 

@@ -31,8 +31,9 @@ from yrelay_tools.bench.metrics import cpu_seconds, percentile
 from yrelay_tools.bench.targets.servers import YrelayTarget, _children
 
 
-async def _writer(url: str, doc: str, updates: list[bytes], interval: float, until: float,
-                  latencies: list[float]) -> int:
+async def _writer(
+    url: str, doc: str, updates: list[bytes], interval: float, until: float, latencies: list[float]
+) -> int:
     sent: dict[int, float] = {}
     async with websockets.connect(url, max_size=None) as ws:
         await ws.send(json.dumps({"op": "hello"}))
@@ -51,8 +52,16 @@ async def _writer(url: str, doc: str, updates: list[bytes], interval: float, unt
         while time.perf_counter() < until and clock < len(updates):
             clock += 1
             sent[clock] = time.perf_counter()
-            await ws.send(json.dumps({"op": "update", "doc": doc, "clock": clock,
-                                      "update": base64.b64encode(updates[clock - 1]).decode()}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "op": "update",
+                        "doc": doc,
+                        "clock": clock,
+                        "update": base64.b64encode(updates[clock - 1]).decode(),
+                    }
+                )
+            )
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
         await asyncio.sleep(1.0)  # the last answers
@@ -67,17 +76,21 @@ def _cpu(target: YrelayTarget) -> dict[str, float]:
     return {"server": cpu_seconds(server), "workers": workers, "redis": cpu_seconds(target.redis.process.pid)}
 
 
-async def one_round(target: YrelayTarget, tag: str, rate: float, seconds: float, connections: int
-                    ) -> tuple[list[float], int, dict[str, float]]:
+async def one_round(
+    target: YrelayTarget, tag: str, rate: float, seconds: float, connections: int
+) -> tuple[list[float], int, dict[str, float]]:
     assert target.server is not None
     per_connection = int(rate * seconds / connections) + 10
     edits = [writer_edits(1000 + i, per_connection, seed=i + 1) for i in range(connections)]
     latencies: list[float] = []
     before = _cpu(target)
     until = time.perf_counter() + 0.2 + seconds
-    counts = await asyncio.gather(*(
-        _writer(target.server.ws_url, f"{tag}-{i}", edits[i], connections / rate, until, latencies)
-        for i in range(connections)))
+    counts = await asyncio.gather(
+        *(
+            _writer(target.server.ws_url, f"{tag}-{i}", edits[i], connections / rate, until, latencies)
+            for i in range(connections)
+        )
+    )
     after = _cpu(target)
     return latencies, sum(counts), {name: after[name] - before[name] for name in after}
 
@@ -100,20 +113,26 @@ def main() -> None:
             print("| ---: | --- | ---: | ---: | ---: | --- |")
             for round_no in range(args.rounds):
                 for index, target in enumerate(targets):
-                    latencies, sent, cpu = asyncio.run(one_round(
-                        target, f"r{round_no}t{index}", args.rate, args.seconds, args.connections))
+                    latencies, sent, cpu = asyncio.run(
+                        one_round(target, f"r{round_no}t{index}", args.rate, args.seconds, args.connections)
+                    )
                     latencies.sort()
                     p50, p99 = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
                     per_1k = {name: value / max(1, len(latencies)) * 1000 for name, value in cpu.items()}
                     rows[target.name].append((p50, p99, per_1k, len(latencies)))
-                    print(f"| {round_no} | {target.name} | {len(latencies)}/{sent} | {p50:.1f} | {p99:.1f} | "
-                          f"{per_1k['server']:.2f} + {per_1k['workers']:.2f} + {per_1k['redis']:.2f} |", flush=True)
+                    print(
+                        f"| {round_no} | {target.name} | {len(latencies)}/{sent} | {p50:.1f} | {p99:.1f} | "
+                        f"{per_1k['server']:.2f} + {per_1k['workers']:.2f} + {per_1k['redis']:.2f} |",
+                        flush=True,
+                    )
             print("\nmedians over the rounds:")
             for name, results in rows.items():
                 med = {key: statistics.median(r[2][key] for r in results) for key in ("server", "workers", "redis")}
-                print(f"- {name}: p50 {statistics.median(r[0] for r in results):.1f} ms, "
-                      f"p99 {statistics.median(r[1] for r in results):.1f} ms, CPU s per 1k updates: "
-                      f"server {med['server']:.2f}, its workers {med['workers']:.2f}, redis {med['redis']:.2f}")
+                print(
+                    f"- {name}: p50 {statistics.median(r[0] for r in results):.1f} ms, "
+                    f"p99 {statistics.median(r[1] for r in results):.1f} ms, CPU s per 1k updates: "
+                    f"server {med['server']:.2f}, its workers {med['workers']:.2f}, redis {med['redis']:.2f}"
+                )
         finally:
             for target in targets:
                 target.stop()

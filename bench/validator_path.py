@@ -29,13 +29,21 @@ def main() -> None:
         print("| ---: | --- | ---: | ---: |")
         for round_no in range(args.rounds):
             for mode, workers in MODES.items():
-                env = {"YRELAY_VALIDATOR_WORKERS": workers, "YRELAY_UPDATES_PER_SECOND": "1000000",
-                       "YRELAY_UPDATE_BURST": "1000000", "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0", "YRELAY_EVENT_LOG": "0", "YRELAY_GC_INTERVAL": "0"}
+                env = {
+                    "YRELAY_VALIDATOR_WORKERS": workers,
+                    "YRELAY_UPDATES_PER_SECOND": "1000000",
+                    "YRELAY_UPDATE_BURST": "1000000",
+                    "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
+                    "YRELAY_EVENT_LOG": "0",
+                    "YRELAY_GC_INTERVAL": "0",
+                }
                 server = ServerProcess(redis.url, Path(tmp), env=env).start()
                 try:
                     rate, delivered = asyncio.run(
-                        one_round(server.ws_url, f"bench-{workers}-{round_no}", args.writers, args.readers,
-                                  args.updates))
+                        one_round(
+                            server.ws_url, f"bench-{workers}-{round_no}", args.writers, args.readers, args.updates
+                        )
+                    )
                 finally:
                     server.stop()
                 results[mode].append(rate)

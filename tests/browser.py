@@ -11,8 +11,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 WEB_DIR = REPO / "web"
 STATIC_DIR = REPO / "yrelay" / "app" / "static"
 
@@ -25,13 +31,18 @@ def require_web_build() -> None:
         raise AssertionError(f"web client not built ({', '.join(map(str, missing))}): run `make web`")
 
 
-async def run_node(*args: str, cwd: Path, env: dict[str, str], timeout: float,
-                   merge_stderr: bool = False) -> tuple[int, str, str]:
+async def run_node(
+    *args: str, cwd: Path, env: dict[str, str], timeout: float, merge_stderr: bool = False
+) -> tuple[int, str, str]:
     """Run node (the tests' JavaScript side) next to a server in this event
     loop; return its exit code, stdout and stderr. A node that outlives
     `timeout` is killed, never left behind."""
     process = await asyncio.create_subprocess_exec(
-        "node", *args, cwd=cwd, env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
+        "node",
+        *args,
+        cwd=cwd,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE,
     )
     try:
@@ -55,12 +66,17 @@ def tap_failures(report: str, limit: int = 8000) -> str:
     for index, line in enumerate(lines):
         if line.lstrip().startswith("not ok"):
             block = [line]
-            for following in lines[index + 1:]:
+            for following in lines[index + 1 :]:
                 block.append(following)
                 if following.strip() == "...":
                     break
             failed.append("\n".join(block))
-    counts = [line for line in lines if line.startswith("# ") and line.split()[1:2] and
-              line.split()[1] in {"tests", "pass", "fail", "cancelled", "skipped", "todo", "duration_ms"}]
+    counts = [
+        line
+        for line in lines
+        if line.startswith("# ")
+        and line.split()[1:2]
+        and line.split()[1] in {"tests", "pass", "fail", "cancelled", "skipped", "todo", "duration_ms"}
+    ]
     text = "\n\n".join(failed) if failed else "(no `not ok` line: the tail of the report)\n" + report[-3000:]
     return (text[:limit] + "\n" + "\n".join(counts)).strip()

@@ -11,7 +11,9 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 import redis
 import uvicorn
@@ -21,6 +23,10 @@ from yrelay.app import create_app
 from yrelay.client import Backoff, YrelayClient
 from yrelay.config import Settings
 from yrelay.redis_server import RedisProcess, free_port
+from yrelay.store import DocumentStore
+
+if TYPE_CHECKING:  # imported by the fixture itself: only the cluster tests pay for it
+    from yrelay_tools.testing.redis_cluster import LocalCluster
 
 FAST_BACKOFF = Backoff(base=0.05, max_delay=0.5, max_attempts=30)
 
@@ -83,7 +89,7 @@ def _start_spark() -> None:
         thread.start()
         thread.join(SPARK_START_DEADLINE)
     finally:
-        for fd, copy in zip((1, 2), saved):
+        for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
     if thread.is_alive():
@@ -155,8 +161,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             spark_session.stop()  # type: ignore[attr-defined]
         except Exception as error:  # noqa: BLE001 - reported; the tests' results stand
             stopped = False
-            print(f"\nthe SparkSession could not be stopped (was its JVM gone?): {error!r}; "
-                  f"its output: {_spark.get('log')}", file=sys.stderr)
+            print(
+                f"\nthe SparkSession could not be stopped (was its JVM gone?): {error!r}; "
+                f"its output: {_spark.get('log')}",
+                file=sys.stderr,
+            )
     if "log" in _spark and exitstatus == 0 and stopped:
         Path(_spark["log"]).unlink(missing_ok=True)  # type: ignore[arg-type]
 
@@ -171,8 +180,9 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 def spark_modules() -> frozenset[str]:
     """The test modules that use the SparkSession, as node id prefixes."""
-    return frozenset(f"{TESTS_DIR.name}/{path.name}" for path in TESTS_DIR.glob("test_*.py")
-                     if _USES_SPARK.search(path.read_text()))
+    return frozenset(
+        f"{TESTS_DIR.name}/{path.name}" for path in TESTS_DIR.glob("test_*.py") if _USES_SPARK.search(path.read_text())
+    )
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -207,8 +217,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     using = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
     missed = using - spark_modules()
     if missed:
-        raise pytest.UsageError(f"tests/conftest.py's spark_modules() missed {sorted(missed)}: name the "
-                                "`spark` fixture in a def's parameters of that module")
+        raise pytest.UsageError(
+            f"tests/conftest.py's spark_modules() missed {sorted(missed)}: name the "
+            "`spark` fixture in a def's parameters of that module"
+        )
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: item.nodeid.split("::")[0] not in using)  # stable: modules keep their order
 
@@ -248,7 +260,7 @@ def redis_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisPro
 
 
 @pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["LocalCluster"]:
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A Redis Cluster (3 masters, a replica each) for a test module; its
     tests flush it (tests/clusterutil.py)."""
     from yrelay_tools.testing.redis_cluster import LocalCluster
@@ -273,6 +285,28 @@ async def redis_client(redis_url: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
+@pytest.fixture
+async def store(redis_client: Redis) -> DocumentStore:
+    """A document store on the test's redis-server, its scripts loaded."""
+    store = DocumentStore(redis_client)
+    await store.load_scripts()
+    return store
+
+
+#: The /ops token of the ``ops`` server, and the header that presents it.
+OPS_TOKEN = "ops-secret-for-tests"
+OPS_AUTH = {"Authorization": f"Bearer {OPS_TOKEN}"}
+
+
+@pytest.fixture
+async def ops(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on a running server whose /ops endpoints take ``OPS_AUTH``."""
+    async with running_server(redis_url, ops_token=OPS_TOKEN, gc_interval=0) as ws_url:
+        base = ws_url.replace("ws://", "http://").removesuffix("/ws")
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            yield client
+
+
 @contextlib.asynccontextmanager
 async def running_server(redis_url: str, port: int | None = None, **overrides: object) -> AsyncIterator[str]:
     """An app served by uvicorn inside the test's event loop; yields its ws URL."""
@@ -285,8 +319,7 @@ async def running_server(redis_url: str, port: int | None = None, **overrides: o
 @contextlib.asynccontextmanager
 async def serving(app: object, port: int, **options: object) -> AsyncIterator[None]:
     """Any ASGI app served by uvicorn on ``port`` inside the test's event loop."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           **options))  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))  # type: ignore[arg-type]
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -345,8 +378,9 @@ async def edit_then_evict_reader(redis_url: str, make_client, data_dir: Path, do
         await writer.wait_idle()
         await eventually(lambda: rdoc.text == wdoc.text)
         async with httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws")) as ops:
-            response = await ops.delete(f"/ops/docs/{doc}/sessions/{reader.session}",
-                                        headers={"Authorization": "Bearer t"})
+            response = await ops.delete(
+                f"/ops/docs/{doc}/sessions/{reader.session}", headers={"Authorization": "Bearer t"}
+            )
             assert response.status_code == 204
         await writer.close()
         await reader.close()

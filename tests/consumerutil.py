@@ -19,8 +19,15 @@ class Worker:
     ``ack_delay``, each ack is sent that much later while it goes on
     processing, so batches of every document are in flight)."""
 
-    def __init__(self, redis: Redis, member: str, processed: Counter, group: str = "idx", ack_delay: float = 0.0,
-                 **options: object):
+    def __init__(
+        self,
+        redis: Redis,
+        member: str,
+        processed: Counter,
+        group: str = "idx",
+        ack_delay: float = 0.0,
+        **options: object,
+    ):
         self.ack_delay = ack_delay
         self.group = ConsumerGroup(redis, group, member=member, lease=LEASE, **options)  # type: ignore[arg-type]
         self.processed = processed
@@ -31,7 +38,7 @@ class Worker:
         self._task: asyncio.Task | None = None
         self._acking: set[asyncio.Task] = set()
 
-    async def start(self) -> "Worker":
+    async def start(self) -> Worker:
         await self.group.start()
         self._task = asyncio.create_task(self._run())
         return self

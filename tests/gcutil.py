@@ -25,8 +25,9 @@ def text_updates(count: int, client_id: int = 1, word: str = "w") -> tuple[list[
     return updates, crdt.text_of(doc)
 
 
-async def append_all(store: DocumentStore, doc: str, updates: list[bytes], session: str = "writer",
-                     unchecked: bool = False) -> list[StreamId]:
+async def append_all(
+    store: DocumentStore, doc: str, updates: list[bytes], session: str = "writer", unchecked: bool = False
+) -> list[StreamId]:
     """Append through the real append script; the ids it chose. ``unchecked``
     stores them as a server from before causal admission did (no state
     vector, whether the document can apply them or not)."""
@@ -40,11 +41,13 @@ async def append_all(store: DocumentStore, doc: str, updates: list[bytes], sessi
     return ids
 
 
-async def append_at(redis: Redis, doc: str, times_ms: list[int], updates: list[bytes], session: str = "writer") -> list[StreamId]:
+async def append_at(
+    redis: Redis, doc: str, times_ms: list[int], updates: list[bytes], session: str = "writer"
+) -> list[StreamId]:
     """Entries with chosen times (history from the past), laid out exactly as
     the append script lays them out: stream entry, dedup field, meta last_id."""
     ids = []
-    for clock, (ms, update) in enumerate(zip(times_ms, updates)):
+    for clock, (ms, update) in enumerate(zip(times_ms, updates, strict=True)):
         entry_id = StreamId(ms, 0)
         await redis.xadd(stream_key(doc), {"u": update, "s": session, "c": clock}, id=str(entry_id))
         await redis.hset(dedup_key(doc), f"{session}:{clock}", str(entry_id))

@@ -39,8 +39,11 @@ RUNTIMES = {"python": "python", "py": "python", "js": "node", "javascript": "nod
 SHELL = {"sh", "bash", "shell", "console"}
 DATA = {"json", "yaml", "yml", "toml", "ini", "text", "http"}
 #: The comment a fragment's first line starts with, per runtime.
-FRAGMENT = {"python": re.compile(r"#\s*fragment:\s*\S"), "node": re.compile(r"//\s*fragment:\s*\S"),
-            "browser": re.compile(r"<!--\s*fragment:\s*\S.*-->")}
+FRAGMENT = {
+    "python": re.compile(r"#\s*fragment:\s*\S"),
+    "node": re.compile(r"//\s*fragment:\s*\S"),
+    "browser": re.compile(r"<!--\s*fragment:\s*\S.*-->"),
+}
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,14 @@ def classify(path: Path, line: int, lang: str, text: str) -> Block:
         if "fragment:" in first:
             if FRAGMENT[RUNTIMES[lang]].match(first):
                 return Block(path, line, lang, text, "fragment")
-            return Block(path, line, lang, text, "unclassified",
-                         f"a fragment marker needs its language's comment and a reason: {first!r}")
+            return Block(
+                path,
+                line,
+                lang,
+                text,
+                "unclassified",
+                f"a fragment marker needs its language's comment and a reason: {first!r}",
+            )
         return Block(path, line, lang, text, "run")
     if lang in SHELL:
         return Block(path, line, lang, text, "shell")
@@ -97,8 +106,16 @@ def blocks_of(path: Path) -> list[Block]:
             lang = token.info.strip().split(" ")[0].lower() if token.info else ""
             found.append(classify(path, token.map[0] + 1, lang, token.content))  # type: ignore[index]
         elif token.type == "code_block":
-            found.append(Block(path, token.map[0] + 1, "", token.content, "unclassified",  # type: ignore[index]
-                               "an indented code block: fence it with a language"))
+            found.append(
+                Block(
+                    path,
+                    token.map[0] + 1,
+                    "",
+                    token.content,
+                    "unclassified",  # type: ignore[index]
+                    "an indented code block: fence it with a language",
+                )
+            )
     return found
 
 
@@ -111,4 +128,7 @@ def all_blocks() -> list[Block]:
 
 
 def counts(blocks: list[Block]) -> dict[str, int]:
-    return {kind: sum(block.kind == kind for block in blocks) for kind in ("run", "fragment", "shell", "data", "unclassified")}
+    return {
+        kind: sum(block.kind == kind for block in blocks)
+        for kind in ("run", "fragment", "shell", "data", "unclassified")
+    }

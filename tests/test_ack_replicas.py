@@ -12,20 +12,21 @@ from pathlib import Path
 import pytest
 import redis
 
+from conftest import eventually, running_server
 from yrelay import crdt
 from yrelay.config import Settings
 from yrelay.keys import stream_key
 from yrelay.redis_server import RedisProcess
-
-from conftest import eventually, running_server
 
 
 def _wait_linked(master: RedisProcess, replica: RedisProcess, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     with redis.Redis(port=master.port) as m, redis.Redis(port=replica.port) as r:
         while time.monotonic() < deadline:
-            if (r.info("replication").get("master_link_status") == "up"
-                    and m.info("replication").get("connected_slaves") == 1):
+            if (
+                r.info("replication").get("master_link_status") == "up"
+                and m.info("replication").get("connected_slaves") == 1
+            ):
                 return
             time.sleep(0.05)
     raise TimeoutError("replica not linked to its master")

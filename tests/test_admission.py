@@ -13,13 +13,13 @@ import base64
 import dataclasses
 
 import pytest
+
 from conftest import running_server
 from wsraw import RawPeer
-
 from yrelay import admission, crdt, update_format
 from yrelay.keys import clocks_key, meta_key, stream_key
-from yrelay.store import DocumentStore, NotAdmitted
 from yrelay.lib0 import write_varuint as _write_uint
+from yrelay.store import DocumentStore, NotAdmitted
 
 
 def typed(client_id: int, words: list[str]) -> tuple[crdt.Doc, list[bytes]]:
@@ -43,7 +43,7 @@ def combine(*updates: bytes) -> bytes:
             _write_uint(out, len(section.structs))
             _write_uint(out, section.client)
             _write_uint(out, section.structs[0].clock)
-            out += update[section.structs[0].start: section.structs[-1].end]
+            out += update[section.structs[0].start : section.structs[-1].end]
     out += b"\x00"
     return bytes(out)
 
@@ -86,7 +86,7 @@ def test_an_update_refering_to_content_it_does_not_carry_in_order_is_inconsisten
     # the second's structs, renumbered to start at 0: it now refers to clock 1 of
     # its own client, which it only carries later (a cycle no encoder writes)
     layout = update_format.read_layout(second)
-    forged = bytearray(b"\x01\x01\x07\x00") + second[layout.sections[0].structs[0].start:]
+    forged = bytearray(b"\x01\x01\x07\x00") + second[layout.sections[0].structs[0].start :]
     with pytest.raises(admission.InconsistentUpdate):
         admission.needs_of(update_format.read_layout(bytes(forged)))
 
@@ -137,7 +137,11 @@ async def test_a_later_update_behind_one_that_was_never_stored_is_not_acked(serv
     for clock, update in ((2, updates[1]), (3, updates[2])):
         answer = await peer.update("notes", clock, update)
         assert (answer["op"], answer["code"], answer["doc"], answer["clock"]) == (
-            "error", "missing_dependency", "notes", clock)
+            "error",
+            "missing_dependency",
+            "notes",
+            clock,
+        )
         assert answer["missing"] == {"68": 0}
     assert await redis_client.xlen(stream_key("notes")) == 0
     await peer.close()  # the client dies before resending: nothing it was told is saved is missing
@@ -269,9 +273,12 @@ def test_a_chain_of_sections_is_integrated_in_one_pass_per_link():
     chain = hostile_chain(2_000)
     layout = update_format.read_layout(chain)
     sections = tuple(
-        update_format.Section(section.client, tuple(
-            dataclasses.replace(struct, refs=CountedRefs(struct.refs)) for struct in section.structs))
-        for section in layout.sections)
+        update_format.Section(
+            section.client,
+            tuple(dataclasses.replace(struct, refs=CountedRefs(struct.refs)) for struct in section.structs),
+        )
+        for section in layout.sections
+    )
     layout = dataclasses.replace(layout, sections=sections)
     CountedRefs.looks = 0
     assert admission.missing(admission.needs_of(layout), {}) == {}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import edit_then_evict_reader
 
+from conftest import edit_then_evict_reader
 from yrelay.spark_analytics.analysis import Options
 from yrelay.spark_analytics.dashboard import read_table
 from yrelay.spark_analytics.events import read_events
@@ -41,8 +41,11 @@ class Analysed:
 def fake_redis(spark, url):
     """What the Redis data source returns, two documents' worth (its own tests cover the source)."""
     entries = spark.createDataFrame(
-        [("d0", "5-0", 5, 0, 5000, "w", 1, 10), ("d0", "7-1", 7, 1, 7001, "w", 2, 30),
-         ("d1", "9-0", 9, 0, 9000, "w", 1, 5)],
+        [
+            ("d0", "5-0", 5, 0, 5000, "w", 1, 10),
+            ("d0", "7-1", 7, 1, 7001, "w", 2, 30),
+            ("d1", "9-0", 9, 0, 9000, "w", 1, 5),
+        ],
         "doc string, id string, ms long, seq int, score long, session string, clock long, bytes int",
     )
     tracker = spark.createDataFrame(
@@ -56,8 +59,9 @@ def fake_redis(spark, url):
 def analysed(spark, tmp_path_factory) -> Analysed:
     root = tmp_path_factory.mktemp("analysis")
     expected = generate(root / "events", SCENARIO)
-    config = JobConfig(root / "events", root / "out", redis_url="redis://fake",
-                       options=Options(bucket_seconds=BUCKET_S))
+    config = JobConfig(
+        root / "events", root / "out", redis_url="redis://fake", options=Options(bucket_seconds=BUCKET_S)
+    )
     summary = run(spark, config, redis_reader=fake_redis)
     return Analysed(expected, root / "out", summary)
 
@@ -142,8 +146,17 @@ def test_document_figures(analysed):
     span_s = (analysed.expected.end_ts - analysed.expected.start_ts) / 1000
     for name, want in analysed.expected.documents.items():
         row = documents.loc[name]
-        for figure in ("appends", "bytes", "deliveries", "resends", "evictions", "resyncs", "trims", "trimmed",
-                       "stream_length"):
+        for figure in (
+            "appends",
+            "bytes",
+            "deliveries",
+            "resends",
+            "evictions",
+            "resyncs",
+            "trims",
+            "trimmed",
+            "stream_length",
+        ):
             assert row[figure] == getattr(want, figure), (name, figure)
         assert row["appends_per_s"] == pytest.approx(want.appends / span_s)
         assert row["bytes_per_s"] == pytest.approx(want.bytes / span_s)
@@ -170,9 +183,15 @@ def test_summary_counts_dropped_and_broken_lines(analysed):
     summary, expected = analysed.summary, analysed.expected
     assert analysed.table(Table.SUMMARY).iloc[0].to_dict() == pytest.approx(summary)  # the table holds the same
     assert (summary["events"], summary["corrupt_lines"], summary["other_version_lines"]) == (
-        expected.events, expected.corrupt_lines, expected.other_version_lines)
+        expected.events,
+        expected.corrupt_lines,
+        expected.other_version_lines,
+    )
     assert (summary["start_ts"], summary["end_ts"], summary["dropped_events"]) == (
-        expected.start_ts, expected.end_ts, expected.dropped_events)
+        expected.start_ts,
+        expected.end_ts,
+        expected.dropped_events,
+    )
     assert summary["resend_ratio"] == pytest.approx(expected.resends / expected.deliveries)
     assert summary["sessions"] == len(expected.statuses)
     assert summary["status_ok"] == sum(s is Status.OK for s in expected.statuses.values())
@@ -191,10 +210,14 @@ def test_top_lagging_and_hottest(analysed):
 def test_current_lag_and_stream_lengths_come_from_redis(analysed):
     current = analysed.table(Table.CURRENT_LAG)
     assert by_key(current, ["doc", "session"], ["offset", "lag_entries", "lag_ms"]) == {
-        ("d0", "a"): ("5-0", 1, 2), ("d0", "b"): ("7-1", 0, 0)}
+        ("d0", "a"): ("5-0", 1, 2),
+        ("d0", "b"): ("7-1", 0, 0),
+    }
     streams = analysed.table(Table.STREAMS)
     assert by_key(streams, ["doc"], ["length", "bytes", "first_ms", "last_ms"]) == {
-        ("d0",): (2, 40, 5, 7), ("d1",): (1, 5, 9, 9)}
+        ("d0",): (2, 40, 5, 7),
+        ("d1",): (1, 5, 9, 9),
+    }
 
 
 def test_a_later_run_without_redis_removes_the_redis_tables(analysed, spark, tmp_path):
@@ -207,7 +230,8 @@ def test_a_later_run_without_redis_removes_the_redis_tables(analysed, spark, tmp
 def write_lines(path: Path, events: list[dict]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "events-h-1-20260101T000000-0.jsonl").write_text(
-        "".join(json.dumps({"v": 1, "process": "h:1", **event}) + "\n" for event in events))
+        "".join(json.dumps({"v": 1, "process": "h:1", **event}) + "\n" for event in events)
+    )
     return path
 
 
@@ -219,11 +243,22 @@ def test_latency_is_measured_to_the_first_later_covering_ack_within_a_run(spark,
         return {"ts": ts, "type": "ack", "doc": "x", "session": session, "offset": offset, "head": offset}
 
     events = [
-        deliver(100, "a", "10-0"), deliver(101, "a", "11-0"), ack(150, "a", "10-0"), ack(170, "a", "11-0"),  # 50, 69
-        deliver(200, "b", "20-5"), ack(200, "b", "20-5"),  # an ack in the same ms covers it: 0
-        ack(250, "c", "30-0"), deliver(300, "c", "30-0"), ack(320, "c", "30-0"),  # an earlier ack does not count: 20
-        deliver(400, "d", "40-0"), ack(410, "d", "39-0"), ack(420, "d", "40-0"),  # must cover, not just follow: 20
-        deliver(500, "e", "50-0"), ack(510, "e", "49-0"), ack(520, "e", "48-0"), ack(530, "e", "50-0"),  # rewind first
+        deliver(100, "a", "10-0"),
+        deliver(101, "a", "11-0"),
+        ack(150, "a", "10-0"),
+        ack(170, "a", "11-0"),  # 50, 69
+        deliver(200, "b", "20-5"),
+        ack(200, "b", "20-5"),  # an ack in the same ms covers it: 0
+        ack(250, "c", "30-0"),
+        deliver(300, "c", "30-0"),
+        ack(320, "c", "30-0"),  # an earlier ack does not count: 20
+        deliver(400, "d", "40-0"),
+        ack(410, "d", "39-0"),
+        ack(420, "d", "40-0"),  # must cover, not just follow: 20
+        deliver(500, "e", "50-0"),
+        ack(510, "e", "49-0"),
+        ack(520, "e", "48-0"),
+        ack(530, "e", "50-0"),  # rewind first
         deliver(600, "f", "60-0"),  # never acked
     ]
     log = read_events(spark, write_lines(tmp_path / "events", events))
@@ -231,8 +266,15 @@ def test_latency_is_measured_to_the_first_later_covering_ack_within_a_run(spark,
         found = {(r["session"], r["ts"]): r["latency_ms"] for r in delivery_latency(log.events).collect()}
     finally:
         log.release()
-    assert found == {("a", 100): 50, ("a", 101): 69, ("b", 200): 0, ("c", 300): 20, ("d", 400): 20,
-                     ("e", 500): None, ("f", 600): None}
+    assert found == {
+        ("a", 100): 50,
+        ("a", 101): 69,
+        ("b", 200): 0,
+        ("c", 300): 20,
+        ("d", 400): 20,
+        ("e", 500): None,
+        ("f", 600): None,
+    }
 
 
 def test_scenarios_too_short_for_the_window_are_refused():
@@ -264,9 +306,10 @@ async def test_group_lag_beside_session_lag(spark, redis_url, make_client, tmp_p
     """A real server's log and a consumer group's own log in one directory:
     ``yrelay analyze`` measures the group's lag per ack like a session's (the
     server's appends give the entries), and sums it up per group."""
+    from redis.asyncio import Redis
+
     from yrelay.consumers import ConsumerGroup
     from yrelay.eventlog import EventLog
-    from redis.asyncio import Redis
 
     writer, _ = await edit_then_evict_reader(redis_url, make_client, tmp_path, "grouped", 6)
     log = EventLog(tmp_path / "events", process="indexer:1").start()
@@ -315,41 +358,75 @@ def operator_log(path: Path) -> Path:
     - ``s`` (subject erin) acks 2000-0 at 2100, then stays connected and
       silent while deliveries and a resend go on: STOP, 4 entries behind.
     """
+
     def v2(event: dict) -> dict:
         return {"v": 2, "process": "h:2", **event}
 
     def append(ms: int, session: str) -> dict:
-        return {"ts": T0 + ms, "type": "append", "doc": "k", "session": session, "offset": _at(ms), "clock": ms,
-                "bytes": 10, "duplicate": False}
+        return {
+            "ts": T0 + ms,
+            "type": "append",
+            "doc": "k",
+            "session": session,
+            "offset": _at(ms),
+            "clock": ms,
+            "bytes": 10,
+            "duplicate": False,
+        }
 
     def deliver(ms: int, session: str, entry: int) -> dict:
-        return {"ts": T0 + ms, "type": "deliver", "doc": "k", "session": session, "first": _at(entry),
-                "last": _at(entry), "entries": 1, "bytes": 10, "head": _at(entry)}
+        return {
+            "ts": T0 + ms,
+            "type": "deliver",
+            "doc": "k",
+            "session": session,
+            "first": _at(entry),
+            "last": _at(entry),
+            "entries": 1,
+            "bytes": 10,
+            "head": _at(entry),
+        }
 
     def ack(ms: int, session: str, offset: int, head: int) -> dict:
         return {"ts": T0 + ms, "type": "ack", "doc": "k", "session": session, "offset": _at(offset), "head": _at(head)}
 
     readers = ["r1", "r2", "r3"]
     subjects = {"w": "alice", "r1": "bob", "r2": "carol", "r3": "dave", "s": "erin"}
-    connects = [v2({"ts": T0, "type": "connect", "session": who, "resumed": False, "subject": subject})
-                for who, subject in subjects.items()]
-    events = [append(1000, "x"), *[deliver(1001, who, 1000) for who in ["w", "s", "q", *readers]],
-              *[ack(1100, who, 1000, 1000) for who in ["w", "s", "q", *readers]]]
+    connects = [
+        v2({"ts": T0, "type": "connect", "session": who, "resumed": False, "subject": subject})
+        for who, subject in subjects.items()
+    ]
+    events = [
+        append(1000, "x"),
+        *[deliver(1001, who, 1000) for who in ["w", "s", "q", *readers]],
+        *[ack(1100, who, 1000, 1000) for who in ["w", "s", "q", *readers]],
+    ]
     for ms in (2000, 3000, 4000):
-        events += [append(ms, "w"), *[deliver(ms + 1, who, ms) for who in ["s", *readers]],
-                   *[ack(ms + 100, who, ms, ms) for who in readers]]
-    events += [deliver(2001, "q", 2000), ack(2100, "q", 2000, 2000), ack(2100, "s", 2000, 2000),
-               deliver(3001, "q", 3000),
-               {"ts": T0 + 3500, "type": "disconnect", "session": "q", "docs": 1, "duration_ms": 3500},
-               ack(4500, "w", 1000, 4000)]
-    events += [v2({"ts": T0 + 5000, "type": "disconnect", "session": who, "docs": 1, "duration_ms": 5000})
-               for who in readers]
+        events += [
+            append(ms, "w"),
+            *[deliver(ms + 1, who, ms) for who in ["s", *readers]],
+            *[ack(ms + 100, who, ms, ms) for who in readers],
+        ]
+    events += [
+        deliver(2001, "q", 2000),
+        ack(2100, "q", 2000, 2000),
+        ack(2100, "s", 2000, 2000),
+        deliver(3001, "q", 3000),
+        {"ts": T0 + 3500, "type": "disconnect", "session": "q", "docs": 1, "duration_ms": 3500},
+        ack(4500, "w", 1000, 4000),
+    ]
+    events += [
+        v2({"ts": T0 + 5000, "type": "disconnect", "session": who, "docs": 1, "duration_ms": 5000}) for who in readers
+    ]
     for ms in (7000, 8000):
         events += [append(ms, "w"), deliver(ms + 1, "s", ms)]
-    events += [{"ts": T0 + 9000, "type": "resend", "doc": "k", "session": "s", "offset": _at(2000), "entries": 4},
-               deliver(9000, "s", 8000)]
-    events += [{"ts": T0 + 10_000, "type": "evict", "doc": "k", "session": who, "mode": "relative"}
-               for who in [*readers, "q"]]
+    events += [
+        {"ts": T0 + 9000, "type": "resend", "doc": "k", "session": "s", "offset": _at(2000), "entries": 4},
+        deliver(9000, "s", 8000),
+    ]
+    events += [
+        {"ts": T0 + 10_000, "type": "evict", "doc": "k", "session": who, "mode": "relative"} for who in [*readers, "q"]
+    ]
     write_lines(path, events)  # schema 1, beside the schema-2 lines below
     (path / "events-h-2-20260101T000000-0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in connects))
     return path
@@ -365,8 +442,14 @@ def operator_run(spark, tmp_path_factory) -> tuple[Path, dict]:
 def test_own_appends_never_count_and_closed_sessions_left(operator_run):
     out, summary = operator_run
     status = read_table(out, Table.STATUS).set_index("session")
-    assert dict(status["status"]) == {"w": "OK", "r1": "LEFT", "r2": "LEFT", "r3": "LEFT", "q": "LEFT_UNACKED",
-                                      "s": "STOP"}
+    assert dict(status["status"]) == {
+        "w": "OK",
+        "r1": "LEFT",
+        "r2": "LEFT",
+        "r3": "LEFT",
+        "q": "LEFT_UNACKED",
+        "s": "STOP",
+    }
     # The writer: its own five appends after its offset are no lag, at its last ack or at the end.
     assert tuple(status.loc["w", ["lag_entries", "lag_ms", "current_lag_entries", "current_lag_ms"]]) == (0, 0, 0, 0)
     # The stuck session: the writer's four appends after its offset, 8000 - 2000 ms.
@@ -375,7 +458,10 @@ def test_own_appends_never_count_and_closed_sessions_left(operator_run):
     assert status.loc["r1", "left_ts"] == T0 + 5000 and status.loc["r1", "last_problem"] == "evict:relative"
     # Subjects from the schema-2 connects; none for the schema-1 session.
     assert (status.loc["w", "subject"], status.loc["s", "subject"], status.loc["q", "subject"]) == (
-        "alice", "erin", None)
+        "alice",
+        "erin",
+        None,
+    )
     assert (summary["other_version_lines"], summary["corrupt_lines"], summary["events"]) == (0, 0, 61)
     assert (summary["status_left"], summary["status_stop"], summary["status_err"]) == (3, 1, 0)
     assert (summary["worst_lag_entries"], summary["worst_lag_ms"], summary["sessions_connected"]) == (4, 6000, 2)
@@ -389,8 +475,17 @@ def test_a_silent_session_grows_on_the_lag_timeline(operator_run):
     timeline["second"] = (timeline["bucket"].astype("datetime64[ms, UTC]").astype("int64") - T0) // 1000
     stuck = timeline[timeline["session"] == "s"].sort_values("second")
     assert [tuple(row) for row in stuck[["second", "lag_entries", "lag_ms", "acks"]].itertuples(index=False)] == [
-        (1, 0, 0, 1), (2, 0, 0, 1), (3, 1, 1000, 0), (4, 2, 2000, 0), (5, 2, 2000, 0), (6, 2, 2000, 0),
-        (7, 3, 5000, 0), (8, 4, 6000, 0), (9, 4, 6000, 0), (10, 4, 6000, 0)]
+        (1, 0, 0, 1),
+        (2, 0, 0, 1),
+        (3, 1, 1000, 0),
+        (4, 2, 2000, 0),
+        (5, 2, 2000, 0),
+        (6, 2, 2000, 0),
+        (7, 3, 5000, 0),
+        (8, 4, 6000, 0),
+        (9, 4, 6000, 0),
+        (10, 4, 6000, 0),
+    ]
     writer = timeline[timeline["session"] == "w"]
     assert len(writer) == 10 and (writer["lag_entries"] == 0).all() and (writer["lag_ms"] == 0).all()
     left = timeline[timeline["session"] == "r1"]

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 import httpx
 import pytest
 import websockets
-from conftest import FAST_BACKOFF, eventually, running_server
 from typer.testing import CliRunner
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from conftest import FAST_BACKOFF, eventually, running_server
 from yrelay import crdt
 from yrelay.auth import AuthConfigurationError, AuthError, Principal, authenticator_for, issue_token
 from yrelay.cli import cli
@@ -27,8 +27,13 @@ from yrelay.config import Settings
 from yrelay.keys import stream_key
 
 SECRET = "test-secret-0123456789abcdef0123456789"
-AUTH = {"insecure_no_auth": False, "auth_secret": SECRET, "revocation_refresh": 0.1, "ops_token": "ops",
-        "auth_leeway": 0}
+AUTH = {
+    "insecure_no_auth": False,
+    "auth_secret": SECRET,
+    "revocation_refresh": 0.1,
+    "ops_token": "ops",
+    "auth_leeway": 0,
+}
 
 
 def token(docs: list[str], perm: str = "write", ttl: float = 600, subject: str = "alice", **kwargs: object) -> str:
@@ -48,7 +53,7 @@ class Peer:
         self.ws = ws
 
     @classmethod
-    async def open(cls, url: str, credential: str | None, session: str | None = None, **connect) -> tuple["Peer", dict]:
+    async def open(cls, url: str, credential: str | None, session: str | None = None, **connect) -> tuple[Peer, dict]:
         peer = cls(await websockets.connect(url, **connect))
         await peer.send({"op": "hello", "token": credential, "session": session})
         return peer, await peer.recv()
@@ -124,12 +129,15 @@ async def test_a_read_only_token_receives_but_every_update_is_refused(auth_url, 
     assert await redis_client.xlen(stream_key("doc")) == 1
 
 
-@pytest.mark.parametrize("credential, reason", [
-    (None, "token is required"),
-    ("not-a-jwt", "invalid token"),
-    (issue_token("another-secret-0123456789abcdef012345", "eve", ["a"]), "invalid token"),
-    (issue_token(SECRET, "late", ["a"], ttl=-60), "expired"),
-])
+@pytest.mark.parametrize(
+    "credential, reason",
+    [
+        (None, "token is required"),
+        ("not-a-jwt", "invalid token"),
+        (issue_token("another-secret-0123456789abcdef012345", "eve", ["a"]), "invalid token"),
+        (issue_token(SECRET, "late", ["a"], ttl=-60), "expired"),
+    ],
+)
 async def test_a_missing_invalid_or_expired_token_is_refused_with_4401(auth_url, credential, reason):
     peer, answer = await Peer.open(auth_url, credential)
     assert answer["op"] == "error" and answer["code"] == "unauthorized"
@@ -155,8 +163,11 @@ async def test_a_revoked_token_is_cut_off_and_refused_afterwards(auth_url):
     base = auth_url.replace("ws://", "http://").removesuffix("/ws")
     async with httpx.AsyncClient(base_url=base) as ops:
         assert (await ops.post("/ops/tokens/revoke", json={"jti": "tok-1"})).status_code == 401
-        response = await ops.post("/ops/tokens/revoke", json={"jti": "tok-1", "expires_at": time.time() + 600},
-                                  headers={"Authorization": "Bearer ops"})
+        response = await ops.post(
+            "/ops/tokens/revoke",
+            json={"jti": "tok-1", "expires_at": time.time() + 600},
+            headers={"Authorization": "Bearer ops"},
+        )
         assert response.status_code == 204
     error = await peer.until("error")
     assert (error["code"], error["message"]) == ("unauthorized", "the token was revoked")
@@ -199,8 +210,12 @@ async def test_a_session_id_only_resumes_for_the_subject_that_opened_it(auth_url
 
 async def test_the_python_client_sends_its_token_and_reports_a_refusal(auth_url):
     refused: list[dict] = []
-    bad = YrelayClient(auth_url, backoff=FAST_BACKOFF, token="garbage",
-                       on_event=lambda event, data: refused.append(data) if event == "error" else None)
+    bad = YrelayClient(
+        auth_url,
+        backoff=FAST_BACKOFF,
+        token="garbage",
+        on_event=lambda event, data: refused.append(data) if event == "error" else None,
+    )
     with pytest.raises(Unauthorized, match="invalid token"):  # at once: not a timeout (tests/test_client_refusals.py)
         await bad.connect(timeout=60.0)
     await bad.close()
@@ -220,8 +235,9 @@ async def test_a_custom_authenticator_is_the_hook_for_an_apps_own_users(redis_ur
                 raise AuthError("please log in")
             return Principal.of("cookie-user", ["shared/*"], "read")
 
-    from yrelay.app import create_app
     import uvicorn
+
+    from yrelay.app import create_app
     from yrelay.redis_server import free_port
 
     port = free_port()
@@ -258,8 +274,11 @@ async def test_development_mode_is_announced_loudly(redis_url, caplog):
 
 
 def test_yrelay_token_issue_prints_a_token_the_server_accepts():
-    result = CliRunner().invoke(cli, ["token", "issue", "--sub", "ci", "--doc", "a", "--doc", "team/*", "--perm", "read"],
-                                env={"YRELAY_AUTH_SECRET": SECRET})
+    result = CliRunner().invoke(
+        cli,
+        ["token", "issue", "--sub", "ci", "--doc", "a", "--doc", "team/*", "--perm", "read"],
+        env={"YRELAY_AUTH_SECRET": SECRET},
+    )
     assert result.exit_code == 0, result.output
     principal = asyncio.run(authenticator_for(Settings(auth_secret=SECRET)).authenticate(result.output.strip(), {}))
     assert principal.subject == "ci" and principal.can_read("team/x") and not principal.can_write("a")

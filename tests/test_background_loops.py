@@ -37,27 +37,39 @@ import pytest
 import redis.exceptions
 import uvloop
 import websockets
-from conftest import eventually, running_server
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from ywspeer import YwsPeer
 
-from yrelay import crdt
+from conftest import eventually, running_server
+from yrelay import crdt, yprotocol
 from yrelay.auth import issue_token
-from yrelay import yprotocol
 from yrelay.awareness import AwarenessEntry, decode_update, encode_update
 from yrelay.consumers import ConsumerGroup
 from yrelay.keys import revoked_tokens_key, subject_id, subject_subscriptions_key
+from ywspeer import YwsPeer
 
 SECRET = "test-secret-0123456789abcdef0123456789"
 LEASE = 0.9
-SETTINGS = {"insecure_no_auth": False, "auth_secret": SECRET, "revocation_refresh": 0.05, "ops_token": "ops",
-            "auth_leeway": 0, "gc_interval": 0.2, "subscription_lease": LEASE}
+SETTINGS = {
+    "insecure_no_auth": False,
+    "auth_secret": SECRET,
+    "revocation_refresh": 0.05,
+    "ops_token": "ops",
+    "auth_leeway": 0,
+    "gc_interval": 0.2,
+    "subscription_lease": LEASE,
+}
 KINDS = ("closed_handler", "race", "refused")
 GROUP = "loops"
 #: The loops that must each meet every kind of fault (task names).
-LOOPS = ("yrelay-revocations", "yrelay-gc", "yrelay-subject-leases", "yrelay-fanout", "yrelay-presence",
-         f"yrelay-consumer-{GROUP}")
+LOOPS = (
+    "yrelay-revocations",
+    "yrelay-gc",
+    "yrelay-subject-leases",
+    "yrelay-fanout",
+    "yrelay-presence",
+    f"yrelay-consumer-{GROUP}",
+)
 
 
 class TransportFaults:
@@ -123,7 +135,7 @@ class Peer:
         self.ws = ws
 
     @classmethod
-    async def open(cls, url: str, token_id: str) -> "Peer":
+    async def open(cls, url: str, token_id: str) -> Peer:
         peer = cls(await websockets.connect(url))
         await peer.send({"op": "hello", "token": credential(token_id)})
         await peer.until("welcome")
@@ -154,14 +166,16 @@ async def scenario(redis_url: str, faults: TransportFaults) -> None:
         reader, writer = await Peer.open(url, "tok-reader"), await Peer.open(url, "tok-writer")
         group = ConsumerGroup(Redis.from_url(redis_url), GROUP, lease=LEASE)
         await group.start()
-        metrics = httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws"),
-                                    headers={"Authorization": "Bearer ops"})
+        metrics = httpx.AsyncClient(
+            base_url=url.replace("ws://", "http://").removesuffix("/ws"), headers={"Authorization": "Bearer ops"}
+        )
         # presence that is removed (relayed, published) when its connection
         # leaves during the faults: /yws and /ws teardown meet the errors too
         leaving = await Peer.open(url, "tok-leaving")
         await leaving.send({"op": "awareness", "doc": "pad", "update": _presence(31, "leaving")})
-        yws = await YwsPeer.connect(url.removesuffix("/ws"), "pad",
-                                    subprotocols=["yrelay.yws", f"yrelay.auth.{credential('tok-yws')}"])
+        yws = await YwsPeer.connect(
+            url.removesuffix("/ws"), "pad", subprotocols=["yrelay.yws", f"yrelay.auth.{credential('tok-yws')}"]
+        )
         await yws.ws.send(yprotocol.awareness(base64.b64decode(_presence(32, "yws"))))
         await reader.until("awareness")
         try:
@@ -183,8 +197,10 @@ async def scenario(redis_url: str, faults: TransportFaults) -> None:
                         break
             # presence is relayed
             await writer.send({"op": "awareness", "doc": "pad", "update": _presence(21, "w")})
-            while 21 not in [entry.client_id for entry in decode_update(base64.b64decode(
-                    (await reader.until("awareness"))["update"]))]:
+            while 21 not in [
+                entry.client_id
+                for entry in decode_update(base64.b64decode((await reader.until("awareness"))["update"]))
+            ]:
                 pass
             # GC passes run again, and this process's subscription leases are renewed
             await until(lambda: _gc_runs_after(metrics, gc_runs))

@@ -27,8 +27,22 @@ async def test_the_catchup_bench_seeds_a_stream_the_server_can_read(redis_url, r
 
 
 def test_the_gc_pass_bench_runs():
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gc_bench.py"), "pass",
-                             "--docs", "3", "--changed", "1", "--entries", "2"],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gc_bench.py"),
+            "pass",
+            "--docs",
+            "3",
+            "--changed",
+            "1",
+            "--entries",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| 3 | 1 |" in result.stdout

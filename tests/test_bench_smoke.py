@@ -25,8 +25,7 @@ def test_sync_message_frames_an_update() -> None:
 
 
 def test_hot_scenario_delivers_every_acked_update_to_every_reader(tmp_path: Path) -> None:
-    config = BenchConfig(scenarios=("hot",), targets=("yrelay", "broadcast"), hot_rates=[40.0], duration=1.0,
-                         readers=3)
+    config = BenchConfig(scenarios=("hot",), targets=("yrelay", "broadcast"), hot_rates=[40.0], duration=1.0, readers=3)
     report = run_bench(config, "yrelay bench hot (smoke)", progress=lambda _: None, work_dir=tmp_path)
     [ladder] = report.ladders
     runs = {run.target: run for run in ladder.runs}

@@ -11,11 +11,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from playwright.async_api import Browser, Page, async_playwright
+
 from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, require_web_build
 from conftest import FAST_BACKOFF, running_server
 from gcutil import FAST_GC
-from playwright.async_api import Browser, Page, async_playwright
-
 from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.redis_server import free_port
@@ -64,7 +64,9 @@ async def settled(page: Page, timeout: float = 30_000) -> None:
     """Every local change acked, and the socket up."""
     await page.wait_for_function(
         "window.yrelay.provider.pending === 0 && window.yrelay.provider.status === 'connected'"
-        " && window.yrelay.provider.synced", timeout=timeout)
+        " && window.yrelay.provider.synced",
+        timeout=timeout,
+    )
 
 
 async def converged(pages: list[Page], tokens: list[str], timeout: float = 30.0) -> str:
@@ -98,7 +100,8 @@ async def test_two_pages_converge_see_each_other_and_show_their_state(redis_url,
             await settled(page)
         # Presence: alice's name and caret appear in bob's page, bob's in alice's.
         await bob.wait_for_function(
-            "[...window.yrelay.awareness.getStates().values()].some(s => s.user && s.user.name === 'alice')")
+            "[...window.yrelay.awareness.getStates().values()].some(s => s.user && s.user.name === 'alice')"
+        )
         await alice.click(".cm-content")
         await alice.keyboard.press("Home")
         await bob.wait_for_selector(".cm-ySelectionCaret", timeout=10_000)
@@ -112,7 +115,8 @@ async def test_two_pages_converge_see_each_other_and_show_their_state(redis_url,
         await alice.context.close()
         await bob.wait_for_function(
             "![...window.yrelay.awareness.getStates().values()].some(s => s.user && s.user.name === 'alice')",
-            timeout=10_000)
+            timeout=10_000,
+        )
         assert bob.errors == []  # type: ignore[attr-defined]
 
 
@@ -212,8 +216,9 @@ async def test_a_reload_while_the_server_is_down_loses_no_unsent_edit(redis_url,
             await page.wait_for_function("window.yrelay.provider.pending > 0")
             await page.wait_for_timeout(600)  # let the queued writes reach IndexedDB (no timing is asserted)
             await page.reload()
-            await page.wait_for_function("window.yrelay && window.yrelay.text.toString().includes('unsent2.')",
-                                         timeout=10_000)
+            await page.wait_for_function(
+                "window.yrelay && window.yrelay.text.toString().includes('unsent2.')", timeout=10_000
+            )
             assert await page.evaluate("window.yrelay.provider.pending") > 0  # restored, still unacked
             assert await page.evaluate("window.yrelay.provider.status") != "connected"
             sync.start()
@@ -271,13 +276,17 @@ async def test_a_5_mb_paste_arrives_intact_and_a_20_mb_one_is_refused_without_co
         writer = await open_editor(chromium, http_of(url), doc, "writer")
         reader = await open_editor(chromium, http_of(url), doc, "reader")
         for page in (writer, reader):  # a second document on the page's socket
-            await page.evaluate("""(name) => {
+            await page.evaluate(
+                """(name) => {
                 const { provider, doc } = window.yrelay
                 const Provider = provider.constructor
                 window.other = new Provider(provider.client, name, new doc.constructor(), { awareness: null })
                 window.errors = []
-                provider.on('error', (e) => window.errors.push({code: e.code, doc: e.doc, clock: e.clock, size: e.size}))
-            }""", other)
+                provider.on('error', (e) =>
+                    window.errors.push({code: e.code, doc: e.doc, clock: e.clock, size: e.size}))
+            }""",
+                other,
+            )
             await page.wait_for_function("window.other.synced")
         five = 5 * 1024 * 1024
         await writer.evaluate(f"window.yrelay.text.insert(0, ({PASTE_JS})({five}))")

@@ -13,7 +13,6 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from conftest import eventually, running_server
-
 from yrelay import crdt
 from yrelay.app.fanout import Fanout
 from yrelay.change_feed import announce
@@ -58,8 +57,10 @@ async def test_an_append_nobody_announced_arrives_with_the_next_sweep(redis_url,
         crdt.insert_text(source, 0, "unannounced")
         update = crdt.encode_state(source)
         store = DocumentStore(redis_client)
-        await store.scripts.append(keys=append_keys("by-hand"),
-                                   args=append_args([("old-server-session-01", 1, update, needs_or_nothing(update))]))
+        await store.scripts.append(
+            keys=append_keys("by-hand"),
+            args=append_args([("old-server-session-01", 1, update, needs_or_nothing(update))]),
+        )
         assert await redis_client.xlen(changes_key()) == before  # nothing announced it
         await eventually(lambda: doc.text == "unannounced", timeout=10)
 
@@ -171,8 +172,10 @@ async def test_a_group_member_reads_an_unannounced_append_at_the_next_sweep(redi
         crdt.insert_text(source, 0, "unannounced")
         update = crdt.encode_state(source)
         before = await redis_client.xlen(changes_key())
-        await store.scripts.append(keys=append_keys("cf-sweep-doc"),
-                                   args=append_args([("old-server-session-02", 1, update, needs_or_nothing(update))]))
+        await store.scripts.append(
+            keys=append_keys("cf-sweep-doc"),
+            args=append_args([("old-server-session-02", 1, update, needs_or_nothing(update))]),
+        )
         assert await redis_client.xlen(changes_key()) == before  # nothing announced it
         [(last, _)] = await redis_client.xrevrange(stream_key("cf-sweep-doc"), count=1)
         await eventually(lambda: len(got) == 2, timeout=10)
@@ -234,7 +237,7 @@ async def make_redis_busy(redis_client, doc: str, seconds: float, windows: int =
     try:
         for _ in range(windows):  # a reader blocked in XREAD when one starts waits it out: several chances
             started = appended
-            await eventually(lambda: appended >= started + 10)
+            await eventually(lambda: appended >= started + 10)  # noqa: B023 - called within this iteration, never after it
             await _busy(redis_client, seconds)
     finally:
         stop.set()

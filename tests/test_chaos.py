@@ -16,18 +16,23 @@ import asyncio
 import pytest
 
 from gcutil import append_all
-
 from yrelay import crdt, update_format
-from yrelay_tools.chaos.checker import (DeliveryFigures, check_run, not_stored, server_documents, stream_states,
-                                  update_key)
+from yrelay.gc import Collector, GcPolicy
+from yrelay.redis_server import free_port
+from yrelay.store import DocumentStore
+from yrelay_tools.chaos.checker import (
+    DeliveryFigures,
+    check_run,
+    not_stored,
+    server_documents,
+    stream_states,
+    update_key,
+)
 from yrelay_tools.chaos.clients import AckRecord
 from yrelay_tools.chaos.nemesis import NETWORK, Fault, all_faults, parse_faults, schedule
 from yrelay_tools.chaos.proxy import FaultProxy
 from yrelay_tools.chaos.report import RunReport
 from yrelay_tools.chaos.run import ChaosConfig, run_chaos
-from yrelay.gc import Collector, GcPolicy
-from yrelay.redis_server import free_port
-from yrelay.store import DocumentStore
 from yrelay_tools.testing.checker import DeliveryViolation
 
 
@@ -48,7 +53,8 @@ async def test_a_minute_of_every_fault_loses_no_acked_update(tmp_path):
     assert not [record.detail for record in report.injected if record.detail.startswith(("failed", "skipped"))]
     # appendfsync always: a Redis restarted from its AOF has every acked update.
     assert {record.detail for record in report.injected if record.action.fault is Fault.REDIS_KILL} == {
-        "acked updates missing from the restarted Redis: 0"}
+        "acked updates missing from the restarted Redis: 0"
+    }
     # Clients without persistence were killed, one right after a Redis outage.
     assert config.ephemeral_clients == 2 and report.clients["ephemeral_crashes"] >= 1
     outage_crashes = [r.detail for r in report.injected if r.action.fault is Fault.REDIS_KILL_CLIENT_CRASH]
@@ -60,9 +66,20 @@ async def test_the_checker_catches_a_server_that_acks_before_appending(tmp_path)
     """The same harness against yrelay_tools.testing.broken_server (``appended`` is
     sent before the append): updates acked while Redis is down are stored
     nowhere, and the checker must say so."""
-    config = ChaosConfig(seed=3, duration=20, clients=3, docs=1, servers=1, faults=(Fault.REDIS_KILL,), replica=False,
-                         mean_gap=4, edit_interval=0.05, quiet=10, settle_timeout=60,
-                         server_module="yrelay_tools.testing.broken_server")
+    config = ChaosConfig(
+        seed=3,
+        duration=20,
+        clients=3,
+        docs=1,
+        servers=1,
+        faults=(Fault.REDIS_KILL,),
+        replica=False,
+        mean_gap=4,
+        edit_interval=0.05,
+        quiet=10,
+        settle_timeout=60,
+        server_module="yrelay_tools.testing.broken_server",
+    )
     report = await run_chaos(config, tmp_path)
     print(report.to_markdown())
     with pytest.raises(DeliveryViolation, match="acked updates missing"):
@@ -93,8 +110,10 @@ async def test_the_checker_catches_an_acked_update_that_no_replica_can_apply(red
     assert gc.blocked_at == str(acked_third)
     [state] = await stream_states(redis_url, ["doc"])
     assert state.blocked_at == str(acked_third) and [b.entry_id for b in state.stuck] == [str(acked_third)]
-    records = [AckRecord("writer", "doc", "writer", 0, str(acked_first), False, first),
-               AckRecord("killed", "doc", "killed", 0, str(acked_third), False, third)]
+    records = [
+        AckRecord("writer", "doc", "writer", 0, str(acked_first), False, first),
+        AckRecord("killed", "doc", "killed", 0, str(acked_third), False, third),
+    ]
     server = await server_documents(redis_url, ["doc"])
     with pytest.raises(DeliveryViolation, match="no replica can apply") as caught:
         check_run(records, {"server": server}, set(), [state])

@@ -18,7 +18,6 @@ from redis.asyncio import Connection, Redis
 from yrelay.app.fanout_cluster import announce
 from yrelay.app.quotas import SharedBucket
 from yrelay.redis_server import free_port
-
 from yrelay_tools.chaos.nemesis import SHARD_FAULTS, Fault, all_faults, parse_faults, schedule
 from yrelay_tools.chaos.report import RunReport
 from yrelay_tools.chaos.run import ChaosConfig, run_chaos
@@ -33,8 +32,19 @@ def chaos_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(chaos_root: Path) -> RunReport:
-    config = ChaosConfig(seed=4, duration=30, clients=4, docs=3, servers=2, faults=FAULTS, mean_gap=4,
-                         cluster=True, ack_replicas=1, quiet=20, settle_timeout=120)
+    config = ChaosConfig(
+        seed=4,
+        duration=30,
+        clients=4,
+        docs=3,
+        servers=2,
+        faults=FAULTS,
+        mean_gap=4,
+        cluster=True,
+        ack_replicas=1,
+        quiet=20,
+        settle_timeout=120,
+    )
     run = asyncio.run(run_chaos(config, chaos_root))
     print(run.to_markdown())
     return run
@@ -62,8 +72,12 @@ def test_no_server_task_crashed_in_a_failover(report, chaos_root):
     """A master's death resets the connections of redis-py's cluster client
     under every task at once; under uvloop a watcher of the fan-out got a
     RuntimeError there and stopped for good (its bucket woken by sweeps only)."""
-    crashed = [line for log in (chaos_root / "servers").glob("*.log")
-               for line in log.read_text(errors="replace").splitlines() if "crashed" in line]
+    crashed = [
+        line
+        for log in (chaos_root / "servers").glob("*.log")
+        for line in log.read_text(errors="replace").splitlines()
+        if "crashed" in line
+    ]
     assert not crashed, crashed[:5]
 
 

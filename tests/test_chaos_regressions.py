@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import redis.exceptions
+
 from conftest import eventually, running_server
-
-from wsraw import RawPeer
-
 from gcutil import append_all
-
+from wsraw import RawPeer
 from yrelay import crdt, protocol
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore

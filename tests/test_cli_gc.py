@@ -8,13 +8,17 @@ import subprocess
 import sys
 
 from gcutil import append_all, dump_document, text_updates, track
-
 from yrelay.store import DocumentStore
 
 
 def run_gc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "yrelay", "gc", *args], capture_output=True, text=True, timeout=60,
-                          env={"COLUMNS": "200", "PATH": "", "YRELAY_DATA_DIR": os.environ["YRELAY_DATA_DIR"]})
+    return subprocess.run(
+        [sys.executable, "-m", "yrelay", "gc", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "200", "PATH": "", "YRELAY_DATA_DIR": os.environ["YRELAY_DATA_DIR"]},
+    )
 
 
 async def _seed(redis_client, docs: list[str]) -> None:

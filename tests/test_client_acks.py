@@ -8,7 +8,6 @@ import asyncio
 from typing import Any
 
 from conftest import eventually
-
 from yrelay import crdt
 from yrelay.client import client as client_module
 from yrelay.offsets import StreamId

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pycrdt
 import pytest
-from conftest import eventually
 
+from conftest import eventually
 from engines import needs_ypy
 from yrelay import crdt, update_format
 from yrelay.client import YrelayClient
@@ -70,8 +70,9 @@ def test_the_helpers_read_the_same_on_both_engines(engine):
         crdt.apply_updates(other, updates[::-1])  # any order
         assert crdt.text_of(other) == "Jello"
         assert crdt.held_prefix(other, updates) == 3
-        assert update_format.decode_state_vector(crdt.state_vector(other)) == \
-            update_format.decode_state_vector(crdt.state_vector(doc))
+        assert update_format.decode_state_vector(crdt.state_vector(other)) == update_format.decode_state_vector(
+            crdt.state_vector(doc)
+        )
     assert crdt.text_of(_merged(updates, engine)) == "Jello"
 
 
@@ -154,9 +155,28 @@ def test_the_client_tests_pass_on_the_y_py_engine():
     """Today's y-py client API unchanged: ordered sending, sync pushes,
     persistence and presence, with every document a ``y_py.YDoc``
     (yrelay_tools/testing/ypy_engine.py)."""
-    files = ["tests/test_ordered_sending.py", "tests/test_client_persistence.py", "tests/test_client_presence.py",
-             "tests/test_synced.py"]
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                             "-p", "yrelay_tools.testing.ypy_engine", *files],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    files = [
+        "tests/test_ordered_sending.py",
+        "tests/test_client_persistence.py",
+        "tests/test_client_presence.py",
+        "tests/test_synced.py",
+    ]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "yrelay_tools.testing.ypy_engine",
+            *files,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 from conftest import FAST_BACKOFF, eventually, running_server
-
 from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.client.persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
@@ -19,7 +18,8 @@ def test_state_file_round_trip_leaves_no_temporary_file(tmp_path):
     file = ClientStateFile(tmp_path / "client" / "state.json")
     assert file.load() is None
     state = PersistedState(
-        session="s" * 24, clock=7,
+        session="s" * 24,
+        clock=7,
         documents=[PersistedDocument("doc", b"\x01\x02", "1-0", "0-0", ["1-0"], [b"\x03"], needs_sync=True)],
         pending=[PersistedUpdate(7, "doc", b"\x04\x05"), PersistedUpdate(0, "doc", b"\x06")],
     )

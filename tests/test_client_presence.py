@@ -12,7 +12,6 @@ from typing import Any
 
 from conftest import eventually
 from wsraw import RawPeer
-
 from yrelay import crdt
 from yrelay.awareness import AwarenessEntry, encode_update
 from yrelay.client import client as client_module
@@ -39,7 +38,9 @@ async def raw_peer(url: str) -> RawPeer:
 
 async def test_other_clients_states_are_kept_and_said_without_warnings(server_url, make_client, caplog):
     events: list[dict[str, Any]] = []
-    client = await make_client(server_url, on_event=lambda name, data: events.append(data) if name == "awareness" else None)
+    client = await make_client(
+        server_url, on_event=lambda name, data: events.append(data) if name == "awareness" else None
+    )
     doc = await client.subscribe(DOC)
     alice = await raw_peer(server_url)
     with caplog.at_level(logging.WARNING, logger="yrelay.client.client"):
@@ -49,9 +50,11 @@ async def test_other_clients_states_are_kept_and_said_without_warnings(server_ur
         await eventually(lambda: doc.awareness[11] == {"user": {"name": "alice, moved"}})
         await announce(alice, AwarenessEntry(11, 3, "null"))  # she removed her state
         await eventually(lambda: doc.awareness == {})
-    assert events == [{"doc": DOC, "added": [11], "updated": [], "removed": []},
-                      {"doc": DOC, "added": [], "updated": [11], "removed": []},
-                      {"doc": DOC, "added": [], "updated": [], "removed": [11]}]
+    assert events == [
+        {"doc": DOC, "added": [11], "updated": [], "removed": []},
+        {"doc": DOC, "added": [], "updated": [11], "removed": []},
+        {"doc": DOC, "added": [], "updated": [], "removed": [11]},
+    ]
     assert not [r for r in caplog.records if "unexpected frame" in r.getMessage()]
     await alice.close()
 
@@ -72,9 +75,14 @@ async def test_known_server_ops_do_not_warn(server_url, make_client, caplog):
     client = await make_client(server_url)
     await client.subscribe(DOC)
     with caplog.at_level(logging.WARNING, logger="yrelay.client.client"):
-        for frame in ({"op": "synced"}, {"op": "synced", "doc": "not-subscribed"}, {"op": "pong"},
-                      {"op": "unsubscribed", "doc": DOC}, {"op": "welcome", "session": "x"},
-                      {"op": "awareness", "doc": DOC, "update": "not base64!"}):
+        for frame in (
+            {"op": "synced"},
+            {"op": "synced", "doc": "not-subscribed"},
+            {"op": "pong"},
+            {"op": "unsubscribed", "doc": DOC},
+            {"op": "welcome", "session": "x"},
+            {"op": "awareness", "doc": DOC, "update": "not base64!"},
+        ):
             client._handle(frame)
         client._handle({"op": "no_such_op"})
     warned = [r.getMessage() for r in caplog.records]
@@ -85,7 +93,11 @@ def test_stale_clocks_are_ignored_and_outdated_states_expire():
     presence = RemotePresence()
     update = lambda *items: encode_update(items)  # noqa: E731
     assert presence.apply(update(AwarenessEntry(1, 5, state("a"))), now=0)["added"] == [1]
-    assert presence.apply(update(AwarenessEntry(1, 4, state("older"))), now=1) == {"added": [], "updated": [], "removed": []}
+    assert presence.apply(update(AwarenessEntry(1, 4, state("older"))), now=1) == {
+        "added": [],
+        "updated": [],
+        "removed": [],
+    }
     assert presence.apply(update(AwarenessEntry(1, 5, "null")), now=2)["removed"] == [1]  # same clock, null: removed
     assert presence.apply(update(AwarenessEntry(2, 1, state("b"))), now=3)["added"] == [2]
     assert presence.expire(now=3 + OUTDATED_AFTER) == [2]

@@ -16,14 +16,21 @@ import time
 import httpx
 import pytest
 import websockets
+
 from conftest import FAST_BACKOFF, eventually, running_server
 from engines import needs_ypy
 from test_auth import AUTH, SECRET, token
-
 from yrelay import crdt
 from yrelay.auth import issue_token
-from yrelay.client import (ClientError, Forbidden, ServerUnreachable, SubscribeRefused, Unauthorized, UpdatesRefused,
-                           YrelayClient)
+from yrelay.client import (
+    ClientError,
+    Forbidden,
+    ServerUnreachable,
+    SubscribeRefused,
+    Unauthorized,
+    UpdatesRefused,
+    YrelayClient,
+)
 from yrelay.keys import InvalidDocumentId, stream_key
 from yrelay.redis_server import free_port
 
@@ -43,8 +50,11 @@ def ops(url: str) -> httpx.AsyncClient:
 
 async def revoke(url: str, token_id: str) -> None:
     async with ops(url) as http:
-        answer = await http.post("/ops/tokens/revoke", json={"jti": token_id, "expires_at": time.time() + 600},
-                                 headers={"Authorization": "Bearer ops"})
+        answer = await http.post(
+            "/ops/tokens/revoke",
+            json={"jti": token_id, "expires_at": time.time() + 600},
+            headers={"Authorization": "Bearer ops"},
+        )
         assert answer.status_code == 204
 
 
@@ -52,12 +62,15 @@ def client(url: str, credential: object, **kwargs: object) -> YrelayClient:
     return YrelayClient(url, backoff=FAST_BACKOFF, token=credential, **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("credential, reason", [
-    ("wrong", "invalid token"),
-    (issue_token("another-secret-0123456789abcdef012345", "eve", ["a"]), "invalid token"),
-    (issue_token(SECRET, "late", ["a"], ttl=-60), "expired"),
-    (None, "token"),
-])
+@pytest.mark.parametrize(
+    "credential, reason",
+    [
+        ("wrong", "invalid token"),
+        (issue_token("another-secret-0123456789abcdef012345", "eve", ["a"]), "invalid token"),
+        (issue_token(SECRET, "late", ["a"], ttl=-60), "expired"),
+        (None, "token"),
+    ],
+)
 async def test_a_refused_token_raises_unauthorized_at_connect_with_the_servers_reason(auth_url, credential, reason):
     refused = client(auth_url, credential)
     with pytest.raises(Unauthorized) as raised:
@@ -89,7 +102,11 @@ async def test_subscribing_a_document_the_token_does_not_grant_raises_forbidden(
             await user.subscribe("secret", timeout=LONG)
         error = raised.value
         assert isinstance(error, SubscribeRefused) and not isinstance(error, TimeoutError)
-        assert (error.code, error.doc, error.reason) == ("forbidden", "secret", "this token does not allow this document")
+        assert (error.code, error.doc, error.reason) == (
+            "forbidden",
+            "secret",
+            "this token does not allow this document",
+        )
         assert "'secret'" in str(error) and error.reason in str(error)
         assert "secret" not in user.docs
         notes = await user.subscribe("notes", timeout=LONG)  # the client and its connection carry on
@@ -167,8 +184,9 @@ async def test_wait_idle_raises_while_edits_that_build_on_a_refused_one_wait(aut
 
 async def test_a_token_revoked_mid_session_stops_the_client_and_a_new_one_resumes_it(auth_url, make_client):
     events: list[str] = []
-    user = client(auth_url, token(["notes"], subject="erin", token_id="erin-1"),
-                  on_event=lambda name, data: events.append(name))
+    user = client(
+        auth_url, token(["notes"], subject="erin", token_id="erin-1"), on_event=lambda name, data: events.append(name)
+    )
     async with user:
         notes = await user.subscribe("notes", timeout=LONG)
         await revoke(auth_url, "erin-1")
@@ -211,8 +229,11 @@ async def test_a_new_token_that_no_longer_grants_a_document_refuses_its_unsent_e
 
 async def test_a_token_function_refreshes_an_expired_token_without_stopping(auth_url):
     events: list[str] = []
-    user = client(auth_url, lambda: token(["notes"], ttl=4, subject="hal"),  # asked before every connection
-                  on_event=lambda name, data: events.append(name))
+    user = client(
+        auth_url,
+        lambda: token(["notes"], ttl=4, subject="hal"),  # asked before every connection
+        on_event=lambda name, data: events.append(name),
+    )
     async with user:
         notes = await user.subscribe("notes", timeout=LONG)
         await eventually(lambda: events.count("connected") >= 2, timeout=LONG)  # cut off at expiry, back with a new one
@@ -228,7 +249,10 @@ async def test_no_server_raises_server_unreachable_naming_the_url(make_client):
         await unreachable.connect(timeout=1.0)
     error = raised.value
     assert isinstance(error, ConnectionError) and isinstance(error, ClientError)
-    assert str(error) == f"no connection to {url} within 1 s; last attempt: {url}: connection refused (is the server running?)"
+    assert (
+        str(error)
+        == f"no connection to {url} within 1 s; last attempt: {url}: connection refused (is the server running?)"
+    )
     assert unreachable._runner is not None and unreachable._runner.done()
 
 
@@ -243,6 +267,7 @@ async def test_a_socket_that_never_answers_hello_is_not_reported_as_the_clients_
     """A websocket that opens but never answers ``hello`` (another service
     on that URL): the client's own close at the deadline is not the reason
     ServerUnreachable gives (it said "sent 1000 (OK); then received 1000 (OK)")."""
+
     async def mute(ws: websockets.ServerConnection) -> None:
         await ws.wait_closed()
 

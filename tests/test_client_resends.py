@@ -8,8 +8,8 @@ resends and, past ``max_attempts``, reconnects."""
 from __future__ import annotations
 
 import pytest
-from conftest import running_server
 
+from conftest import running_server
 from yrelay import crdt
 from yrelay.client import Backoff
 from yrelay.client.sendbuffer import PendingUpdate, SendBuffer

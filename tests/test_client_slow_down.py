@@ -31,7 +31,7 @@ class Peer:
 
     def gaps(self) -> list[float]:
         """Seconds from the close of connection i to the arrival of connection i + 1."""
-        return [self.opened[i + 1] - closed for i, closed in enumerate(self.closed[:len(self.opened) - 1])]
+        return [self.opened[i + 1] - closed for i, closed in enumerate(self.closed[: len(self.opened) - 1])]
 
     async def close(self, ws: ServerConnection, code: int) -> None:
         self.closed.append(time.monotonic())
@@ -43,17 +43,30 @@ Script = Callable[[Peer, ServerConnection, int], Awaitable[None]]
 
 def welcome(index: int) -> dict[str, Any]:
     """The real server's welcome fields (docs/protocol.md)."""
-    return {"op": "welcome", "session": "slow-down-session", "resumed": index > 0, "protocol": 1,
-            "limits": {"max_frame_bytes": 1_572_864, "max_update_bytes": 16_777_216},
-            "auth": {"mode": "disabled", "subject": None, "permission": "write"}, "features": ["strict_types"]}
+    return {
+        "op": "welcome",
+        "session": "slow-down-session",
+        "resumed": index > 0,
+        "protocol": 1,
+        "limits": {"max_frame_bytes": 1_572_864, "max_update_bytes": 16_777_216},
+        "auth": {"mode": "disabled", "subject": None, "permission": "write"},
+        "features": ["strict_types"],
+    }
 
 
 async def flooded(peer: Peer, ws: ServerConnection, retry_after_ms: int | None) -> None:
     """The server's 4429: an error without doc and clock, then the close."""
     if retry_after_ms is not None:
-        await ws.send(json.dumps({"op": "error", "code": "rate_limited", "retry_after_ms": retry_after_ms,
-                                  "message": f"too many messages: slow down, reconnect no sooner than "
-                                             f"{retry_after_ms} ms"}))
+        await ws.send(
+            json.dumps(
+                {
+                    "op": "error",
+                    "code": "rate_limited",
+                    "retry_after_ms": retry_after_ms,
+                    "message": f"too many messages: slow down, reconnect no sooner than {retry_after_ms} ms",
+                }
+            )
+        )
     await peer.close(ws, 4429)
 
 
@@ -88,8 +101,12 @@ async def run_peer(script: Script, connections: int, client: YrelayClient) -> Pe
 
 async def test_4429_waits_retry_after_ms_and_records_the_error_without_touching_the_buffer():
     events: list[tuple[str, dict[str, Any]]] = []
-    client = YrelayClient("ws://unused", backoff=Backoff(base=0.02, max_delay=0.02, jitter=0.0),
-                          subscription_check_interval=None, on_event=lambda name, data: events.append((name, data)))
+    client = YrelayClient(
+        "ws://unused",
+        backoff=Backoff(base=0.02, max_delay=0.02, jitter=0.0),
+        subscription_check_interval=None,
+        on_event=lambda name, data: events.append((name, data)),
+    )
     pending = client.buffer.add("doc", b"\x00\x00")  # an unacked update: an error without a clock leaves it
 
     async def script(peer: Peer, ws: ServerConnection, index: int) -> None:
@@ -109,8 +126,11 @@ async def test_4429_waits_retry_after_ms_and_records_the_error_without_touching_
 
 async def test_repeated_4429s_soon_after_the_welcome_back_off_exponentially():
     closes, base = 5, 0.1
-    client = YrelayClient("ws://unused", backoff=Backoff(base=base, factor=2.0, max_delay=10.0, jitter=0.0),
-                          subscription_check_interval=None)
+    client = YrelayClient(
+        "ws://unused",
+        backoff=Backoff(base=base, factor=2.0, max_delay=10.0, jitter=0.0),
+        subscription_check_interval=None,
+    )
 
     async def script(peer: Peer, ws: ServerConnection, index: int) -> None:
         if index < closes:
@@ -120,13 +140,16 @@ async def test_repeated_4429s_soon_after_the_welcome_back_off_exponentially():
     gaps = peer.gaps()
     assert len(gaps) == closes
     for attempt, gap in enumerate(gaps):  # the welcome did not reset it: each 100 ms before the fix
-        assert gap >= base * 2 ** attempt - 0.01, f"gap {attempt}: {gap:.3f} s (all: {gaps})"
+        assert gap >= base * 2**attempt - 0.01, f"gap {attempt}: {gap:.3f} s (all: {gaps})"
 
 
 async def test_ordinary_closes_after_a_welcome_still_reconnect_at_the_first_step():
     closes = 5
-    client = YrelayClient("ws://unused", backoff=Backoff(base=0.1, factor=2.0, max_delay=10.0, jitter=0.0),
-                          subscription_check_interval=None)
+    client = YrelayClient(
+        "ws://unused",
+        backoff=Backoff(base=0.1, factor=2.0, max_delay=10.0, jitter=0.0),
+        subscription_check_interval=None,
+    )
 
     async def script(peer: Peer, ws: ServerConnection, index: int) -> None:
         if index < closes:

@@ -15,6 +15,7 @@ import redis
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+from conftest import eventually, running_server
 from yrelay import crdt
 from yrelay.keys import snapshot_key, stream_key
 from yrelay.listing import all_documents
@@ -22,8 +23,6 @@ from yrelay.redis_client import YrelayCluster
 from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
 from yrelay_tools.testing.checker import check_delivery
-
-from conftest import eventually, running_server
 
 TOKEN = "ops-token-for-cluster-tests"
 DOCS = [f"team/doc-{i:02d}" for i in range(12)]
@@ -52,8 +51,9 @@ def master_of(cluster, doc: str) -> int:
     return cluster.master_of_slot(key_slot(stream_key(doc).encode()))
 
 
-async def test_two_servers_sync_documents_spread_over_every_master(redis_cluster, cluster_url, cluster_client,
-                                                                   make_client, caplog):
+async def test_two_servers_sync_documents_spread_over_every_master(
+    redis_cluster, cluster_url, cluster_client, make_client, caplog
+):
     caplog.set_level(logging.WARNING)
     assert len({master_of(redis_cluster, doc) for doc in DOCS}) == 3
     async with cluster_server(cluster_url) as first, cluster_server(cluster_url) as second:
@@ -61,11 +61,11 @@ async def test_two_servers_sync_documents_spread_over_every_master(redis_cluster
         docs_a = [await alice.subscribe(doc) for doc in DOCS]
         docs_b = [await bob.subscribe(doc) for doc in DOCS]
         for round_ in range(3):
-            for a, b in zip(docs_a, docs_b):
+            for a, b in zip(docs_a, docs_b, strict=True):
                 crdt.insert_text(a.ydoc, 0, f"a{round_} ")
                 crdt.insert_text(b.ydoc, 0, f"b{round_} ")
         await alice.wait_idle(), await bob.wait_idle()
-        for a, b in zip(docs_a, docs_b):
+        for a, b in zip(docs_a, docs_b, strict=True):
             await eventually(lambda a=a, b=b: a.text == b.text and len(a.text) == 18)
         assert len(alice.acked) == len(bob.acked) == 3 * len(DOCS)
         listed = [doc async for page in all_documents(cluster_client, 5) for doc in page]
@@ -91,8 +91,9 @@ async def test_resend_and_resume_across_a_server_restart(cluster_url, make_clien
         async with cluster_server(cluster_url, port):  # it comes back: the mover resumes and resends
             await mover.wait_idle()
             await eventually(lambda: shared.text == other.text and len(shared.text) == 14)
-    report = check_delivery({"mover": shared.ydoc, "writer": other.ydoc},
-                            [u.update for u in mover.acked + writer.acked])
+    report = check_delivery(
+        {"mover": shared.ydoc, "writer": other.ydoc}, [u.update for u in mover.acked + writer.acked]
+    )
     assert report.acked_updates == 3
 
 
@@ -182,7 +183,7 @@ async def assert_everything_acked_is_stored(cluster_url, clients, docs_of_client
     try:
         for index, doc in enumerate(DOCS):
             replicas = {f"client-{n}": docs[index].ydoc for n, docs in enumerate(docs_of_clients)}
-            await eventually(lambda: len({crdt.text_of(r) for r in replicas.values()}) == 1, timeout=30)
+            await eventually(lambda: len({crdt.text_of(r) for r in replicas.values()}) == 1, timeout=30)  # noqa: B023 - called within this iteration, never after it
             stored, _ = await store.load_document(doc)
             acked = [u.update for client in clients for u in client.acked if u.doc == doc]
             check_delivery({**replicas, "redis": stored}, acked)
@@ -207,8 +208,10 @@ async def test_a_failover_during_edits_loses_no_acked_update(redis_cluster, clus
     # down (a backlog that drains at 500/s) instead of refusing; what this
     # test checks is the failover, so the rates are off.
     rates_off = {"updates_per_second": 0, "subject_updates_per_second": 0}
-    async with cluster_server(cluster_url, ack_replicas=1, ack_replicas_timeout=2.0, **rates_off) as first, \
-            cluster_server(cluster_url, ack_replicas=1, ack_replicas_timeout=2.0, **rates_off) as second:
+    async with (
+        cluster_server(cluster_url, ack_replicas=1, ack_replicas_timeout=2.0, **rates_off) as first,
+        cluster_server(cluster_url, ack_replicas=1, ack_replicas_timeout=2.0, **rates_off) as second,
+    ):
         alice, bob = await make_client(first), await make_client(second)
         docs_a = [await alice.subscribe(doc) for doc in DOCS]
         docs_b = [await bob.subscribe(doc) for doc in DOCS]
@@ -236,8 +239,10 @@ async def test_updates_a_failover_lost_come_back_from_live_clients(redis_cluster
     def recorder(name: str):
         return lambda event, data: events[name].append({"event": event, **data})
 
-    async with cluster_server(cluster_url, gc_interval=0) as first, \
-            cluster_server(cluster_url, gc_interval=0) as second:
+    async with (
+        cluster_server(cluster_url, gc_interval=0) as first,
+        cluster_server(cluster_url, gc_interval=0) as second,
+    ):
         alice = await make_client(first, on_event=recorder("alice"))
         bob = await make_client(second, on_event=recorder("bob"))
         a, b = await alice.subscribe(doc), await bob.subscribe(doc)
@@ -272,17 +277,26 @@ async def test_updates_a_failover_lost_come_back_from_live_clients(redis_cluster
             while (stored := await stored_text(replica, doc)) != expected:
                 assert asyncio.get_running_loop().time() < deadline, f"Redis holds {stored!r}, not {expected!r}"
                 await asyncio.sleep(0.1)
-            print(f"lost by Redis: {len(lost)} of {len(acked)} acked updates; all back in Redis "
-                  f"{asyncio.get_running_loop().time() - promoted:.1f} s after the promotion")
+            print(
+                f"lost by Redis: {len(lost)} of {len(acked)} acked updates; all back in Redis "
+                f"{asyncio.get_running_loop().time() - promoted:.1f} s after the promotion"
+            )
             # each server found the loss itself and made its live subscriber resync
-            await eventually(lambda: all(any(e["event"] == "resync_required" and e["reason"] == "ahead" for e in seen)
-                                         for seen in events.values()), timeout=30)
+            await eventually(
+                lambda: all(
+                    any(e["event"] == "resync_required" and e["reason"] == "ahead" for e in seen)
+                    for seen in events.values()
+                ),
+                timeout=30,
+            )
             assert not [name for name, seen in events.items() if any(e["event"] == "disconnected" for e in seen)]
             await alice.wait_idle(), await bob.wait_idle()
             fresh = await make_client(second)
             assert (await fresh.subscribe(doc)).text == expected == a.text == b.text
-            check_delivery({"alice": a.ydoc, "bob": b.ydoc, "redis": await stored_document(replica, doc)},
-                           [update.update for update in acked])
+            check_delivery(
+                {"alice": a.ydoc, "bob": b.ydoc, "redis": await stored_document(replica, doc)},
+                [update.update for update in acked],
+            )
         finally:
             if redis_cluster.node(master).process is None:
                 redis_cluster.restart(master)  # it rejoins as the replica of the new master
@@ -322,7 +336,6 @@ async def test_a_slot_migrated_during_edits_reaches_no_client(redis_cluster, clu
 async def test_presence_reaches_a_client_of_another_server(cluster_url, make_client):
     """Classic pub/sub on a cluster: published on one node, heard on the seed."""
     from test_client_presence import announce, raw_peer, state
-
     from yrelay.awareness import AwarenessEntry
 
     async with cluster_server(cluster_url) as first, cluster_server(cluster_url) as second:

@@ -7,7 +7,6 @@ import asyncio
 
 from compat.client_v1 import YrelayClient as ClientV1
 from conftest import FAST_BACKOFF, eventually, running_server
-
 from yrelay import crdt
 
 

@@ -22,10 +22,21 @@ def clean_env(monkeypatch):
             monkeypatch.delenv(name)
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("on", True), ("ON", True), ("1", True), ("true", True), ("Yes", True),
-    ("off", False), ("0", False), ("False", False), ("no", False), (" OFF ", False),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("on", True),
+        ("ON", True),
+        ("1", True),
+        ("true", True),
+        ("Yes", True),
+        ("off", False),
+        ("0", False),
+        ("False", False),
+        ("no", False),
+        (" OFF ", False),
+    ],
+)
 def test_booleans_accept_the_usual_spellings(monkeypatch, raw, expected):
     monkeypatch.setenv("YRELAY_METRICS", raw)
     assert Settings.from_env().metrics is expected
@@ -38,12 +49,15 @@ def test_other_boolean_spellings_are_refused_naming_the_variable(monkeypatch, ra
         Settings.from_env()
 
 
-@pytest.mark.parametrize("variable, raw, expected", [
-    ("YRELAY_PORT", "80x", "expected an integer"),
-    ("YRELAY_PORT", "8000.5", "expected an integer"),
-    ("YRELAY_GC_INTERVAL", "ten", "expected a number"),
-    ("YRELAY_GC_INTERVAL", "nan", "expected a number"),
-])
+@pytest.mark.parametrize(
+    "variable, raw, expected",
+    [
+        ("YRELAY_PORT", "80x", "expected an integer"),
+        ("YRELAY_PORT", "8000.5", "expected an integer"),
+        ("YRELAY_GC_INTERVAL", "ten", "expected a number"),
+        ("YRELAY_GC_INTERVAL", "nan", "expected a number"),
+    ],
+)
 def test_a_bad_number_names_the_variable_and_the_type(monkeypatch, variable, raw, expected):
     monkeypatch.setenv(variable, raw)
     with pytest.raises(ValueError, match=f"{variable}=.*{expected}"):
@@ -96,8 +110,9 @@ def test_serve_keeps_what_the_environment_set(served, monkeypatch, tmp_path):
 def test_serve_options_given_win_over_the_environment(served, monkeypatch):
     monkeypatch.setenv("YRELAY_HOST", "0.0.0.0")
     monkeypatch.setenv("YRELAY_PORT", "9123")
-    result = CliRunner().invoke(cli_module.cli, ["serve", "--host", "127.0.0.2", "--port", "9124",
-                                                 "--insecure-no-auth"])
+    result = CliRunner().invoke(
+        cli_module.cli, ["serve", "--host", "127.0.0.2", "--port", "9124", "--insecure-no-auth"]
+    )
     assert result.exit_code == 0, result.output
     assert (served["host"], served["port"]) == ("127.0.0.2", 9124)
 
@@ -122,8 +137,14 @@ def test_serve_with_a_bad_variable_exits_2_with_one_line_naming_it(served, monke
 @pytest.mark.parametrize("module", ["yrelay", "yrelay.cli"])
 def test_python_dash_m_runs_the_token_subcommand(module):
     env = {**os.environ, "YRELAY_AUTH_SECRET": "s" * 32}
-    result = subprocess.run([sys.executable, "-m", module, "token", "issue", "--sub", "ci", "--doc", "a"],
-                            capture_output=True, text=True, env=env, timeout=60, cwd=Path(__file__).parents[1])
+    result = subprocess.run(
+        [sys.executable, "-m", module, "token", "issue", "--sub", "ci", "--doc", "a"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=Path(__file__).parents[1],
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(".") == 2  # a JWT: header.payload.signature
 

@@ -12,14 +12,12 @@ import signal
 import sys
 from pathlib import Path
 
+from conftest import eventually
+from test_consumers import write
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.pipe import Pipe
 from yrelay.keys import group_members_key
 from yrelay.offsets import StreamId
-
-from conftest import eventually
-from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
 
 SCRIPT = str(Path(__file__).resolve().parent / "consume_script.py")
 
@@ -38,13 +36,31 @@ def per_doc(out: Path) -> dict[str, list[str]]:
 
 
 async def test_the_cli_pipes_every_entry_restarts_a_crashed_command_and_leaves_on_sigterm(
-        redis_url, redis_client, store, tmp_path):
+    redis_url, redis_client, store, tmp_path
+):
     docs = ["a", "b", "c"]
     written = await write(store, docs, 3)
     out, marker = tmp_path / "out.jsonl", tmp_path / "marker"
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "yrelay.cli", "consume", "--group", "pipe", "--redis-url", redis_url, "--lease", "1.2",
-        "--window", "2", "--", sys.executable, SCRIPT, str(out), str(marker), stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "yrelay.cli",
+        "consume",
+        "--group",
+        "pipe",
+        "--redis-url",
+        redis_url,
+        "--lease",
+        "1.2",
+        "--window",
+        "2",
+        "--",
+        sys.executable,
+        SCRIPT,
+        str(out),
+        str(marker),
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         await eventually(lambda: per_doc(out) == written, timeout=20)
         more = await write(store, docs, 2, word="more")

@@ -13,14 +13,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
+from conftest import eventually
 from yrelay.keys import group_leader_key, group_leases_key, group_meta_key, group_progress_key
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore
-
-from conftest import eventually
-from test_gc import store  # noqa: F401 - the fixture
 
 LEASE = 1.5
 #: Each member sleeps this long between processing a batch and acking it, so
@@ -35,14 +31,26 @@ class Member:
         self.out = tmp / f"{name}.lines"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "consumer_process.py"), redis_url, "procs", name, str(self.out),
-             str(LEASE), str(ACK_DELAY)], env=env)
+            [
+                sys.executable,
+                str(ROOT / "tests" / "consumer_process.py"),
+                redis_url,
+                "procs",
+                name,
+                str(self.out),
+                str(LEASE),
+                str(ACK_DELAY),
+            ],
+            env=env,
+        )
 
     def lines(self) -> list[list[str]]:
         return [line.split() for line in self.out.read_text().splitlines()] if self.out.exists() else []
 
     def processed(self) -> list[tuple[str, str]]:
-        return [(doc, entry_id) for kind, doc, entry_id, *_ in (l for l in self.lines() if len(l) >= 3) if kind == "P"]
+        return [
+            (doc, entry_id) for kind, doc, entry_id, *_ in (row for row in self.lines() if len(row) >= 3) if kind == "P"
+        ]
 
     def batches(self) -> list[tuple[list[tuple[str, str]], str]]:
         """Each batch's entries and its ack's result ('none': never acked)."""
@@ -144,14 +152,17 @@ async def taken_over(redis, doc: str, held: bytes | None) -> None:
 def after_first_ack(lines: list[list[str]]) -> list[list[str]]:
     """The lines after the first A line (none: no ack yet)."""
     acks = [index for index, line in enumerate(lines) if line[0] == "A"]
-    return lines[acks[0] + 1:] if acks else []
+    return lines[acks[0] + 1 :] if acks else []
 
 
 def unacked_of(member: Member) -> set[tuple[str, str]]:
     """What ``member`` processed beyond its last accepted ack of each document."""
     acked = member.acked()
-    return {(doc, entry_id) for doc, entry_id in member.processed()
-            if StreamId.parse(entry_id) > acked.get(doc, StreamId(0, 0))}
+    return {
+        (doc, entry_id)
+        for doc, entry_id in member.processed()
+        if StreamId.parse(entry_id) > acked.get(doc, StreamId(0, 0))
+    }
 
 
 def union(members: list[Member]) -> Counter:
@@ -190,15 +201,19 @@ async def test_kill_9_and_sigstop_under_steady_edits(redis_url, store, tmp_path)
         paused.process.send_signal(signal.SIGCONT)
         # It acks (refused), rejoins the group and gets a share again.
         await eventually(lambda: any(line[0] == "A" for line in paused.lines()[stopped_at:]), timeout=30)
-        await eventually(lambda: any(line[0] == "P" for line in after_first_ack(paused.lines()[stopped_at:])),
-                         timeout=60)
+        await eventually(
+            lambda: any(line[0] == "P" for line in after_first_ack(paused.lines()[stopped_at:])), timeout=60
+        )
         # A new member gets a share within a rebalance.
         members.append(Member(redis_url, "m3", tmp_path))
         await eventually(lambda: members[3].processed(), timeout=4 * LEASE + 5)
         await writer.stop()
 
-        seeded = {(doc, entry_id.decode()) for doc in docs for entry_id, _ in await store.redis.xrange(
-            f"yrelay:{{{doc}}}:stream", count=1)}
+        seeded = {
+            (doc, entry_id.decode())
+            for doc in docs
+            for entry_id, _ in await store.redis.xrange(f"yrelay:{{{doc}}}:stream", count=1)
+        }
         every = {(doc, entry_id) for doc, entry_id, _ in writer.appended} | seeded
         await eventually(lambda: set(union(members)) >= every, timeout=30)  # else: the missed ones, below
 
@@ -221,16 +236,19 @@ async def test_kill_9_and_sigstop_under_steady_edits(redis_url, store, tmp_path)
         # Only the killed and the paused member cause duplicates: the fourth
         # member's share and the woken member's new share were handed over.
         assert duplicates <= unacked_by_victim | unacked_by_paused, sorted(
-            duplicates - unacked_by_victim - unacked_by_paused)[:5]
+            duplicates - unacked_by_victim - unacked_by_paused
+        )[:5]
         refused = [line for line in paused.lines() if line[0] == "A" and line[3] != "ok"]
         assert refused, "the paused member acked after its lease was taken over, and was not refused"
         assert unacked_by_victim
         # Killing the leader made another take the lease.
         assert int(await store.redis.hget(group_meta_key("procs"), "elections")) >= 2
         redelivered = int(await store.redis.hget(group_meta_key("procs"), "redelivered") or 0)
-        print(f"\nentries {len(every)}, duplicates {len(duplicates)}, counted as redelivered {redelivered} "
-              f"(victim's unacked {len(unacked_by_victim)}), refused acks of the paused member: "
-              f"{sum(1 for line in paused.lines() if line[0] == 'A' and line[3] != 'ok')}")
+        print(
+            f"\nentries {len(every)}, duplicates {len(duplicates)}, counted as redelivered {redelivered} "
+            f"(victim's unacked {len(unacked_by_victim)}), refused acks of the paused member: "
+            f"{sum(1 for line in paused.lines() if line[0] == 'A' and line[3] != 'ok')}"
+        )
     finally:
         for member in members:
             member.stop()

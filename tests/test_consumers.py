@@ -11,21 +11,22 @@ from pathlib import Path
 
 import pytest
 
+from conftest import eventually
+from consumerutil import LEASE, Worker
+from gcutil import append_all, text_updates
+from test_metrics import scrape, scrape_until, served
 from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.assignment import assign, changes
 from yrelay.consumers.batch import Batch
 from yrelay.store import DocumentStore
 
-from conftest import eventually
-from test_gc import store  # noqa: F401 - the fixture
-from consumerutil import LEASE, Worker
-from gcutil import append_all, text_updates
-from test_metrics import scrape, scrape_until, served
-
 #: A dead member's documents move within its lease, plus one beat of the
 #: leader to notice and one of the others to read the new assignment (and
 #: slack for a machine shared with other test runs).
 TAKEOVER_BOUND = LEASE + 2 * LEASE / 3 + 2.0
+
+#: The recipe of docs/consumers.md, run as a reader would run it.
+SEARCH_INDEXER = Path(__file__).resolve().parent.parent / "docs" / "examples" / "search_indexer.py"
 
 
 async def write(store: DocumentStore, docs: list[str], count: int, word: str = "w") -> dict[str, list[str]]:
@@ -127,8 +128,9 @@ async def test_a_stale_members_ack_is_refused_after_a_takeover(redis_client, sto
     await b.stop()
 
 
-async def steady_edits(store: DocumentStore, docs: list[str], appended: list[tuple[str, str]],
-                       stop: asyncio.Event) -> None:
+async def steady_edits(
+    store: DocumentStore, docs: list[str], appended: list[tuple[str, str]], stop: asyncio.Event
+) -> None:
     """One small entry at a time, round robin, until ``stop`` is set (not
     cancelled: redis-py can swallow a cancel, and the loop would run on)."""
     clock = 0
@@ -162,8 +164,10 @@ async def test_a_fourth_member_joining_under_steady_edits_causes_no_duplicates(r
         await eventually(lambda: sorted(len(w.group.documents) for w in workers) == [8, 8, 8], timeout=10)
         await asyncio.sleep(LEASE)
         workers.append(await Worker(redis_client, "m3", processed, **options).start())
-        await eventually(lambda: sorted(len(w.group.documents) for w in workers) == [6, 6, 6, 6],
-                         timeout=4 * LEASE + 5 + (handover or 0))
+        await eventually(
+            lambda: sorted(len(w.group.documents) for w in workers) == [6, 6, 6, 6],
+            timeout=4 * LEASE + 5 + (handover or 0),
+        )
         await asyncio.sleep(LEASE)
         stop.set()
         await writer
@@ -177,8 +181,10 @@ async def test_a_fourth_member_joining_under_steady_edits_causes_no_duplicates(r
         stop.set()
         for worker in workers:
             await worker.stop()
-    print(f"\nhandover={handover}: {len(appended)} entries, {duplicates} duplicates, {redelivered} counted, "
-          f"{refused} refused acks")
+    print(
+        f"\nhandover={handover}: {len(appended)} entries, {duplicates} duplicates, {redelivered} counted, "
+        f"{refused} refused acks"
+    )
     if handover == 0.0:
         assert duplicates > 0 and refused > 0  # what the two-step handover removes
         # Counted: every duplicate (and batches read and dropped unprocessed when the document moved).
@@ -192,7 +198,7 @@ async def test_new_documents_are_picked_up(redis_client, store):
     await write(store, ["old"], 1)
     processed: Counter = Counter()
     a = await Worker(redis_client, "a", processed).start()
-    await eventually(lambda: ("old" in {doc for doc, _ in processed}), timeout=10)
+    await eventually(lambda: "old" in {doc for doc, _ in processed}, timeout=10)
     ids = await write(store, ["brand-new"], 2)
     await eventually(lambda: every(ids) <= set(processed), timeout=10)
     await a.stop()
@@ -229,6 +235,7 @@ async def test_the_state_helper_keeps_each_documents_text(redis_client, store):
     states = DocumentStates(redis_client)
     seen = asyncio.Event()
     async with ConsumerGroup(redis_client, "texts", member="only", lease=LEASE) as group:
+
         async def consume() -> None:
             async for batch in group.batches():
                 await states.apply(batch)
@@ -294,16 +301,16 @@ async def test_metrics_show_each_groups_members_lag_rebalances_and_takeovers(red
 
 
 async def test_the_search_indexer_recipe_indexes_every_documents_text(redis_url, redis_client, store):
-    path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "search_indexer.py"
-    spec = importlib.util.spec_from_file_location("search_indexer", path)
+    spec = importlib.util.spec_from_file_location("search_indexer", SEARCH_INDEXER)
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
     for index, doc in enumerate(["notes/a", "notes/b"]):
         updates, _ = text_updates(3, client_id=50 + index, word=doc[-1])
         await append_all(store, doc, updates)
     task = asyncio.create_task(recipe.main(redis_url))
-    await eventually(lambda: recipe.INDEX.get("a2") == {"notes/a"} and recipe.INDEX.get("b0") == {"notes/b"},
-                     timeout=10)
+    await eventually(
+        lambda: recipe.INDEX.get("a2") == {"notes/a"} and recipe.INDEX.get("b0") == {"notes/b"}, timeout=10
+    )
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
@@ -324,6 +331,7 @@ async def test_a_cancel_that_a_redis_call_drops_still_ends_the_iteration(redis_c
     monkeypatch.setattr(reader_module.Reader, "_step", swallowing_step)
     member = await ConsumerGroup(redis_client, "cancel-lost", member="m1", lease=LEASE).__aenter__()
     try:
+
         async def consume() -> None:
             async for _ in member.batches():
                 pass

@@ -17,6 +17,12 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from conftest import eventually, running_server
+from consumerutil import LEASE, Worker
+from gcutil import append_all, text_updates
+from test_consumers import TAKEOVER_BOUND, every, three_members_process_each_entry_once, write
+from test_consumers_gc import POLICY, group_at, history, stream_ids
+from test_webhooks import Receiver, run_webhook_cli
 from yrelay import crdt
 from yrelay.consumers import ConsumerGroup
 from yrelay.gc import Collector
@@ -24,13 +30,6 @@ from yrelay.keys import group_members_key, group_progress_key, stream_key
 from yrelay.redis_client import YrelayCluster
 from yrelay.replies import text
 from yrelay.store import DocumentStore
-
-from conftest import eventually, running_server
-from consumerutil import LEASE, Worker
-from gcutil import append_all, text_updates
-from test_consumers import TAKEOVER_BOUND, every, three_members_process_each_entry_once, write
-from test_consumers_gc import POLICY, group_at, history, stream_ids
-from test_webhooks import Receiver, run_webhook_cli
 
 DOCS = [f"team/doc-{i:02d}" for i in range(12)]
 
@@ -66,6 +65,7 @@ async def acking_member(client, group: str, **options: object) -> AsyncIterator[
     id) pairs it processed."""
     processed: Counter = Counter()
     async with ConsumerGroup(client, group, member="solo", lease=30.0, **options) as member:  # type: ignore[arg-type]
+
         async def run() -> None:
             async for batch in member.batches():
                 processed.update((batch.doc, entry_id) for entry_id in batch.ids)
@@ -79,8 +79,9 @@ async def acking_member(client, group: str, **options: object) -> AsyncIterator[
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_three_members_drain_documents_on_every_master_with_nothing_missed(cluster, cluster_client,
-                                                                                cluster_store, caplog):
+async def test_three_members_drain_documents_on_every_master_with_nothing_missed(
+    cluster, cluster_client, cluster_store, caplog
+):
     caplog.set_level(logging.WARNING)
     assert len(masters(cluster, DOCS)) == 3
     await three_members_process_each_entry_once(cluster_client, cluster_store, DOCS)
@@ -107,8 +108,7 @@ async def test_a_killed_members_documents_are_resumed_from_their_last_ack(cluste
     await b.stop()
 
 
-async def test_a_servers_append_wakes_the_member_before_its_sweep(cluster, cluster_client, cluster_store,
-                                                                 make_client):
+async def test_a_servers_append_wakes_the_member_before_its_sweep(cluster, cluster_client, cluster_store, make_client):
     """With a 30 s lease the member sweeps its documents every 10 s; an edit
     through a server on the cluster (its appender announces each batch on
     the buckets' change streams) is read on the wake-up, long before that."""
@@ -121,8 +121,9 @@ async def test_a_servers_append_wakes_the_member_before_its_sweep(cluster, clust
             for doc in docs:
                 crdt.insert_text((await editor.subscribe(doc)).ydoc, 0, "late ")
             await editor.wait_idle()
-        streams = {doc: [text(entry_id) for entry_id, _ in await cluster_client.xrange(stream_key(doc))]
-                   for doc in docs}
+        streams = {
+            doc: [text(entry_id) for entry_id, _ in await cluster_client.xrange(stream_key(doc))] for doc in docs
+        }
         assert all(len(entries) == 3 for entries in streams.values())
         await eventually(lambda: set(processed) == every(streams), timeout=5)
 
@@ -140,8 +141,9 @@ async def test_the_webhook_cli_delivers_on_a_cluster(cluster, cluster_client, cl
     assert "CROSSSLOT" not in stderr
 
 
-async def test_gc_holds_back_for_a_live_group_and_evicts_an_abandoned_one_on_a_cluster(cluster, cluster_client,
-                                                                                     cluster_store):
+async def test_gc_holds_back_for_a_live_group_and_evicts_an_abandoned_one_on_a_cluster(
+    cluster, cluster_client, cluster_store
+):
     """``gc_groups.lua`` and the claim/ack scripts on documents of different
     masters: the live group's unprocessed entries stay, the abandoned group is
     evicted and its next member starts again from the snapshot."""

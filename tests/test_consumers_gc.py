@@ -9,19 +9,15 @@ import asyncio
 import time
 from collections import Counter
 
-import pytest
-
+from conftest import eventually
+from consumerutil import LEASE, Worker
+from gcutil import append_all, append_at, text_updates
 from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.progress import Progress
 from yrelay.gc import Collector, GcPolicy
 from yrelay.keys import group_progress_key, stream_key
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore
-
-from conftest import eventually
-from test_gc import store  # noqa: F401 - the fixture
-from consumerutil import LEASE, Worker
-from gcutil import append_all, append_at, text_updates
 
 POLICY = GcPolicy(relative_ms=10_000, absolute_ms=50_500, group_abandoned_ms=10_000, group_absolute_ms=50_500)
 
@@ -74,7 +70,8 @@ async def test_the_lowest_of_sessions_and_groups_wins(redis_client, store):
 
 
 async def test_an_abandoned_group_is_evicted_past_the_relative_delta_and_restarts_from_the_snapshot(
-        redis_client, store):
+    redis_client, store
+):
     ids, text = await history(store, "doc", 6)
     await group_at(redis_client, "idx", "doc", ids[1])  # no member: abandoned, a minute behind the newest
     [report] = await Collector(redis_client, POLICY).collect(["doc"])

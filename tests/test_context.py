@@ -17,7 +17,8 @@ def yrelay_tasks() -> list[str]:
 
 
 async def test_a_start_that_fails_half_way_stops_every_task_and_closes_every_connection(
-        redis_url: str, redis_client: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    redis_url: str, redis_client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = {client["id"] for client in await redis_client.client_list()}
     started: list[str] = []
 
@@ -29,8 +30,14 @@ async def test_a_start_that_fails_half_way_stops_every_task_and_closes_every_con
     with pytest.raises(RuntimeError, match="no validator worker"):
         await ServerContext.open(Settings.from_env(gc_interval=1.0), redis_url)
     # What the failure had to undo, and did:
-    assert {"yrelay-ack-writer", "yrelay-appender", "yrelay-fanout", "yrelay-gc", "yrelay-presence",
-            "yrelay-revocations"} <= set(started)
+    assert {
+        "yrelay-ack-writer",
+        "yrelay-appender",
+        "yrelay-fanout",
+        "yrelay-gc",
+        "yrelay-presence",
+        "yrelay-revocations",
+    } <= set(started)
     assert yrelay_tasks() == []
     # Every connection the context opened is gone (Redis sees a closed socket
     # on its next turn). Counted by id, not in total: another test's client
@@ -38,8 +45,11 @@ async def test_a_start_that_fails_half_way_stops_every_task_and_closes_every_con
     # connection (its last command is then CLIENT LIST: "client" before Redis 7).
     deadline = asyncio.get_running_loop().time() + 5.0
     while True:
-        opened = [client for client in await redis_client.client_list()
-                  if client["id"] not in before and client.get("cmd") not in ("client|list", "client")]
+        opened = [
+            client
+            for client in await redis_client.client_list()
+            if client["id"] not in before and client.get("cmd") not in ("client|list", "client")
+        ]
         if not opened:
             break
         assert asyncio.get_running_loop().time() < deadline, f"connections left open: {opened}"

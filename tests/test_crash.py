@@ -4,7 +4,6 @@ import asyncio
 import random
 
 from conftest import FAST_BACKOFF, eventually, running_server
-
 from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.redis_server import RedisProcess

@@ -10,15 +10,14 @@ import re
 from pathlib import Path
 
 import pytest
-from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import sync_playwright
 
+from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 from yrelay.spark_analytics.analysis import Options
 from yrelay.spark_analytics.dashboard import DASHBOARD, read_table
 from yrelay.spark_analytics.generator import Scenario, generate
-from yrelay.spark_analytics.tables import SEVERITY, Status, Table
 from yrelay.spark_analytics.job import JobConfig, run
-
+from yrelay.spark_analytics.tables import SEVERITY, Status, Table
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +36,28 @@ NEVER_ACKS = "never-acks"
 def _never_acking_session(events: Path, ts: int) -> None:
     """A reader of d0 that was delivered to, evicted and told to resync, and
     never acked: it has no lag, so it is in no lag chart or top-N table."""
-    lines = [{"v": 1, "ts": ts, "type": "connect", "process": "p-extra", "session": NEVER_ACKS, "resumed": False},
-             {"v": 1, "ts": ts + 5, "type": "evict", "process": "p-extra", "doc": "d0", "session": NEVER_ACKS,
-              "mode": "relative"},
-             {"v": 1, "ts": ts + 10, "type": "resync", "process": "p-extra", "doc": "d0", "session": NEVER_ACKS,
-              "reason": "evicted", "offset": "0-0"}]
+    lines = [
+        {"v": 1, "ts": ts, "type": "connect", "process": "p-extra", "session": NEVER_ACKS, "resumed": False},
+        {
+            "v": 1,
+            "ts": ts + 5,
+            "type": "evict",
+            "process": "p-extra",
+            "doc": "d0",
+            "session": NEVER_ACKS,
+            "mode": "relative",
+        },
+        {
+            "v": 1,
+            "ts": ts + 10,
+            "type": "resync",
+            "process": "p-extra",
+            "doc": "d0",
+            "session": NEVER_ACKS,
+            "reason": "evicted",
+            "offset": "0-0",
+        },
+    ]
     (events / "events-extra-0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
@@ -51,8 +67,9 @@ def test_every_session_not_ok_is_named_with_its_status(dashboard):
     assert named[NEVER_ACKS]["status"] == str(Status.ERR)  # never acked: no lag, still listed
     assert (named[NEVER_ACKS]["acks"], named[NEVER_ACKS]["last ack (UTC)"]) == ("0", "-")  # no acks, no last ack
     statuses = [row["status"] for row in rows]
-    assert {str(Status.WARN), str(Status.STALL), str(Status.STOP), str(Status.REWIND),
-            str(Status.LEFT_UNACKED)} <= set(statuses)
+    assert {str(Status.WARN), str(Status.STALL), str(Status.STOP), str(Status.REWIND), str(Status.LEFT_UNACKED)} <= set(
+        statuses
+    )
     assert str(Status.OK) not in statuses and str(Status.LEFT) not in statuses  # a clean leave is no trouble
     assert statuses == sorted(statuses, key=lambda s: SEVERITY.index(Status(s)))  # worst first
     assert named["d0-stop"]["last ack (UTC)"].startswith("2026-01-01T")  # the last ack, as a UTC time
@@ -60,11 +77,11 @@ def test_every_session_not_ok_is_named_with_its_status(dashboard):
 
 def table_rows(page: str, table_id: str) -> list[dict[str, str]]:
     """The rows of the page's table ``table_id``, by column title (cells as text)."""
-    table = page[page.index(f"<table id='{table_id}'>"):]
-    table = table[:table.index("</table>")]
+    table = page[page.index(f"<table id='{table_id}'>") :]
+    table = table[: table.index("</table>")]
     head, body = table.split("</thead>")
     titles = [html.unescape(cell.split("</th>")[0]) for cell in head.split("<th>")[1:]]
-    return [dict(zip(titles, cells(row))) for row in body.split("</tr>") if "<td" in row]
+    return [dict(zip(titles, cells(row), strict=True)) for row in body.split("</tr>") if "<td" in row]
 
 
 def cells(row: str) -> list[str]:
@@ -86,8 +103,11 @@ def test_the_dashboard_renders_in_headless_chromium(dashboard, tmp_path):
     errors: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 900}, offline=True,
+            str(tmp_path / "profile"),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+            offline=True,
         )
         try:
             page = browser.new_page()
@@ -96,8 +116,10 @@ def test_the_dashboard_renders_in_headless_chromium(dashboard, tmp_path):
             page.goto(dashboard.as_uri(), wait_until="load")
             page.wait_for_function("document.querySelectorAll('div[id^=chart-] svg.main-svg').length >= 5")
             drawn = page.eval_on_selector_all(
-                "div[id^=chart-]", "divs => divs.map(d => [d.id, d.querySelectorAll('svg.main-svg').length, "
-                "d.querySelectorAll('.trace').length])")
+                "div[id^=chart-]",
+                "divs => divs.map(d => [d.id, d.querySelectorAll('svg.main-svg').length, "
+                "d.querySelectorAll('.trace').length])",
+            )
             tables = page.eval_on_selector_all("table", "ts => ts.map(t => t.rows.length)")
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
@@ -131,14 +153,14 @@ async def test_a_real_servers_stuck_client_heads_the_dashboard(spark, redis_url,
     import asyncio
 
     import websockets
-    from wsraw import RawPeer
 
+    from conftest import eventually, running_server
+    from wsraw import RawPeer
     from yrelay import crdt
     from yrelay.auth import issue_token
     from yrelay.eventlog import EventLog, subject_for_log
     from yrelay.gc import Collector, GcPolicy
     from yrelay.keys import tracker_key
-    from conftest import eventually, running_server
 
     def token(subject: str) -> str:
         return issue_token(SECRET, subject, ["board"])
@@ -154,8 +176,9 @@ async def test_a_real_servers_stuck_client_heads_the_dashboard(spark, redis_url,
             await asyncio.sleep(0.05)
 
     events_dir = tmp_path / "events"
-    async with running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET, gc_interval=0,
-                              data_dir=tmp_path) as url:
+    async with running_server(
+        redis_url, insecure_no_auth=False, auth_secret=SECRET, gc_interval=0, data_dir=tmp_path
+    ) as url:
         writer = await make_client(url, token=token("alice"))
         readers = [await make_client(url, token=token(name)) for name in ("bob", "carol")]
         wdoc = await writer.subscribe("board")
@@ -204,10 +227,15 @@ async def test_a_real_servers_stuck_client_heads_the_dashboard(spark, redis_url,
             def silent_long_enough() -> bool:
                 """The log shows erin silent for longer than her last 10 acks
                 spanned (Burrow's STOP rule, status.py), resends going on."""
-                lines = [json.loads(line) for path in events_dir.glob("*.jsonl")
-                         for line in path.read_text().splitlines() if line.endswith("}")]
-                acks = sorted(line["ts"] for line in lines
-                              if line["type"] == "ack" and line.get("session") == stuck.session)[-10:]
+                lines = [
+                    json.loads(line)
+                    for path in events_dir.glob("*.jsonl")
+                    for line in path.read_text().splitlines()
+                    if line.endswith("}")
+                ]
+                acks = sorted(
+                    line["ts"] for line in lines if line["type"] == "ack" and line.get("session") == stuck.session
+                )[-10:]
                 resent = any(line["type"] == "resend" and line.get("session") == stuck.session for line in lines)
                 return resent and max(line["ts"] for line in lines) - acks[-1] > acks[-1] - acks[0]
 
@@ -221,7 +249,10 @@ async def test_a_real_servers_stuck_client_heads_the_dashboard(spark, redis_url,
     rows = table_rows((out / DASHBOARD).read_text(), "troubled")
     assert rows, "no session is listed as not OK"
     assert (rows[0]["session"], rows[0]["status"], rows[0]["subject"]) == (
-        stuck.session, str(Status.STOP), subject_for_log("erin", "hash"))
+        stuck.session,
+        str(Status.STOP),
+        subject_for_log("erin", "hash"),
+    )
     assert int(rows[0]["lag now (entries)"]) == 5
     named = {row["session"] for row in rows}
     assert not named & {reader.session for reader in readers}  # they left cleanly: not trouble
@@ -239,15 +270,20 @@ def _screenshot(page_path: Path, tmp_path: Path, name: str) -> dict:
     errors: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 900}, offline=True)
+            str(tmp_path / "profile"),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+            offline=True,
+        )
         try:
             page = browser.new_page()
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(page_path.as_uri(), wait_until="load")
             page.wait_for_function("document.querySelectorAll('#chart-lag .trace').length >= 1")
             first_row = page.eval_on_selector(
-                "#troubled tbody tr", "row => [...row.cells].slice(1).map(c => c.innerText).join(' ')")
+                "#troubled tbody tr", "row => [...row.cells].slice(1).map(c => c.innerText).join(' ')"
+            )
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / name), full_page=False)
         finally:

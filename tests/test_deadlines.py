@@ -20,9 +20,9 @@ import httpx
 import psutil
 import pytest
 import websockets
-from conftest import FAST_BACKOFF, running_server
 from websockets.exceptions import ConnectionClosed
 
+from conftest import FAST_BACKOFF, running_server
 from yrelay import crdt
 from yrelay.app.http_guard import EVICT_AFTER
 from yrelay.client import YrelayClient
@@ -36,9 +36,10 @@ def _host_port(url: str) -> tuple[str, int]:
 
 def upgrade_request(port: int, protocols: str = "yrelay.v1", path: str = "/ws") -> bytes:
     key = base64.b64encode(os.urandom(16)).decode()
-    return (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {protocols}\r\n\r\n"
-            ).encode()
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {protocols}\r\n\r\n"
+    ).encode()
 
 
 class SilentSocket:
@@ -49,8 +50,9 @@ class SilentSocket:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, port: int, source: str = "127.0.0.1", path: str = "/ws",
-                   protocols: str = "yrelay.v1") -> "SilentSocket":
+    async def open(
+        cls, port: int, source: str = "127.0.0.1", path: str = "/ws", protocols: str = "yrelay.v1"
+    ) -> SilentSocket:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
         writer.write(upgrade_request(port, protocols, path))
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -77,6 +79,7 @@ class SilentSocket:
                 if opcode == 0x8:
                     return struct.unpack("!H", payload[:2])[0]
                 frames.append((opcode, payload))
+
         try:
             return frames, await asyncio.wait_for(read(), timeout)
         except asyncio.IncompleteReadError:
@@ -91,7 +94,7 @@ class SilentSocket:
         try:
             while await asyncio.wait_for(self.reader.read(65536), timeout):
                 pass
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             return False
         return True
 
@@ -258,6 +261,7 @@ async def _attack_wave(server: ServerProcess) -> tuple[float, float, float]:
     connect a real client among them, and wait until the server has closed
     every attacking socket. Returns (when the wave began, seconds until the
     real client wrote, seconds until the last attacking socket was closed)."""
+
     async def one(index: int) -> SilentSocket:
         if index % 2 == 0:
             return await SilentSocket.open(server.port, SOURCES[index // 2 % len(SOURCES)])
@@ -300,10 +304,15 @@ async def test_a_thousand_silent_websockets_and_a_thousand_idle_connections(redi
     second wave: if the first one's memory were not free for reuse, RSS
     would grow by as much again; it must stay at the first wave's mark."""
     _open_file_room(4 * ATTACKERS + 1024)
-    server = ServerProcess(redis_url, tmp_path, env={
-        "YRELAY_HELLO_TIMEOUT": str(HELLO_TIMEOUT), "YRELAY_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
-        "YRELAY_ADMISSION_RATE": "0",  # hold all thousand (the admission rate is another test's subject)
-    }).start()
+    server = ServerProcess(
+        redis_url,
+        tmp_path,
+        env={
+            "YRELAY_HELLO_TIMEOUT": str(HELLO_TIMEOUT),
+            "YRELAY_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
+            "YRELAY_ADMISSION_RATE": "0",  # hold all thousand (the admission rate is another test's subject)
+        },
+    ).start()
     probe = HealthProbe(server)
     try:
         async with YrelayClient(server.ws_url, backoff=FAST_BACKOFF) as warmup:  # the paths a client touches
@@ -323,11 +332,16 @@ async def test_a_thousand_silent_websockets_and_a_thousand_idle_connections(redi
     latencies = probe.latencies
     worst, when = max(latencies)
     slow = [(round(took, 2), round(at - latencies[0][1], 1)) for took, at in latencies if took > 0.3]
-    print(f"\nDEADLINES: {ATTACKERS} silent websockets + {ATTACKERS} idle HTTP connections, two waves: RSS "
-          f"baseline {baseline:.1f} MiB; " + "; ".join(
-              f"wave {n}: peak {peak:.1f} MiB, after {after:.1f} MiB, real client wrote {connected:.2f} s in, "
-              f"all attacking sockets closed {closed:.1f} s in" for n, (peak, after, connected, closed) in
-              enumerate(waves, 1)) + f"; /healthz {len(latencies)} probes, worst {worst * 1000:.0f} ms; over 300 ms (s, at): {slow}")
+    print(
+        f"\nDEADLINES: {ATTACKERS} silent websockets + {ATTACKERS} idle HTTP connections, two waves: RSS "
+        f"baseline {baseline:.1f} MiB; "
+        + "; ".join(
+            f"wave {n}: peak {peak:.1f} MiB, after {after:.1f} MiB, real client wrote {connected:.2f} s in, "
+            f"all attacking sockets closed {closed:.1f} s in"
+            for n, (peak, after, connected, closed) in enumerate(waves, 1)
+        )
+        + f"; /healthz {len(latencies)} probes, worst {worst * 1000:.0f} ms; over 300 ms (s, at): {slow}"
+    )
     assert worst < 1.0, f"/healthz took {worst:.2f} s"
     assert len(latencies) >= 40
     assert peak1 - baseline > 10, "the attack should have cost memory (is it really held?)"

@@ -17,6 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from conftest import eventually, running_server, serving
+from consumerutil import LEASE
 from yrelay import crdt
 from yrelay.consumers import AckResult, Batch, ConsumerGroup
 from yrelay.consumers.webhook import Webhook
@@ -24,13 +26,11 @@ from yrelay.keys import bucket_documents_key, bucket_gc_due_key, document_bucket
 from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
 
-from conftest import eventually, running_server, serving
-from consumerutil import LEASE
-
 
 async def listed(redis_client, doc: str) -> float | None:
     """The document's score in the registry (its bucket), None when unlisted."""
     return await redis_client.zscore(bucket_documents_key(document_bucket(doc)), doc)
+
 
 TOKEN = "ops-secret-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -38,7 +38,8 @@ DOC = "notes/gone"
 
 
 async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks_and_stays_deleted(
-        redis_url, redis_client, make_client):
+    redis_url, redis_client, make_client
+):
     bodies: list[dict] = []
 
     async def hook(request: Request) -> Response:
@@ -46,8 +47,10 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         return Response(status_code=204)
 
     port = free_port()
-    async with running_server(redis_url, ops_token=TOKEN, gc_interval=0) as url, \
-            serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port):
+    async with (
+        running_server(redis_url, ops_token=TOKEN, gc_interval=0) as url,
+        serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port),
+    ):
         http = httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws"), timeout=10)
         writer = await make_client(url)
         written = await writer.subscribe(DOC)
@@ -79,8 +82,10 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         await eventually(lambda: read.deleted.is_set() and written.deleted.is_set(), timeout=10)
         assert reader.error_codes["document_deleted"] == 1 and DOC not in reader.docs
         # The group and the webhook: a deletion event, acked.
-        await eventually(lambda: any(b.deleted for b in batches) and any(b["deleted"] for b in bodies)
-                         and len(acks) == len(batches), timeout=10)  # the batch's ack answered too
+        await eventually(
+            lambda: any(b.deleted for b in batches) and any(b["deleted"] for b in bodies) and len(acks) == len(batches),
+            timeout=10,
+        )  # the batch's ack answered too
         deletion = next(b for b in batches if b.deleted)
         assert deletion.doc == DOC and deletion.updates == [] and acks[batches.index(deletion)] is AckResult.ACKED
         body = next(b for b in bodies if b["deleted"])
@@ -96,8 +101,12 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         assert await redis_client.zscore(bucket_gc_due_key(document_bucket(DOC)), DOC) is None
         assert await redis_client.xlen(stream_key(DOC)) == 1
         left = {key.decode() for key in await redis_client.keys("yrelay:{notes/gone}:*")}
-        assert left <= {"yrelay:{notes/gone}:stream", "yrelay:{notes/gone}:meta", "yrelay:{notes/gone}:groups",
-                        "yrelay:{notes/gone}:groups:leases"}, left
+        assert left <= {
+            "yrelay:{notes/gone}:stream",
+            "yrelay:{notes/gone}:meta",
+            "yrelay:{notes/gone}:groups",
+            "yrelay:{notes/gone}:groups:leases",
+        }, left
         assert 0 < await redis_client.ttl(stream_key(DOC)) <= 3600
 
         # A write racing the delete (here: after it) is refused and writes nothing.
@@ -110,7 +119,9 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         assert again.text == ""
         crdt.insert_text(again.ydoc, 0, "new")
         try:
-            await eventually(lambda: fresh.error_codes["document_deleted"] >= 1, timeout=10)  # a resend may race the answer
+            await eventually(
+                lambda: fresh.error_codes["document_deleted"] >= 1, timeout=10
+            )  # a resend may race the answer
         except AssertionError:
             raise AssertionError(f"errors {fresh.errors}, pending {fresh.pending}") from None
         assert await redis_client.xlen(stream_key(DOC)) == 1
@@ -122,7 +133,6 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
         assert (await http.delete("/ops/docs/never-existed", headers=AUTH)).status_code == 404
         assert (await http.delete(f"/ops/docs/{DOC}")).status_code == 401
         await http.aclose()
-
 
 
 async def test_writes_racing_the_delete_leave_nothing_but_the_tombstone(redis_client):
@@ -165,9 +175,8 @@ async def test_writes_racing_the_delete_leave_nothing_but_the_tombstone(redis_cl
 
 
 async def test_a_yws_connection_is_closed_with_4404_and_its_writes_refused(redis_url, redis_client):
-    from ywspeer import YwsPeer
-
     from yrelay.deletion import delete_document
+    from ywspeer import YwsPeer
 
     async with running_server(redis_url) as url:
         base = url.removesuffix("/ws")

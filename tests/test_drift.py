@@ -9,9 +9,9 @@ import logging
 
 import redis as redis_sync
 from redis.asyncio import Redis
+
 from conftest import eventually, running_server
 from gcutil import append_all, dump_document, text_updates
-
 from yrelay import crdt
 from yrelay.app.rewind import find_rewound
 from yrelay.gc import Collector, GcPolicy
@@ -61,7 +61,9 @@ async def test_stored_digest_follows_appends_and_trims(redis_client):
     assert window is not None and window.digest == digest_of(ids[10:30])
 
     await append_text(store, "d", 10, "b")
-    reports = await Collector(redis_client, GcPolicy(relative_ms=5, absolute_ms=50)).collect(["d"])  # nobody tracked: folds and trims all
+    reports = await Collector(redis_client, GcPolicy(relative_ms=5, absolute_ms=50)).collect(
+        ["d"]
+    )  # nobody tracked: folds and trims all
     assert reports[0].trimmed == 50
     assert await stream_ids(redis_client, "d") == []
     check = await digests.recompute("d")
@@ -307,8 +309,9 @@ async def test_failover_to_a_replica_that_missed_writes_converges(tmp_path, make
             async with running_server(replica.url, port=new_port, **NO_GC):
                 await old_server.aclose()
                 primary.kill()
-                await eventually(lambda: first.connected.is_set() and first.pending == 0 and first.resyncs >= 1,
-                                 timeout=20)
+                await eventually(
+                    lambda: first.connected.is_set() and first.pending == 0 and first.resyncs >= 1, timeout=20
+                )
                 crdt.insert_text(one.ydoc, 0, "<late>")
                 await first.wait_idle()
                 second.urls = [new_url]

@@ -18,11 +18,11 @@ from types import ModuleType
 import httpx
 import pytest
 import websockets
-from conftest import FAST_BACKOFF, eventually
-from conftest import serving as serving_app
 from fastapi import FastAPI, HTTPException
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from conftest import FAST_BACKOFF, eventually
+from conftest import serving as serving_app
 from yrelay import Relay, crdt
 from yrelay.auth import AuthError, HostAuthenticator, Principal
 from yrelay.client import YrelayClient
@@ -78,8 +78,10 @@ async def close_code(ws: object) -> int:
 
 async def test_two_clients_sync_through_the_host_app_under_its_prefix(host):
     ws_url = host.replace("http://", "ws://") + "/collab/ws"
-    async with YrelayClient(ws_url, backoff=FAST_BACKOFF, token="key-ada") as writer, \
-            YrelayClient(ws_url, backoff=FAST_BACKOFF, token="key-bob") as reader:
+    async with (
+        YrelayClient(ws_url, backoff=FAST_BACKOFF, token="key-ada") as writer,
+        YrelayClient(ws_url, backoff=FAST_BACKOFF, token="key-bob") as reader,
+    ):
         mine, theirs = await writer.subscribe("research/plan"), await reader.subscribe("research/plan")
         crdt.insert_text(mine.ydoc, 0, "written by ada")
         await writer.wait_idle()
@@ -165,6 +167,7 @@ async def test_the_hosts_middleware_still_sees_the_installed_websocket(redis_url
                 seen.append(scope["path"])
                 scope.setdefault("state", {})["tenant"] = "acme"
             await app(scope, receive, send)
+
         return middleware
 
     async def authenticate(connection, token):

@@ -18,17 +18,16 @@ import httpx
 import pycrdt
 import pytest
 import websockets
+
+from engines import needs_ypy
 from gcutil import append_at
 from test_reconciliation import varint
 from wsraw import RawPeer
-
-from engines import needs_ypy
 from yrelay import crdt, engine, update_format
 from yrelay.app.engine_pool import EngineFailed, EnginePool
 from yrelay.auth import issue_token
 from yrelay.store import DocumentStore
 from yrelay_tools.testing.processes import ServerProcess
-
 
 #: y-py 0.6.2 sizes an allocation by this vector's count (~146 GB) and aborts.
 HOSTILE_VECTOR = base64.b64decode("/////w8=")
@@ -82,10 +81,12 @@ def test_state_vectors_are_decoded_and_bounded():
 def test_y_py_never_sees_a_hostile_state_vector(engine_name):
     """Before the bound, this call aborted the whole process with y-py (run in
     a child so that the old behaviour fails this test instead of ending the run)."""
-    code = (f"import base64; from yrelay import crdt; d = crdt.new_doc(engine={engine_name!r}); "
-            "crdt.insert_text(d, 0, 'x')\n"
-            "try:\n    crdt.encode_state(d, base64.b64decode('/////w8='))\n"
-            "except crdt.InvalidUpdate as e:\n    print('refused', e)")
+    code = (
+        f"import base64; from yrelay import crdt; d = crdt.new_doc(engine={engine_name!r}); "
+        "crdt.insert_text(d, 0, 'x')\n"
+        "try:\n    crdt.encode_state(d, base64.b64decode('/////w8='))\n"
+        "except crdt.InvalidUpdate as e:\n    print('refused', e)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("refused"), (result.returncode, result.stderr[-300:])
 
@@ -273,8 +274,10 @@ async def test_sync_over_1500_reversed_updates_answers_within_200ms(server, redi
         elapsed = time.perf_counter() - started
     await peer.close(), await other.close()
     diff = b"".join(base64.b64decode(part["update"]) for part in parts)
-    print(f"sync over 1500 reversed: {elapsed * 1000:.1f} ms; {len(round_trips)} pings, "
-          f"slowest {max(round_trips) * 1000:.1f} ms")
+    print(
+        f"sync over 1500 reversed: {elapsed * 1000:.1f} ms; {len(round_trips)} pings, "
+        f"slowest {max(round_trips) * 1000:.1f} ms"
+    )
     assert len(text_of_update(diff)) == 1500 and parts[-1]["offset"] == "1500-0"
     assert elapsed < 0.2, f"sync answered in {elapsed * 1000:.0f} ms"
     assert max(round_trips) < 0.1, f"a ping waited {max(round_trips) * 1000:.0f} ms"
@@ -284,8 +287,12 @@ async def test_a_megabyte_state_vector_is_checked_off_the_event_loop(server):
     """Decoding ~90,000 pairs in pure Python takes ~0.3 s: a vector past the
     in-loop precheck is decoded by the worker, before pycrdt sees it."""
     pairs = 90_000
-    hostile = varint(pairs) + b"".join(varint(2**40 + i) + varint(2**30) for i in range(pairs - 1)) \
-        + varint(1) + varint(2**53)  # the last clock is past 2**53
+    hostile = (
+        varint(pairs)
+        + b"".join(varint(2**40 + i) + varint(2**30) for i in range(pairs - 1))
+        + varint(1)
+        + varint(2**53)
+    )  # the last clock is past 2**53
     frame = {"op": "sync", "doc": "d", "state_vector": base64.b64encode(hostile).decode()}
     peer, other = await RawPeer.connect(server.ws_url), await RawPeer.connect(server.ws_url)
     await peer.send({"op": "subscribe", "doc": "d"})
@@ -307,8 +314,10 @@ async def test_gc_folds_1500_reversed_updates_within_a_second(redis_url, redis_c
     server = ServerProcess(redis_url, tmp_path, env={"YRELAY_GC_INTERVAL": "0", "YRELAY_OPS_TOKEN": "ops"}).start()
     try:
         other = await RawPeer.connect(server.ws_url)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=30) as ops, \
-                bystander(raw_ping(other)) as round_trips:
+        async with (
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=30) as ops,
+            bystander(raw_ping(other)) as round_trips,
+        ):
             started = time.perf_counter()
             answer = await ops.post("/ops/gc", json={"doc": "rev"}, headers={"Authorization": "Bearer ops"})
             elapsed = time.perf_counter() - started
@@ -316,8 +325,10 @@ async def test_gc_folds_1500_reversed_updates_within_a_second(redis_url, redis_c
     finally:
         server.stop()
     [report] = answer.json()["reports"]
-    print(f"GC pass over 1500 reversed: {elapsed * 1000:.1f} ms; {len(round_trips)} pings, "
-          f"slowest {max(round_trips) * 1000:.1f} ms")
+    print(
+        f"GC pass over 1500 reversed: {elapsed * 1000:.1f} ms; {len(round_trips)} pings, "
+        f"slowest {max(round_trips) * 1000:.1f} ms"
+    )
     assert (report["folded"], report["trimmed"], report["blocked_at"], report["error"]) == (1500, 1500, None, None)
     ydoc, offset = await DocumentStore(redis_client).load_document("rev")
     assert len(crdt.text_of(ydoc)) == 1500 and str(offset) == "1500-0"
@@ -333,7 +344,7 @@ class TokenPeer:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, url: str, docs: list[str], perm: str) -> AsyncIterator["TokenPeer"]:
+    async def open(cls, url: str, docs: list[str], perm: str) -> AsyncIterator[TokenPeer]:
         async with websockets.connect(url, max_size=None) as ws:
             peer = cls(ws)
             await peer.send({"op": "hello", "token": issue_token(SECRET, f"{perm}er", docs, perm, 600)})
@@ -356,13 +367,16 @@ class TokenPeer:
 
 async def test_a_read_only_clients_hostile_sync_is_refused_and_nobody_else_notices(redis_url, tmp_path):
     """The server in its own process: before the fix, this sync aborted it."""
-    server = ServerProcess(redis_url, tmp_path, env={"YRELAY_INSECURE_NO_AUTH": "0",
-                                                     "YRELAY_AUTH_SECRET": SECRET}).start()
+    server = ServerProcess(
+        redis_url, tmp_path, env={"YRELAY_INSECURE_NO_AUTH": "0", "YRELAY_AUTH_SECRET": SECRET}
+    ).start()
     try:
         updates = one_character_chain(3)
-        async with TokenPeer.open(server.ws_url, ["d"], "write") as writer, \
-                TokenPeer.open(server.ws_url, ["d"], "read") as reader, \
-                TokenPeer.open(server.ws_url, ["other"], "read") as other:
+        async with (
+            TokenPeer.open(server.ws_url, ["d"], "write") as writer,
+            TokenPeer.open(server.ws_url, ["d"], "read") as reader,
+            TokenPeer.open(server.ws_url, ["other"], "read") as other,
+        ):
             for peer in (writer, reader):
                 await peer.send({"op": "subscribe", "doc": "d"})
                 assert (await peer.until("subscribed"))["op"] == "subscribed"
@@ -370,9 +384,10 @@ async def test_a_read_only_clients_hostile_sync_is_refused_and_nobody_else_notic
                 for bad in BAD_VECTORS:
                     await reader.send({"op": "sync", "doc": "d", "state_vector": base64.b64encode(bad).decode()})
                     refused = await reader.until("sync_reply")
-                    assert (refused["op"], refused["code"], refused["doc"]) == ("error", "malformed_frame", "d"), refused
-            await writer.send({"op": "update", "doc": "d", "clock": 1,
-                               "update": base64.b64encode(updates[0]).decode()})
+                    assert (refused["op"], refused["code"], refused["doc"]) == ("error", "malformed_frame", "d"), (
+                        refused
+                    )
+            await writer.send({"op": "update", "doc": "d", "clock": 1, "update": base64.b64encode(updates[0]).decode()})
             assert (await writer.until("appended"))["op"] == "appended"
             assert (await reader.until("deliver"))["op"] == "deliver"
             await reader.send({"op": "sync", "doc": "d", "state_vector": base64.b64encode(b"\x00").decode()})

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from conftest import edit_then_evict_reader, running_server
-
 from yrelay import crdt
 from yrelay.config import Settings
 from yrelay.eventlog import SUBJECT_MODES, EventLog, subject_for_log
@@ -104,8 +103,9 @@ def test_a_failing_disk_never_raises_and_the_hole_is_recorded(tmp_path):
 
 async def test_a_server_logs_what_happens(redis_url, redis_client, make_client, tmp_path):
     writer, reader = await edit_then_evict_reader(redis_url, make_client, tmp_path, "logged", 6)
-    await Collector(redis_client, GcPolicy(relative_ms=5, absolute_ms=50),
-                    events=(gc_events := EventLog(tmp_path / "events"))).collect(["logged"])
+    await Collector(
+        redis_client, GcPolicy(relative_ms=5, absolute_ms=50), events=(gc_events := EventLog(tmp_path / "events"))
+    ).collect(["logged"])
     gc_events.stop()
 
     lines = read_events(tmp_path / "events")

@@ -24,14 +24,13 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
 import websockets
+
 from test_deadlines import SilentSocket
 from wsraw import RawPeer
-
 from yrelay import crdt, yprotocol
 from yrelay.awareness import AwarenessEntry, encode_update
 from yrelay.client import YrelayClient
@@ -88,7 +87,7 @@ async def flood(sock: SilentSocket, frame: bytes, seconds: float) -> int:
             sock.writer.write(batch)
             try:
                 await asyncio.wait_for(sock.writer.drain(), max(0.01, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break  # the server stopped reading: backpressure
             written += 2000
     except ConnectionError:
@@ -125,8 +124,14 @@ async def victim_round_trips(url: str, doc: str, count: int) -> int:
         await peer.expect("subscribed", timeout=30)
         appended = 0
         for clock in range(1, count + 1):
-            await peer.send({"op": "update", "doc": doc, "clock": clock,
-                             "update": base64.b64encode(update_from(clock, "v")).decode()})
+            await peer.send(
+                {
+                    "op": "update",
+                    "doc": doc,
+                    "clock": clock,
+                    "update": base64.b64encode(update_from(clock, "v")).decode(),
+                }
+            )
             frame = await peer.recv(timeout=30)
             appended += frame["op"] == "appended"
             await asyncio.sleep(0.05)
@@ -165,8 +170,7 @@ async def test_a_ping_flood_before_hello_is_read_slowly_and_costs_the_server_not
     assert all(frame["code"] in ("handshake_required", "rate_limited") for frame in frames), frames[:3]
     assert len(frames) <= 4 + 6 + 2, len(frames)  # the burst, then 1/s until the deadline (4 s)
     assert used < 2.0, f"{used:.2f} s of server CPU for {written} pings offered"  # was ~4.4 s per 5 s
-    print(f"\nFLOODS: before hello: {written} pings offered in 5 s, {len(frames)} answered, "
-          f"server CPU {used:.2f} s")
+    print(f"\nFLOODS: before hello: {written} pings offered in 5 s, {len(frames)} answered, server CPU {used:.2f} s")
 
 
 @pytest.mark.parametrize("opcode", [0x9, 0xA], ids=["ping", "pong"])
@@ -211,8 +215,14 @@ async def test_resubscribing_is_answered_at_the_rate_of_answers(server: ServerPr
     await writer.send({"op": "subscribe", "doc": doc})
     await writer.expect("subscribed")
     for clock in range(1, 41):  # ~40 entries of ~10 KB: a 400 KB stream
-        await writer.send({"op": "update", "doc": doc, "clock": clock,
-                           "update": base64.b64encode(update_from(clock, "y" * 10_000)).decode()})
+        await writer.send(
+            {
+                "op": "update",
+                "doc": doc,
+                "clock": clock,
+                "update": base64.b64encode(update_from(clock, "y" * 10_000)).decode(),
+            }
+        )
         assert (await writer.recv(timeout=30))["op"] == "appended"
     await writer.close()
     sock = await signed_in(server.port)
@@ -272,8 +282,7 @@ async def test_awareness_queries_on_yws_are_answered_at_the_rate_of_answers(serv
     holders = []
     for index in range(4):  # ~4 x 24 KiB of presence from other connections
         holder = await websockets.connect(base, subprotocols=["yrelay.yws"], max_size=None)
-        entries = [AwarenessEntry(1000 + index * 4 + n, 1, json.dumps({"name": "x" * 6000}))
-                   for n in range(4)]
+        entries = [AwarenessEntry(1000 + index * 4 + n, 1, json.dumps({"name": "x" * 6000})) for n in range(4)]
         await holder.send(yprotocol.awareness(encode_update(entries)))
         holders.append(holder)
     attacker = await websockets.connect(base, subprotocols=["yrelay.yws"], max_size=None)
@@ -302,8 +311,10 @@ async def test_awareness_queries_on_yws_are_answered_at_the_rate_of_answers(serv
     allowed = 256 * 1024 + 64 * 1024 * elapsed + 128 * 1024
     assert received <= allowed, f"{received} bytes in {elapsed:.1f} s (allowed {allowed:.0f})"
     assert received > 0  # queries are still answered
-    print(f"\nFLOODS: 2,000 awareness queries: {received / 1024:.0f} KiB answered in {elapsed:.1f} s "
-          f"(was ~96 KiB per query)")
+    print(
+        f"\nFLOODS: 2,000 awareness queries: {received / 1024:.0f} KiB answered in {elapsed:.1f} s "
+        f"(was ~96 KiB per query)"
+    )
 
 
 async def test_half_sent_frames_before_authentication_pin_no_memory(server: ServerProcess):
@@ -350,11 +361,11 @@ async def test_messages_being_received_are_bounded_for_the_whole_process(server:
     message = b'{"op":"ping"' + b" " * (1024 * 1024 - 13) + b"}"  # 1 MiB, valid JSON
     users = [await signed_in(server.port) for _ in range(2)]
     for user in users:  # 0.9 MiB of each: the second takes the process past 6 MiB
-        user.writer.write(masked(0x1, message[:900 * 1024], declared=len(message)))
+        user.writer.write(masked(0x1, message[: 900 * 1024], declared=len(message)))
         await user.writer.drain()
     assert await hog.close_code(10) == 1013
     for user in users:  # the others' messages are received whole and answered
-        user.writer.write(message[900 * 1024:])
+        user.writer.write(message[900 * 1024 :])
         opcode, payload = await asyncio.wait_for(user.read_frame(), 10)
         assert json.loads(payload)["op"] == "pong"
         user.close()
@@ -374,7 +385,7 @@ async def test_three_clients_of_one_user_paste_1000_updates_each_and_nothing_cas
         docs = [await client.subscribe("flood/paste") for client in clients]
         started = time.monotonic()
         for doc in docs:
-            for index in range(1000):
+            for _ in range(1000):
                 crdt.insert_text(doc.ydoc, 0, "x")
         for client in clients:
             await client.wait_idle(timeout=120)

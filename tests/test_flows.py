@@ -48,7 +48,7 @@ def test_yrelay_app_has_no_import_cycle():
 
     def visit(module: str, path: tuple[str, ...]) -> None:
         if module in path:
-            pytest.fail("import cycle: " + " -> ".join(path[path.index(module):] + (module,)))
+            pytest.fail("import cycle: " + " -> ".join(path[path.index(module) :] + (module,)))
         if module not in done:
             for dep in sorted(graph.get(module, ())):
                 visit(dep, path + (module,))
@@ -85,8 +85,10 @@ def test_the_hello_deadline_and_the_tokens_expiry_and_revocation_cut_off():
     assert handshake.hello_overdue() is None
     time.sleep(0.06)
     overdue = handshake.hello_overdue()
-    assert overdue is not None and (overdue.code, overdue.close_code) == (ErrorCode.HANDSHAKE_REQUIRED,
-                                                                        CLOSE_HELLO_TIMEOUT)
+    assert overdue is not None and (overdue.code, overdue.close_code) == (
+        ErrorCode.HANDSHAKE_REQUIRED,
+        CLOSE_HELLO_TIMEOUT,
+    )
     assert handshake.token_lapsed() is None  # no hello yet: nothing to check
     handshake.principal = Principal.of("u", ["*"], "write", expires_at=time.time() + 60, token_id="t1")
     assert handshake.token_lapsed() is None

@@ -23,19 +23,19 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 import pycrdt
+import pytest
 import redis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from test_reconciliation import varint
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from test_reconciliation import varint
 from yrelay import crdt, yprotocol
 from yrelay.awareness import AwarenessEntry, encode_update
-from yrelay.config import Settings
 from yrelay.client import YrelayClient
+from yrelay.config import Settings
 from yrelay.protocol import MAX_JSON_DEPTH
 from yrelay_tools.testing.processes import ServerProcess
 
@@ -115,8 +115,11 @@ state_vector_bytes = st.one_of(
     st.sampled_from(_valid_state_vectors()),
     st.sampled_from(_valid_state_vectors()).flatmap(mutated),
     st.just(HOSTILE_STATE_VECTOR),
-    st.builds(lambda count, pairs: varint(count) + b"".join(varint(c) + varint(k) for c, k in pairs),
-              st.integers(0, 2**64), st.lists(st.tuples(st.integers(0, 2**64), st.integers(0, 2**64)), max_size=4)),
+    st.builds(
+        lambda count, pairs: varint(count) + b"".join(varint(c) + varint(k) for c, k in pairs),
+        st.integers(0, 2**64),
+        st.lists(st.tuples(st.integers(0, 2**64), st.integers(0, 2**64)), max_size=4),
+    ),
     st.binary(max_size=24),
 )
 
@@ -126,40 +129,70 @@ payloads = st.one_of(
     update_bytes.map(lambda data: b64(data)[:-1] if data else "="),  # truncated base64
     st.text(max_size=40),  # not base64 at all
 )
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-                         st.floats(allow_nan=False), st.text(max_size=20))
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
-doc_ids = st.one_of(st.sampled_from(FUZZ_DOCS), st.sampled_from(FUZZ_DOCS), st.text(max_size=12),
-                    st.from_regex(r"[A-Za-z0-9._:/@-]{1,20}", fullmatch=True)).filter(lambda d: d != VICTIM)
-offsets = st.one_of(st.none(), st.just("0-0"), st.builds(lambda ms, seq: f"{ms}-{seq}", st.integers(0, 2**64),
-                                                          st.integers(0, 1500)), st.text(max_size=12))
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+doc_ids = st.one_of(
+    st.sampled_from(FUZZ_DOCS),
+    st.sampled_from(FUZZ_DOCS),
+    st.text(max_size=12),
+    st.from_regex(r"[A-Za-z0-9._:/@-]{1,20}", fullmatch=True),
+).filter(lambda d: d != VICTIM)
+offsets = st.one_of(
+    st.none(),
+    st.just("0-0"),
+    st.builds(lambda ms, seq: f"{ms}-{seq}", st.integers(0, 2**64), st.integers(0, 1500)),
+    st.text(max_size=12),
+)
 clocks = st.one_of(st.integers(0, 2**53 + 5), st.integers(-5, 5), json_scalars)
 hexes = st.text("0123456789abcdef", min_size=32, max_size=32)
-digests = st.one_of(st.none(), st.fixed_dictionaries(
-    {"since": offsets, "count": st.integers(-1, 2**60), "hash": st.one_of(hexes, st.text(max_size=5))},
-    optional={"through": offsets}))
+digests = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {"since": offsets, "count": st.integers(-1, 2**60), "hash": st.one_of(hexes, st.text(max_size=5))},
+        optional={"through": offsets},
+    ),
+)
 
 shaped = st.one_of(
     st.fixed_dictionaries({"op": st.just("update"), "doc": doc_ids, "clock": clocks, "update": payloads}),
-    st.fixed_dictionaries({"op": st.just("update"), "doc": st.sampled_from(FUZZ_DOCS),
-                           "clock": st.integers(0, 2**53 - 1), "update": update_bytes.map(b64)}),
-    st.fixed_dictionaries({"op": st.just("subscribe"), "doc": doc_ids}, optional={"offset": offsets,
-                                                                                 "digest": digests}),
+    st.fixed_dictionaries(
+        {
+            "op": st.just("update"),
+            "doc": st.sampled_from(FUZZ_DOCS),
+            "clock": st.integers(0, 2**53 - 1),
+            "update": update_bytes.map(b64),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"op": st.just("subscribe"), "doc": doc_ids}, optional={"offset": offsets, "digest": digests}
+    ),
     st.fixed_dictionaries({"op": st.just("unsubscribe"), "doc": doc_ids}),
     st.fixed_dictionaries({"op": st.just("ack"), "doc": doc_ids, "offset": offsets}),
-    st.fixed_dictionaries({"op": st.just("sync"), "doc": doc_ids,
-                           "state_vector": st.one_of(state_vector_bytes.map(b64), payloads)}),
-    st.fixed_dictionaries({"op": st.just("sync"), "doc": st.sampled_from(FUZZ_DOCS),
-                           "state_vector": state_vector_bytes.map(b64)}),
-    st.fixed_dictionaries({"op": st.just("check_subscriptions"), "count": clocks, "hash": hexes},
-                          optional={"ref": clocks}),
-    st.fixed_dictionaries({"op": st.just("reconcile"), "payload": st.binary(max_size=80).map(b64)},
-                          optional={"ref": clocks}),
-    st.fixed_dictionaries({"op": st.just("awareness"), "doc": doc_ids,
-                           "update": st.one_of(st.binary(max_size=80).map(b64), payloads)}),
-    st.fixed_dictionaries({"op": st.sampled_from(["hello", "ping", "welcome", "deliver", "PING", ""])},
-                          optional={"session": st.text(max_size=30), "protocol": clocks}),
+    st.fixed_dictionaries(
+        {"op": st.just("sync"), "doc": doc_ids, "state_vector": st.one_of(state_vector_bytes.map(b64), payloads)}
+    ),
+    st.fixed_dictionaries(
+        {"op": st.just("sync"), "doc": st.sampled_from(FUZZ_DOCS), "state_vector": state_vector_bytes.map(b64)}
+    ),
+    st.fixed_dictionaries(
+        {"op": st.just("check_subscriptions"), "count": clocks, "hash": hexes}, optional={"ref": clocks}
+    ),
+    st.fixed_dictionaries(
+        {"op": st.just("reconcile"), "payload": st.binary(max_size=80).map(b64)}, optional={"ref": clocks}
+    ),
+    st.fixed_dictionaries(
+        {"op": st.just("awareness"), "doc": doc_ids, "update": st.one_of(st.binary(max_size=80).map(b64), payloads)}
+    ),
+    st.fixed_dictionaries(
+        {"op": st.sampled_from(["hello", "ping", "welcome", "deliver", "PING", ""])},
+        optional={"session": st.text(max_size=30), "protocol": clocks},
+    ),
 )
 
 
@@ -185,15 +218,29 @@ def mangled_text(draw) -> str:
 
 #: Awareness floods (issue 16): valid updates of up to 16 entries, clientIDs
 #: from a small range (so connections collide on them), states or removals.
-awareness_states = st.one_of(st.just("null"), st.dictionaries(st.text(max_size=5), json_scalars, max_size=3)
-                             .map(json.dumps))
-awareness_floods = st.fixed_dictionaries({
-    "op": st.just("awareness"), "doc": st.sampled_from(FUZZ_DOCS),
-    "update": st.lists(st.builds(AwarenessEntry, st.integers(0, 40), st.integers(0, 2**53 - 1), awareness_states),
-                       min_size=1, max_size=16).map(lambda entries: b64(encode_update(entries)))})
+awareness_states = st.one_of(
+    st.just("null"), st.dictionaries(st.text(max_size=5), json_scalars, max_size=3).map(json.dumps)
+)
+awareness_floods = st.fixed_dictionaries(
+    {
+        "op": st.just("awareness"),
+        "doc": st.sampled_from(FUZZ_DOCS),
+        "update": st.lists(
+            st.builds(AwarenessEntry, st.integers(0, 40), st.integers(0, 2**53 - 1), awareness_states),
+            min_size=1,
+            max_size=16,
+        ).map(lambda entries: b64(encode_update(entries))),
+    }
+)
 
-frames = st.one_of(shaped.map(json.dumps), shaped.map(json.dumps), wrong_types().map(json.dumps), mangled_text(),
-                   st.text(max_size=30), awareness_floods.map(json.dumps))
+frames = st.one_of(
+    shaped.map(json.dumps),
+    shaped.map(json.dumps),
+    wrong_types().map(json.dumps),
+    mangled_text(),
+    st.text(max_size=30),
+    awareness_floods.map(json.dumps),
+)
 
 
 @st.composite
@@ -205,7 +252,7 @@ def deep_json(draw) -> str:
     frame = draw(shaped)
     key = draw(st.sampled_from(sorted(frame) + ["extra"]))
     text = json.dumps({**frame, key: "PLACE"}).replace('"PLACE"', opener * depth + "0" + closer * depth, 1)
-    return text if draw(st.booleans()) else text[:draw(st.integers(0, len(text)))]
+    return text if draw(st.booleans()) else text[: draw(st.integers(0, len(text)))]
 
 
 frames = st.one_of(frames, deep_json())  # deep JSON (issue 16): malformed_frame, never a traceback
@@ -217,7 +264,7 @@ frames = st.one_of(frames, deep_json())  # deep JSON (issue 16): malformed_frame
 class FuzzPeer:
     """A raw connection that sends a batch, then reads every answer up to the pong."""
 
-    def __init__(self, url: str, seen: "Seen"):
+    def __init__(self, url: str, seen: Seen):
         self.url = url
         self.seen = seen
         self.ws = None
@@ -281,7 +328,7 @@ class Seen:
 def assert_no_foreign_documents(client: redis.Redis, allowed: set[str]) -> list[str]:
     """Every document with a stream is one the writers were allowed to write
     (here: the fuzzer's subscriptions plus the victim; with auth, a token's scope)."""
-    docs = [key.decode()[len("yrelay:{"):-len("}:stream")] for key in client.scan_iter(match="yrelay:{*}:stream")]
+    docs = [key.decode()[len("yrelay:{") : -len("}:stream")] for key in client.scan_iter(match="yrelay:{*}:stream")]
     foreign = sorted(set(docs) - allowed)
     assert not foreign, f"entries in documents never subscribed to: {foreign[:10]}"
     return docs
@@ -290,7 +337,7 @@ def assert_no_foreign_documents(client: redis.Redis, allowed: set[str]) -> list[
 def assert_every_entry_is_valid(client: redis.Redis, docs: list[str]) -> int:
     count = 0
     for doc in docs:
-        for entry_id, fields in client.xrange(f"yrelay:{{{doc}}}:stream"):
+        for _entry_id, fields in client.xrange(f"yrelay:{{{doc}}}:stream"):
             crdt.validate_update(fields[b"u"])  # raises on an invalid stored update
             count += 1
     return count
@@ -321,15 +368,21 @@ def fuzz_server(redis_url: str, tmp_path: Path):
     # The presence limits stay on: the awareness floods must meet them.
     # The websocket pacing (frames, control frames, answers) is off for the same
     # reason; test_floods_of_fuzzed_frames_on_every_endpoint meets it.
-    server = ServerProcess(redis_url, tmp_path, env={"YRELAY_UPDATES_PER_SECOND": "1000000",
-                                                     "YRELAY_UPDATE_BURST": "1000000",
-                                                     "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
-                                                     "YRELAY_FRAMES_PER_SECOND": "0",
-                                                     "YRELAY_CONTROL_PER_SECOND": "0",
-                                                     "YRELAY_ANSWER_BYTES_PER_SECOND": "0",
-                                                     "YRELAY_SUBJECT_ANSWER_BYTES_PER_SECOND": "0",
-                                                     "YRELAY_ADMISSION_RATE": "0",
-                                                     "YRELAY_GC_INTERVAL": "0"}).start()
+    server = ServerProcess(
+        redis_url,
+        tmp_path,
+        env={
+            "YRELAY_UPDATES_PER_SECOND": "1000000",
+            "YRELAY_UPDATE_BURST": "1000000",
+            "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
+            "YRELAY_FRAMES_PER_SECOND": "0",
+            "YRELAY_CONTROL_PER_SECOND": "0",
+            "YRELAY_ANSWER_BYTES_PER_SECOND": "0",
+            "YRELAY_SUBJECT_ANSWER_BYTES_PER_SECOND": "0",
+            "YRELAY_ADMISSION_RATE": "0",
+            "YRELAY_GC_INTERVAL": "0",
+        },
+    ).start()
     yield server
     server.stop()
 
@@ -360,8 +413,13 @@ def test_fuzz_frames_against_a_live_server(fuzz_server: ServerProcess, redis_url
     turn = iter(range(10**9))
     started = time.monotonic()
 
-    @settings(max_examples=FRAMES // BATCH, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=FRAMES // BATCH,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.lists(frames, min_size=BATCH, max_size=BATCH))
     def fuzz(batch: list[str]) -> None:
         peers[next(turn) % CONNECTIONS].send_batch(batch)
@@ -386,7 +444,7 @@ def test_fuzz_frames_against_a_live_server(fuzz_server: ServerProcess, redis_url
     presence = assert_presence_is_bounded(client)
     assert victim_sessions(client) <= writers  # GC may have folded entries; none came from the fuzzer
     log = fuzz_server.log_path.read_text(errors="replace")
-    assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
+    assert "Traceback" not in log, log[log.index("Traceback") - 200 :][:3000]
 
     import asyncio
 
@@ -400,10 +458,18 @@ def test_fuzz_frames_against_a_live_server(fuzz_server: ServerProcess, redis_url
             return doc.text
 
     assert asyncio.run(fresh_client_syncs()) in ("moresecret", "secretmore")  # two concurrent inserts at 0
-    summary = {"frames": seen.frames, "seconds": round(elapsed, 1), "frames_per_s": round(seen.frames / elapsed),
-               "answers": dict(seen.answers.most_common()), "closed_connections": seen.closed,
-               "documents": len(docs), "stored_entries": entries, "largest_presence_hash": presence,
-               "rss_mib_before": round(rss_before / 2**20, 1), "rss_mib_after": round(rss_after / 2**20, 1)}
+    summary = {
+        "frames": seen.frames,
+        "seconds": round(elapsed, 1),
+        "frames_per_s": round(seen.frames / elapsed),
+        "answers": dict(seen.answers.most_common()),
+        "closed_connections": seen.closed,
+        "documents": len(docs),
+        "stored_entries": entries,
+        "largest_presence_hash": presence,
+        "rss_mib_before": round(rss_before / 2**20, 1),
+        "rss_mib_after": round(rss_after / 2**20, 1),
+    }
     print("FUZZ SUMMARY", json.dumps(summary))
 
 
@@ -420,8 +486,13 @@ def test_awareness_floods_against_a_live_server(fuzz_server: ServerProcess, redi
     peers = [FuzzPeer(fuzz_server.ws_url, seen) for _ in range(CONNECTIONS)]
     turn = iter(range(10**9))
 
-    @settings(max_examples=max(FRAMES // 2 // BATCH, 20), deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max(FRAMES // 2 // BATCH, 20),
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.lists(awareness_floods.map(json.dumps), min_size=BATCH, max_size=BATCH))
     def flood(batch: list[str]) -> None:
         peers[next(turn) % CONNECTIONS].send_batch(batch)
@@ -438,9 +509,18 @@ def test_awareness_floods_against_a_live_server(fuzz_server: ServerProcess, redi
     assert {"rate_limited", "awareness_too_many_clients"} <= set(seen.answers), seen.answers
     assert len(greeting) <= CONNECTIONS * Settings().max_presence_clients_per_connection, greeting
     log = fuzz_server.log_path.read_text(errors="replace")
-    assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
-    print("FLOOD SUMMARY", json.dumps({"frames": seen.frames, "answers": dict(seen.answers.most_common()),
-                                       "greeting_entries": len(greeting), "largest_presence_hash": presence}))
+    assert "Traceback" not in log, log[log.index("Traceback") - 200 :][:3000]
+    print(
+        "FLOOD SUMMARY",
+        json.dumps(
+            {
+                "frames": seen.frames,
+                "answers": dict(seen.answers.most_common()),
+                "greeting_entries": len(greeting),
+                "largest_presence_hash": presence,
+            }
+        ),
+    )
 
 
 def _greeting_of_a_newcomer(url: str, doc: str) -> list[AwarenessEntry]:
@@ -475,8 +555,13 @@ def _lib0(*parts: bytes | int) -> bytes:
 yws_messages = st.one_of(
     st.builds(lambda step, data: _lib0(0, step, len(data), data), st.sampled_from([1, 2]), update_bytes),
     st.builds(lambda sv: _lib0(0, 0, len(sv), sv), state_vector_bytes),
-    st.builds(lambda kind, step, length, data: _lib0(kind, step, length, data),
-              st.integers(0, 2**64), st.integers(0, 2**64), st.integers(0, 2**64), st.binary(max_size=16)),
+    st.builds(
+        lambda kind, step, length, data: _lib0(kind, step, length, data),
+        st.integers(0, 2**64),
+        st.integers(0, 2**64),
+        st.integers(0, 2**64),
+        st.binary(max_size=16),
+    ),
     st.builds(lambda data: _lib0(1, len(data), data), st.binary(max_size=64)),  # awareness, garbage
     st.builds(lambda reason: _lib0(2, 0, len(reason), reason), st.binary(max_size=16)),  # auth from a client
     st.just(b"\x03"),  # query awareness
@@ -509,8 +594,13 @@ def test_fuzz_yws_messages_against_a_live_server(fuzz_server: ServerProcess, red
     seen: Counter = Counter()
     turn = iter(range(10**9))
 
-    @settings(max_examples=YWS_MESSAGES // YWS_BATCH, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=YWS_MESSAGES // YWS_BATCH,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.lists(yws_messages, min_size=YWS_BATCH, max_size=YWS_BATCH))
     def fuzz(batch: list[bytes]) -> None:
         _send_yws_batch(base, YWS_DOCS[next(turn) % len(YWS_DOCS)], batch, seen)
@@ -525,7 +615,7 @@ def test_fuzz_yws_messages_against_a_live_server(fuzz_server: ServerProcess, red
     entries = assert_every_entry_is_valid(client, docs)
     assert victim_sessions(client) <= writers
     log = fuzz_server.log_path.read_text(errors="replace")
-    assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
+    assert "Traceback" not in log, log[log.index("Traceback") - 200 :][:3000]
     # A well-behaved y-websocket peer still gets the victim, exactly.
     with connect(f"{base}/yws/{VICTIM}", open_timeout=10) as ws:
         ws.send(_lib0(0, 0, 1, b"\x00"))
@@ -533,8 +623,10 @@ def test_fuzz_yws_messages_against_a_live_server(fuzz_server: ServerProcess, red
     doc = crdt.new_doc()
     crdt.apply_update(doc, yprotocol.decode(answer).payload)
     assert crdt.text_of(doc) == "secret"
-    print("YWS FUZZ SUMMARY", json.dumps({"seconds": round(elapsed, 1), "documents": len(docs),
-                                          "stored_entries": entries, **seen}))
+    print(
+        "YWS FUZZ SUMMARY",
+        json.dumps({"seconds": round(elapsed, 1), "documents": len(docs), "stored_entries": entries, **seen}),
+    )
 
 
 #: Seconds each fuzzed batch is flooded at one endpoint.
@@ -546,7 +638,6 @@ FLOOD_ENDPOINTS = ("ws-before-hello", "ws-after-hello", "yws")
 async def _flood_endpoint(port: int, endpoint: str, messages: list[bytes], binary: bool) -> Counter:
     """Flood ``messages`` over and over at ``endpoint`` for FLOOD_SECONDS,
     reconnecting whenever the server closes the socket; how each socket ended."""
-    import asyncio
 
     from test_deadlines import SilentSocket
     from test_floods import flood, masked
@@ -578,8 +669,9 @@ def test_floods_of_fuzzed_frames_on_every_endpoint(redis_url: str, tmp_path: Pat
     under a core."""
     import asyncio
 
-    server = ServerProcess(redis_url, tmp_path, env={"YRELAY_GC_INTERVAL": "0",
-                                                     "YRELAY_THROTTLE_CLOSE_SECONDS": "2"}).start()
+    server = ServerProcess(
+        redis_url, tmp_path, env={"YRELAY_GC_INTERVAL": "0", "YRELAY_THROTTLE_CLOSE_SECONDS": "2"}
+    ).start()
     try:
         process = psutil.Process(server.process.pid)
         writers = {_write_victim(server.ws_url, "secret")}
@@ -588,10 +680,17 @@ def test_floods_of_fuzzed_frames_on_every_endpoint(redis_url: str, tmp_path: Pat
         before = process.cpu_times()
         started = time.monotonic()
 
-        @settings(max_examples=9, deadline=None, database=None, phases=[Phase.generate],
-                  suppress_health_check=list(HealthCheck))
-        @given(st.lists(frames, min_size=BATCH, max_size=BATCH), st.lists(yws_messages, min_size=YWS_BATCH,
-                                                                           max_size=YWS_BATCH))
+        @settings(
+            max_examples=9,
+            deadline=None,
+            database=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(
+            st.lists(frames, min_size=BATCH, max_size=BATCH),
+            st.lists(yws_messages, min_size=YWS_BATCH, max_size=YWS_BATCH),
+        )
         def fuzz(texts: list[str], binaries: list[bytes]) -> None:
             endpoint = FLOOD_ENDPOINTS[next(turn) % len(FLOOD_ENDPOINTS)]
             if endpoint == "yws":
@@ -608,10 +707,12 @@ def test_floods_of_fuzzed_frames_on_every_endpoint(redis_url: str, tmp_path: Pat
         assert server.running, "the server process died"
         assert httpx.get(f"http://127.0.0.1:{server.port}/readyz", timeout=5).status_code == 200
         log = server.log_path.read_text(errors="replace")
-        assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
+        assert "Traceback" not in log, log[log.index("Traceback") - 200 :][:3000]
         assert set(ended) == set(FLOOD_ENDPOINTS), ended
         assert used < 0.6 * elapsed, f"{used:.1f} s of server CPU in {elapsed:.1f} s of floods"
-        print("FUZZED FLOODS", json.dumps({"seconds": round(elapsed, 1), "server_cpu_s": round(used, 2),
-                                           "sockets": dict(ended)}))
+        print(
+            "FUZZED FLOODS",
+            json.dumps({"seconds": round(elapsed, 1), "server_cpu_s": round(used, 2), "sockets": dict(ended)}),
+        )
     finally:
         server.stop()

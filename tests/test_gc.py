@@ -10,14 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gcutil import append_all, append_at, dump_document, server_text, text_updates, track, tracked
 from yrelay import crdt
 from yrelay.gc import Collector, GcPolicy, Step
 from yrelay.keys import dedup_key, meta_key, stream_key
 from yrelay.offsets import ZERO, StreamId
-from yrelay.store import DocumentStore, HistoryTrimmed
+from yrelay.store import HistoryTrimmed
 from yrelay.tracker.lag import document_status
-
-from gcutil import append_all, append_at, dump_document, server_text, text_updates, track, tracked
 
 POLICY = GcPolicy(relative_ms=10_000, absolute_ms=50_500)
 
@@ -32,13 +31,6 @@ def crash_at(point: Step):
             raise SimulatedCrash(step.value)
 
     return checkpoint
-
-
-@pytest.fixture
-async def store(redis_client) -> DocumentStore:
-    store = DocumentStore(redis_client)
-    await store.load_scripts()
-    return store
 
 
 async def stream_ids(redis, doc: str) -> list[StreamId]:
@@ -250,7 +242,9 @@ async def _redis_ms(redis) -> int:
     return seconds * 1000 + micros // 1000
 
 
-def _model_evictions(ids: list[StreamId], sessions: dict[str, StreamId], now: int, policy: GcPolicy) -> tuple[str, set[str]]:
+def _model_evictions(
+    ids: list[StreamId], sessions: dict[str, StreamId], now: int, policy: GcPolicy
+) -> tuple[str, set[str]]:
     def cutoff(t_ms: int) -> StreamId | None:
         older = [entry for entry in ids if entry.ms <= t_ms]
         return older[-1] if older else None

@@ -9,14 +9,12 @@ import random
 from conftest import FAST_BACKOFF, eventually, running_server
 from gcutil import FAST_GC
 from wsraw import RawPeer
-
 from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.keys import stream_key, tracker_key
 from yrelay.store import DocumentStore
 from yrelay_tools.testing.checker import check_delivery
 from yrelay_tools.testing.processes import ServerProcess
-
 
 
 class Stall:
@@ -27,7 +25,7 @@ class Stall:
         self.client = client
         self.frames: list[dict] = []
 
-    def __enter__(self) -> "Stall":
+    def __enter__(self) -> Stall:
         self.client._handle = self.frames.append  # type: ignore[method-assign]
         return self
 
@@ -43,7 +41,9 @@ async def type_steadily(doc, count: int, tag: str, pause: float) -> None:
         await asyncio.sleep(pause)
 
 
-async def test_a_stalled_client_is_evicted_the_stream_stays_bounded_and_it_resyncs(redis_url, redis_client, make_client):
+async def test_a_stalled_client_is_evicted_the_stream_stays_bounded_and_it_resyncs(
+    redis_url, redis_client, make_client
+):
     async with running_server(redis_url, **FAST_GC) as url:
         writers = [await make_client(url) for _ in range(2)]
         stalled = await make_client(url)
@@ -69,8 +69,10 @@ async def test_a_stalled_client_is_evicted_the_stream_stays_bounded_and_it_resyn
             await client.wait_idle()
         await eventually(lambda: frozen_doc.text == docs[0].text == docs[1].text, timeout=20)
         assert stalled.resyncs >= 1
-        check_delivery({"a": docs[0].ydoc, "b": docs[1].ydoc, "stalled": frozen_doc.ydoc},
-                       [u.update for c in writers for u in c.acked])
+        check_delivery(
+            {"a": docs[0].ydoc, "b": docs[1].ydoc, "stalled": frozen_doc.ydoc},
+            [u.update for c in writers for u in c.acked],
+        )
 
 
 async def test_a_live_session_evicted_by_hand_is_told_to_resync_on_its_next_ack(redis_url, redis_client, server_url):
@@ -115,11 +117,15 @@ async def test_a_new_client_after_compaction_loads_snapshot_and_stream(redis_url
 
 
 async def test_gc_in_two_server_processes_during_edits_loses_nothing(redis_url, redis_client, tmp_path):
-    env = {"YRELAY_GC_INTERVAL": "0.1", "YRELAY_GC_RELATIVE_DELTA": "0.3", "YRELAY_GC_ABSOLUTE_DELTA": "2",
-           "YRELAY_RESEND_AFTER": "0.5"}
+    env = {
+        "YRELAY_GC_INTERVAL": "0.1",
+        "YRELAY_GC_RELATIVE_DELTA": "0.3",
+        "YRELAY_GC_ABSOLUTE_DELTA": "2",
+        "YRELAY_RESEND_AFTER": "0.5",
+    }
     one = ServerProcess(redis_url, tmp_path, env=env).start()
     two = ServerProcess(redis_url, tmp_path, env=env).start()
-    clients = [YrelayClient([one.ws_url, two.ws_url][::1 - 2 * (i % 2)], backoff=FAST_BACKOFF) for i in range(4)]
+    clients = [YrelayClient([one.ws_url, two.ws_url][:: 1 - 2 * (i % 2)], backoff=FAST_BACKOFF) for i in range(4)]
     try:
         for client in clients:
             await client.connect()
@@ -146,7 +152,7 @@ async def test_gc_in_two_server_processes_during_edits_loses_nothing(redis_url, 
         store = DocumentStore(redis_client)
         for name in ("alpha", "beta"):
             mine = [doc for doc in docs if doc.name == name]
-            await eventually(lambda: len({doc.text for doc in mine}) == 1, timeout=30)
+            await eventually(lambda: len({doc.text for doc in mine}) == 1, timeout=30)  # noqa: B023 - called within this iteration, never after it
             server_doc, _ = await store.load_document(name)
             replicas = {f"client-{i}": doc.ydoc for i, doc in enumerate(mine)}
             replicas["server"] = server_doc

@@ -17,11 +17,11 @@ import httpx
 import jwt
 import pytest
 import websockets
+from typer.testing import CliRunner
+
 from conftest import running_server
 from test_auth import AUTH, SECRET, Peer, token
 from test_deadlines import upgrade_request
-from typer.testing import CliRunner
-
 from yrelay import logs
 from yrelay.app.subscription import Subscription
 from yrelay.auth import own_origins
@@ -108,8 +108,11 @@ async def test_a_revocation_outlives_the_leeway_so_a_revoked_token_stays_refused
         credential = token(["a"], ttl=1, token_id="short-lived")
         expires_at = jwt.decode(credential, options={"verify_signature": False})["exp"]
         async with httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws")) as ops:
-            response = await ops.post("/ops/tokens/revoke", json={"jti": "short-lived", "expires_at": expires_at},
-                                      headers={"Authorization": "Bearer ops"})
+            response = await ops.post(
+                "/ops/tokens/revoke",
+                json={"jti": "short-lived", "expires_at": expires_at},
+                headers={"Authorization": "Bearer ops"},
+            )
             assert response.status_code == 204
         await asyncio.sleep(max(0.0, expires_at - time.time()) + 1.5)  # past exp, inside the leeway
         peer, answer = await Peer.open(url, credential)
@@ -122,14 +125,18 @@ async def test_a_revocation_outlives_the_leeway_so_a_revoked_token_stays_refused
 async def test_revoking_a_token_that_is_refused_already_is_an_error(redis_url):
     async with running_server(redis_url, **AUTH) as url:
         async with httpx.AsyncClient(base_url=url.replace("ws://", "http://").removesuffix("/ws")) as ops:
-            response = await ops.post("/ops/tokens/revoke", json={"jti": "old", "expires_at": time.time() - 100},
-                                      headers={"Authorization": "Bearer ops"})
+            response = await ops.post(
+                "/ops/tokens/revoke",
+                json={"jti": "old", "expires_at": time.time() - 100},
+                headers={"Authorization": "Bearer ops"},
+            )
             assert response.status_code == 422 and "refused already" in response.json()["detail"]
 
 
 def test_the_cli_refuses_to_revoke_a_token_that_is_refused_already(redis_url):
-    result = CliRunner().invoke(cli, ["token", "revoke", "old", "--expires-at", str(time.time() - 100),
-                                      "--redis-url", redis_url])
+    result = CliRunner().invoke(
+        cli, ["token", "revoke", "old", "--expires-at", str(time.time() - 100), "--redis-url", redis_url]
+    )
     assert result.exit_code == 2 and "refused already" in result.output
 
 
@@ -199,6 +206,7 @@ def test_the_formatters_escape_every_string_argument():
 async def test_a_failing_resend_check_does_not_end_the_tokens_expiry(redis_url, monkeypatch, caplog):
     """The connection timer caught nothing: one exception ended its resend,
     expiry and revocation checks for good, silently."""
+
     def broken(self: Subscription) -> None:
         raise RuntimeError("resend check broke")
 

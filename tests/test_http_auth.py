@@ -23,6 +23,9 @@ import pytest
 import websockets
 from fastapi import FastAPI
 
+from conftest import eventually, serving
+from gcutil import append_at, text_updates
+from test_yws import stored
 from yrelay import Relay
 from yrelay.app.http_body import MAX_BODY_BYTES
 from yrelay.auth import Principal
@@ -30,11 +33,7 @@ from yrelay.client import YrelayClient
 from yrelay.config import Settings
 from yrelay.redis_server import free_port
 from yrelay_tools.testing.processes import ServerProcess, wait_ready
-
-from conftest import eventually, serving
-from test_yws import stored
 from ywspeer import YwsPeer
-from gcutil import append_at, text_updates
 
 TOKEN = "ops-token-for-body-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -44,11 +43,19 @@ MIB = 2**20
 ATTACK_BYTES, RSS_BOUND = 128 * MIB, 8 * MIB
 #: Every HTTP route of a relay that takes a token (checked against the OpenAPI schema).
 GUARDED = [
-    ("POST", "/ops/gc"), ("GET", "/ops/docs"), ("GET", "/ops/docs/{doc}"), ("DELETE", "/ops/docs/{doc}"),
-    ("DELETE", "/ops/docs/{doc}/sessions/{session}"), ("POST", "/ops/docs/{doc}/drop-blocked"),
-    ("POST", "/ops/tokens/revoke"), ("GET", "/ops/groups"), ("GET", "/ops/groups/{group}"),
-    ("DELETE", "/ops/groups/{group}"), ("GET", "/ops/groups/{group}/dead-letters"),
-    ("POST", "/ops/groups/{group}/dead-letters/{doc}/retry"), ("POST", "/ops/groups/{group}/dead-letters/retry"),
+    ("POST", "/ops/gc"),
+    ("GET", "/ops/docs"),
+    ("GET", "/ops/docs/{doc}"),
+    ("DELETE", "/ops/docs/{doc}"),
+    ("DELETE", "/ops/docs/{doc}/sessions/{session}"),
+    ("POST", "/ops/docs/{doc}/drop-blocked"),
+    ("POST", "/ops/tokens/revoke"),
+    ("GET", "/ops/groups"),
+    ("GET", "/ops/groups/{group}"),
+    ("DELETE", "/ops/groups/{group}"),
+    ("GET", "/ops/groups/{group}/dead-letters"),
+    ("POST", "/ops/groups/{group}/dead-letters/{doc}/retry"),
+    ("POST", "/ops/groups/{group}/dead-letters/retry"),
     ("GET", "/metrics"),
 ]
 
@@ -95,8 +102,11 @@ def _send_huge(server: ServerProcess, headers: dict[str, str]) -> tuple[int, int
     before = _rss(server)
     _reset_peak(server)
     with httpx.Client(timeout=60) as client:
-        response = client.post(f"http://127.0.0.1:{server.port}/ops/gc", content=_huge_json(ATTACK_BYTES),
-                               headers={"Content-Type": "application/json", **headers})
+        response = client.post(
+            f"http://127.0.0.1:{server.port}/ops/gc",
+            content=_huge_json(ATTACK_BYTES),
+            headers={"Content-Type": "application/json", **headers},
+        )
     return response.status_code, _peak(server) - before
 
 
@@ -146,7 +156,8 @@ async def _assert_every_route_answers_before_the_body(port: int, prefix: str = "
 
 
 async def test_tokens_are_checked_before_the_body_arrives(server: ServerProcess):
-    schema = httpx.get(f"http://127.0.0.1:{server.port}/openapi.json").json()
+    async with httpx.AsyncClient() as client:
+        schema = (await client.get(f"http://127.0.0.1:{server.port}/openapi.json")).json()
     routes = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
     assert {route for route in routes if route[1].startswith("/ops") or route[1] == "/metrics"} == set(GUARDED)
     await _assert_every_route_answers_before_the_body(server.port)
@@ -174,13 +185,20 @@ async def test_bodies_wait_for_the_token_under_a_prefix_too(redis_url: str):
         port = free_port()
         async with relay.lifespan(), serving(app, port, **relay.settings.uvicorn_options()):
             await _assert_every_route_answers_before_the_body(port, prefix)
-            status, _ = await _answer(port, "POST", prefix + "/ops/gc", "Content-Length: 9",
-                                      "Content-Type: application/json", body=b"{not json")
+            status, _ = await _answer(
+                port,
+                "POST",
+                prefix + "/ops/gc",
+                "Content-Length: 9",
+                "Content-Type: application/json",
+                body=b"{not json",
+            )
             assert status == 401
             # The room "ctl/nl\n" is the document ctl/nl%0A (docs/web.md#room-names), never ctl/nl.
             writer, reader = [await YwsPeer.connect(f"ws://127.0.0.1:{port}{prefix}", "ctl/nl%0A") for _ in "wr"]
             await writer.edit(prefix)
-            await eventually(lambda: prefix in str(reader.text))  # stored: the reader has it from the stream
+            # stored: the reader has it from the stream
+            await eventually(lambda: prefix in str(reader.text))  # noqa: B023 - called within this iteration, never after it
             await writer.close()
             await reader.close()
     assert await stored(redis_url, "ctl/nl%0A") == "/collab/deep/er" and await stored(redis_url, "ctl/nl") == ""
@@ -192,10 +210,13 @@ async def test_a_document_id_in_a_path_is_taken_exactly(server: ServerProcess, r
     await append_at(redis_client, "ctl/nl", [1000], text_updates(1)[0])  # the document the check means to spare
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", headers=AUTH) as ops:
         for encoded in ("%0A", "%0D", "%0A%0A", "%00"):
-            for method, path in (("DELETE", "/ops/docs/ctl/nl{}"), ("GET", "/ops/docs/ctl/nl{}"),
-                                 ("POST", "/ops/docs/ctl/nl{}/drop-blocked"),
-                                 ("DELETE", "/ops/docs/ctl/nl{}/sessions/s"),
-                                 ("POST", "/ops/groups/g/dead-letters/ctl/nl{}/retry")):
+            for method, path in (
+                ("DELETE", "/ops/docs/ctl/nl{}"),
+                ("GET", "/ops/docs/ctl/nl{}"),
+                ("POST", "/ops/docs/ctl/nl{}/drop-blocked"),
+                ("DELETE", "/ops/docs/ctl/nl{}/sessions/s"),
+                ("POST", "/ops/groups/g/dead-letters/ctl/nl{}/retry"),
+            ):
                 response = await ops.request(method, path.format(encoded))
                 assert response.status_code == 422, (method, path, encoded, response.text)
         assert (await ops.get("/ops/docs/ctl/nl")).json()["stream_length"] == 1
@@ -212,7 +233,7 @@ async def test_readyz_tells_strangers_only_ready_or_not(server: ServerProcess):
 
 
 OPAQUE = "Qm7tXw2Rk9Lp"  # what an auth hook's own sessions might use: short, no recognisable shape
-HOOK = f'''
+HOOK = f"""
 from yrelay.auth import AuthError, Principal
 
 class Opaque:
@@ -223,7 +244,7 @@ class Opaque:
 
 def factory(settings):
     return Opaque()
-'''
+"""
 
 
 def _fragments(token: str) -> list[str]:
@@ -251,12 +272,32 @@ def test_no_token_nor_a_piece_of_one_is_logged_at_debug(tmp_path: Path, redis_ur
     subprotocol's token whole."""
     (tmp_path / "opaque_hook.py").write_text(HOOK)
     port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("YRELAY_")},
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-           "YRELAY_DATA_DIR": str(tmp_path / "data"), "YRELAY_GC_INTERVAL": "0"}
-    process = subprocess.Popen([sys.executable, "-m", "yrelay", "serve", "--port", str(port), "--redis-url", redis_url,
-                                "--log-level", "debug", "--auth-hook", "opaque_hook:factory"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("YRELAY_")},
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "YRELAY_DATA_DIR": str(tmp_path / "data"),
+        "YRELAY_GC_INTERVAL": "0",
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "yrelay",
+            "serve",
+            "--port",
+            str(port),
+            "--redis-url",
+            redis_url,
+            "--log-level",
+            "debug",
+            "--auth-hook",
+            "opaque_hook:factory",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         wait_ready(port, process)
         asyncio.run(_use_the_token(f"ws://127.0.0.1:{port}/ws"))
@@ -290,13 +331,14 @@ class _ServerLines(logging.Handler):
         return self.lines
 
     def __exit__(self, *exc: object) -> None:
-        for logger, level in zip(self.loggers, self.levels):
+        for logger, level in zip(self.loggers, self.levels, strict=True):
             logger.removeHandler(self)
             logger.setLevel(level)
 
 
 async def test_an_embedded_relay_logs_no_token_at_debug(redis_url: str):
     """The same with Relay(authenticate=...) in a host app whose logging is its own."""
+
     async def authenticate(connection: object, token: str | None) -> Principal:
         assert token == OPAQUE
         return Principal.of("alice", ["*"], "write")
@@ -312,7 +354,6 @@ async def test_an_embedded_relay_logs_no_token_at_debug(redis_url: str):
     assert "< TEXT" in text
     for piece in _fragments(OPAQUE):
         assert piece not in text, [line for line in text.splitlines() if piece in line]
-
 
 
 async def test_the_python_client_logs_no_token_at_debug(server_url: str):

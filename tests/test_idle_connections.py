@@ -24,10 +24,11 @@ class Peer:
         self.frames: asyncio.Queue[dict] = asyncio.Queue()
         self.ws: WsClient | None = None
 
-    async def open(self, url: str, deflate: bool = True) -> "Peer":
+    async def open(self, url: str, deflate: bool = True) -> Peer:
         port = int(url.rsplit(":", 1)[1].split("/")[0])
-        self.ws = await WsClient.connect("127.0.0.1", port, "/ws",
-                                         lambda _, data: self.frames.put_nowait(json.loads(data)), deflate=deflate)
+        self.ws = await WsClient.connect(
+            "127.0.0.1", port, "/ws", lambda _, data: self.frames.put_nowait(json.loads(data)), deflate=deflate
+        )
         return self
 
     async def expect(self, op: str) -> dict:
@@ -80,8 +81,9 @@ async def test_a_subscription_without_a_waiting_pump_still_delivers_and_resends(
             peer.ws.send_text(json.dumps({"op": "subscribe", "doc": "woken"}))
             await peer.expect("subscribed")
         assert writer.ws is not None and reader.ws is not None
-        writer.ws.send_text(json.dumps({"op": "update", "doc": "woken", "clock": 1,
-                                        "update": "AQEBAAQBBHRleHQEbWluZQA="}))
+        writer.ws.send_text(
+            json.dumps({"op": "update", "doc": "woken", "clock": 1, "update": "AQEBAAQBBHRleHQEbWluZQA="})
+        )
         first = await reader.expect("deliver")
         again = await reader.expect("deliver")  # not acked: resent after resend_after (0.5 s)
         assert again["entries"] == first["entries"]
@@ -214,8 +216,9 @@ def pumps() -> list[asyncio.Task]:
     return [task for task in asyncio.all_tasks() if task.get_name().startswith("yrelay-sub-")]
 
 
-async def burst(url: str, doc: str, count: int, deflate: bool,
-                seen: list[int] | None = None) -> tuple[Peer, list[dict]]:
+async def burst(
+    url: str, doc: str, count: int, deflate: bool, seen: list[int] | None = None
+) -> tuple[Peer, list[dict]]:
     """A reader (offering compression or not) and a writer; ``count`` updates
     of one Yjs client in order; the reader's deliver frames once it has them
     all. ``seen``: how many pumps ran, sampled every loop turn from after the subscribes."""
@@ -246,8 +249,9 @@ async def burst(url: str, doc: str, count: int, deflate: bool,
     for clock, update in enumerate(updates, 1):
         import base64
 
-        writer.ws.send_text(json.dumps({"op": "update", "doc": doc, "clock": clock,
-                                        "update": base64.b64encode(update).decode()}))
+        writer.ws.send_text(
+            json.dumps({"op": "update", "doc": doc, "clock": clock, "update": base64.b64encode(update).decode()})
+        )
         await writer.expect("appended")
         delivers.append(await reader.expect("deliver"))
         if len(delivers) % 5 == 0:  # ack as clients do: cumulatively, now and then
@@ -271,7 +275,8 @@ async def test_a_caught_up_reader_is_sent_live_batches_without_a_pump(redis_url:
 
 
 async def test_a_reader_the_fan_out_cannot_write_to_is_served_by_a_pump_that_parks_and_then_ends(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     """With compression negotiated the prepared frames cannot be used: the
     pump sends, stays parked between batches while the document is busy, and
     ends after a period without work (resend_check_interval 0.1 s here)."""

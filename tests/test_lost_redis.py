@@ -30,8 +30,9 @@ async def test_io_on_a_torn_down_connection_is_a_lost_redis_and_other_errors_are
     with pytest.raises(AttributeError) as race:
         await redis_py_race()
     assert lost_redis(race.value)
-    closed = RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False 0x5>; "
-                          "the handler is closed")  # uvloop's words, from compiled code: no Python frame
+    closed = RuntimeError(
+        "unable to perform operation on <TCPTransport closed=True reading=False 0x5>; the handler is closed"
+    )  # uvloop's words, from compiled code: no Python frame
     assert lost_redis(closed)
     with pytest.raises(AttributeError) as bug:
         None.fold  # type: ignore[attr-defined]  # noqa: B018 - a bug of ours
@@ -46,8 +47,12 @@ async def test_io_on_a_torn_down_connection_is_a_lost_redis_and_other_errors_are
     assert not lost_redis(redis.exceptions.ResponseError("ERR user_script:12: attempt to compare nil"))
     assert lost_redis(redis.exceptions.ResponseError("BUSY Redis is busy running a script"))
     assert lost_redis(redis.exceptions.ReadOnlyError("You can't write against a read only replica."))
-    assert lost_redis(redis.exceptions.ResponseError("Error running script (call to f_d3): @user_script:78: "
-                                                     "@user_script: 78: -NOREPLICAS Not enough good replicas to write."))
+    assert lost_redis(
+        redis.exceptions.ResponseError(
+            "Error running script (call to f_d3): @user_script:78: "
+            "@user_script: 78: -NOREPLICAS Not enough good replicas to write."
+        )
+    )
     # a cluster with no node for a slot (an election under way) is lost; a CROSSSLOT mistake is not
     assert lost_redis(redis.exceptions.SlotNotCoveredError('Slot "5" not covered by the cluster.'))
     assert not lost_redis(redis.exceptions.RedisClusterException("Keys in request don't hash to the same slot"))

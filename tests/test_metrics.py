@@ -15,16 +15,15 @@ from types import SimpleNamespace
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import running_server
+from gcutil import FAST_GC, append_at, text_updates, track
+from wsraw import RawPeer
 from yrelay.app import create_app
 from yrelay.awareness import AwarenessEntry, decode_update, encode_update
 from yrelay.config import Settings
 from yrelay.offsets import StreamId
 from yrelay.redis_server import RedisProcess
 from yrelay.scripts import NAMES, source
-
-from conftest import running_server
-from gcutil import FAST_GC, append_at, text_updates, track
-from wsraw import RawPeer
 
 TOKEN = "ops-token-for-metrics"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -38,14 +37,15 @@ class Scrape:
         self.text = text
         self.samples = {
             (sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
         }
 
     def __getitem__(self, key: str | tuple[str, dict[str, str]]) -> float:
         name, labels = (key, {}) if isinstance(key, str) else key
         return self.samples[name, frozenset(labels.items())]
 
-    def __sub__(self, before: "Scrape") -> "Delta":
+    def __sub__(self, before: Scrape) -> Delta:
         return Delta(self, before)
 
 
@@ -240,8 +240,13 @@ async def test_the_gc_loop_counts_its_passes_and_evictions(redis_url, redis_clie
         ids = await append_at(redis_client, "old", [now - 10_000, now - 6_000, now - 5_000], updates)
         await track(redis_client, "old", {"leader": ids[2], "behind": StreamId(ids[0].ms - 1, 0)})
         # The pass that trims is counted when it ends, a moment after its trim.
-        after = await scrape_until(http, lambda s: (s - before)["yrelay_gc_trimmed_entries_total"] >= 3
-                                   and (s - before)["yrelay_gc_runs_total", {"trigger": "loop"}] >= 1)
+        after = await scrape_until(
+            http,
+            lambda s: (
+                (s - before)["yrelay_gc_trimmed_entries_total"] >= 3
+                and (s - before)["yrelay_gc_runs_total", {"trigger": "loop"}] >= 1
+            ),
+        )
     delta = after - before
     assert delta["yrelay_evictions_total", {"mode": "relative"}] == 1
     assert delta["yrelay_gc_runs_total", {"trigger": "loop"}] >= 1
@@ -258,8 +263,9 @@ async def test_presence_is_counted(redis_url):
         before = await scrape(http)
         for sender, receiver, client_id in ((alice, bob, 1), (bob, alice, 2)):
             state = json.dumps({"user": {"name": f"client {client_id}"}})
-            await sender.send({"op": "awareness", "doc": DOC,
-                               "update": b64(encode_update([AwarenessEntry(client_id, 1, state)]))})
+            await sender.send(
+                {"op": "awareness", "doc": DOC, "update": b64(encode_update([AwarenessEntry(client_id, 1, state)]))}
+            )
             while client_id not in await awareness_clients(receiver):
                 pass
         after = await scrape(http)

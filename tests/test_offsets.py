@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from yrelay.offsets import MAX_EXACT_SCORE, MAX_SEQ, InvalidOffset, StreamId, next_stream_id
 from yrelay.admission import Needs
+from yrelay.offsets import MAX_EXACT_SCORE, MAX_SEQ, InvalidOffset, StreamId, next_stream_id
 from yrelay.store import DocumentStore, append_args, append_keys
 
 NOW = st.integers(min_value=0, max_value=2**41)  # ms timestamps until year ~2039 and beyond
@@ -66,5 +66,7 @@ async def test_burst_on_a_real_stream_keeps_seq_below_1000(redis_client):
     stream = await redis_client.xrange("yrelay:{burst}:stream")
     assert [StreamId.parse(e.decode()) for e, _ in stream] == ids
     # the next append still goes after the borrowed milliseconds
-    [(later, _)] = await store.scripts.append(keys=append_keys("burst"), args=append_args([("s", 1, b"\x00\x00", nothing)]))
+    [(later, _)] = await store.scripts.append(
+        keys=append_keys("burst"), args=append_args([("s", 1, b"\x00\x00", nothing)])
+    )
     assert StreamId.parse(later.decode()) > ids[-1]

@@ -4,24 +4,12 @@ dry runs that change nothing, eviction by hand."""
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from yrelay import crdt
-from yrelay.offsets import StreamId
-
+from conftest import OPS_AUTH as AUTH
 from conftest import running_server
 from gcutil import append_at, dump_document, text_updates, track, tracked
-
-TOKEN = "ops-secret-for-tests"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@pytest.fixture
-async def ops(redis_url):
-    async with running_server(redis_url, ops_token=TOKEN, gc_interval=0) as ws_url:
-        base = ws_url.replace("ws://", "http://").removesuffix("/ws")
-        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            yield client
+from yrelay import crdt
+from yrelay.offsets import StreamId
 
 
 async def _known_scenario(redis_client) -> list[StreamId]:

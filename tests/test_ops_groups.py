@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from yrelay.keys import group_leases_key, group_meta_key, group_progress_key, groups_key
-
+from conftest import OPS_AUTH as AUTH
 from conftest import eventually
 from consumerutil import Worker
 from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
-from test_ops import AUTH, ops  # noqa: F401 - the fixture
+from yrelay.keys import group_leases_key, group_meta_key, group_progress_key, groups_key
 
 
 async def test_groups_are_listed_described_and_deleted(ops, redis_client, store):
@@ -25,8 +23,10 @@ async def test_groups_are_listed_described_and_deleted(ops, redis_client, store)
         await eventually(lambda: len(processed) == 8, timeout=10)
         b.acking = False
         behind = await write(store, b.group.documents, 3, word="late")  # b processes these and never acks
-        await eventually(lambda: all(key in processed for doc in behind for key in
-                                     ((doc, entry) for entry in behind[doc])), timeout=10)
+        await eventually(
+            lambda: all(key in processed for doc in behind for key in ((doc, entry) for entry in behind[doc])),
+            timeout=10,
+        )
         assert (await ops.get("/ops/groups")).status_code == 401
         listed = (await ops.get("/ops/groups", headers=AUTH)).json()["groups"]
         group = next(item for item in listed if item["group"] == "idx")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 
 from conftest import eventually, running_server
-
 from yrelay import crdt
 from yrelay.client import Backoff, YrelayClient
 from yrelay.keys import document_keys, stream_key
@@ -101,8 +100,16 @@ async def test_updates_refused_together_are_resent_in_order_without_a_sync(redis
             crdt.insert_text(notes.ydoc, 0, "one ")
             crdt.insert_text(notes.ydoc, 4, "two ")
             await eventually(lambda: len(writer.errors) == 2)
-            writer._handle({"op": "error", "code": "missing_dependency", "doc": "notes", "clock": 2,
-                            "missing": {str(notes.ydoc.client_id): 0}, "message": "as the server says it"})
+            writer._handle(
+                {
+                    "op": "error",
+                    "code": "missing_dependency",
+                    "doc": "notes",
+                    "clock": 2,
+                    "missing": {str(notes.ydoc.client_id): 0},
+                    "message": "as the server says it",
+                }
+            )
         finally:
             await refuse_writes(redis_client, False)
         await writer.wait_idle(10)
@@ -110,8 +117,9 @@ async def test_updates_refused_together_are_resent_in_order_without_a_sync(redis
         assert await stream_clocks(redis_client, "notes") == [1, 2]
 
 
-async def test_an_update_refused_for_content_the_server_lost_is_pushed_by_a_two_way_sync(redis_url, redis_client,
-                                                                                          make_client):
+async def test_an_update_refused_for_content_the_server_lost_is_pushed_by_a_two_way_sync(
+    redis_url, redis_client, make_client
+):
     """B's edit builds on A's text, which the server then loses (its keys
     are gone, as after a restore from an older backup): refused with
     missing_dependency, B pushes what the server lacks as a sync push."""
@@ -150,11 +158,13 @@ async def test_a_sync_push_drops_the_updates_it_covers_unless_their_content_was_
     crdt.insert_text(doc.ydoc, 0, "edit")
     client._enqueue("d", crdt.encode_state(doc.ydoc), sync=True)
     await eventually(lambda: [f["clock"] for f in swallowed] == [2])  # the push goes; the update it covers waits
-    client._handle({"op": "appended", "doc": "d", "clock": 2, "id": None, "duplicate": False,
-                    "dropped": {own: [[0, 4]]}})
+    client._handle(
+        {"op": "appended", "doc": "d", "clock": 2, "id": None, "duplicate": False, "dropped": {own: [[0, 4]]}}
+    )
     assert [item.clock for item in client.buffer.all()] == [1]  # own content left out: clock 1 stays
     await eventually(lambda: [f["clock"] for f in swallowed] == [2, 1])  # and is sent again
     client._enqueue("d", crdt.encode_state(doc.ydoc), sync=True)
-    client._handle({"op": "appended", "doc": "d", "clock": 3, "id": "5-0", "duplicate": False,
-                    "dropped": {"424242": [[3, 9]]}})
+    client._handle(
+        {"op": "appended", "doc": "d", "clock": 3, "id": "5-0", "duplicate": False, "dropped": {"424242": [[3, 9]]}}
+    )
     assert client.pending == 0  # another client's pending content only: clock 1 was covered

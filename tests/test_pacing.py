@@ -9,8 +9,8 @@ import random
 import time
 
 import pytest
-from test_floods import masked
 
+from test_floods import masked
 from yrelay.app.answer_cache import MAX_KEY_BYTES, AnswerCache
 from yrelay.app.frame_walker import FrameWalker
 from yrelay.app.pacing import Flooded, Pacer
@@ -72,7 +72,7 @@ def test_the_frame_walker_finds_every_frame_end_across_any_reads():
         stream = b"".join(masked(rnd.choice([0x1, 0x2, 0x9, 0xA]), b"x" * n) for n in sizes)
         cuts = sorted(rnd.sample(range(1, len(stream)), min(len(stream) - 1, rnd.randint(0, 20))))
         walker, ended = FrameWalker(), 0
-        for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+        for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
             read, position = stream[start:end], 0
             while position < len(read):
                 position, count = walker.walk(read, position, rnd.randint(1, 5))

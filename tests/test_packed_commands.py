@@ -21,11 +21,14 @@ EMPTY = b"\x00\x00"
 
 
 async def test_a_refused_command_is_its_reply_and_the_connection_stays_in_step(redis_client):
-    replies = await redis_packed.execute(redis_client, [
-        redis_packed.command(b"SET", b"k", b"v"),
-        redis_packed.command(b"LPUSH", b"k", b"x"),  # WRONGTYPE
-        redis_packed.command(b"GET", b"k"),
-    ])
+    replies = await redis_packed.execute(
+        redis_client,
+        [
+            redis_packed.command(b"SET", b"k", b"v"),
+            redis_packed.command(b"LPUSH", b"k", b"x"),  # WRONGTYPE
+            redis_packed.command(b"GET", b"k"),
+        ],
+    )
     assert replies[0] is True or replies[0] == b"OK"
     assert isinstance(replies[1], ResponseError) and "WRONGTYPE" in str(replies[1])
     assert replies[2] == b"v"

@@ -9,11 +9,11 @@ import json
 from typing import Any
 
 import pytest
-from conftest import running_server
 from hypothesis import given
 from hypothesis import strategies as st
-from wsraw import RawPeer
 
+from conftest import running_server
+from wsraw import RawPeer
 from yrelay.awareness import MAX_UINT, AwarenessEntry, AwarenessError, decode_update, encode_update
 from yrelay.redis_server import RedisProcess
 
@@ -36,8 +36,9 @@ def test_varuints_are_lib0_little_endian_groups_of_seven():
 
 states = st.one_of(
     st.just("null"),
-    st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8), st.booleans()), max_size=4)
-    .map(lambda value: json.dumps(value, ensure_ascii=False)),
+    st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8), st.booleans()), max_size=4).map(
+        lambda value: json.dumps(value, ensure_ascii=False)
+    ),
 )
 entries = st.builds(AwarenessEntry, st.integers(0, MAX_UINT), st.integers(0, MAX_UINT), states)
 
@@ -47,18 +48,21 @@ def test_decode_inverts_encode(items: list[AwarenessEntry]):
     assert decode_update(encode_update(items)) == items
 
 
-@pytest.mark.parametrize("data, reason", [
-    (b"", "ends inside a number"),
-    (bytes([1, 1, 2, 10]) + b'{"a":1}', "ends inside a state"),
-    (bytes([1, 1, 2, 4]) + b"null" + b"x", "trailing bytes"),
-    (bytes([17]) + bytes([1, 1, 4]) + b"null", "at most 16 entries"),
-    (bytes([1, 1, 2, 3]) + b"{a}", "not valid JSON"),
-    (bytes([1, 1, 2, 3]) + b"[1]", "JSON object or null"),
-    (bytes([1, 1, 2, 7]) + b'{"a":N}', "not valid JSON"),
-    (bytes([1, 1, 2, 9]) + b'{"a":NaN}', "not valid JSON"),
-    (bytes([1, 1, 2, 2]) + b"\xff\xfe", "not UTF-8"),
-    (bytes([1]) + bytes([0xFF] * 8) + bytes([0x7F]), "2^53"),
-])
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"", "ends inside a number"),
+        (bytes([1, 1, 2, 10]) + b'{"a":1}', "ends inside a state"),
+        (bytes([1, 1, 2, 4]) + b"null" + b"x", "trailing bytes"),
+        (bytes([17]) + bytes([1, 1, 4]) + b"null", "at most 16 entries"),
+        (bytes([1, 1, 2, 3]) + b"{a}", "not valid JSON"),
+        (bytes([1, 1, 2, 3]) + b"[1]", "JSON object or null"),
+        (bytes([1, 1, 2, 7]) + b'{"a":N}', "not valid JSON"),
+        (bytes([1, 1, 2, 9]) + b'{"a":NaN}', "not valid JSON"),
+        (bytes([1, 1, 2, 2]) + b"\xff\xfe", "not UTF-8"),
+        (bytes([1]) + bytes([0xFF] * 8) + bytes([0x7F]), "2^53"),
+    ],
+)
 def test_bad_updates_are_refused(data: bytes, reason: str):
     with pytest.raises(AwarenessError, match=reason.replace("^", r"\^")):
         decode_update(data)
@@ -123,7 +127,7 @@ async def error_of(peer: RawPeer) -> dict[str, Any]:
 async def no_changes(peer: RawPeer, timeout: float = 0.3) -> None:
     try:
         fresh = await changes(peer, timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return
     raise AssertionError(f"unexpected awareness entries {fresh}")
 
@@ -161,7 +165,9 @@ async def test_a_newcomer_gets_the_current_states_of_the_others(server_url):
     carol = await join(server_url)
     greeting = await changes(carol)
     assert sorted(greeting, key=lambda e: e.client_id) == [
-        AwarenessEntry(11, 2, state("alice")), AwarenessEntry(22, 1, state("bob"))]
+        AwarenessEntry(11, 2, state("alice")),
+        AwarenessEntry(22, 1, state("bob")),
+    ]
     # and carol does not get her own state back when she announces herself
     await announce(carol, AwarenessEntry(33, 1, state("carol")))
     await settled(carol)
@@ -207,7 +213,9 @@ async def test_closing_the_connection_relays_a_removal(server_url):
     await changes(bob)
     await alice.close()
     assert sorted(await changes(bob), key=lambda e: e.client_id) == [
-        AwarenessEntry(11, 3, "null"), AwarenessEntry(12, 1, "null")]
+        AwarenessEntry(11, 3, "null"),
+        AwarenessEntry(12, 1, "null"),
+    ]
 
 
 async def test_a_client_removing_its_own_state_is_relayed_and_forgotten(server_url):
@@ -247,14 +255,17 @@ async def test_two_server_processes_on_one_redis_relay_to_each_other(redis_url):
         await carol.close()
 
 
-@pytest.mark.parametrize("update, code", [
-    ("not base64!", "malformed_frame"),
-    (base64.b64encode(b"\x05\x01").decode(), "malformed_frame"),
-    (base64.b64encode(bytes([1, 1, 1, 3]) + b"{a}").decode(), "malformed_frame"),
-    (base64.b64encode(bytes([1, 1, 1, 1]) + b"7").decode(), "malformed_frame"),
-    (base64.b64encode(bytes([17]) + bytes([1, 1, 4]) * 17).decode(), "malformed_frame"),
-    (update_b64(AwarenessEntry(11, 1, json.dumps({"big": "x" * 40_000}))), "awareness_too_large"),
-])
+@pytest.mark.parametrize(
+    "update, code",
+    [
+        ("not base64!", "malformed_frame"),
+        (base64.b64encode(b"\x05\x01").decode(), "malformed_frame"),
+        (base64.b64encode(bytes([1, 1, 1, 3]) + b"{a}").decode(), "malformed_frame"),
+        (base64.b64encode(bytes([1, 1, 1, 1]) + b"7").decode(), "malformed_frame"),
+        (base64.b64encode(bytes([17]) + bytes([1, 1, 4]) * 17).decode(), "malformed_frame"),
+        (update_b64(AwarenessEntry(11, 1, json.dumps({"big": "x" * 40_000}))), "awareness_too_large"),
+    ],
+)
 async def test_bad_awareness_updates_are_rejected_and_not_relayed(server_url, update, code):
     alice, bob = await join(server_url), await join(server_url)
     await alice.send({"op": "awareness", "doc": DOC, "update": update})
@@ -409,7 +420,7 @@ async def test_redis_going_away_costs_presence_but_not_the_connection(tmp_path):
                 try:
                     seen = await changes(remote, timeout=0.2)
                     break
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             assert seen == [AwarenessEntry(11, clock, state("alice"))]
     finally:
@@ -448,7 +459,7 @@ async def test_presence_rate_per_connection(redis_url):
         while True:
             try:
                 relayed += await changes(bob, 0.3)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         assert 5 <= len(relayed) <= 7 and len(relayed) + len(errors) == 20, (relayed, errors)
         await asyncio.sleep(max(e["retry_after_ms"] for e in errors) / 1000)
@@ -457,8 +468,9 @@ async def test_presence_rate_per_connection(redis_url):
 
 
 async def test_clientids_per_connection_and_per_document_are_capped(redis_url, redis_client):
-    async with running_server(redis_url, max_presence_clients_per_connection=2,
-                              max_presence_clients_per_document=5) as url:
+    async with running_server(
+        redis_url, max_presence_clients_per_connection=2, max_presence_clients_per_document=5
+    ) as url:
         peers = [await join(url) for _ in range(3)]
         watcher = await join(url)
         await announce(peers[0], *(AwarenessEntry(i, 1, state("a")) for i in (1, 2, 3)))
@@ -501,6 +513,7 @@ async def test_a_clientid_waits_for_its_user_after_leaving(redis_url):
     from test_auth import AUTH, token
 
     async with running_server(redis_url, **AUTH) as one, running_server(redis_url, **AUTH) as two:
+
         async def joined(url: str, subject: str) -> RawPeer:
             peer = RawPeer(await websockets_connect(url))
             await peer.send({"op": "hello", "token": token([DOC], "read", subject=subject)})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+
 from conftest import running_server
 
 

@@ -13,8 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from yrelay.reconciliation import (
-    Digest, DigestSet, Limits, MalformedMessage, MemoryIdSet, Reconciler, ReconciliationError, RedisIdSet,
-    digest_of, item_hash, respond,
+    Digest,
+    DigestSet,
+    Limits,
+    MalformedMessage,
+    MemoryIdSet,
+    Reconciler,
+    ReconciliationError,
+    RedisIdSet,
+    digest_of,
+    item_hash,
+    respond,
 )
 from yrelay.reconciliation.messages import REPLY_MODES, REQUEST_MODES, Encoder, Mode, decode, fingerprint
 from yrelay.reconciliation.protocol import BRANCHING, LEAF
@@ -38,15 +47,16 @@ def make_ids(seed: int, count: int) -> list[str]:
 
 def two_sets(seed: int, common: int, only_a: int, only_b: int) -> tuple[list[str], list[str]]:
     ids = make_ids(seed, common + only_a + only_b)
-    return ids[:common + only_a], ids[:common] + ids[common + only_a:]
+    return ids[: common + only_a], ids[:common] + ids[common + only_a :]
 
 
 def set_pairs(largest: int) -> st.SearchStrategy[tuple[list[str], list[str]]]:
     """Two sets drawn cheaply: a seed and three sizes (small and large ones
     alike), the ids generated from them."""
     differences = st.integers(0, 20) | st.integers(0, 3_000)
-    return st.builds(two_sets, st.integers(0, 2**32), st.integers(0, 1_000) | st.integers(0, largest),
-                     differences, differences)
+    return st.builds(
+        two_sets, st.integers(0, 2**32), st.integers(0, 1_000) | st.integers(0, largest), differences, differences
+    )
 
 
 async def reconcile(client, server, **options) -> Reconciler:
@@ -101,10 +111,22 @@ def test_digest_wire_form_round_trips_and_rejects_junk():
     digest = digest_of(["x", "y"])
     wire = digest.to_wire()
     assert wire["count"] == 2 and len(wire["hash"]) == 32 and Digest.from_wire(wire) == digest
-    junk = [None, [], "x", {}, {"count": 1}, {"count": 1, "hash": "0" * 32, "more": 1},
-            {"count": True, "hash": "0" * 32}, {"count": -1, "hash": "0" * 32}, {"count": 2**60, "hash": "0" * 32},
-            {"count": 1.0, "hash": "0" * 32}, {"count": 1, "hash": "0" * 31}, {"count": 1, "hash": "A" * 32},
-            {"count": 1, "hash": 0}, {"count": 1, "hash": " " + "0" * 31}]
+    junk = [
+        None,
+        [],
+        "x",
+        {},
+        {"count": 1},
+        {"count": 1, "hash": "0" * 32, "more": 1},
+        {"count": True, "hash": "0" * 32},
+        {"count": -1, "hash": "0" * 32},
+        {"count": 2**60, "hash": "0" * 32},
+        {"count": 1.0, "hash": "0" * 32},
+        {"count": 1, "hash": "0" * 31},
+        {"count": 1, "hash": "A" * 32},
+        {"count": 1, "hash": 0},
+        {"count": 1, "hash": " " + "0" * 31},
+    ]
     for obj in junk:
         with pytest.raises(ValueError):
             Digest.from_wire(obj)
@@ -123,8 +145,10 @@ def test_separator_falls_between_neighbours(a, b):
 
 
 @FAST
-@given(st.lists(st.tuples(st.booleans(), st.text(ALPHABET, min_size=1, max_size=4)), max_size=300),
-       st.lists(st.text(ALPHABET, max_size=3), min_size=2, max_size=6))
+@given(
+    st.lists(st.tuples(st.booleans(), st.text(ALPHABET, min_size=1, max_size=4)), max_size=300),
+    st.lists(st.text(ALPHABET, max_size=3), min_size=2, max_size=6),
+)
 async def test_memory_set_ranges_follow_changes(operations, cuts):
     ids, reference = MemoryIdSet(), set()
     for step, (adding, item) in enumerate(operations):
@@ -137,14 +161,20 @@ async def test_memory_set_ranges_follow_changes(operations, cuts):
         if step % 50 == 0:  # reads in between: the prefix array is rebuilt from the change on
             assert (await ids.fingerprints([WHOLE]))[0] == digest_of(reference)
     bounds = sorted(set(cuts))
-    spans = [(lower, upper) for lower, upper in zip(["", *bounds], [*bounds, None]) if upper is None or lower < upper]
-    expected = [sorted(item for item in reference if lower <= item and (upper is None or item < upper))
-                for lower, upper in spans]
+    spans = [
+        (lower, upper)
+        for lower, upper in zip(["", *bounds], [*bounds, None], strict=True)
+        if upper is None or lower < upper
+    ]
+    expected = [
+        sorted(item for item in reference if lower <= item and (upper is None or item < upper))
+        for lower, upper in spans
+    ]
     assert await ids.items(spans) == expected
     assert await ids.counts(spans) == list(map(len, expected))
     assert await ids.fingerprints(spans) == list(map(digest_of, expected))
     assert await ids.digest() == digest_of(reference) and len(ids) == len(reference)
-    for span, parts, inside in zip(spans, await ids.parts(spans, 4), expected):
+    for span, parts, inside in zip(spans, await ids.parts(spans, 4), expected, strict=True):
         assert len(parts) == max(1, min(4, len(inside)))
         assert (parts[0].lower, parts[-1].upper) == span
         assert [p.lower for p in parts[1:]] == [p.upper for p in parts[:-1]]
@@ -196,7 +226,7 @@ bounds = st.lists(st.text(ALPHABET + "é€", min_size=1, max_size=6), unique=Tr
 @given(bounds, st.data())
 def test_messages_round_trip(cuts, data):
     encoder, expected = Encoder(), []
-    for lower, upper in zip(["", *cuts], [*cuts, None]):
+    for lower, upper in zip(["", *cuts], [*cuts, None], strict=True):
         mode = data.draw(st.sampled_from([Mode.SKIP, Mode.FINGERPRINT, Mode.IDS]))
         if mode == Mode.FINGERPRINT:
             count, value = data.draw(st.integers(0, 2**40)), data.draw(st.integers(0, 2**128 - 1))
@@ -238,7 +268,8 @@ async def test_truncated_and_hostile_messages_raise_malformed():
         assert message.end is not None  # a cut between entries never claims to be complete
     skip_to = lambda bound: bytes([Mode.SKIP | (len(bound) + 1) << 2, 0]) + bound  # noqa: E731
     hostile = [
-        b"", b"\x02" + reply[1:],  # empty, unknown version
+        b"",
+        b"\x02" + reply[1:],  # empty, unknown version
         b"\x01" + b"\xff" * 10 + b"\x01",  # overlong varint
         b"\x01" + skip_to(b"b") + skip_to(b"a"),  # bounds decrease
         b"\x01" + skip_to(b"b") + skip_to(b"b"),  # bounds repeat
@@ -354,8 +385,7 @@ async def test_small_limits_page_the_answers_and_still_finish(full_list_fraction
     limits = Limits(max_request_bytes=1 << 16, max_request_ranges=64, max_reply_bytes=1 << 16)
     a, b = two_sets(8, 30_000, 3_000, 2_000)
     server = MemoryIdSet(b)
-    reconciler = Reconciler(MemoryIdSet(a), await server.digest(), limits=limits,
-                            full_list_fraction=full_list_fraction)
+    reconciler = Reconciler(MemoryIdSet(a), await server.digest(), limits=limits, full_list_fraction=full_list_fraction)
     request = await reconciler.start()
     while request is not None:
         assert len(request) <= limits.max_request_bytes
@@ -415,7 +445,7 @@ async def test_a_set_changing_during_the_run_is_detected():
         while request is not None:
             request = await reconciler.step(await respond(server, request))
     with pytest.raises(RuntimeError):  # failed for good: no unchecked results
-        reconciler.only_local
+        _ = reconciler.only_local  # the property raises
 
 
 async def test_state_is_checked():
@@ -423,7 +453,7 @@ async def test_state_is_checked():
     with pytest.raises(RuntimeError):
         await reconciler.step(b"\x01")
     with pytest.raises(RuntimeError):
-        reconciler.only_local
+        _ = reconciler.only_local  # the property raises
     assert await reconciler.start() is None
     with pytest.raises(RuntimeError):
         await reconciler.start()

@@ -10,6 +10,7 @@ import redis
 from pyspark.errors import AnalysisException
 from redis.asyncio import Redis
 
+from conftest import eventually, running_server
 from yrelay import crdt
 from yrelay.keys import stream_key, tracker_key
 from yrelay.offsets import StreamId
@@ -22,13 +23,12 @@ from yrelay.spark_analytics.redis_source import redis_tables, register
 from yrelay.store import DocumentStore
 from yrelay.tracker.lag import document_status
 
-from conftest import eventually, running_server
-
 ENTRIES_DDL = "struct<doc:string,id:string,ms:bigint,seq:int,score:bigint,session:string,clock:bigint,bytes:int>"
 TRACKER_DDL = "struct<doc:string,session:string,offset:string,score:bigint,ms:bigint,lag_entries:bigint,lag_ms:bigint>"
 
 
 # ------------------------------------------------------------------ helpers
+
 
 def edit(doc, text: str) -> None:
     crdt.insert_text(doc.ydoc, len(crdt.text_of(doc.ydoc)), text)
@@ -68,8 +68,16 @@ async def expected_entries(redis_client: Redis, docs: list[str], with_updates: b
     for doc in docs:
         for raw_id, fields in await redis_client.xrange(stream_key(doc)):
             ident = StreamId.parse(raw_id.decode())
-            row = (doc, str(ident), ident.ms, ident.seq, ident.score(), fields[b"s"].decode(),
-                   int(fields[b"c"]), len(fields[b"u"]))
+            row = (
+                doc,
+                str(ident),
+                ident.ms,
+                ident.seq,
+                ident.score(),
+                fields[b"s"].decode(),
+                int(fields[b"c"]),
+                len(fields[b"u"]),
+            )
             rows.append((*row, fields[b"u"]) if with_updates else row)
     return rows
 
@@ -107,6 +115,7 @@ async def append_documents(redis_client: Redis, count: int) -> list[str]:
 
 
 # -------------------------------------------------------------------- tests
+
 
 async def test_tables_match_what_redis_and_ops_report(spark, redis_url, redis_client, make_client):
     sessions = await populate_through_server(redis_url, make_client)
@@ -185,6 +194,7 @@ def test_bad_options_and_unreachable_redis_are_named(spark, redis_url):
 
 
 # ---------------------------------------------- paging and batching, no Spark
+
 
 async def test_pages_cover_every_key_exactly_once(redis_url, redis_client):
     store = DocumentStore(redis_client)

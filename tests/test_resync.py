@@ -2,7 +2,6 @@
 
 from conftest import eventually
 from wsraw import RawPeer
-
 from yrelay import crdt, protocol
 from yrelay.offsets import StreamId
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pycrdt
 import pytest
 
+from conftest import eventually
 from gcutil import dump_document
 from test_drift import restore_document
-
 from yrelay import yprotocol
 from yrelay.app.acks import SubscriptionRegistry
 from yrelay.app.context import ServerContext
@@ -26,8 +26,6 @@ from yrelay.deletion import delete_document
 from yrelay.keys import meta_key, stream_key
 from yrelay.offsets import StreamId
 from yrelay.store import DocumentStore, StreamRewound
-
-from conftest import eventually
 from ywspeer import recorded_feed_io
 
 
@@ -43,8 +41,9 @@ class Source:
     async def write(self, word: str) -> StreamId:
         state = self.ydoc.get_state()
         self.text += word
-        entry_id, _ = await self.store.append(self.doc, f"writer-{self.ydoc.client_id}", self.clock,
-                                              self.ydoc.get_update(state))
+        entry_id, _ = await self.store.append(
+            self.doc, f"writer-{self.ydoc.client_id}", self.clock, self.ydoc.get_update(state)
+        )
         self.clock += 1
         return StreamId.parse(entry_id)
 

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import pycrdt
 import pytest
-from test_validation import good_update
 
 from engines import needs_ypy
+from test_validation import good_update
 from yrelay import crdt, validation
 from yrelay.app.validator import Validator
 from yrelay.safe_updates import known_safe
 from yrelay.update_format import read_layout
 from yrelay_tools.testing import update_fuzz
-
 
 #: Each passes yrelay's layout read and at least one engine does not read it:
 #: y-py aborts its process (the 21-byte update of docs/security.md#validation,
@@ -26,10 +25,10 @@ from yrelay_tools.testing import update_fuzz
 HOSTILE = {
     "aborts y-py": "0101f430c4014501460af4313220c3bcf09f988000",
     "aborts y-py, found by the fuzz": "028300808100048780010303016b2101117b2278223a2d323134373438333634377d01c306868001"
-                                      "05016b03f43132010204040105316534303003eda0800101010701",
+    "05016b03f43132010204040105316534303003eda0800101010701",
     "y-py panics": "01038080808010000801016101770677c3b6726c64a8808080801000017de4074100ffffffff0f07018080808010010100",
     "an XmlHook pycrdt refuses": "0201e1edd8bcc9b6230107010568656c6c6f0504746578740102040301022d310677c3b6726c6401"
-                                 "02010601",
+    "02010601",
     "a padded type ref pycrdt refuses": "010102018701f507800000",
     "an XmlHook pycrdt refuses (2)": "0101000147010205125b5b5b5b5b5b5b5b5b5d5d5d5d5d5d5d5d5d02000000010101",
     # found by the fuzz: a client id of 2**32 (the parent's, the item's) panics y-py
@@ -41,7 +40,7 @@ HOSTILE = {
     "half an emoji deleted": "02010100040102d29e04f09f98800103058400f7b3e503016b0101010001",
     # found by the fuzz: y-py reads it, pycrdt panics ("index out of bounds")
     "pycrdt panics": "030201d3e3ea87f9bea4010401505b" + "5b" * 39 + "5d" * 40 + "016b8780808080100309010305a801d4e3ea87"
-                     "f9bea401017b7ff8000000000000010002440307ac02" + "61" * 300 + "02010206000100010100e6db7d",
+    "f9bea401017b7ff8000000000000010002440307ac02" + "61" * 300 + "02010206000100010100e6db7d",
 }
 
 
@@ -101,8 +100,9 @@ def test_what_editors_send_is_a_known_shape():
     text.insert(0, "abc")
     text.insert(1, "X", attrs={"bold": True})
     text.format(0, 2, {"link": "https://a.b/c"})
-    pdoc.get("x", type=pycrdt.XmlFragment).children.append(pycrdt.XmlElement("p", {"class": "a"},
-                                                                            [pycrdt.XmlText("hi")]))
+    pdoc.get("x", type=pycrdt.XmlFragment).children.append(
+        pycrdt.XmlElement("p", {"class": "a"}, [pycrdt.XmlText("hi")])
+    )
     pdoc.get("m", type=pycrdt.Map)["k"] = {"n": [1, "s", None, True]}
     yjs_updates = [bytes.fromhex(text) for text in update_fuzz.YJS_UPDATES]  # what browsers send
     for update in [*ypy_updates, *pycrdt_updates, *yjs_updates, good_update()]:

@@ -17,12 +17,17 @@ def test_serve_starts_and_stops_an_embedded_durable_redis(tmp_path):
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "yrelay", "serve", "--port", str(port), "--data-dir", "data"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,  # relative, as the README runs it
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,  # relative, as the README runs it
     )
     try:
         wait_ready(port, process)
         assert (tmp_path / "data" / "redis" / "appendonly.aof").exists()
-        redis_pids = subprocess.run(["pgrep", "-P", str(process.pid), "redis-server"], capture_output=True, text=True).stdout.split()
+        redis_pids = subprocess.run(
+            ["pgrep", "-P", str(process.pid), "redis-server"], capture_output=True, text=True
+        ).stdout.split()
         assert len(redis_pids) == 1, "no embedded redis-server child"
     finally:
         process.send_signal(signal.SIGINT)
@@ -34,7 +39,11 @@ def test_serve_starts_and_stops_an_embedded_durable_redis(tmp_path):
 
 def test_embedded_redis_has_durable_settings(redis_process):
     client = redis.Redis.from_url(redis_process.url, decode_responses=True)
-    config = {**client.config_get("appendonly"), **client.config_get("appendfsync"), **client.config_get("maxmemory-policy")}
+    config = {
+        **client.config_get("appendonly"),
+        **client.config_get("appendfsync"),
+        **client.config_get("maxmemory-policy"),
+    }
     assert durability_warnings(config) == []
 
 

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import redis
 import websockets
-from wsraw import RawPeer
 
+from wsraw import RawPeer
 from yrelay import crdt
 from yrelay_tools.testing.processes import ServerProcess
 
@@ -106,9 +106,11 @@ async def _run(server: ServerProcess, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     stream = [entry_id.decode() for entry_id, _ in client.xrange(f"yrelay:{{{DOC}}}:stream")]
     assert len(stream) == WRITERS * UPDATES_PER_WRITER
-    print(f"SLOW CONSUMER written {written / 2**20:.1f} MiB in {write_seconds:.1f}s, server RSS baseline "
-          f"{sampler.baseline / 2**20:.1f} MiB, peak {sampler.peak / 2**20:.1f} MiB (+{growth / 2**20:.1f} MiB, "
-          f"{sampler.samples} samples)")
+    print(
+        f"SLOW CONSUMER written {written / 2**20:.1f} MiB in {write_seconds:.1f}s, server RSS baseline "
+        f"{sampler.baseline / 2**20:.1f} MiB, peak {sampler.peak / 2**20:.1f} MiB (+{growth / 2**20:.1f} MiB, "
+        f"{sampler.samples} samples)"
+    )
     assert growth < RSS_BOUND, f"server grew {growth / 2**20:.1f} MiB while {written / 2**20:.1f} MiB were written"
 
     # Now the reader reads: every entry, contiguous and in order (resends of

@@ -38,10 +38,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from browser import CHROMIUM, CHROMIUM_ARGS, WEB_DIR, require_web_build
 from playwright.async_api import Browser, Page, async_playwright
-from snippets import REPO, Block, all_blocks, counts
 
+from browser import CHROMIUM, CHROMIUM_ARGS, WEB_DIR, require_web_build
+from snippets import REPO, Block, all_blocks, counts
 from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.redis_server import free_port
@@ -76,7 +76,9 @@ class Live:
 
     def pasted(self, text: str) -> str:
         """The block as a reader pastes it, pointed at the live servers."""
-        return text.replace(DOCUMENTED, f"127.0.0.1:{self.port}").replace(DOCUMENTED_PAGE, f"localhost:{self.page_port}")
+        return text.replace(DOCUMENTED, f"127.0.0.1:{self.port}").replace(
+            DOCUMENTED_PAGE, f"localhost:{self.page_port}"
+        )
 
     @property
     def page_base(self) -> str:
@@ -84,7 +86,7 @@ class Live:
 
 
 class QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -111,7 +113,9 @@ def live(redis_process, tmp_path_factory: pytest.TempPathFactory, request: pytes
     page_port = free_port()
     page_server = ThreadingHTTPServer(("127.0.0.1", page_port), partial(QuietHandler, directory=str(pages)))
     threading.Thread(target=page_server.serve_forever, daemon=True).start()
-    server = ServerProcess(redis_process.url, work, env={"YRELAY_ALLOWED_ORIGINS": f"http://localhost:{page_port}"}).start()
+    server = ServerProcess(
+        redis_process.url, work, env={"YRELAY_ALLOWED_ORIGINS": f"http://localhost:{page_port}"}
+    ).start()
     live = Live(server.port, page_port, redis_process.url, work, pages)
     asyncio.run(seed(server.ws_url))
     try:
@@ -124,8 +128,10 @@ def live(redis_process, tmp_path_factory: pytest.TempPathFactory, request: pytes
         capture = request.config.pluginmanager.get_plugin("capturemanager")
         if reporter is not None and capture is not None:
             with capture.global_and_fixture_disabled():
-                reporter.write_line(f"\ncode blocks of the docs: {len(live.ran)} ran, {tally['fragment']} fragments, "
-                                    f"{tally['shell']} shell, {tally['data']} data, {tally['unclassified']} unclassified")
+                reporter.write_line(
+                    f"\ncode blocks of the docs: {len(live.ran)} ran, {tally['fragment']} fragments, "
+                    f"{tally['shell']} shell, {tally['data']} data, {tally['unclassified']} unclassified"
+                )
 
 
 async def seed(url: str) -> None:
@@ -183,7 +189,9 @@ async def test_the_block_runs_as_pasted(block: Block, live: Live) -> None:
     elif block.runtime == "node":
         script = live.work / f"{name}.mjs"
         script.write_text(live.pasted(block.text))
-        lines = await run(["node", "--import", "./websocket-global.mjs", script.name], live, keeps_running=lambda line: True)
+        lines = await run(
+            ["node", "--import", "./websocket-global.mjs", script.name], live, keeps_running=lambda line: True
+        )
     else:
         script = live.work / f"{name}.py"
         script.write_text(live.pasted(block.text))
@@ -196,8 +204,9 @@ async def test_the_block_runs_as_pasted(block: Block, live: Live) -> None:
 async def run(command: list[str], live: Live, keeps_running) -> list[str]:
     """Run one block; return its stdout lines (see the module's docstring)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "YRELAY_REDIS_URL": live.redis_url, "YRELAY_PORT": str(free_port())}
-    process = await asyncio.create_subprocess_exec(*command, cwd=live.work, env=env, stdin=subprocess.DEVNULL,
-                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = await asyncio.create_subprocess_exec(
+        *command, cwd=live.work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     errors = asyncio.create_task(process.stderr.read())  # type: ignore[union-attr]
     lines: list[str] = []
     stopped = False
@@ -212,10 +221,14 @@ async def run(command: list[str], live: Live, keeps_running) -> list[str]:
             if not stopped:
                 await process.wait()
     except TimeoutError:
-        raise AssertionError(f"{command[-1]}: no end and no output in {DEADLINE} s; "
-                             f"stdout: {''.join(lines)[-2000:]}\nstderr: {(await stop(process, errors))[-3000:]}") from None
+        raise AssertionError(
+            f"{command[-1]}: no end and no output in {DEADLINE} s; "
+            f"stdout: {''.join(lines)[-2000:]}\nstderr: {(await stop(process, errors))[-3000:]}"
+        ) from None
     stderr = await stop(process, errors)
-    assert stopped or process.returncode == 0, f"{command[-1]} exited {process.returncode}:\n{''.join(lines)}\n{stderr[-3000:]}"
+    assert stopped or process.returncode == 0, (
+        f"{command[-1]} exited {process.returncode}:\n{''.join(lines)}\n{stderr[-3000:]}"
+    )
     assert DOUBLE_YJS not in stderr, stderr
     return lines
 
@@ -284,8 +297,11 @@ async def first_console_line(browser: Browser, url: str) -> list[str]:
 
 
 def quickstart_block(lang: str, contains: str) -> Block:
-    return next(block for block in BLOCKS if block.path.name == "quickstart.md" and block.lang == lang
-                and contains in block.text)
+    return next(
+        block
+        for block in BLOCKS
+        if block.path.name == "quickstart.md" and block.lang == lang and contains in block.text
+    )
 
 
 async def two_windows_type(base: str) -> None:
@@ -320,13 +336,18 @@ async def test_the_quickstart_page_without_a_bundler_syncs_two_windows(live: Liv
 def tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """docs/quickstart.md's `npm pack` in web/ (written elsewhere: the checkout stays clean)."""
     out = tmp_path_factory.mktemp("pack")
-    packed = subprocess.run(["npm", "pack", "--json", "--pack-destination", str(out)], cwd=WEB_DIR,
-                            capture_output=True, text=True, timeout=240, check=True)
+    packed = subprocess.run(
+        ["npm", "pack", "--json", "--pack-destination", str(out)],
+        cwd=WEB_DIR,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
     return out / json.loads(packed.stdout)[0]["filename"]
 
 
-async def test_the_quickstart_vite_app_builds_and_syncs_two_windows(live: Live, tarball: Path,
-                                                                    tmp_path: Path) -> None:
+async def test_the_quickstart_vite_app_builds_and_syncs_two_windows(live: Live, tarball: Path, tmp_path: Path) -> None:
     """The three files as the quickstart shows them, `npm install` (Vite and
     Yjs from the registry, the client from the packed tarball), `vite build`,
     the built app served from the allowed origin."""
@@ -339,8 +360,10 @@ async def test_the_quickstart_vite_app_builds_and_syncs_two_windows(live: Live, 
     (app / "main.js").write_text(live.pasted(quickstart_block("js", "from '@yrelay/client'").text))
     npm = shutil.which("npm")
     assert npm, "npm is needed for the Vite app"
-    for command in ([npm, "install", "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"],
-                    [npm, "run", "build", "--", "--outDir", str(live.pages / "vite"), "--base", "/vite/"]):
+    for command in (
+        [npm, "install", "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"],
+        [npm, "run", "build", "--", "--outDir", str(live.pages / "vite"), "--base", "/vite/"],
+    ):
         done = await asyncio.to_thread(subprocess.run, command, cwd=app, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert not (app / "node_modules" / "@yrelay" / "client" / "node_modules" / "yjs").exists()  # one Yjs

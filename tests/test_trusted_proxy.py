@@ -7,8 +7,8 @@ import json
 
 import pytest
 import websockets
-from conftest import running_server
 
+from conftest import running_server
 from yrelay.config import Settings
 
 
@@ -47,7 +47,9 @@ async def test_a_trusted_proxys_header_names_the_client_for_the_limit(redis_url)
 
 def test_trusted_proxies_must_be_addresses_or_networks():
     assert Settings(trusted_proxies=("10.0.0.0/8", "::1")).proxy_options() == {
-        "proxy_headers": True, "forwarded_allow_ips": "10.0.0.0/8,::1"}
+        "proxy_headers": True,
+        "forwarded_allow_ips": "10.0.0.0/8,::1",
+    }
     assert Settings().proxy_options() == {"proxy_headers": False}
     with pytest.raises(ValueError, match="trusted_proxies"):
         Settings(trusted_proxies=("proxy.example.com",))

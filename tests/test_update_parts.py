@@ -9,9 +9,9 @@ import base64
 import json
 
 import pytest
+
 from conftest import running_server
 from wsraw import RawPeer
-
 from yrelay import crdt
 from yrelay.app.update_parts import PartsBudget, UpdateParts
 from yrelay.keys import stream_key
@@ -29,9 +29,18 @@ def big_update(size: int, client_id: int = 7) -> bytes:
 
 
 def part_frames(doc: str, clock: int, update: bytes, size: int = SLICE) -> list[dict]:
-    slices = [update[i:i + size] for i in range(0, len(update), size)]
-    return [{"op": "update", "doc": doc, "clock": clock, "update": base64.b64encode(piece).decode(),
-             "part": index, "parts": len(slices)} for index, piece in enumerate(slices)]
+    slices = [update[i : i + size] for i in range(0, len(update), size)]
+    return [
+        {
+            "op": "update",
+            "doc": doc,
+            "clock": clock,
+            "update": base64.b64encode(piece).decode(),
+            "part": index,
+            "parts": len(slices),
+        }
+        for index, piece in enumerate(slices)
+    ]
 
 
 async def subscribed_peer(url: str, *docs: str) -> RawPeer:
@@ -68,8 +77,9 @@ async def test_an_update_in_parts_is_stored_as_one_entry_and_delivered_whole(red
         for index, frame in enumerate(frames):
             await writer.send(frame)
             if index == 2:  # a plain update of another document may come between parts
-                await writer.send({"op": "update", "doc": "q", "clock": 2,
-                                   "update": base64.b64encode(big_update(5, 3)).decode()})
+                await writer.send(
+                    {"op": "update", "doc": "q", "clock": 2, "update": base64.b64encode(big_update(5, 3)).decode()}
+                )
         acks = {(await answer(writer))["clock"] for _ in range(2)}
         assert acks == {1, 2}
         assert await redis_client.xlen(stream_key("p")) == 1
@@ -103,8 +113,10 @@ async def test_a_clock_changed_mid_way_discards_the_open_update(redis_url, redis
         await peer.send(first[1])
         await peer.send(second[2])  # another clock, mid-way
         errors = [await answer(peer), await answer(peer)]
-        assert {(e["code"], e["doc"], e["clock"]) for e in errors} == {("unavailable", "p", 5),
-                                                                       ("malformed_frame", "p", 6)}
+        assert {(e["code"], e["doc"], e["clock"]) for e in errors} == {
+            ("unavailable", "p", 5),
+            ("malformed_frame", "p", 6),
+        }
         assert "discarded" in errors[0]["message"]
         await peer.send(first[2])  # the discarded update's next part: it must start again
         assert (await answer(peer))["clock"] == 5
@@ -153,8 +165,9 @@ async def test_a_part_frame_with_bad_numbers_is_refused(redis_url, redis_client)
     async with running_server(redis_url, **LIMITS) as url:
         peer = await subscribed_peer(url, "p")
         frame = part_frames("p", 4, big_update(12_000))[0]
-        for clock, bad in enumerate(({**frame, "part": 5, "parts": 5}, {**frame, "parts": None},
-                                     {**frame, "part": None})):
+        for clock, bad in enumerate(
+            ({**frame, "part": 5, "parts": 5}, {**frame, "parts": None}, {**frame, "part": None})
+        ):
             await peer.send({**bad, "clock": 4 + clock})
             error = await answer(peer)
             assert (error["code"], error["doc"], error["clock"]) == ("malformed_frame", "p", 4 + clock)
@@ -179,8 +192,11 @@ async def test_a_connection_closed_mid_way_stores_nothing(redis_url, redis_clien
 async def test_frame_too_large_names_the_update(redis_url, redis_client):
     async with running_server(redis_url, **LIMITS) as url:
         peer = await subscribed_peer(url, "p")
-        await peer.send(json.dumps({"op": "update", "doc": "p", "clock": 12,
-                                    "update": base64.b64encode(big_update(6_000)).decode()}))
+        await peer.send(
+            json.dumps(
+                {"op": "update", "doc": "p", "clock": 12, "update": base64.b64encode(big_update(6_000)).decode()}
+            )
+        )
         error = await answer(peer)
         assert (error["code"], error["doc"], error["clock"]) == ("frame_too_large", "p", 12)
         await peer.send("x" * 5_000)  # not JSON: refused all the same, without a name

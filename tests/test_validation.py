@@ -4,9 +4,9 @@ import base64
 import json
 
 import pytest
+
 from conftest import running_server
 from wsraw import RawPeer
-
 from yrelay import crdt
 
 
@@ -42,7 +42,10 @@ BAD_FRAMES = [
     (json.dumps({"op": "subscribe", "doc": "v", "offset": "12-1000"}), "invalid_offset"),
     (json.dumps({"op": "subscribe", "doc": "v", "offset": "+"}), "invalid_offset"),
     (json.dumps({"op": "ack", "doc": "v", "offset": "abc"}), "invalid_offset"),
-    (json.dumps({"op": "update", "doc": "unsubscribed-doc", "clock": 7, "update": b64(good_update())}), "not_subscribed"),
+    (
+        json.dumps({"op": "update", "doc": "unsubscribed-doc", "clock": 7, "update": b64(good_update())}),
+        "not_subscribed",
+    ),
     (json.dumps({"op": "sync", "doc": "v", "state_vector": b64(b"\xff\xff\xff")}), "malformed_frame"),
     (json.dumps({"op": "hello"}), "malformed_frame"),
 ]
@@ -90,6 +93,7 @@ async def test_an_update_over_max_update_bytes_is_refused_with_its_doc_and_clock
 
 async def test_hello_with_a_string_protocol_is_malformed(server_url):
     import websockets
+
     async with websockets.connect(server_url) as ws:
         await ws.send(json.dumps({"op": "hello", "protocol": "1"}))
         answer = json.loads(await ws.recv())

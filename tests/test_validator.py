@@ -9,15 +9,14 @@ import subprocess
 import sys
 
 import pytest
-from test_validation import good_update
-from wsraw import RawPeer
 
 from conftest import running_server
 from engines import needs_ypy
+from test_validation import good_update
+from wsraw import RawPeer
 from yrelay import crdt
 from yrelay.app.validator import Validator
 from yrelay.config import Settings
-
 
 #: Passes yrelay's layout decoder; y-py 0.6.2 panics on it with a message
 #: pyo3 cannot convert, and the Rust runtime aborts the whole process.
@@ -60,9 +59,10 @@ async def test_a_crashing_update_is_rejected_and_its_batch_mates_pass():
     await validator.start()
     try:
         good = [good_update(f"g{i}") for i in range(5)]
-        results = await asyncio.gather(*(validator.validate(update)
-                                         for update in [*good[:2], ONLY_PYCRDT_READS, *good[2:]]),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(validator.validate(update) for update in [*good[:2], ONLY_PYCRDT_READS, *good[2:]]),
+            return_exceptions=True,
+        )
         assert [type(r).__name__ for r in results] == ["NoneType"] * 2 + ["InvalidUpdate"] + ["NoneType"] * 3
         assert validator.restarts >= 1 and validator.timeouts == 1
         with pytest.raises(crdt.InvalidUpdate):
@@ -77,8 +77,12 @@ async def test_a_hanging_update_is_cut_off_at_the_deadline():
     await validator.start()
     try:
         hang = good_update("HANG")
-        results = await asyncio.gather(validator.validate(good_update("a")), validator.validate(hang),
-                                       validator.validate(good_update("b")), return_exceptions=True)
+        results = await asyncio.gather(
+            validator.validate(good_update("a")),
+            validator.validate(hang),
+            validator.validate(good_update("b")),
+            return_exceptions=True,
+        )
         assert results[0] is None and results[2] is None
         assert isinstance(results[1], crdt.InvalidUpdate) and "0.5s" in str(results[1])
         await validator.validate(good_update("c"))
@@ -112,8 +116,10 @@ async def test_with_y_pys_check_on_the_servers_workers_run_it(redis_url):
 
     async with running_server(redis_url, validate_with_ypy=True):
         started = workers()
-        assert {tuple(args) for args in started} == {("-m", "yrelay.validation", "--ypy"),
-                                                     ("-m", "yrelay.engine", "--ypy")}, started
+        assert {tuple(args) for args in started} == {
+            ("-m", "yrelay.validation", "--ypy"),
+            ("-m", "yrelay.engine", "--ypy"),
+        }, started
     async with running_server(redis_url):
         assert all("--ypy" not in args for args in workers())
 

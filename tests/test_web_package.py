@@ -20,9 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from playwright.async_api import async_playwright
+
 from browser import CHROMIUM, CHROMIUM_ARGS, WEB_DIR, require_web_build, run_node
 from conftest import running_server
-from playwright.async_api import async_playwright
 
 HERE = Path(__file__).parent / "web_package"
 DOCS = Path(__file__).parent.parent / "docs" / "web.md"
@@ -116,9 +117,18 @@ def test_the_declarations_type_check_in_a_typescript_app(resolution: str, npm_ap
     require_web_build()  # tsc is web/'s dev dependency (npm ci)
     app = npm_app("newest")
     module = "esnext" if resolution == "bundler" else "nodenext"
-    config = {"compilerOptions": {"strict": True, "noEmit": True, "target": "es2022", "module": module,
-                                  "moduleResolution": resolution, "lib": ["es2022", "dom"], "types": []},
-              "files": ["consumer.ts"]}
+    config = {
+        "compilerOptions": {
+            "strict": True,
+            "noEmit": True,
+            "target": "es2022",
+            "module": module,
+            "moduleResolution": resolution,
+            "lib": ["es2022", "dom"],
+            "types": [],
+        },
+        "files": ["consumer.ts"],
+    }
     (app / f"tsconfig.{resolution}.json").write_text(json.dumps(config))
     _run(str(WEB_DIR / "node_modules" / ".bin" / "tsc"), "-p", f"tsconfig.{resolution}.json", cwd=app)
 
@@ -128,8 +138,17 @@ def test_a_bundler_includes_one_yjs(kind: str, npm_app) -> None:
     """esbuild resolves `yjs` from the app's node_modules for the app and the provider alike."""
     require_web_build()  # esbuild is web/'s dev dependency
     app = npm_app(kind)
-    _run(str(WEB_DIR / "node_modules" / ".bin" / "esbuild"), "sync.mjs", "--bundle", "--format=esm",
-         "--platform=node", "--external:ws", "--log-level=warning", "--outfile=bundle.mjs", cwd=app)
+    _run(
+        str(WEB_DIR / "node_modules" / ".bin" / "esbuild"),
+        "sync.mjs",
+        "--bundle",
+        "--format=esm",
+        "--platform=node",
+        "--external:ws",
+        "--log-level=warning",
+        "--outfile=bundle.mjs",
+        cwd=app,
+    )
     # Each copy of Yjs carries its double-import check once.
     assert (app / "bundle.mjs").read_text().count(DOUBLE_YJS) == 1
 
@@ -164,8 +183,9 @@ async def test_the_script_tag_example_syncs_in_chromium(redis_url: str) -> None:
                 pages.append((page, messages))
             writer, reader = pages[0][0], pages[1][0]
             await writer.evaluate("doc.getText('text').insert(0, 'typed on a page without a bundler')")
-            await reader.wait_for_function("doc.getText('text').toString() === 'typed on a page without a bundler'",
-                                           timeout=15_000)
+            await reader.wait_for_function(
+                "doc.getText('text').toString() === 'typed on a page without a bundler'", timeout=15_000
+            )
             assert await reader.evaluate("doc.share.get('text') instanceof Y.Text")
             assert not [text for _, seen in pages for text in seen if DOUBLE_YJS in text]
         finally:

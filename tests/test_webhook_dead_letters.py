@@ -14,18 +14,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from conftest import eventually, serving
+from consumerutil import LEASE
+from test_consumers import write
+from test_metrics import AUTH, Scrape, scrape_until, served
 from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.dead_letters import DeadLetters
 from yrelay.consumers.webhook import Webhook
 from yrelay.offsets import StreamId
 from yrelay.redis_server import free_port
-
-from conftest import eventually, serving
-from consumerutil import LEASE
-from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
-from test_metrics import AUTH, Scrape, scrape_until, served
 
 SECRET = "whsec-test"
 FAST = Backoff(base=0.02, max_delay=0.1)
@@ -75,7 +73,8 @@ async def test_a_failing_document_is_parked_the_others_flow_and_a_retry_resumes_
             assert [status for _, status in receiver.seen["poison"]] == [500] * 3
             listed = (await http.get(f"/ops/groups/{name}/dead-letters", headers=AUTH)).json()["dead_letters"]
             assert [(d["doc"], d["attempts"], d["error"], d["status"], d["member"]) for d in listed] == [
-                ("poison", 3, "HTTP 500", 500, "w1")]
+                ("poison", 3, "HTTP 500", 500, "w1")
+            ]
             assert listed[0]["delivery"] == f"poison:{written['poison'][0]}:{written['poison'][-1]}"
 
             # The others keep flowing; nothing of the parked one is sent, nothing past its failure acked.
@@ -126,8 +125,9 @@ async def test_a_rejected_document_is_parked_at_once_and_stays_parked_on_another
             assert len(receiver.seen["rejected"]) == 1
             receiver.status.clear()
             assert await DeadLetters(redis_client, "hooks-4xx-dead").retry_all() == 1
-            await eventually(lambda: receiver.accepted("rejected") == written["rejected"] + more["rejected"],
-                             timeout=10)
+            await eventually(
+                lambda: receiver.accepted("rejected") == written["rejected"] + more["rejected"], timeout=10
+            )
             await _stop(task)
 
 
@@ -155,8 +155,18 @@ async def test_the_cli_retries_every_dead_letter_of_a_group(redis_url, redis_cli
     for doc in ("a", "b"):
         await dead.park(DeadLetter(doc, f"{doc}:1-0:1-0", "HTTP 500", 8, 1.0, "m"))
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "yrelay.cli", "webhook", "--group", "cli-dead", "--retry-dead", "--redis-url", redis_url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "yrelay.cli",
+        "webhook",
+        "--group",
+        "cli-dead",
+        "--retry-dead",
+        "--redis-url",
+        redis_url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, stderr.decode()
     assert "retried 2 dead letter(s) of group cli-dead" in stdout.decode()

@@ -20,16 +20,13 @@ from dataclasses import dataclass
 
 import psutil
 
+from conftest import eventually
+from consumerutil import LEASE
+from test_consumers import write
 from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.dead_letters import DeadLetters
 from yrelay.consumers.webhook import TIMEOUT, Webhook
-from yrelay.redis_server import free_port
-
-from conftest import eventually
-from consumerutil import LEASE
-from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
 
 SECRET = "whsec-test"
 FAST = Backoff(base=0.05, max_delay=0.2)
@@ -71,16 +68,20 @@ class HostileReceiver:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
                 data = json.loads(await reader.readexactly(length))
                 doc = data["doc"]
                 if doc.startswith(("huge", "endless", "trickle")):
                     await self._hostile(doc, reader, writer)
                     return
                 if doc.startswith("small"):
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.small_body
-                                 + b"x" * self.small_body)
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.small_body + b"x" * self.small_body
+                    )
                 else:
                     writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
                 await writer.drain()
@@ -119,8 +120,11 @@ class HostileReceiver:
                 answer.sent += 1
             return
         chunked = doc.startswith("endless")
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" if chunked
-                     else b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (8 * 1024 * MiB))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            if chunked
+            else b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (8 * 1024 * MiB)
+        )
         zeros = bytes(64 * 1024)
         chunk = b"10000\r\n" + zeros + b"\r\n" if chunked else zeros
         while answer.sent < FLOOD_LIMIT:
@@ -147,8 +151,7 @@ async def receiving(receiver: HostileReceiver) -> AsyncIterator[int]:
 @contextlib.asynccontextmanager
 async def delivering(redis_client, group: str, port: int, **options) -> AsyncIterator[Webhook]:
     """A member of ``group`` running a webhook to ``port`` until the block ends."""
-    async with ConsumerGroup(redis_client, group, prefix=options.pop("prefix", ""), member="w1",
-                             lease=LEASE) as member:
+    async with ConsumerGroup(redis_client, group, prefix=options.pop("prefix", ""), member="w1", lease=LEASE) as member:
         webhook = Webhook(member, f"http://127.0.0.1:{port}/hook", SECRET, backoff=FAST, **options)
         task = asyncio.create_task(webhook.run())
         try:
@@ -175,7 +178,8 @@ async def parked(redis_client, group: str, docs: set[str]) -> dict[str, str]:
 
 
 async def test_the_cli_costs_no_memory_and_holds_no_slot_for_a_lying_flooding_or_trickling_receiver(
-        redis_url, redis_client, store):
+    redis_url, redis_client, store
+):
     """Attack 5 against the real process, its defaults (10 s deadline, 64 KiB
     cap, 16 slots): RSS grows by under 64 MiB while receivers flood it, the
     trickled answer is given up at the deadline (twice: the retry too, then
@@ -195,10 +199,25 @@ async def test_the_cli_costs_no_memory_and_holds_no_slot_for_a_lying_flooding_or
 
     async with receiving(receiver) as port:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "yrelay.cli", "webhook", "--group", "hostile", "--url",
-            f"http://127.0.0.1:{port}/hook", "--secret-env", "HOOK_SECRET", "--redis-url", redis_url,
-            "--lease", str(LEASE), "--max-attempts", "2", env={**os.environ, "HOOK_SECRET": SECRET},
-            stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "yrelay.cli",
+            "webhook",
+            "--group",
+            "hostile",
+            "--url",
+            f"http://127.0.0.1:{port}/hook",
+            "--secret-env",
+            "HOOK_SECRET",
+            "--redis-url",
+            redis_url,
+            "--lease",
+            str(LEASE),
+            "--max-attempts",
+            "2",
+            env={**os.environ, "HOOK_SECRET": SECRET},
+            stderr=asyncio.subprocess.PIPE,
+        )
         sampler: asyncio.Task | None = None
         try:
             await eventually(lambda: all(receiver.accepted[d] == written[d] for d in written), timeout=30)
@@ -222,9 +241,11 @@ async def test_the_cli_costs_no_memory_and_holds_no_slot_for_a_lying_flooding_or
     grown = peak - baseline
     trickled = [answer.closed - answer.opened for answer in receiver.answers["trickle"] if answer.closed]
     flooded = {doc: [answer.sent for answer in receiver.answers[doc]] for doc in ("huge", "endless")}
-    print(f"\nRSS {baseline / MiB:.0f} MiB -> peak {peak / MiB:.0f} MiB (+{grown / MiB:.1f}); trickled requests "
-          f"lasted {', '.join(f'{t:.1f}' for t in trickled)} s; bytes sent by the flooders {flooded}; "
-          f"dead letters {letters}")
+    print(
+        f"\nRSS {baseline / MiB:.0f} MiB -> peak {peak / MiB:.0f} MiB (+{grown / MiB:.1f}); trickled requests "
+        f"lasted {', '.join(f'{t:.1f}' for t in trickled)} s; bytes sent by the flooders {flooded}; "
+        f"dead letters {letters}"
+    )
     assert grown < 64 * MiB
     assert letters == {"huge": "ResponseTooLarge", "endless": "ResponseTooLarge", "trickle": "TotalTimeout"}
     # Both attempts of the trickled batch ended at the deadline, not when its 64 bytes were in (128 s).
@@ -239,8 +260,10 @@ async def test_a_trickling_receiver_frees_the_only_slot_at_the_deadline(redis_cl
     between two of them."""
     receiver = HostileReceiver()
     written = await write(store, ["trickle", "ok"], 2)
-    async with receiving(receiver) as port, delivering(redis_client, "hooks-trickle", port, concurrency=1,
-                                                       timeout=1.0, max_attempts=None) as webhook:
+    async with (
+        receiving(receiver) as port,
+        delivering(redis_client, "hooks-trickle", port, concurrency=1, timeout=1.0, max_attempts=None) as webhook,
+    ):
         await eventually(lambda: receiver.ended("trickle", 2), timeout=30)
         await eventually(lambda: receiver.accepted["ok"] == written["ok"], timeout=30)
         more = await write(store, ["ok"], 1, word="more")
@@ -257,8 +280,10 @@ async def test_an_answer_over_the_cap_fails_the_attempt_one_at_it_is_delivered(r
         receiver = HostileReceiver(small_body=size)
         doc = group = f"small-{size}"
         written = await write(store, [doc], 2)
-        async with receiving(receiver) as port, delivering(redis_client, group, port, prefix=doc,
-                                                           max_response_bytes=1024, max_attempts=1) as webhook:
+        async with (
+            receiving(receiver) as port,
+            delivering(redis_client, group, port, prefix=doc, max_response_bytes=1024, max_attempts=1) as webhook,
+        ):
             await eventually(lambda: webhook.stats.delivered + webhook.stats.dead_letters >= 1, timeout=30)
         if delivered:
             assert (webhook.stats.delivered, webhook.stats.failed) == (1, 0)
@@ -267,8 +292,7 @@ async def test_an_answer_over_the_cap_fails_the_attempt_one_at_it_is_delivered(r
         assert receiver.accepted[doc] == written[doc]  # the receiver had it either way: at least once
 
 
-async def test_a_receiver_that_never_accepts_the_connection_is_unreachable_not_a_failing_document(
-        redis_client, store):
+async def test_a_receiver_that_never_accepts_the_connection_is_unreachable_not_a_failing_document(redis_client, store):
     """The deadline also bounds connecting; a request that never got a
     connection counts as the receiver being down (``ConnectTimeout``), so
     it never parks the document, even with ``max_attempts=1``."""

@@ -17,6 +17,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from conftest import eventually, serving
+from consumerutil import LEASE
+from gcutil import append_all, text_updates
+from test_consumers import write
 from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.signature import DELIVERY_HEADER, HEADER, sign, verify_signature
@@ -24,12 +28,6 @@ from yrelay.consumers.webhook import Webhook
 from yrelay.deletion import delete_document
 from yrelay.offsets import StreamId
 from yrelay.redis_server import free_port
-
-from conftest import eventually, serving
-from consumerutil import LEASE
-from test_consumers import write
-from test_gc import store  # noqa: F401 - the fixture
-from gcutil import append_all, text_updates
 
 SECRET = "whsec-test"
 #: What the issue asks for; the whole test stays near 20 s.
@@ -83,8 +81,15 @@ async def test_every_entry_arrives_in_order_through_failures_and_an_outage(redis
     receiver = Receiver()
     group = ConsumerGroup(redis_client, "hooks", member="w1", lease=LEASE)
     await group.start()
-    webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET, concurrency=4, timeout=2.0,
-                      backoff=Backoff(base=0.05, max_delay=1.0, jitter=0.5), max_attempts=None)
+    webhook = Webhook(
+        group,
+        f"http://127.0.0.1:{port}/hook",
+        SECRET,
+        concurrency=4,
+        timeout=2.0,
+        backoff=Backoff(base=0.05, max_delay=1.0, jitter=0.5),
+        max_attempts=None,
+    )
     task = asyncio.create_task(webhook.run())
     loop = asyncio.get_running_loop()
     try:
@@ -119,8 +124,10 @@ async def test_every_entry_arrives_in_order_through_failures_and_an_outage(redis
     retried = [r for r in receiver.requests if r.status == 500]
     accepted_deliveries = {r.delivery for r in receiver.requests if r.status < 300}
     assert all(r.delivery in accepted_deliveries for r in retried)  # each failure was delivered in the end
-    print(f"\nrequests {len(receiver.requests)}, failed attempts {webhook.stats.failed} "
-          f"(500s {len(retried)}), delivered {webhook.stats.delivered}")
+    print(
+        f"\nrequests {len(receiver.requests)}, failed attempts {webhook.stats.failed} "
+        f"(500s {len(retried)}), delivered {webhook.stats.delivered}"
+    )
 
 
 async def test_the_text_option_sends_each_documents_text_with_the_batch_applied(redis_client, store):
@@ -141,8 +148,9 @@ async def test_the_text_option_sends_each_documents_text_with_the_batch_applied(
                 await append_all(store, doc, first[doc][0][3:], session="writer-2")
             await eventually(lambda: all(receiver.texts.get(doc) == first[doc][1] for doc in docs), timeout=10)
             await delete_document(redis_client, "doc-1", tombstone_seconds=60)
-            await eventually(lambda: "doc-1" not in webhook.states.documents and receiver.texts["doc-1"] is None,
-                             timeout=10)
+            await eventually(
+                lambda: "doc-1" not in webhook.states.documents and receiver.texts["doc-1"] is None, timeout=10
+            )
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -185,8 +193,9 @@ async def test_the_cli_delivers_and_leaves_the_group_on_sigterm(redis_url, redis
     assert await redis_client.zcard(group_members_key("cli-hooks")) == 0  # left, not lapsed
 
 
-async def run_webhook_cli(redis_url: str, group: str, until: Callable[[Receiver], Awaitable[None]],
-                          *options: str) -> str:
+async def run_webhook_cli(
+    redis_url: str, group: str, until: Callable[[Receiver], Awaitable[None]], *options: str
+) -> str:
     """Run ``yrelay webhook`` against a receiver that accepts everything
     until ``until(receiver)`` returns, then SIGTERM it: it must exit 0,
     every request signed, the secret in no log line. Its stderr."""
@@ -199,9 +208,24 @@ async def run_webhook_cli(redis_url: str, group: str, until: Callable[[Receiver]
     env = {**os.environ, "HOOK_SECRET": SECRET}
     async with serving(receiver.app, port):
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "yrelay.cli", "webhook", "--group", group, "--url",
-            f"http://127.0.0.1:{port}/hook", "--secret-env", "HOOK_SECRET", "--redis-url", redis_url,
-            "--lease", "1.2", *options, env=env, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "yrelay.cli",
+            "webhook",
+            "--group",
+            group,
+            "--url",
+            f"http://127.0.0.1:{port}/hook",
+            "--secret-env",
+            "HOOK_SECRET",
+            "--redis-url",
+            redis_url,
+            "--lease",
+            "1.2",
+            *options,
+            env=env,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             await until(receiver)
         finally:
@@ -215,8 +239,11 @@ async def run_webhook_cli(redis_url: str, group: str, until: Callable[[Receiver]
 
 async def test_without_dead_letters_a_4xx_is_retried_not_skipped_and_retry_after_is_honoured(redis_client, store):
     written = await write(store, ["doc-4xx"], 2)
-    answers = [Response(status_code=400), Response(status_code=400),
-               Response(status_code=429, headers={"Retry-After": "1"})]
+    answers = [
+        Response(status_code=400),
+        Response(status_code=400),
+        Response(status_code=429, headers={"Retry-After": "1"}),
+    ]
     seen: list[tuple[float, list[str]]] = []
     loop = asyncio.get_running_loop()
 
@@ -227,8 +254,13 @@ async def test_without_dead_letters_a_4xx_is_retried_not_skipped_and_retry_after
     port = free_port()
     async with serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port):
         async with ConsumerGroup(redis_client, "hooks-4xx", member="w1", lease=LEASE) as group:
-            webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET,
-                              backoff=Backoff(base=0.05, max_delay=0.2), max_attempts=None)
+            webhook = Webhook(
+                group,
+                f"http://127.0.0.1:{port}/hook",
+                SECRET,
+                backoff=Backoff(base=0.05, max_delay=0.2),
+                max_attempts=None,
+            )
             task = asyncio.create_task(webhook.run())
             await eventually(lambda: webhook.stats.delivered == 1, timeout=15)
             task.cancel()
@@ -251,8 +283,14 @@ async def test_a_failing_document_waits_while_the_others_are_delivered(redis_cli
     port = free_port()
     async with serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port):
         async with ConsumerGroup(redis_client, "hooks-slow", member="w1", lease=LEASE) as group:
-            webhook = Webhook(group, f"http://127.0.0.1:{port}/hook", SECRET, concurrency=2,
-                              backoff=Backoff(base=0.05, max_delay=0.2), max_attempts=None)
+            webhook = Webhook(
+                group,
+                f"http://127.0.0.1:{port}/hook",
+                SECRET,
+                concurrency=2,
+                backoff=Backoff(base=0.05, max_delay=0.2),
+                max_attempts=None,
+            )
             task = asyncio.create_task(webhook.run())
             await eventually(lambda: webhook.stats.delivered == 2 and len(statuses["stuck"]) >= 3, timeout=15)
             more = await write(store, ["ok-1"], 1, word="more")  # still flowing while "stuck" fails
@@ -264,4 +302,6 @@ async def test_a_failing_document_waits_while_the_others_are_delivered(redis_cli
             await asyncio.gather(task, return_exceptions=True)
     assert statuses["ok-1"] == [204, 204] and statuses["ok-2"] == [204]
     assert await group.progress.offsets(["stuck", "ok-1"]) == {
-        "stuck": StreamId.parse(written["stuck"][-1]), "ok-1": StreamId.parse(more["ok-1"][-1])}
+        "stuck": StreamId.parse(written["stuck"][-1]),
+        "ok-1": StreamId.parse(more["ok-1"][-1]),
+    }

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import eventually
 
+from conftest import eventually
 from yrelay import crdt
 from yrelay.config import Settings
 from yrelay.keys import stream_key
@@ -47,10 +47,14 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
     port = free_port()
     data = tmp_path / "data"
     started = time.monotonic()
-    server = subprocess.Popen(
+    server = subprocess.Popen(  # noqa: ASYNC220 - started, not waited on: the test talks to it over HTTP
         [sys.executable, "-m", "yrelay", "serve", "--workers", "2", "--port", str(port), "--data-dir", str(data)],
-        cwd=Path(__file__).parent.parent, env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=Path(__file__).parent.parent,
+        env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_ready(port, server)
         children = _children(server.pid)
@@ -82,17 +86,24 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
             theirs = [id_ for id_, session in entries if session != client.session]
             return doc.offset is not None and StreamId.parse(doc.offset) >= StreamId.parse(theirs[-1])
 
-        await eventually(lambda: all(delivered_everything(c, d) for c, d in zip(clients, docs)), timeout=20)
+        await eventually(
+            lambda: all(delivered_everything(c, d) for c, d in zip(clients, docs, strict=True)), timeout=20
+        )
         assert all(sum(client.error_codes.values()) == 0 for client in clients)
         for i in range(30):
             assert f"<{i}>" in docs[0].text
         for client in clients:
             await client.close()
-        # past its start-up (counted from when the supervisor started it, after the embedded Redis: later than `started`)
+        # past its start-up (counted from when the supervisor started it, after the
+        # embedded Redis: later than `started`)
         await asyncio.sleep(max(0.0, started + START_GRACE + 2.0 - time.monotonic()))
         os.kill(workers[0], signal.SIGKILL)  # a worker that dies is replaced
-        await eventually(lambda: len([p for p, n in _children(server.pid).items()
-                                      if n.startswith("python") and p not in workers]) == 1, timeout=20)
+        await eventually(
+            lambda: (
+                len([p for p, n in _children(server.pid).items() if n.startswith("python") and p not in workers]) == 1
+            ),
+            timeout=20,
+        )
         workers = [pid for pid, name in _children(server.pid).items() if name.startswith("python")]
         assert len(workers) == 2
         wait_ready(port, server)
@@ -102,7 +113,7 @@ async def test_two_workers_serve_one_document_and_stop_together(tmp_path, make_c
     assert server.returncode == 0, output[-3000:]
     assert "restarting it" in output
     for pid in [*workers, *redises]:
-        assert not os.path.exists(f"/proc/{pid}"), f"{children[pid]} {pid} outlived the supervisor"
+        assert not os.path.exists(f"/proc/{pid}"), f"{children[pid]} {pid} outlived the supervisor"  # noqa: ASYNC240 - /proc is in memory
 
 
 def test_workers_setting():
@@ -135,10 +146,24 @@ def test_a_port_taken_is_refused_before_any_worker_starts(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "yrelay", "serve", "--workers", "2", "--port", str(port),
-             "--data-dir", str(tmp_path / "data")],
-            cwd=Path(__file__).parent.parent, env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
-            capture_output=True, text=True, timeout=60)
+            [
+                sys.executable,
+                "-m",
+                "yrelay",
+                "serve",
+                "--workers",
+                "2",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            cwd=Path(__file__).parent.parent,
+            env={**os.environ, "YRELAY_INSECURE_NO_AUTH": "1"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 1, result.stderr[-2000:]
     [line] = result.stderr.splitlines()
     assert line.startswith(f"yrelay: cannot listen on 127.0.0.1:{port}")

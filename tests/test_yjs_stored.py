@@ -17,9 +17,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from engines import needs_ypy
 from wsraw import RawPeer
-
 from yrelay import crdt, lib0
 from yrelay.update_format import read_layout, stored_form
 
@@ -46,8 +46,14 @@ console.log(JSON.stringify(results))
 def yjs_apply(*lists: list[bytes]) -> list[dict[str, str]]:
     """What Yjs makes of each list of updates (applied in order to one document)."""
     payload = json.dumps([[update.hex() for update in updates] for updates in lists])
-    done = subprocess.run(["node", "--input-type=module", "-e", _APPLY, YJS.as_uri()], input=payload,
-                          capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        ["node", "--input-type=module", "-e", _APPLY, YJS.as_uri()],
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(done.stdout)
 
 
@@ -85,7 +91,7 @@ def delete_set(*entries: tuple[int, list[tuple[int, int]]]) -> bytes:
 
 
 def with_delete_set(update: bytes, deletes: bytes) -> bytes:
-    return update[:read_layout(update).delete_start] + deletes
+    return update[: read_layout(update).delete_start] + deletes
 
 
 def update_of(*structs: bytes) -> bytes:
@@ -123,8 +129,10 @@ REFUSED = {
 EMPTY = {
     "an empty string after a": (update_of(A, after_a(4, b"\x00")), update_of(A)),
     "an empty array after a": (update_of(A, after_a(8, b"\x00")), update_of(A)),
-    "an empty string between a and b": (update_of(A, after_a(4, b"\x00"), after_a(4, b"\x01b")),
-                                        update_of(A, after_a(4, b"\x01b"))),
+    "an empty string between a and b": (
+        update_of(A, after_a(4, b"\x00"), after_a(4, b"\x01b")),
+        update_of(A, after_a(4, b"\x01b")),
+    ),
     "an empty deleted run": (update_of(in_root(1, b"\x00")), crdt.EMPTY_UPDATE),
 }
 
@@ -133,7 +141,7 @@ def test_what_is_refused_or_left_out_reads_in_pycrdt_and_not_in_yjs():
     """The refusals are about Yjs: each case reads in pycrdt and the
     lenient layout read, throws in Yjs, and (refused) fails the strict read."""
     updates = [*REFUSED.values(), *(sent for sent, _ in EMPTY.values())]
-    for update, result in zip(updates, yjs_apply(*([update] for update in updates))):
+    for update, result in zip(updates, yjs_apply(*([update] for update in updates)), strict=True):
         assert "threw" in result, (update.hex(), result)
         crdt.pycrdt_doc.validate_update(update)  # raises if pycrdt did not read it
         read_layout(update)
@@ -145,6 +153,7 @@ def test_what_is_refused_or_left_out_reads_in_pycrdt_and_not_in_yjs():
 def test_the_strict_read_refuses_every_string_yjs_cannot_decode():
     """lib0's TextDecoder is fatal and Yjs parses JSON content with
     ``JSON.parse``: pycrdt refuses these too, the strict read on its own."""
+
     def text(data: bytes) -> bytes:
         out = bytearray()
         lib0.write_varuint8array(out, data)
@@ -175,6 +184,7 @@ def test_the_strict_read_of_json_content_agrees_with_json_parse():
     update of tiny items hold the event loop 150 ms): it still takes what
     ``JSON.parse`` takes, whitespace around the value included, and
     nothing else."""
+
     def text(data: str) -> bytes:
         out = bytearray()
         lib0.write_varuint8array(out, data.encode())

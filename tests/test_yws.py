@@ -8,12 +8,12 @@ import asyncio
 import pycrdt
 import pytest
 import websockets
-from conftest import eventually, running_server
-from ywspeer import YwsPeer, recorded_feed_io
 
+from conftest import eventually, running_server
 from yrelay import crdt, yprotocol
 from yrelay.auth import issue_token
 from yrelay.store import DocumentStore
+from ywspeer import REFUSED_AFTER_ACCEPT, YwsPeer, recorded_feed_io
 
 SECRET = "yws-test-secret-0123456789abcdef0123456"
 
@@ -24,6 +24,7 @@ def http(url: str) -> str:
 
 async def stored(redis_url: str, doc: str) -> str:
     from redis.asyncio import Redis
+
     redis = Redis.from_url(redis_url)
     try:
         ydoc, _ = await DocumentStore(redis).load_document(doc)
@@ -92,9 +93,9 @@ async def test_read_only_token_is_denied_and_nothing_stored(redis_url):
         await eventually(lambda: "!" in str(reader.text))  # stored after the refused one
         assert await stored(redis_url, "ro-doc") == "kept!"
         assert reader.closed is None  # refused, not cut off
-        with pytest.raises(Exception):
+        with pytest.raises(REFUSED_AFTER_ACCEPT):
             await YwsPeer.connect(base, "ro-doc?token=not-a-jwt")
-        with pytest.raises(Exception):  # this token may not read that document
+        with pytest.raises(REFUSED_AFTER_ACCEPT):  # this token may not read that document
             await YwsPeer.connect(base, f"other?token={tokens['write']}")
         await writer.close()
         await reader.close()
@@ -131,10 +132,17 @@ async def test_an_update_that_cannot_be_stored_closes_the_socket(redis_url):
 
 
 async def test_hostile_messages_close_cleanly_and_store_nothing(redis_url):
-    hostile = [b"", b"\x80", b"\x00\x00\xff\xff\xff\xff\xff\xff\xff\x7f", b"\x09", b"\x00\x07\x00",
-               b"\x00\x00\x05\x01\xff\xff\xff\xff\x0f",  # a state vector with a huge count
-               b"\x00\x00\x0a\x01\x80\x80\x80\x80\x80\x80\x80\x80\x01",  # a clock past 2^53
-               b"\x00\x02\x03\x01\x01\x01", "text, not binary"]
+    hostile = [
+        b"",
+        b"\x80",
+        b"\x00\x00\xff\xff\xff\xff\xff\xff\xff\x7f",
+        b"\x09",
+        b"\x00\x07\x00",
+        b"\x00\x00\x05\x01\xff\xff\xff\xff\x0f",  # a state vector with a huge count
+        b"\x00\x00\x0a\x01\x80\x80\x80\x80\x80\x80\x80\x80\x01",  # a clock past 2^53
+        b"\x00\x02\x03\x01\x01\x01",
+        "text, not binary",
+    ]
     async with running_server(redis_url) as url:
         for message in hostile:
             async with websockets.connect(f"{http(url)}/yws/hostile") as ws:
@@ -156,6 +164,7 @@ async def test_hostile_messages_close_cleanly_and_store_nothing(redis_url):
 
 def test_the_token_parameter_is_taken_out_of_the_scope() -> None:
     from yrelay.app.yws_endpoint import take_token
+
     scope = {"query_string": b"a=1&token=eyJsecret&b=2"}
     assert take_token(scope) == "eyJsecret"
     assert scope["query_string"] == b"a=1&b=2"
@@ -169,21 +178,37 @@ async def test_the_query_token_never_reaches_a_log_line(redis_url, tmp_path):
     import sys
 
     from yrelay_tools.testing.processes import free_port, terminate, wait_ready
+
     token = issue_token(SECRET, "logger", ["*"], "write")
     port, log_path = free_port(), tmp_path / "server.log"
     env = {**os.environ, "YRELAY_INSECURE_NO_AUTH": "0", "YRELAY_AUTH_SECRET": SECRET}
     with log_path.open("ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "yrelay", "serve", "--port", str(port), "--redis-url",
-                                    redis_url, "--log-level", "debug"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(  # noqa: ASYNC220 - started, not waited on: the test talks to it over HTTP
+            [
+                sys.executable,
+                "-m",
+                "yrelay",
+                "serve",
+                "--port",
+                str(port),
+                "--redis-url",
+                redis_url,
+                "--log-level",
+                "debug",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         wait_ready(port, process, 20, log_path)
         base = f"ws://127.0.0.1:{port}"
         peer = await YwsPeer.connect(base, f"logged?room=1&token={token}")
         await peer.edit("x")
         await peer.close()
-        with pytest.raises(Exception):  # refused: a wrong token, and a foreign origin
+        with pytest.raises(REFUSED_AFTER_ACCEPT):  # refused: a wrong token, and a foreign origin
             await YwsPeer.connect(base, f"logged?token={token}x")
-        with pytest.raises(Exception):
+        with pytest.raises(websockets.InvalidStatus):
             await YwsPeer.connect(base, f"logged?token={token}", origin="https://evil.example")
         await asyncio.sleep(0.3)
     finally:
@@ -289,7 +314,6 @@ async def test_a_stream_that_went_back_closes_and_the_reconnect_sync_gives_it_ba
     server back the update it lost."""
     from gcutil import dump_document
     from test_drift import restore_document
-
     from yrelay.app.yws_feed import CLOSE_REWOUND
 
     async with running_server(redis_url, gc_interval=0) as url:

@@ -5,8 +5,9 @@ document: edits and presence both ways (issue 19)."""
 from __future__ import annotations
 
 import pytest
-from conftest import running_server
 from playwright.async_api import Browser, Page
+
+from conftest import running_server
 from test_browser import chromium, converged, http_of, new_doc, type_into  # noqa: F401 (chromium: a fixture)
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,7 +38,8 @@ async def test_stock_provider_page_and_yrelay_page_converge(redis_url, chromium)
         for page, other in ((stock, "ours"), (ours, "stock")):
             await page.wait_for_function(
                 f"[...window.yrelay.awareness.getStates().values()].some(s => s.user && s.user.name === '{other}')",
-                timeout=10_000)
+                timeout=10_000,
+            )
         await ours.click(".cm-content")
         await stock.wait_for_selector(".cm-ySelectionCaret", timeout=10_000)  # yrelay's caret on the stock page
         assert await stock.inner_text("#status") == "connected"

@@ -30,14 +30,13 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from conftest import eventually, running_server
+from test_cluster import stored_text
 from yrelay import crdt
 from yrelay.keys import stream_key
 from yrelay.redis_client import YrelayCluster
 from yrelay.redis_server import free_port
 from yrelay.store import DocumentStore
-
-from conftest import eventually, running_server
-from test_cluster import stored_text
 from ywspeer import ReconnectingPeer
 
 ROUNDS = int(os.environ.get("YRELAY_YWS_FAILOVER_ROUNDS", "2"))
@@ -65,12 +64,18 @@ def hogs():
 
 @pytest.mark.timeout(120 + 90 * ROUNDS)
 async def test_a_yws_reader_of_a_restarted_server_ends_equal_or_resyncs_after_a_lagging_failover(
-        redis_cluster, cluster_url, make_client, hogs, caplog):
+    redis_cluster, cluster_url, make_client, hogs, caplog
+):
     caplog.set_level(logging.WARNING)
     port = free_port()
     # block_ms: the fan-out reads a document nobody announced once a minute (the sweep).
-    options = {"redis_cluster": True, "ack_replicas": 1, "ack_replicas_timeout": 0.5, "gc_interval": 0,
-               "block_ms": 60_000}
+    options = {
+        "redis_cluster": True,
+        "ack_replicas": 1,
+        "ack_replicas_timeout": 0.5,
+        "gc_interval": 0,
+        "block_ms": 60_000,
+    }
     ws_url, base = f"ws://127.0.0.1:{port}/ws", f"ws://127.0.0.1:{port}"
     reader = ReconnectingPeer(base, DOC)
     outcomes = []
@@ -96,7 +101,8 @@ async def test_a_yws_reader_of_a_restarted_server_ends_equal_or_resyncs_after_a_
                         await store_client.aclose()
                     closes, connects = len(reader.closes), reader.connects
                     reader.online.set()
-                    await eventually(lambda: f"<gone{round_}>" in reader.text, timeout=30)  # its sync answer
+                    # its sync answer
+                    await eventually(lambda: f"<gone{round_}>" in reader.text, timeout=30)  # noqa: B023 - called within this iteration, never after it
                     redis_cluster.node(master).kill()
                 finally:
                     redis_cluster.resume(replica)
@@ -106,15 +112,20 @@ async def test_a_yws_reader_of_a_restarted_server_ends_equal_or_resyncs_after_a_
                 await writer.wait_idle(timeout=60)
 
                 async def settled() -> bool:
-                    stored = await stored_text(replica, DOC)
-                    return reader.ws is not None and reader.text == stored == written.text
+                    stored = await stored_text(replica, DOC)  # noqa: B023 - called within this iteration, never after it
+                    return reader.ws is not None and reader.text == stored == written.text  # noqa: B023 - called within this iteration, never after it
 
                 deadline = asyncio.get_running_loop().time() + 30
                 while not await settled() and asyncio.get_running_loop().time() < deadline:
                     await asyncio.sleep(0.1)
                 stored = await stored_text(replica, DOC)
-                outcome = {"round": round_, "equal": reader.text == stored, "closes": reader.closes[closes:],
-                           "reconnects": reader.connects - connects - 1, "lost_entry_back": f"<gone{round_}>" in stored}
+                outcome = {
+                    "round": round_,
+                    "equal": reader.text == stored,
+                    "closes": reader.closes[closes:],
+                    "reconnects": reader.connects - connects - 1,
+                    "lost_entry_back": f"<gone{round_}>" in stored,
+                }
                 outcomes.append(outcome)
                 print(outcome)
                 await asyncio.to_thread(redis_cluster.wait_healthy, 60)

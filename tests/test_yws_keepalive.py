@@ -12,16 +12,17 @@ import asyncio
 import json
 
 from conftest import eventually, running_server
-from ywspeer import YwsPeer
-
 from yrelay import yprotocol
 from yrelay.awareness import AwarenessEntry, decode_update, encode_update
+from ywspeer import YwsPeer
 
 ECHO_AFTER = 1.5  # long enough that a busy machine handles the first renewal sooner
 
 
 def renewal(client_id: int, clock: int) -> bytes:
-    return yprotocol.awareness(encode_update([AwarenessEntry(client_id, clock, json.dumps({"user": {"name": "lone"}}))]))
+    return yprotocol.awareness(
+        encode_update([AwarenessEntry(client_id, clock, json.dumps({"user": {"name": "lone"}}))])
+    )
 
 
 def clocks_heard(peer: YwsPeer, client_id: int) -> list[int]:
@@ -35,7 +36,9 @@ async def test_a_silent_socket_hears_its_own_renewal_and_a_busy_one_does_not(red
         await lone.ws.send(renewal(7, 1))  # just after the sync answer: the socket is not silent
         await asyncio.sleep(ECHO_AFTER * 2)  # the condition is time itself: silent for longer than yws_echo_after
         await lone.ws.send(renewal(7, 2))
-        await eventually(lambda: clocks_heard(lone, 7) == [2])  # the silent socket's renewal came back; the first did not
+        await eventually(
+            lambda: clocks_heard(lone, 7) == [2]
+        )  # the silent socket's renewal came back; the first did not
         await lone.edit("x")  # other peers' traffic keeps a busy socket alive: no echo needed
         other = await YwsPeer.connect(base, "lone-room")
         await other.edit("y")

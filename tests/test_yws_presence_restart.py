@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import WEB_DIR, require_web_build
 
+from browser import WEB_DIR, require_web_build
 from yrelay.auth import issue_token
 from yrelay.redis_server import free_port
 from yrelay_tools.testing.processes import ServerProcess
@@ -53,10 +53,14 @@ class YwsServer:
         self.log_path = log_dir / f"y-websocket-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 20.0) -> "YwsServer":
+    def start(self, timeout: float = 20.0) -> YwsServer:
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(["node", str(YWS_SERVER)], stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port)})
+            self.process = subprocess.Popen(
+                ["node", str(YWS_SERVER)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port)},
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log_path.read_text()[-2000:]
@@ -87,6 +91,7 @@ def pairs(servers: dict[str, Any], beside: ServerProcess) -> list[dict[str, Any]
     the moment it answers: the same outage, the same clients' timers. One
     more pair has bob on a second yrelay process (``beside``, same Redis)
     that is not restarted: he stays connected, and is told alice left."""
+
     def token(subject: str) -> dict[str, str]:
         return {"token": issue_token(SECRET, subject, ["presence-*"], "write")}
 
@@ -94,14 +99,30 @@ def pairs(servers: dict[str, Any], beside: ServerProcess) -> list[dict[str, Any]
         return {"X-Forwarded-For": f"203.0.113.{last}"}  # behind the trusted proxy (127.0.0.1)
 
     def pair(server: str, **clients: Any) -> dict[str, Any]:
-        return {"name": server, "server": server, "base": f"ws://127.0.0.1:{servers[server].port}",
-                "room": f"presence-{server}", "a": {}, "b": {}, **clients}
+        return {
+            "name": server,
+            "server": server,
+            "base": f"ws://127.0.0.1:{servers[server].port}",
+            "room": f"presence-{server}",
+            "a": {},
+            "b": {},
+            **clients,
+        }
 
     return [
-        pair("yrelay-on", a={"params": token("alice")}, b={"params": token("bob")}, mallory={"params": token("mallory")}),
+        pair(
+            "yrelay-on", a={"params": token("alice")}, b={"params": token("bob")}, mallory={"params": token("mallory")}
+        ),
         pair("yrelay-off", a={"headers": address(1)}, b={"headers": address(2)}, mallory={"headers": address(66)}),
-        {**pair("yrelay-off", a={"headers": address(3)}, b={"headers": address(4), "base": f"ws://127.0.0.1:{beside.port}"}),
-         "name": "yrelay-off, bob on another process", "room": "presence-two"},
+        {
+            **pair(
+                "yrelay-off",
+                a={"headers": address(3)},
+                b={"headers": address(4), "base": f"ws://127.0.0.1:{beside.port}"},
+            ),
+            "name": "yrelay-off, bob on another process",
+            "room": "presence-two",
+        },
         pair("yws-on"),
         pair("yws-off"),
         # The control: y-websocket's server has no owners, so the same spoof takes the clientID there.
@@ -126,7 +147,7 @@ class Harness:
         while True:
             try:
                 line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise AssertionError(f"no {event} within {timeout} s; events: {self.events}") from None
             assert line, f"the harness exited: {self.events}"
             if not line.startswith(b"{"):
@@ -165,7 +186,9 @@ async def test_stock_clients_see_each_other_after_restarts_and_nobody_takes_thei
     require_web_build()
     assert shutil.which("node") and YWS_SERVER.is_file(), "needs node and `cd web && npm ci` (y-websocket 2.1.0)"
     servers: dict[str, Any] = {
-        "yrelay-on": ServerProcess(redis_url, tmp_path, env={"YRELAY_INSECURE_NO_AUTH": "0", "YRELAY_AUTH_SECRET": SECRET}),
+        "yrelay-on": ServerProcess(
+            redis_url, tmp_path, env={"YRELAY_INSECURE_NO_AUTH": "0", "YRELAY_AUTH_SECRET": SECRET}
+        ),
         "yrelay-off": ServerProcess(redis_url, tmp_path, env={"YRELAY_TRUSTED_PROXIES": "127.0.0.1"}),
         "yws-on": YwsServer(tmp_path),
         "yws-off": YwsServer(tmp_path),
@@ -173,14 +196,20 @@ async def test_stock_clients_see_each_other_after_restarts_and_nobody_takes_thei
     beside = ServerProcess(redis_url, tmp_path, env={"YRELAY_TRUSTED_PROXIES": "127.0.0.1"})  # never restarted
     await asyncio.gather(*(asyncio.to_thread(server.start, START_TIMEOUT) for server in [*servers.values(), beside]))
     process = await asyncio.create_subprocess_exec(
-        "node", HARNESS, cwd=WEB_DIR,
+        "node",
+        HARNESS,
+        cwd=WEB_DIR,
         env={**os.environ, "PRESENCE_CONFIG": json.dumps({"pairs": pairs(servers, beside)})},
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     harness = Harness(process)
     try:
         await harness.until("ready", timeout=60)
-        answered = {"SIGTERM": await restart(harness, servers, "SIGTERM", signal.SIGTERM),
-                    "SIGKILL": await restart(harness, servers, "SIGKILL", signal.SIGKILL)}
+        answered = {
+            "SIGTERM": await restart(harness, servers, "SIGTERM", signal.SIGTERM),
+            "SIGKILL": await restart(harness, servers, "SIGKILL", signal.SIGKILL),
+        }
         await harness.command("quit")
         summary = await harness.until("summary", timeout=30)
     finally:
@@ -190,17 +219,28 @@ async def test_stock_clients_see_each_other_after_restarts_and_nobody_takes_thei
         for server in [*servers.values(), beside]:
             stop(server, signal.SIGKILL)
     seen = {(event["round"], event["pair"]): event for event in harness.events if event["event"] == "seen"}
-    print(f"\nservers answered again after the signal (s): {answered}\npresence seen again (s): " + "; ".join(
-        f"{label} {pair}: {event['after_kill']} after the signal, {event['after_up']} after it answered, "
-        f"{event['after_reconnect']} after both reconnected"
-        for (label, pair), event in sorted(seen.items())))
+    print(
+        f"\nservers answered again after the signal (s): {answered}\npresence seen again (s): "
+        + "; ".join(
+            f"{label} {pair}: {event['after_kill']} after the signal, {event['after_up']} after it answered, "
+            f"{event['after_reconnect']} after both reconnected"
+            for (label, pair), event in sorted(seen.items())
+        )
+    )
     for label in ("SIGTERM", "SIGKILL"):
-        for pair, baseline in (("yrelay-on", "yws-on"), ("yrelay-off", "yws-off"),
-                               ("yrelay-off, bob on another process", "yws-off")):
+        for pair, baseline in (
+            ("yrelay-on", "yws-on"),
+            ("yrelay-off", "yws-off"),
+            ("yrelay-off, bob on another process", "yws-off"),
+        ):
             event = seen[label, pair]
             assert event["after_up"] <= WITHIN, event
-            assert event["after_kill"] <= seen[label, baseline]["after_kill"] + BESIDE_YWS, (event, seen[label, baseline])
+            assert event["after_kill"] <= seen[label, baseline]["after_kill"] + BESIDE_YWS, (
+                event,
+                seen[label, baseline],
+            )
     spoofs = [(event["pair"], event["when"], event["taken"]) for event in harness.events if event["event"] == "spoof"]
     assert sorted(spoofs) == [("control", "start", True)] + [
-        (pair, when, False) for pair in ("yrelay-off", "yrelay-on") for when in ("restart", "restart", "start")], spoofs
+        (pair, when, False) for pair in ("yrelay-off", "yrelay-on") for when in ("restart", "restart", "start")
+    ], spoofs
     assert summary["violations"] == [], summary

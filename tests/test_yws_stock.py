@@ -10,9 +10,9 @@ import json
 import shutil
 
 import pytest
+
 from browser import REPO, WEB_DIR, require_web_build, run_node
 from conftest import running_server
-
 from yrelay.auth import issue_token
 
 SECRET = "yws-stock-secret-0123456789abcdef012345"
@@ -29,15 +29,31 @@ async def test_stock_y_websocket_client_suite(redis_url, version):
     assert (WEB_DIR / "node_modules" / "y-websocket").exists(), "run `cd web && npm ci` (y-websocket devDependency)"
     alias = VERSIONS[version]
     assert alias is None or (STOCK_DIR / "node_modules" / alias).exists(), "run `make stock-clients`"
-    tokens = {"write": issue_token(SECRET, "writer", ["ro-*"], "write"),
-              "read": issue_token(SECRET, "reader", ["ro-*"], "read")}
-    async with running_server(redis_url) as url, \
-            running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET) as auth_url:
+    tokens = {
+        "write": issue_token(SECRET, "writer", ["ro-*"], "write"),
+        "read": issue_token(SECRET, "reader", ["ro-*"], "read"),
+    }
+    async with (
+        running_server(redis_url) as url,
+        running_server(redis_url, insecure_no_auth=False, auth_secret=SECRET) as auth_url,
+    ):
         returncode, report, _ = await run_node(
-            "--import", str(STOCK_DIR / "version.mjs"), "--test", "--test-reporter=tap",
-            "test-stock/y-websocket.test.js", cwd=WEB_DIR, timeout=150,
-            env={"YRELAY_WS_URL": url, "YRELAY_AUTH_WS_URL": auth_url, "YRELAY_AUTH_TOKENS": json.dumps(tokens),
-                 "YRELAY_REDIS_URL": redis_url, "YRELAY_Y_WEBSOCKET": alias or ""}, merge_stderr=True)
+            "--import",
+            str(STOCK_DIR / "version.mjs"),
+            "--test",
+            "--test-reporter=tap",
+            "test-stock/y-websocket.test.js",
+            cwd=WEB_DIR,
+            timeout=150,
+            env={
+                "YRELAY_WS_URL": url,
+                "YRELAY_AUTH_WS_URL": auth_url,
+                "YRELAY_AUTH_TOKENS": json.dumps(tokens),
+                "YRELAY_REDIS_URL": redis_url,
+                "YRELAY_Y_WEBSOCKET": alias or "",
+            },
+            merge_stderr=True,
+        )
     assert returncode == 0, report[-6000:]
     assert "# fail 0" in report and "# pass 4" in report, report[-3000:]
     assert f"stock y-websocket {version}" in report, report[:3000]

@@ -19,10 +19,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+
 from browser import run_node
 from conftest import running_server
 from test_eventlog import read_events
-
 from yrelay.consumers import ConsumerGroup
 from yrelay.keys import doc_id_room, room_doc_id
 
@@ -36,14 +36,25 @@ OPS = {"Authorization": "Bearer ops-token"}
 @pytest.mark.timeout(LONE_SECONDS + 180)
 async def test_stock_clients_of_every_version_name_any_room_and_stay_connected(redis_url, redis_client, tmp_path):
     assert shutil.which("node"), "Node.js is needed"
-    assert (STOCK_DIR / "node_modules" / "y-websocket-3").exists(), \
+    assert (STOCK_DIR / "node_modules" / "y-websocket-3").exists(), (
         "run `make tests/stock/node_modules/.package-lock.json` (npm ci from tests/stock's lockfile)"
+    )
     async with running_server(redis_url, data_dir=tmp_path, ops_token="ops-token", gc_interval=0) as url:
         base = url.removesuffix("/ws")
         returncode, report, _ = await run_node(
-            "--test", "--test-reporter=tap", "stock.test.mjs", cwd=STOCK_DIR, timeout=LONE_SECONDS + 150,
-            env={"YRELAY_YWS_URL": base, "YRELAY_ROOMS": json.dumps(ROOMS), "YRELAY_REFUSED_ROOM": REFUSED_ROOM,
-                 "YRELAY_LONE_SECONDS": str(LONE_SECONDS)}, merge_stderr=True)
+            "--test",
+            "--test-reporter=tap",
+            "stock.test.mjs",
+            cwd=STOCK_DIR,
+            timeout=LONE_SECONDS + 150,
+            env={
+                "YRELAY_YWS_URL": base,
+                "YRELAY_ROOMS": json.dumps(ROOMS),
+                "YRELAY_REFUSED_ROOM": REFUSED_ROOM,
+                "YRELAY_LONE_SECONDS": str(LONE_SECONDS),
+            },
+            merge_stderr=True,
+        )
         assert returncode == 0, report[-6000:]
         assert "# fail 0" in report and "# pass 2" in report, report[-3000:]
         print(next(line for line in report.splitlines() if "LONE " in line))
@@ -65,6 +76,7 @@ async def consumed_docs(redis_client, docs: set[str]) -> set[str]:
     """The documents a consumer group's batches name, once it had every one of ``docs``."""
     seen: set[str] = set()
     async with ConsumerGroup(redis_client, "rooms", member="only") as group:
+
         async def consume() -> None:
             async for batch in group.batches():
                 seen.add(batch.doc)

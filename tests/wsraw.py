@@ -19,7 +19,7 @@ class RawPeer:
         self.quiet = {"synced"}
 
     @classmethod
-    async def connect(cls, url: str, session: str | None = None, address: str | None = None) -> "RawPeer":
+    async def connect(cls, url: str, session: str | None = None, address: str | None = None) -> RawPeer:
         """``address``: the client address a trusted proxy names (``X-Forwarded-For``)."""
         headers = {"X-Forwarded-For": address} if address else None
         peer = cls(await websockets.connect(url, max_size=None, additional_headers=headers))
@@ -45,7 +45,7 @@ class RawPeer:
     async def nothing(self, timeout: float = 0.5) -> None:
         try:
             frame = await self.recv(timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         raise AssertionError(f"unexpected frame {frame}")
 

@@ -13,6 +13,13 @@ import websockets
 from yrelay import yprotocol
 from yrelay.yprotocol import AuthMessage, AwarenessMessage, SyncMessage, SyncStep
 
+#: What :meth:`YwsPeer.connect` raises when the server accepts the websocket
+#: and then closes it with a refusal (4401 bad token, 4403 not granted): the
+#: close, when it arrives before sync step 1 is sent; a timeout of the sync,
+#: when it arrives after (the reader ends quietly, the sync never completes).
+#: A refusal at the HTTP handshake (a foreign origin) is ``InvalidStatus``.
+REFUSED_AFTER_ACCEPT = (websockets.ConnectionClosed, TimeoutError)
+
 
 class YwsPeer:
     def __init__(self, ws: Any, doc: pycrdt.Doc | None = None):
@@ -26,7 +33,7 @@ class YwsPeer:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def connect(cls, url: str, doc: str, ydoc: pycrdt.Doc | None = None, **kwargs: Any) -> "YwsPeer":
+    async def connect(cls, url: str, doc: str, ydoc: pycrdt.Doc | None = None, **kwargs: Any) -> YwsPeer:
         """Connect and sync, as a stock client does on every (re)connect; ``ydoc``: the document it kept."""
         peer = cls(await websockets.connect(f"{url}/yws/{doc}", max_size=None, **kwargs), ydoc)
         await peer.ws.send(yprotocol.sync_step1(peer.doc.get_state()))
@@ -100,7 +107,7 @@ class ReconnectingPeer:
                 ws = await websockets.connect(self.url, max_size=None)
             except (OSError, websockets.InvalidHandshake):
                 failures += 1
-                await asyncio.sleep(min(0.05 * 2 ** failures, 1.0))  # y-websocket: 100 ms doubling, up to 2.5 s
+                await asyncio.sleep(min(0.05 * 2**failures, 1.0))  # y-websocket: 100 ms doubling, up to 2.5 s
                 continue
             failures = 0
             self.ws, self.connects = ws, self.connects + 1

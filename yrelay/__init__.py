@@ -19,5 +19,6 @@ def __getattr__(name: str) -> Any:
     part) does not load the server and FastAPI."""
     if name == "Relay":
         from .app.relay import Relay
+
         return Relay
     raise AttributeError(f"module 'yrelay' has no attribute {name!r}")

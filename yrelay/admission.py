@@ -23,7 +23,7 @@ hold yet as a pending delete set and applies it when the content arrives.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import update_format
@@ -226,8 +226,7 @@ def _ready_prefixes(layout: Layout, clocks: Clocks, *, skips_held: bool) -> dict
     return dict(enumerate(kept))
 
 
-def _stop(struct: update_format.Struct, client: int, clocks: Clocks,
-          only: set[int] | None) -> tuple[int, int] | None:
+def _stop(struct: update_format.Struct, client: int, clocks: Clocks, only: set[int] | None) -> tuple[int, int] | None:
     """What keeps ``struct`` (of ``client``) out: the (client, clock) the
     document must reach first; None when it can go in. With ``only``, ids of
     clients outside it are taken as held (the update does not carry them)."""

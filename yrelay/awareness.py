@@ -40,7 +40,7 @@ class AwarenessEntry:
     def removed(self) -> bool:
         return self.state == REMOVED
 
-    def removal(self) -> "AwarenessEntry":
+    def removal(self) -> AwarenessEntry:
         """What a client that saw this entry accepts as "the client left":
         a null state at the same clock (y-protocols removes a state it holds
         on a null at its clock; y-websocket's server sends just that). Not a
@@ -80,8 +80,10 @@ def decode_update(data: bytes, max_entries: int = MAX_ENTRIES) -> list[Awareness
     count = reader.varuint()
     if count > max_entries:
         raise AwarenessError(f"at most {max_entries} entries per awareness update, got {count}")
-    entries = [AwarenessEntry(reader.varuint(), reader.varuint(), _check_state(reader.varstring("state")))
-               for _ in range(count)]
+    entries = [
+        AwarenessEntry(reader.varuint(), reader.varuint(), _check_state(reader.varstring("state")))
+        for _ in range(count)
+    ]
     if not reader.done():
         raise AwarenessError("trailing bytes after the last entry")
     return entries

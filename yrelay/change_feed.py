@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import TypeVar, cast
 
 import redis.exceptions as redis_exceptions
 from redis.asyncio import Redis
 
 from .keys import changes_key
 from .redis_client import is_cluster, lost_redis
+from .redis_packed import CommandQueue
 from .replies import is_wrong_type, text
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def announced(fields: Mapping[bytes, bytes]) -> list[str]:
     return text(fields.get(b"d", b"")).split("\n")
 
 
-def announce_in(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]
+def announce_in(pipe: CommandQueue, docs: list[str]) -> None:
     """Queue the announcement of an append to ``docs`` on ``pipe``, after
     the appends (nothing on a cluster: :mod:`yrelay.cluster_reads`)."""
     if docs and not is_cluster(pipe):
@@ -104,8 +105,9 @@ class Rounds:
     def sweep_soon(self) -> None:
         self.next_sweep = 0.0
 
-    def due(self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None],
-            *, sweep: bool = False) -> dict[str, T]:
+    def due(
+        self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None], *, sweep: bool = False
+    ) -> dict[str, T]:
         """The documents (-> cursor) to read now: all of ``every()`` on a
         sweep (or when ``sweep``), else those woken that ``one`` gives a
         cursor (so a round costs what was woken, not what is followed)."""
@@ -136,8 +138,9 @@ class ChangeFeed(Rounds):
     def listening(self, now: float) -> bool:
         return self.cursor is not None and self.broken_until <= now
 
-    def due(self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None],
-            *, sweep: bool = False) -> dict[str, T]:
+    def due(
+        self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None], *, sweep: bool = False
+    ) -> dict[str, T]:
         """:meth:`Rounds.due`; every round is a sweep while the change stream is not listened to."""
         return super().due(now, every, one, sweep=sweep or not self.listening(now))
 
@@ -150,7 +153,7 @@ class ChangeFeed(Rounds):
             return
         self.sweep_soon()
         try:
-            last = await redis.xrevrange(changes_key(), count=1)
+            last = cast("list[tuple[bytes, object]]", await redis.xrevrange(changes_key(), count=1))
         except redis_exceptions.ResponseError as exc:
             if not is_wrong_type(exc):
                 raise
@@ -163,8 +166,12 @@ class ChangeFeed(Rounds):
         self.cursor = None
 
     def set_aside(self, exc: Exception, seconds: float) -> None:
-        log.error("the change stream %s cannot be read (%s): every document followed is read every round for %ss",
-                  changes_key(), exc, seconds)
+        log.error(
+            "the change stream %s cannot be read (%s): every document followed is read every round for %ss",
+            changes_key(),
+            exc,
+            seconds,
+        )
         self.broken_until = time.monotonic() + seconds
 
     def take(self, entries: list[tuple[bytes, dict[bytes, bytes]]], wanted: Callable[[str], bool], count: int) -> None:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import replace
 import logging
 import os
 import sys
+from dataclasses import replace
+from datetime import UTC
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import typer
 import uvicorn
+from fastapi import FastAPI
 from redis.asyncio import Redis
 from rich.console import Console
 from rich.progress import Progress
@@ -20,13 +22,13 @@ from rich.table import Table
 
 from . import extras, logs
 from .app import create_app
-from .auth import AlreadyExpired, AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
 from .app.context import open_event_log
+from .auth import AlreadyExpired, AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
 from .config import Settings
 from .eventlog import EventLog, NullEventLog
+from .exceptions import StartupError
 from .gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
 from .listing import fold_unbucketed, registry_counts
-from .exceptions import StartupError
 from .redis_client import ensure_reachable, open_redis
 from .redis_server import RedisProcess, serve_redis_url
 from .supervisor import Supervisor, reuse_port_socket
@@ -43,14 +45,18 @@ def main() -> None:
 def serve(
     # Options that have a setting default to None: absent, YRELAY_* (or the
     # setting's default) decides; given, they win over the environment.
-    host: Optional[str] = typer.Option(None, help="Interface to listen on (default: YRELAY_HOST, else 127.0.0.1)."),
-    port: Optional[int] = typer.Option(None, help="Port to listen on (default: YRELAY_PORT, else 8000)."),
-    redis_url: Optional[str] = typer.Option(
+    host: str | None = typer.Option(None, help="Interface to listen on (default: YRELAY_HOST, else 127.0.0.1)."),
+    port: int | None = typer.Option(None, help="Port to listen on (default: YRELAY_PORT, else 8000)."),
+    redis_url: str | None = typer.Option(
         None, envvar="YRELAY_REDIS_URL", help="Redis to use. Without it an embedded redis-server is started."
     ),
-    data_dir: Optional[Path] = typer.Option(None, envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF; default: data)."),
+    data_dir: Path | None = typer.Option(
+        None, envvar="YRELAY_DATA_DIR", help="Embedded Redis data (AOF; default: data)."
+    ),
     redis_cluster: bool = typer.Option(
-        False, "--redis-cluster", help="--redis-url is one seed node of a Redis Cluster (default: YRELAY_REDIS_CLUSTER)."
+        False,
+        "--redis-cluster",
+        help="--redis-url is one seed node of a Redis Cluster (default: YRELAY_REDIS_CLUSTER).",
     ),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", envvar="YRELAY_LOG_FORMAT", help="text or json (one object a line)."),
@@ -60,23 +66,32 @@ def serve(
     insecure_no_auth: bool = typer.Option(
         False, "--insecure-no-auth", help="DEVELOPMENT ONLY: no authentication, anyone reads and writes everything."
     ),
-    auth_hook: Optional[str] = typer.Option(
+    auth_hook: str | None = typer.Option(
         None, help="package.module:factory returning an Authenticator (your own user system); see docs/security.md."
     ),
-    workers: Optional[str] = typer.Option(
+    workers: str | None = typer.Option(
         None, help="Server processes on this port: a number or auto (one per core); default: YRELAY_WORKERS, else 1."
     ),
-    reuse_port: bool = typer.Option(False, "--reuse-port", hidden=True,
-                                    help="Bind with SO_REUSEPORT (how --workers starts each worker)."),
+    reuse_port: bool = typer.Option(
+        False, "--reuse-port", hidden=True, help="Bind with SO_REUSEPORT (how --workers starts each worker)."
+    ),
 ) -> None:
     """Serve the websocket endpoint at /ws, the demo at /, /healthz, /readyz, /metrics and /ops.
 
     Clients authenticate with tokens signed by YRELAY_AUTH_SECRET (see
     `yrelay token issue`), or through --auth-hook."""
     try:
-        settings = Settings.from_env(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
-                                     verify_digests=verify_digests or None, insecure_no_auth=insecure_no_auth or None,
-                                     auth_hook=auth_hook, workers=workers, redis_cluster=redis_cluster or None)
+        settings = Settings.from_env(
+            host=host,
+            port=port,
+            redis_url=redis_url,
+            data_dir=data_dir,
+            verify_digests=verify_digests or None,
+            insecure_no_auth=insecure_no_auth or None,
+            auth_hook=auth_hook,
+            workers=workers,
+            redis_cluster=redis_cluster or None,
+        )
     except ValueError as exc:  # a bad YRELAY_* value: one line naming it, no traceback
         typer.echo(f"yrelay: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -101,7 +116,8 @@ def serve(
     if settings.public_url is None and settings.host in ("0.0.0.0", "::", ""):
         logging.getLogger("yrelay").warning(
             "listening on every interface without YRELAY_PUBLIC_URL: browsers are allowed from this server's "
-            "loopback origins and YRELAY_ALLOWED_ORIGINS only (set YRELAY_PUBLIC_URL to its public address)")
+            "loopback origins and YRELAY_ALLOWED_ORIGINS only (set YRELAY_PUBLIC_URL to its public address)"
+        )
     if not reuse_port:  # a worker's socket is bound by its supervisor's rules
         _refuse_if_port_taken(settings.host, settings.port)
     embedded: RedisProcess | None = None
@@ -123,21 +139,29 @@ def serve(
         _signposts(settings)
     try:
         if settings.worker_count() > 1 and not reuse_port:
-            code = Supervisor(_worker_commands(settings, log_level, log_format, verify_digests, insecure_no_auth,
-                                               auth_hook),
-                              {**os.environ, "YRELAY_REDIS_URL": url,
-                               **({"YRELAY_REDIS_CLUSTER": "1"} if settings.redis_cluster else {})}).run()
+            code = Supervisor(
+                _worker_commands(settings, log_level, log_format, verify_digests, insecure_no_auth, auth_hook),
+                {
+                    **os.environ,
+                    "YRELAY_REDIS_URL": url,
+                    **({"YRELAY_REDIS_CLUSTER": "1"} if settings.redis_cluster else {}),
+                },
+            ).run()
             if code:
                 raise typer.Exit(code)
             return
         app = create_app(settings, url, authenticator)
-        options = dict(host=settings.host, port=settings.port, log_level=log_level,
-                       log_config=None,  # uvicorn's lines go through the handler above (format, redaction)
-                       **settings.uvicorn_options())
+        options: dict[str, Any] = {  # uvicorn's keyword arguments
+            "host": settings.host,
+            "port": settings.port,
+            "log_level": log_level,
+            "log_config": None,  # uvicorn's lines go through the handler above (format, redaction)
+            **settings.uvicorn_options(),
+        }
         if reuse_port:
             _serve_on_shared_port(app, options)
         else:
-            uvicorn.run(app, **options)  # type: ignore[arg-type]
+            uvicorn.run(app, **options)
     finally:
         if embedded is not None:
             embedded.stop()
@@ -164,8 +188,11 @@ def _refuse_if_port_taken(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 continue  # not ours to judge (no IPv6 on this host, ...): uvicorn reports it
-            typer.echo(f"yrelay: cannot listen on {host}:{port} ({exc.strerror}): another server uses it? "
-                       "Stop it, or choose another port with --port / YRELAY_PORT", err=True)
+            typer.echo(
+                f"yrelay: cannot listen on {host}:{port} ({exc.strerror}): another server uses it? "
+                "Stop it, or choose another port with --port / YRELAY_PORT",
+                err=True,
+            )
             raise typer.Exit(1) from None
 
 
@@ -187,27 +214,55 @@ def _signposts(settings: Settings) -> None:
         command = relative  # .venv/bin/yrelay, from a checkout
     logging.getLogger("yrelay").info(
         "the demo editor: %s/?doc=notes (open it in two tabs); health: %s/healthz; the command line: "
-        "%s --help (e.g. %s gc --dry-run)", base.rstrip("/"), base.rstrip("/"), command, command)
+        "%s --help (e.g. %s gc --dry-run)",
+        base.rstrip("/"),
+        base.rstrip("/"),
+        command,
+        command,
+    )
 
 
-def _serve_on_shared_port(app: object, options: dict[str, object]) -> None:
+def _serve_on_shared_port(app: FastAPI, options: dict[str, Any]) -> None:
     """uvicorn on its own ``SO_REUSEPORT`` socket: one of ``--workers``."""
-    server = uvicorn.Server(uvicorn.Config(app, **options))  # type: ignore[arg-type]
-    server.run(sockets=[reuse_port_socket(str(options["host"]), int(options["port"]))])  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, **options))
+    server.run(sockets=[reuse_port_socket(str(options["host"]), int(options["port"]))])
     if not server.started:  # as uvicorn.run: a server that could not start is a failure
         raise typer.Exit(3)
 
 
-def _worker_commands(settings: Settings, log_level: str, log_format: str, verify_digests: bool,
-                     insecure_no_auth: bool, auth_hook: str | None) -> list[list[str]]:
+def _worker_commands(
+    settings: Settings,
+    log_level: str,
+    log_format: str,
+    verify_digests: bool,
+    insecure_no_auth: bool,
+    auth_hook: str | None,
+) -> list[list[str]]:
     """Each worker's ``yrelay serve``: one process, the resolved host, port and
     data dir, the command-line switches given (the environment, inherited,
     says the rest; the Redis URL goes there too, out of the process list).
     Only the first worker verifies the digests: once is enough."""
-    base = [sys.executable, "-m", "yrelay", "serve", "--workers", "1", "--reuse-port", "--host", settings.host,
-            "--port", str(settings.port), "--data-dir", str(settings.data_dir), "--log-level", log_level,
-            "--log-format", log_format, *(["--insecure-no-auth"] if insecure_no_auth else []),
-            *(["--auth-hook", auth_hook] if auth_hook else [])]
+    base = [
+        sys.executable,
+        "-m",
+        "yrelay",
+        "serve",
+        "--workers",
+        "1",
+        "--reuse-port",
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--data-dir",
+        str(settings.data_dir),
+        "--log-level",
+        log_level,
+        "--log-format",
+        log_format,
+        *(["--insecure-no-auth"] if insecure_no_auth else []),
+        *(["--auth-hook", auth_hook] if auth_hook else []),
+    ]
     count = settings.worker_count()
     return [base + (["--verify-digests"] if verify_digests and index == 0 else []) for index in range(count)]
 
@@ -233,17 +288,26 @@ def _redis_url(redis_url: str | None, data_dir: Path) -> str:
         return redis_url
     if running := serve_redis_url(data_dir):
         return running
-    raise typer.BadParameter(f"no --redis-url given and no embedded Redis running under {data_dir}", param_hint="--redis-url")
+    raise typer.BadParameter(
+        f"no --redis-url given and no embedded Redis running under {data_dir}", param_hint="--redis-url"
+    )
 
 
 @cli.command()
 def gc(
-    docs: Optional[list[str]] = typer.Argument(None, help="Documents to collect (all when none are given)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Report what would be folded, trimmed and evicted; change nothing."),
-    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis to collect. Default: the embedded one of `yrelay serve`."),
-    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
-    redis_cluster: bool = typer.Option(False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER",
-                                       help="--redis-url is one seed node of a Redis Cluster."),
+    docs: list[str] | None = typer.Argument(None, help="Documents to collect (all when none are given)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Report what would be folded, trimmed and evicted; change nothing."
+    ),
+    redis_url: str | None = typer.Option(
+        None, envvar="YRELAY_REDIS_URL", help="Redis to collect. Default: the embedded one of `yrelay serve`."
+    ),
+    data_dir: Path = typer.Option(
+        Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."
+    ),
+    redis_cluster: bool = typer.Option(
+        False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER", help="--redis-url is one seed node of a Redis Cluster."
+    ),
     batch_size: int = typer.Option(500, min=1, help="Documents per round trip."),
     rows: int = typer.Option(20, min=0, help="Documents listed in the table (those with most work)."),
 ) -> None:
@@ -256,8 +320,9 @@ def gc(
     policy = GcPolicy.from_settings(settings)
     events = open_event_log(replace(settings, data_dir=data_dir)) if not dry_run else NullEventLog()
     try:
-        summary = asyncio.run(_gc(_redis_url(redis_url, data_dir), redis_cluster, docs or None, policy, dry_run,
-                                  batch_size, events))
+        summary = asyncio.run(
+            _gc(_redis_url(redis_url, data_dir), redis_cluster, docs or None, policy, dry_run, batch_size, events)
+        )
     finally:
         events.stop()
     _print_summary(summary, dry_run, rows)
@@ -266,7 +331,12 @@ def gc(
 
 
 async def _gc(
-    url: str, cluster: bool, docs: list[str] | None, policy: GcPolicy, dry_run: bool, batch_size: int,
+    url: str,
+    cluster: bool,
+    docs: list[str] | None,
+    policy: GcPolicy,
+    dry_run: bool,
+    batch_size: int,
     events: EventLog,
 ) -> PassSummary:
     redis = open_redis(url, cluster)
@@ -277,7 +347,10 @@ async def _gc(
         with Progress(transient=True) as progress:
             task = progress.add_task("dry run" if dry_run else "collecting", total=total)
             return await collect_documents(
-                Collector(redis, policy, events=events), docs, dry_run=dry_run, batch_size=batch_size,
+                Collector(redis, policy, events=events),
+                docs,
+                dry_run=dry_run,
+                batch_size=batch_size,
                 on_batch=lambda reports: progress.advance(task, len(reports)),
             )
     finally:
@@ -287,19 +360,39 @@ async def _gc(
 def _print_summary(summary: PassSummary, dry_run: bool, rows: int) -> None:
     console = Console()
     verb = "would be" if dry_run else "were"
-    table = Table(title=f"GC of {summary.documents} documents in {summary.seconds:.2f}s" + (" (dry run)" if dry_run else ""))
+    table = Table(
+        title=f"GC of {summary.documents} documents in {summary.seconds:.2f}s" + (" (dry run)" if dry_run else "")
+    )
     for column in ("document", "eviction", "evicted", "folded", "trimmed", "stream", "snapshot offset", "note"):
         table.add_column(column, justify="right" if column in {"evicted", "folded", "trimmed", "stream"} else "left")
     busiest = sorted(summary.reports, key=lambda r: (r.error is None, -(r.evicted + r.folded + r.trimmed)))
     for report in busiest[:rows]:
-        table.add_row(report.doc, report.eviction, str(report.evicted), str(report.folded), str(report.trimmed),
-                      str(report.stream_length), report.snapshot_offset, _note(report))
+        table.add_row(
+            report.doc,
+            report.eviction,
+            str(report.evicted),
+            str(report.folded),
+            str(report.trimmed),
+            str(report.stream_length),
+            report.snapshot_offset,
+            _note(report),
+        )
     table.add_section()
-    table.add_row("total", "", str(summary.evicted), str(summary.folded), str(summary.trimmed), "", "",
-                  f"{summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors")
+    table.add_row(
+        "total",
+        "",
+        str(summary.evicted),
+        str(summary.folded),
+        str(summary.trimmed),
+        "",
+        "",
+        f"{summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors",
+    )
     console.print(table)
-    console.print(f"{summary.evicted} sessions {verb} evicted, {summary.folded} entries {verb} folded, "
-                  f"{summary.trimmed} {verb} trimmed.")
+    console.print(
+        f"{summary.evicted} sessions {verb} evicted, {summary.folded} entries {verb} folded, "
+        f"{summary.trimmed} {verb} trimmed."
+    )
 
 
 def _note(report: DocReport) -> str:
@@ -312,16 +405,25 @@ def _note(report: DocReport) -> str:
 
 @cli.command()
 def analyze(
-    events: Path = typer.Option(..., "--events", exists=True, file_okay=False, help="Directory of event log files (*.jsonl)."),
+    events: Path = typer.Option(
+        ..., "--events", exists=True, file_okay=False, help="Directory of event log files (*.jsonl)."
+    ),
     out: Path = typer.Option(..., "--out", help="Directory for the Parquet tables and dashboard.html."),
-    redis_url: Optional[str] = typer.Option(None, "--redis-url", help="Also read current stream entries and trackers from this Redis."),
+    redis_url: str | None = typer.Option(
+        None, "--redis-url", help="Also read current stream entries and trackers from this Redis."
+    ),
     master: str = typer.Option("local[*]", help="Spark master: local[*], local[2], spark://HOST:PORT."),
-    bucket: Optional[int] = typer.Option(None, min=1, help="Seconds per time bucket (lag and events over time); "
-                                         "default: chosen from the log's span (at most 120 buckets)."),
+    bucket: int | None = typer.Option(
+        None,
+        min=1,
+        help="Seconds per time bucket (lag and events over time); "
+        "default: chosen from the log's span (at most 120 buckets).",
+    ),
     window: int = typer.Option(10, min=2, help="Acks in a session's status window."),
     top: int = typer.Option(20, min=1, help="Rows of the top-lagging and hottest-document tables."),
-    spark_log: Optional[Path] = typer.Option(None, "--spark-log", help="Where Spark's own log lines go "
-                                             "(default OUT/spark.log): never the terminal."),
+    spark_log: Path | None = typer.Option(
+        None, "--spark-log", help="Where Spark's own log lines go (default OUT/spark.log): never the terminal."
+    ),
 ) -> None:
     """Analyse the event log with Spark: lag, statuses, ack latency, resends, GC; Parquet tables and an HTML dashboard.
 
@@ -372,8 +474,9 @@ def chaos(
     seed: int = typer.Option(1, help="Seed of the fault schedule and of the edits."),
     duration: float = typer.Option(60.0, min=10, help="Seconds of editing (faults happen inside it)."),
     clients: int = typer.Option(6, min=1, help="Client processes, each behind its own fault proxy."),
-    ephemeral_clients: Optional[int] = typer.Option(
-        None, min=0, help="Clients without persistence (a killed one restarts as a new client); default half."),
+    ephemeral_clients: int | None = typer.Option(
+        None, min=0, help="Clients without persistence (a killed one restarts as a new client); default half."
+    ),
     docs: int = typer.Option(3, min=1, help="Documents every client edits."),
     servers: int = typer.Option(3, min=1, help="yrelay server processes on the one Redis."),
     faults: str = typer.Option("all", help="Comma-separated fault kinds or groups (all, network, server-kill, ...)."),
@@ -382,9 +485,15 @@ def chaos(
     mean_gap: float = typer.Option(4.0, min=0.5, help="Mean seconds between two faults."),
     edit_interval: float = typer.Option(0.15, min=0.01, help="Mean seconds between two edits of one client."),
     out: Path = typer.Option(Path("data/chaos"), help="Directory for the run's processes, logs and report."),
-    cluster: bool = typer.Option(False, "--cluster", help="On a Redis Cluster (3 masters, a replica each): "
-                                 "adds master-kill, cluster-failover and slot-migration to the faults."),
-    ack_replicas: int = typer.Option(0, min=0, help="The servers' ack_replicas (1: no acked update lost in a failover)."),
+    cluster: bool = typer.Option(
+        False,
+        "--cluster",
+        help="On a Redis Cluster (3 masters, a replica each): "
+        "adds master-kill, cluster-failover and slot-migration to the faults.",
+    ),
+    ack_replicas: int = typer.Option(
+        0, min=0, help="The servers' ack_replicas (1: no acked update lost in a failover)."
+    ),
 ) -> None:
     """Fault injection: prove that no acknowledged update is lost (docs/reliability.md).
 
@@ -394,7 +503,7 @@ def chaos(
     Needs the chaos extra: pip install 'yrelay\\[chaos]'.
     """
     extras.require("chaos", "chaos")
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from yrelay_tools.chaos.nemesis import SINGLE_REDIS_FAULTS, Fault, parse_faults
     from yrelay_tools.chaos.run import ChaosConfig, run_chaos
@@ -406,18 +515,32 @@ def chaos(
     if not replica and faults.strip() == "all":
         kinds = tuple(kind for kind in kinds if kind is not Fault.FAILOVER)
     if cluster and (shared := set(SINGLE_REDIS_FAULTS) & set(kinds)):
-        raise typer.BadParameter(f"not on a cluster: {', '.join(sorted(f.value for f in shared))} "
-                                 "(master-kill and cluster-failover are its faults)", param_hint="--faults")
+        raise typer.BadParameter(
+            f"not on a cluster: {', '.join(sorted(f.value for f in shared))} "
+            "(master-kill and cluster-failover are its faults)",
+            param_hint="--faults",
+        )
     if Fault.FAILOVER in kinds and not replica:
         raise typer.BadParameter("the failover fault needs a replica; leave out --no-replica", param_hint="--faults")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ephemeral_clients is not None and ephemeral_clients > clients:
         raise typer.BadParameter(f"at most --clients ({clients})", param_hint="--ephemeral-clients")
-    config = ChaosConfig(seed=seed, duration=duration, clients=clients, ephemeral_clients=ephemeral_clients,
-                         docs=docs, servers=servers,
-                         faults=kinds, fsync=fsync, replica=replica, mean_gap=mean_gap, edit_interval=edit_interval,
-                         cluster=cluster, ack_replicas=ack_replicas)
-    root = out / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    config = ChaosConfig(
+        seed=seed,
+        duration=duration,
+        clients=clients,
+        ephemeral_clients=ephemeral_clients,
+        docs=docs,
+        servers=servers,
+        faults=kinds,
+        fsync=fsync,
+        replica=replica,
+        mean_gap=mean_gap,
+        edit_interval=edit_interval,
+        cluster=cluster,
+        ack_replicas=ack_replicas,
+    )
+    root = out / datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     report = asyncio.run(run_chaos(config, root))
     typer.echo(report.to_markdown())
     typer.echo(f"report: {root / 'report.json'}")
@@ -429,8 +552,9 @@ def chaos(
 def bench(
     scenario: list[str] = typer.Argument(None, help="hot, many, catchup, idle (default: all four)."),
     targets: str = typer.Option("yrelay,pycrdt,node,broadcast", help="Servers to run side by side."),
-    hot_rates: str = typer.Option("100,250,500,1000,2000,4000,8000,16000",
-                                  help="Offered updates/s of scenario hot, ascending."),
+    hot_rates: str = typer.Option(
+        "100,250,500,1000,2000,4000,8000,16000", help="Offered updates/s of scenario hot, ascending."
+    ),
     many_rates: str = typer.Option("500,1000,2000,4000,8000,16000", help="Offered updates/s of scenario many."),
     duration: float = typer.Option(5.0, min=0.5, help="Seconds of sending per step."),
     readers: int = typer.Option(50, min=1, help="Readers of the hot document."),
@@ -438,8 +562,8 @@ def bench(
     entries: int = typer.Option(100_000, min=10, help="Entries a reconnecting client is behind (catchup)."),
     connections: int = typer.Option(10_000, min=1, help="Idle connections (idle)."),
     deflate: bool = typer.Option(True, help="Clients offer permessage-deflate as Chromium does (hot, many, idle)."),
-    markdown: Optional[Path] = typer.Option(None, help="Also write the tables as markdown here."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write every figure as JSON here."),
+    markdown: Path | None = typer.Option(None, help="Also write the tables as markdown here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write every figure as JSON here."),
 ) -> None:
     """Benchmark yrelay against pycrdt-websocket, the y-websocket Node server,
     a bare uvicorn broadcast server and pipelined XADD (BENCHMARKS.md).
@@ -455,10 +579,18 @@ def bench(
     unknown = set(chosen) - set(SCENARIOS)
     if unknown:
         raise typer.BadParameter(f"unknown: {', '.join(sorted(unknown))}", param_hint="SCENARIO")
-    config = BenchConfig(scenarios=chosen, targets=tuple(t for t in targets.split(",") if t),
-                         hot_rates=[float(r) for r in hot_rates.split(",")],
-                         many_rates=[float(r) for r in many_rates.split(",")], duration=duration, readers=readers,
-                         docs=docs, entries=entries, connections=connections, deflate=deflate)
+    config = BenchConfig(
+        scenarios=chosen,
+        targets=tuple(t for t in targets.split(",") if t),
+        hot_rates=[float(r) for r in hot_rates.split(",")],
+        many_rates=[float(r) for r in many_rates.split(",")],
+        duration=duration,
+        readers=readers,
+        docs=docs,
+        entries=entries,
+        connections=connections,
+        deflate=deflate,
+    )
     report = run_bench(config, "yrelay bench " + " ".join(sys.argv[2:]), progress=typer.echo)
     report.print()
     if markdown is not None:
@@ -469,26 +601,48 @@ def bench(
 
 @cli.command()
 def webhook(
-    group: str = typer.Option(..., "--group", help="The consumer group's name (shared by every webhook process of it)."),
-    url: Optional[str] = typer.Option(None, "--url", help="Where each batch is POSTed (JSON). Required unless --retry-dead."),
-    secret_env: str = typer.Option("YRELAY_WEBHOOK_SECRET", "--secret-env",
-                                   help="The environment variable holding the signing secret (never on the command line)."),
+    group: str = typer.Option(
+        ..., "--group", help="The consumer group's name (shared by every webhook process of it)."
+    ),
+    url: str | None = typer.Option(
+        None, "--url", help="Where each batch is POSTed (JSON). Required unless --retry-dead."
+    ),
+    secret_env: str = typer.Option(
+        "YRELAY_WEBHOOK_SECRET",
+        "--secret-env",
+        help="The environment variable holding the signing secret (never on the command line).",
+    ),
     prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
-    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."),
-    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
+    redis_url: str | None = typer.Option(
+        None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."
+    ),
+    data_dir: Path = typer.Option(
+        Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."
+    ),
     lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
-    redis_cluster: bool = typer.Option(False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER",
-                                       help="--redis-url is one seed node of a Redis Cluster."),
+    redis_cluster: bool = typer.Option(
+        False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER", help="--redis-url is one seed node of a Redis Cluster."
+    ),
     concurrency: int = typer.Option(16, min=1, help="Requests in flight at once (one per document at most)."),
-    max_attempts: int = typer.Option(8, min=0, envvar="YRELAY_WEBHOOK_MAX_ATTEMPTS",
-                                     help="Failed attempts of one batch before its document is parked (dead letter); "
-                                          "0: never park."),
-    text: Optional[str] = typer.Option(None, "--text", metavar="NAME",
-                                       help="Add the shared text NAME (the demo editor's is 'text') to each body, "
-                                            "with the batch applied; keeps a copy of each held document."),
-    retry_dead: bool = typer.Option(False, "--retry-dead",
-                                    help="Unpark every dead letter of --group (delivered again from their last ack "
-                                         "by the running members), then exit."),
+    max_attempts: int = typer.Option(
+        8,
+        min=0,
+        envvar="YRELAY_WEBHOOK_MAX_ATTEMPTS",
+        help="Failed attempts of one batch before its document is parked (dead letter); 0: never park.",
+    ),
+    text: str | None = typer.Option(
+        None,
+        "--text",
+        metavar="NAME",
+        help="Add the shared text NAME (the demo editor's is 'text') to each body, "
+        "with the batch applied; keeps a copy of each held document.",
+    ),
+    retry_dead: bool = typer.Option(
+        False,
+        "--retry-dead",
+        help="Unpark every dead letter of --group (delivered again from their last ack "
+        "by the running members), then exit.",
+    ),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """POST every change of every document (or of --prefix) to --url, signed, in order per document, at least once.
@@ -510,8 +664,11 @@ def webhook(
     logs.add_secret(secret)
     url_of_redis = _redis_url(redis_url, data_dir)
     logs.add_url_secrets(url_of_redis)
-    asyncio.run(_webhook(url_of_redis, redis_cluster, group, url, secret, prefix, lease, concurrency,
-                         max_attempts or None, text))
+    asyncio.run(
+        _webhook(
+            url_of_redis, redis_cluster, group, url, secret, prefix, lease, concurrency, max_attempts or None, text
+        )
+    )
 
 
 async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
@@ -525,15 +682,35 @@ async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
     typer.echo(f"retried {retried} dead letter(s) of group {group}")
 
 
-async def _webhook(redis_url: str, cluster: bool, group: str, url: str, secret: str, prefix: str, lease: float,
-                   concurrency: int, max_attempts: int | None, text: str | None) -> None:
+async def _webhook(
+    redis_url: str,
+    cluster: bool,
+    group: str,
+    url: str,
+    secret: str,
+    prefix: str,
+    lease: float,
+    concurrency: int,
+    max_attempts: int | None,
+    text: str | None,
+) -> None:
     from .consumers.webhook import serve as serve_webhook
 
     stop = _stop_on_signals()
     redis = open_redis(redis_url, cluster)
     try:
-        stats = await serve_webhook(redis, group, url, secret, prefix=prefix, lease=lease, concurrency=concurrency,
-                                    max_attempts=max_attempts, text=text, stop=stop)
+        stats = await serve_webhook(
+            redis,
+            group,
+            url,
+            secret,
+            prefix=prefix,
+            lease=lease,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            text=text,
+            stop=stop,
+        )
     finally:
         await redis.aclose()
     logging.getLogger("yrelay.webhook").info("left group %s: %s", group, stats)
@@ -544,14 +721,20 @@ def consume(
     command: list[str] = typer.Argument(..., help="The command and its arguments, after --."),
     group: str = typer.Option(..., "--group", help="The consumer group's name (shared by every member of it)."),
     prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
-    ack_on_write: bool = typer.Option(False, "--ack-on-write",
-                                      help="Ack each batch once written to the pipe, without waiting for 'ack <id>'."),
+    ack_on_write: bool = typer.Option(
+        False, "--ack-on-write", help="Ack each batch once written to the pipe, without waiting for 'ack <id>'."
+    ),
     window: int = typer.Option(16, min=1, help="Batches written and not yet acked, at most."),
-    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."),
-    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."),
+    redis_url: str | None = typer.Option(
+        None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."
+    ),
+    data_dir: Path = typer.Option(
+        Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."
+    ),
     lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
-    redis_cluster: bool = typer.Option(False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER",
-                                       help="--redis-url is one seed node of a Redis Cluster."),
+    redis_cluster: bool = typer.Option(
+        False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER", help="--redis-url is one seed node of a Redis Cluster."
+    ),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Pipe every change (of --prefix) to COMMAND's stdin, one JSON line per batch; it acks with 'ack <delivery id>'.
@@ -565,15 +748,24 @@ def consume(
     asyncio.run(_consume(url_of_redis, redis_cluster, group, command, prefix, lease, ack_on_write, window))
 
 
-async def _consume(redis_url: str, cluster: bool, group: str, command: list[str], prefix: str, lease: float,
-                   ack_on_write: bool, window: int) -> None:
+async def _consume(
+    redis_url: str,
+    cluster: bool,
+    group: str,
+    command: list[str],
+    prefix: str,
+    lease: float,
+    ack_on_write: bool,
+    window: int,
+) -> None:
     from .consumers.pipe import serve as serve_pipe
 
     stop = _stop_on_signals()
     redis = open_redis(redis_url, cluster)
     try:
-        stats = await serve_pipe(redis, group, command, prefix=prefix, lease=lease, ack_on_write=ack_on_write,
-                                 window=window, stop=stop)
+        stats = await serve_pipe(
+            redis, group, command, prefix=prefix, lease=lease, ack_on_write=ack_on_write, window=window, stop=stop
+        )
     finally:
         await redis.aclose()
     logging.getLogger("yrelay.consume").info("left group %s: %s", group, stats)
@@ -590,8 +782,9 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-token_cli = typer.Typer(help="Client tokens for the built-in JWT authentication (YRELAY_AUTH_SECRET).",
-                        no_args_is_help=True)
+token_cli = typer.Typer(
+    help="Client tokens for the built-in JWT authentication (YRELAY_AUTH_SECRET).", no_args_is_help=True
+)
 cli.add_typer(token_cli, name="token")
 
 
@@ -611,11 +804,12 @@ def token_issue(
 @token_cli.command("revoke")
 def token_revoke(
     token_id: str = typer.Argument(..., help="The token's jti."),
-    expires_at: Optional[float] = typer.Option(None, help="When the token expires (Unix seconds); kept until then."),
-    redis_url: Optional[str] = typer.Option(None, envvar="YRELAY_REDIS_URL"),
+    expires_at: float | None = typer.Option(None, help="When the token expires (Unix seconds); kept until then."),
+    redis_url: str | None = typer.Option(None, envvar="YRELAY_REDIS_URL"),
     data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR"),
 ) -> None:
     """Revoke a token everywhere: its connections are cut off within seconds."""
+
     async def revoke() -> None:
         redis = Redis.from_url(_redis_url(redis_url, data_dir))
         try:

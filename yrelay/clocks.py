@@ -13,20 +13,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from redis.asyncio import Redis
 
 from .admission import Blocked, StateBuilder
+from .entries import Entry, HistoryTrimmed, Snapshot
 from .keys import clocks_key, meta_key
 from .offsets import ZERO, StreamId
 from .replies import stream_id
-
-if TYPE_CHECKING:
-    from .store import DocumentStore
+from .scripts import Scripts
 
 log = logging.getLogger(__name__)
 
 
-async def bring_clocks_up_to_date(store: "DocumentStore", doc: str, page_size: int = 500) -> list[Blocked]:
+class EntryStore(Protocol):
+    """What the rebuild reads and writes through: :class:`yrelay.store.DocumentStore`,
+    which calls the rebuild when an append answers ``stale`` (so this module
+    names what it needs instead of importing the store: no import cycle)."""
+
+    @property
+    def redis(self) -> Redis: ...
+
+    @property
+    def scripts(self) -> Scripts: ...
+
+    async def load_snapshot(self, doc: str) -> Snapshot: ...
+
+    def iter_entries(
+        self, doc: str, after: StreamId, until: StreamId | None = None, page_size: int = 500, *, held: bool = False
+    ) -> AsyncIterator[list[Entry]]: ...
+
+
+async def bring_clocks_up_to_date(store: EntryStore, doc: str, page_size: int = 500) -> list[Blocked]:
     """Account for every stored entry in the clocks hash; returns the entries
     no replica can apply (stored before admission existed)."""
     while True:
@@ -48,22 +68,23 @@ async def bring_clocks_up_to_date(store: "DocumentStore", doc: str, page_size: i
         stored = await _read_into(store, doc, builder, start, last, page_size)
         if stored is None:
             continue  # trimmed while reading
-        args = [str(raw_through.decode() if raw_through else ""), str(last)]
+        args: list[str | int] = [str(raw_through.decode() if raw_through else ""), str(last)]
         for client, clock in builder.clocks.items():
             args += [client, clock]
         if await store.scripts.clocks_set(keys=[meta_key(doc), clocks_key(doc)], args=args):
             blocked = builder.blocked
-            log.info("document %s: state vector rebuilt through %s (%d entries not applicable)", doc, last,
-                     len(blocked))
+            log.info(
+                "document %s: state vector rebuilt through %s (%d entries not applicable)", doc, last, len(blocked)
+            )
             return blocked
 
 
-def _add_all(builder: StateBuilder, entries: list) -> None:
+def _add_all(builder: StateBuilder, entries: list[Entry]) -> None:
     for entry in entries:
         builder.add(str(entry.id), entry.update)
 
 
-async def _from_snapshot(store: "DocumentStore", doc: str) -> tuple[StateBuilder, StreamId]:
+async def _from_snapshot(store: EntryStore, doc: str) -> tuple[StateBuilder, StreamId]:
     snapshot = await store.load_snapshot(doc)
     builder = StateBuilder()
     if snapshot.update:
@@ -71,10 +92,9 @@ async def _from_snapshot(store: "DocumentStore", doc: str) -> tuple[StateBuilder
     return builder, snapshot.offset
 
 
-async def _read_into(store: "DocumentStore", doc: str, builder: StateBuilder, start: StreamId, last: StreamId,
-                     page_size: int) -> bool | None:
-    from .store import HistoryTrimmed
-
+async def _read_into(
+    store: EntryStore, doc: str, builder: StateBuilder, start: StreamId, last: StreamId, page_size: int
+) -> bool | None:
     try:
         async for page in store.iter_entries(doc, start, last, page_size=page_size):
             await asyncio.to_thread(_add_all, builder, page)  # pure Python: off the event loop

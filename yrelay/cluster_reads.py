@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import redis.exceptions
 from redis.asyncio import Redis
+from redis.typing import EncodableT, FieldT
 
 from .backoff import Reconnect
 from .change_feed import Rounds, announced, announcement
@@ -65,8 +66,8 @@ async def announce(client: Redis, docs: list[str]) -> None:
     try:
         async with client.pipeline(transaction=False) as pipe:
             for bucket, members in by_bucket(docs).items():
-                pipe.xadd(bucket_changes_key(bucket), announcement(members), maxlen=CHANGES_MAXLEN,
-                          approximate=True)
+                fields: dict[FieldT, EncodableT] = {name: value for name, value in announcement(members).items()}
+                pipe.xadd(bucket_changes_key(bucket), fields, maxlen=CHANGES_MAXLEN, approximate=True)
             await pipe.execute()
     except Exception as exc:  # the sweep delivers them within block_ms
         if not lost_redis(exc):
@@ -103,7 +104,7 @@ async def read_each(client: Redis, cursors: Mapping[str, StreamId], count: int) 
             raise
         raise redis.exceptions.ConnectionError(f"connection reset during a failover ({exc!r})") from exc
     reads = Reads([], {}, set())
-    for doc, reply in zip(cursors, replies):
+    for doc, reply in zip(cursors, replies, strict=True):  # one XREAD per document
         if isinstance(reply, CLUSTER_TRANSIENT):
             raise redis.exceptions.ConnectionError(f"{doc}: {reply}")
         if is_wrong_type(reply):
@@ -131,9 +132,10 @@ class BucketWakeups:
         #: Documents a wake-up (or :meth:`wake`) asked to read, and the sweep.
         self.rounds = Rounds(block_ms)
         self._event = asyncio.Event()
-        self._watchers = [BackgroundTask(f"{name}-bucket-{bucket}", partial(self._watch, bucket),
-                                        kind=f"{name}-buckets")
-                          for bucket in range(DOCUMENT_BUCKETS)]
+        self._watchers = [
+            BackgroundTask(f"{name}-bucket-{bucket}", partial(self._watch, bucket), kind=f"{name}-buckets")
+            for bucket in range(DOCUMENT_BUCKETS)
+        ]
 
     def start(self) -> None:
         for watcher in self._watchers:
@@ -156,8 +158,9 @@ class BucketWakeups:
         self.rounds.wake(doc)
         self._event.set()
 
-    async def next_round(self, readable: Callable[[], Mapping[str, StreamId]],
-                         one: Callable[[str], StreamId | None] | None = None) -> dict[str, StreamId]:
+    async def next_round(
+        self, readable: Callable[[], Mapping[str, StreamId]], one: Callable[[str], StreamId | None] | None = None
+    ) -> dict[str, StreamId]:
         """Wait for a wake-up or the sweep (at most ``block_ms``); the
         documents (-> cursor) of ``readable()`` to read now: all of them on a
         sweep, else those woken (``one(doc)``: a woken one's cursor, so that
@@ -178,7 +181,8 @@ class BucketWakeups:
             try:
                 if cursor is None:
                     last = await self.redis.xrevrange(key, count=1)
-                    cursor = text(last[0][0]) if last else "0-0"
+                    newest = last[0][0] if last else None
+                    cursor = text(newest) if newest is not None else "0-0"
                 reply = await xread_one(self.redis, key, cursor, 1000, min(self.block_ms, MAX_WATCH_BLOCK_MS))
                 reconnect.succeeded()
             except asyncio.CancelledError:
@@ -189,7 +193,7 @@ class BucketWakeups:
                 log.warning("wake-ups of bucket %d lost Redis (%r); retrying in %.1fs", bucket, exc, reconnect.delay)
                 await reconnect.wait()
                 continue
-            for _, entries in (reply.items() if isinstance(reply, dict) else reply or []):
+            for _, entries in reply.items() if isinstance(reply, dict) else reply or []:
                 for entry_id, fields in entries:
                     cursor = text(entry_id)
                     self.rounds.woken.update(doc for doc in announced(fields) if self.wanted(doc))

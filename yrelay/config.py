@@ -8,8 +8,10 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+from .eventlog import SUBJECT_MODES
 
 #: Upper bound of ``auth_leeway``: a token's expiry may be stretched, not ignored.
 MAX_AUTH_LEEWAY = 60.0
@@ -283,33 +285,38 @@ class Settings:
     ack_replicas_timeout: float = 1.0
 
     def __post_init__(self) -> None:
-        from .eventlog import SUBJECT_MODES
-
         if self.event_log_subject not in SUBJECT_MODES:
-            raise ValueError(f"event_log_subject must be one of {', '.join(SUBJECT_MODES)}, "
-                             f"got {self.event_log_subject!r}")
+            raise ValueError(
+                f"event_log_subject must be one of {', '.join(SUBJECT_MODES)}, got {self.event_log_subject!r}"
+            )
         if self.gc_absolute_delta <= self.gc_relative_delta:
             raise ValueError("gc_absolute_delta must be larger than gc_relative_delta")
-        if self.public_url and (urlsplit(self.public_url).scheme not in ("http", "https")
-                                or not urlsplit(self.public_url).hostname):
+        if self.public_url and (
+            urlsplit(self.public_url).scheme not in ("http", "https") or not urlsplit(self.public_url).hostname
+        ):
             raise ValueError(f"public_url must be an http(s) URL, got {self.public_url!r}")
         if not 0 <= self.auth_leeway <= MAX_AUTH_LEEWAY:
             raise ValueError(f"auth_leeway must be between 0 and {MAX_AUTH_LEEWAY:g} seconds")
         self.worker_count()  # raises on a bad value
         if self.ws_implementation not in ("websockets-sansio", "websockets", "wsproto"):
-            raise ValueError(f"ws_implementation must be websockets-sansio, websockets or wsproto, "
-                             f"got {self.ws_implementation!r}")
+            raise ValueError(
+                f"ws_implementation must be websockets-sansio, websockets or wsproto, got {self.ws_implementation!r}"
+            )
         for proxy in self.trusted_proxies:
             try:
                 ipaddress.ip_network(proxy, strict=False)
             except ValueError:
                 raise ValueError(f"trusted_proxies: {proxy!r} is not an IP address or network") from None
         if self.validate_with_ypy and not _ypy_installed():
-            raise ValueError("validate_with_ypy needs y-py, the ypy extra: pip install 'yrelay[ypy]' "
-                             "(y-py 0.6.2 installs on CPython 3.10-3.12 only)")
+            raise ValueError(
+                "validate_with_ypy needs y-py, the ypy extra: pip install 'yrelay[ypy]' "
+                "(y-py 0.6.2 installs on CPython 3.10-3.12 only)"
+            )
         if self.ack_replicas < 0 or not 0 < self.ack_replicas_timeout <= MAX_ACK_REPLICAS_TIMEOUT:
-            raise ValueError("ack_replicas must be 0 or more and ack_replicas_timeout between 0 (excluded) "
-                             f"and {MAX_ACK_REPLICAS_TIMEOUT:g} seconds")
+            raise ValueError(
+                "ack_replicas must be 0 or more and ack_replicas_timeout between 0 (excluded) "
+                f"and {MAX_ACK_REPLICAS_TIMEOUT:g} seconds"
+            )
 
     def worker_count(self) -> int:
         """``workers`` as a number: ``auto`` is the cores this process may use."""
@@ -324,9 +331,9 @@ class Settings:
         return count
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "Settings":
+    def from_env(cls, **overrides: object) -> Settings:
         """Defaults, then ``YRELAY_<FIELD>`` variables, then explicit overrides."""
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # each of its field's type: _convert checks the variables
         for item in fields(cls):
             raw = os.environ.get(f"YRELAY_{item.name.upper()}")
             if raw is not None:
@@ -362,10 +369,17 @@ class Settings:
         from .app.ws_protocol import uvicorn_ws_options
 
         # /yws takes one update per message (stock clients cannot split), up to max_update_bytes.
-        return {"ws_max_size": max(self.max_frame_bytes * 4, self.max_update_bytes + 64), "ws_ping_interval": 20, "ws_ping_timeout": 20,
-                "ws_max_queue": self.ws_max_queue, "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes),
-                **uvicorn_ws_options(self.ws_implementation, self.ws_compression, self.preauth_max_frame_bytes,
-                                         self.max_receiving_bytes), **self.proxy_options()}
+        return {
+            "ws_max_size": max(self.max_frame_bytes * 4, self.max_update_bytes + 64),
+            "ws_ping_interval": 20,
+            "ws_ping_timeout": 20,
+            "ws_max_queue": self.ws_max_queue,
+            "http": guarded_protocol(self.header_timeout, self.max_pending_connections, self.max_header_bytes),
+            **uvicorn_ws_options(
+                self.ws_implementation, self.ws_compression, self.preauth_max_frame_bytes, self.max_receiving_bytes
+            ),
+            **self.proxy_options(),
+        }
 
     def proxy_options(self) -> dict[str, object]:
         """uvicorn's ``X-Forwarded-For`` handling, from ``trusted_proxies``

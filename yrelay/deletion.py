@@ -27,34 +27,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis.exceptions
 from redis.asyncio import Redis
 
 from .change_feed import announce
-from .keys import (bucket_documents_key, bucket_gc_due_key, document_bucket, document_keys, documents_key,
-                   gc_due_key, group_dead_letters_key, group_leases_key, group_progress_key, groups_key, meta_key,
-                   replication_probe_key, stream_key, tracker_key)
+from .keys import (
+    document_keys,
+    group_leases_key,
+    group_progress_key,
+    groups_key,
+    meta_key,
+    replication_probe_key,
+    stream_key,
+    tracker_key,
+)
 from .offsets import StreamId
 from .replies import text
 from .scripts import source
-from .store import Entry
+from .tombstones import DELETED_ERROR, DELETION_SESSION, is_deleted_error, is_deletion, unlist
 from .tracker.tracker import session_documents
 
-#: The session of a deletion marker entry: never a real session id (those
-#: have no ``:``, keys.SESSION_ID_PATTERN), so no client's own entry is one.
-DELETION_SESSION = "yrelay:deleted"
-#: How append.lua refuses a write to a deleted document (a Redis error reply).
-DELETED_ERROR = "YRELAY_DELETED"
-
-
-def is_deletion(entry: Entry) -> bool:
-    """Whether ``entry`` is a deletion marker."""
-    return entry.session == DELETION_SESSION
-
-
-def is_deleted_error(exc: BaseException) -> bool:
-    """Whether an append failed because the document was deleted."""
-    return isinstance(exc, redis.exceptions.ResponseError) and DELETED_ERROR in str(exc)  # a pipeline prefixes it
+#: The marker, the refusal and the unlisting live in :mod:`yrelay.tombstones`
+#: (below the store, which recognises them); their names stay importable here.
+__all__ = [
+    "DELETED_ERROR",
+    "DELETION_SESSION",
+    "Deleted",
+    "DocumentDeleted",
+    "delete_document",
+    "is_deleted_error",
+    "is_deletion",
+    "unlist",
+]
 
 
 class DocumentDeleted(Exception):
@@ -68,18 +71,6 @@ class Deleted:
     marker: StreamId
     #: Sessions that were tracking the document.
     sessions: list[str]
-
-
-async def unlist(redis: Redis, doc: str, groups: list[str] = ()) -> None:  # type: ignore[assignment]
-    """Take ``doc`` out of the listings (and ``groups``' dead letters). Also
-    after a refused write: the append's pipeline lists what it wrote to."""
-    async with redis.pipeline(transaction=False) as pipe:
-        bucket = document_bucket(doc)
-        for key in (bucket_documents_key(bucket), bucket_gc_due_key(bucket), documents_key(), gc_due_key()):
-            pipe.zrem(key, doc)  # the unsplit keys too: an older server may still write them (listing.py)
-        for group in groups:
-            pipe.hdel(group_dead_letters_key(group), doc)
-        await pipe.execute()
 
 
 async def delete_document(redis: Redis, doc: str, tombstone_seconds: float) -> Deleted:

@@ -25,7 +25,7 @@ import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pycrdt
 
@@ -67,11 +67,11 @@ class SyncAnswer:
     held: int
 
 
-def _load(updates: Sequence[bytes]) -> pycrdt.Doc:
+def _load(updates: Sequence[bytes]) -> pycrdt.Doc[Any]:
     """A document holding ``updates``, applied in the given order (pycrdt
     retries pending structs itself). An update pycrdt refuses is skipped: it
     is then not held, and whoever asks stops before it."""
-    doc = pycrdt.Doc()
+    doc: pycrdt.Doc[Any] = pycrdt.Doc()
     for update in updates:
         if update:
             try:
@@ -162,8 +162,9 @@ def _pending_deletes(state_vector: bytes, parts: Sequence[update_format.Coverage
     its engine's encoding): kept in what the server hands on (snapshot, sync
     answer), as Yjs keeps them pending, so content deleted before it arrived
     stays deleted."""
-    return update_format.pending_deletes(update_format.decode_state_vector(state_vector),
-                                         [part for part in parts if part is not None])
+    return update_format.pending_deletes(
+        update_format.decode_state_vector(state_vector), [part for part in parts if part is not None]
+    )
 
 
 # -------------------------------------------------------- the worker's wire

@@ -125,12 +125,19 @@ class EventLog:
         return {} if recorded is None else {"subject": recorded}
 
     def _event(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> dict[str, Any]:
-        return {"v": SCHEMA_VERSION, "ts": int(time.time() * 1000), "type": type,
-                "process": self.process, "doc": doc, "session": session, **fields}
+        return {
+            "v": SCHEMA_VERSION,
+            "ts": int(time.time() * 1000),
+            "type": type,
+            "process": self.process,
+            "doc": doc,
+            "session": session,
+            **fields,
+        }
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> "EventLog":
+    def start(self) -> EventLog:
         self._thread = threading.Thread(target=self._run, name="yrelay-event-log", daemon=True)
         self._thread.start()
         return self
@@ -151,7 +158,7 @@ class EventLog:
         while not self._stop.wait(self.flush_interval):
             try:
                 self.flush()
-            except Exception as exc:  # never let the writer die silently
+            except Exception as exc:  # noqa: BLE001 - the writer thread's boundary: never let it die silently
                 self._warn(f"event log writer error: {exc!r}")
 
     def flush(self) -> None:
@@ -228,7 +235,7 @@ class NullEventLog(EventLog):
     def emit(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> None:
         pass
 
-    def start(self) -> "EventLog":
+    def start(self) -> EventLog:
         return self
 
     def stop(self) -> None:

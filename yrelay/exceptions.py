@@ -47,8 +47,10 @@ class Unauthorized(Refused):
     ``connect()`` again)."""
 
     def __init__(self, frame: Mapping[str, Any]):
-        super().__init__(frame, f"the server refused the token: {frame.get('message')} "
-                                "(unauthorized; get a new token, then connect again)")
+        super().__init__(
+            frame,
+            f"the server refused the token: {frame.get('message')} (unauthorized; get a new token, then connect again)",
+        )
 
 
 class SubscribeRefused(Refused):
@@ -57,8 +59,9 @@ class SubscribeRefused(Refused):
     is no longer bound (its edits are not sent)."""
 
     def __init__(self, frame: Mapping[str, Any]):
-        super().__init__(frame, f"subscribe to {frame.get('doc')!r} refused: {frame.get('message')} "
-                                f"({frame.get('code')})")
+        super().__init__(
+            frame, f"subscribe to {frame.get('doc')!r} refused: {frame.get('message')} ({frame.get('code')})"
+        )
 
 
 class Forbidden(SubscribeRefused):
@@ -85,7 +88,9 @@ class UpdatesRefused(Refused):
         said = "; ".join(f"{count} to {doc!r}: {code} ({message})" for (code, doc, message), count in kinds.items())
         plural = "update was" if self.total == 1 else "updates were"
         waiting = f"; {pending} other{'s' if pending != 1 else ''} not stored yet (still queued)" if pending else ""
-        super().__init__(self.refusals[0], f"{self.total} local {plural} refused and will not be stored: {said}{waiting}")
+        super().__init__(
+            self.refusals[0], f"{self.total} local {plural} refused and will not be stored: {said}{waiting}"
+        )
 
 
 class ServerUnreachable(ClientError, ConnectionError):
@@ -99,5 +104,13 @@ class ServerUnreachable(ClientError, ConnectionError):
         super().__init__(f"no connection to {' or '.join(self.urls)} within {timeout:g} s; last attempt: {reason}")
 
 
-__all__ = ["ClientError", "Forbidden", "Refused", "ServerUnreachable", "StartupError", "SubscribeRefused",
-           "Unauthorized", "UpdatesRefused"]
+__all__ = [
+    "ClientError",
+    "Forbidden",
+    "Refused",
+    "ServerUnreachable",
+    "StartupError",
+    "SubscribeRefused",
+    "Unauthorized",
+    "UpdatesRefused",
+]

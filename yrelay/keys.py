@@ -36,9 +36,7 @@ class InvalidDocumentId(ValueError):
 def validate_doc_id(doc: object) -> str:
     """Return ``doc`` if it is a valid document id, else raise :class:`InvalidDocumentId`."""
     if not isinstance(doc, str) or not DOC_ID_PATTERN.fullmatch(doc):
-        raise InvalidDocumentId(
-            "document ids are 1-200 characters of letters, digits, ._-:/@ and %XX escapes"
-        )
+        raise InvalidDocumentId("document ids are 1-200 characters of letters, digits, ._-:/@ and %XX escapes")
     return doc
 
 
@@ -130,7 +128,7 @@ def presence_channel(doc: str) -> str:
 
 def doc_of_presence_channel(channel: str) -> str:
     """Inverse of :func:`presence_channel`."""
-    return channel[len(f"{PREFIX}:presence:"):]
+    return channel[len(f"{PREFIX}:presence:") :]
 
 
 def revoked_tokens_key() -> str:
@@ -151,7 +149,7 @@ def session_documents_key(session: str) -> str:
 
 def session_of_documents_key(key: str) -> str:
     """Inverse of :func:`session_documents_key`."""
-    return key[len(f"{PREFIX}:session:{{"):-len("}:docs")]
+    return key[len(f"{PREFIX}:session:{{") : -len("}:docs")]
 
 
 def session_documents_digest_key(session: str) -> str:
@@ -220,8 +218,19 @@ def documents_key() -> str:
 
 def document_keys(doc: str) -> list[str]:
     """Every key of one document (all on the same cluster slot)."""
-    return [stream_key(doc), tracker_key(doc), meta_key(doc), snapshot_key(doc), dedup_key(doc), presence_key(doc),
-            clocks_key(doc), dropped_key(doc), presence_owners_key(doc), group_progress_key(doc), group_leases_key(doc)]
+    return [
+        stream_key(doc),
+        tracker_key(doc),
+        meta_key(doc),
+        snapshot_key(doc),
+        dedup_key(doc),
+        presence_key(doc),
+        clocks_key(doc),
+        dropped_key(doc),
+        presence_owners_key(doc),
+        group_progress_key(doc),
+        group_leases_key(doc),
+    ]
 
 
 def presence_owners_key(doc: str) -> str:

@@ -197,5 +197,15 @@ class Reader:
             raise self.error(f"unknown value type {kind}")
 
 
-__all__ = ["MAX_SAFE_INTEGER", "MAX_VARINT_BYTES", "DecodeError", "Reader", "utf8", "varuint", "write_varint",
-           "write_varstring", "write_varuint", "write_varuint8array"]
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "MAX_VARINT_BYTES",
+    "DecodeError",
+    "Reader",
+    "utf8",
+    "varuint",
+    "write_varint",
+    "write_varstring",
+    "write_varuint",
+    "write_varuint8array",
+]

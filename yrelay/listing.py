@@ -20,11 +20,12 @@ import logging
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
+from typing import cast
 
 from redis.asyncio import Redis
 
-from .keys import (DOCUMENT_BUCKETS, bucket_documents_key, bucket_gc_due_key, document_bucket, documents_key,
-                   gc_due_key)
+from .keys import DOCUMENT_BUCKETS, bucket_documents_key, bucket_gc_due_key, document_bucket, documents_key, gc_due_key
+from .redis_packed import CommandQueue
 from .replies import text
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def by_bucket(docs: Iterable[str]) -> dict[int, list[str]]:
     return grouped
 
 
-def mark_changed(pipe, docs: list[str]) -> None:  # type: ignore[no-untyped-def]
+def mark_changed(pipe: CommandQueue, docs: list[str]) -> None:
     """Queue the GC bookkeeping of an append on ``pipe``: the documents become
     due for collection and are listed in the registry, in their buckets.
 
@@ -80,8 +81,11 @@ class BucketMerge:
 
     def wanted(self) -> list[tuple[int, str, str, str]]:
         """``(bucket, key, start, end)`` of the reads this round needs."""
-        return [(bucket, bucket_documents_key(bucket), start, self.end)
-                for bucket, start in self._start.items() if not self._buffer[bucket]]
+        return [
+            (bucket, bucket_documents_key(bucket), start, self.end)
+            for bucket, start in self._start.items()
+            if not self._buffer[bucket]
+        ]
 
     def feed(self, replies: dict[int, list[bytes]]) -> list[list[str]]:
         """Take the replies of :meth:`wanted`'s reads; pages (of at most
@@ -100,11 +104,12 @@ class BucketMerge:
             ready += buffered[:cut]
             self._buffer[bucket] = buffered[cut:]
         ready.sort()
-        return [ready[i:i + self.page] for i in range(0, len(ready), self.page)]
+        return [ready[i : i + self.page] for i in range(0, len(ready), self.page)]
 
 
-async def all_documents(redis: Redis, page: int = 1000, prefix: str = "",
-                        after: str | None = None) -> AsyncIterator[list[str]]:
+async def all_documents(
+    redis: Redis, page: int = 1000, prefix: str = "", after: str | None = None
+) -> AsyncIterator[list[str]]:
     """Every registered document (those starting with ``prefix``, after
     ``after``), in id order, a page of at most ``page`` at a time."""
     merge = BucketMerge(page, prefix, after)
@@ -114,7 +119,7 @@ async def all_documents(redis: Redis, page: int = 1000, prefix: str = "",
             for _, key, start, end in wanted:
                 pipe.zrangebylex(key, start, end, 0, page)
             raw = await pipe.execute() if wanted else []
-        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw)}):
+        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw, strict=True)}):
             yield chunk
 
 
@@ -148,9 +153,11 @@ async def fold_unbucketed(redis: Redis) -> int:
     server wrote between the copy and the removal: a later GC, never data.
     """
     moved = 0
-    for old, bucket_key, mode in ((documents_key(), bucket_documents_key, {"nx": True}),
-                                  (gc_due_key(), bucket_gc_due_key, {"lt": True})):
-        while rows := await redis.zrange(old, 0, FOLD_PAGE - 1, withscores=True):
+    for old, bucket_key, mode in (
+        (documents_key(), bucket_documents_key, {"nx": True}),
+        (gc_due_key(), bucket_gc_due_key, {"lt": True}),
+    ):
+        while rows := cast("list[tuple[bytes, float]]", await redis.zrange(old, 0, FOLD_PAGE - 1, withscores=True)):
             scores = {text(member): score for member, score in rows}
             async with redis.pipeline(transaction=False) as pipe:
                 for bucket, members in by_bucket(scores).items():
@@ -159,6 +166,7 @@ async def fold_unbucketed(redis: Redis) -> int:
             await redis.zrem(old, *scores)
             moved += len(scores)
     if moved:
-        log.info("folded %d members of the unsplit document registry and GC due set into %d buckets",
-                 moved, DOCUMENT_BUCKETS)
+        log.info(
+            "folded %d members of the unsplit document registry and GC due set into %d buckets", moved, DOCUMENT_BUCKETS
+        )
     return moved

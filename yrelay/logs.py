@@ -59,9 +59,13 @@ _PATTERNS = [
     (re.compile(r"(\b[a-zA-Z][\w+.-]*://[^/\s:@]*:)[^/\s@]+(@)"), rf"\1{REDACTED}\2"),  # scheme://user:PASSWORD@
     (re.compile(r"(?i)([?&;](?:token|access_token|auth|password|passwd|secret|key)=)[^&\s\"']+"), rf"\1{REDACTED}"),
     # the subprotocol carrying a token; not the names of yrelay.auth's own loggers
-    (re.compile(r"(\byrelay\.auth\.)(?!(?:authenticator|host|origins|principal|revocation|tokens)(?:[:\"']|$))"
-                r"[^\s,;\"']+"),
-     rf"\1{REDACTED}"),
+    (
+        re.compile(
+            r"(\byrelay\.auth\.)(?!(?:authenticator|host|origins|principal|revocation|tokens)(?:[:\"']|$))"
+            r"[^\s,;\"']+"
+        ),
+        rf"\1{REDACTED}",
+    ),
 ]
 
 
@@ -124,8 +128,9 @@ def redact(text: str) -> str:
 #: The loggers the websockets library writes a server's frames and handshakes to.
 WIRE_LOGGERS = ("uvicorn.error", "websockets.server")
 #: Handshake headers whose value can be a credential.
-CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie",
-                                "sec-websocket-protocol"})
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "sec-websocket-protocol"}
+)
 _HEADER_LINES = frozenset({"< %s: %s", "> %s: %s"})
 
 
@@ -171,8 +176,9 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = _UNSAFE_IN_LINE.sub(_escape_char, super().format(_escaped(record)))
-        context = "".join(f" {name}={value}" for name in ("doc", "session")
-                          if (value := getattr(record, name, None)) is not None)
+        context = "".join(
+            f" {name}={value}" for name in ("doc", "session") if (value := getattr(record, name, None)) is not None
+        )
         if context:
             head, newline, traceback = line.partition("\n")  # keep the pairs on the message's line
             line = head + context + newline + traceback

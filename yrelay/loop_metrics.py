@@ -13,12 +13,15 @@ in the same exposition as prometheus_client's own.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+#: prometheus_client's bucket-bound formatting (untyped there), typed here once.
+_go_float: Callable[[float], str] = floatToGoString
 
 
 class LoopCounter:
@@ -76,9 +79,9 @@ class LoopMetrics(Collector):
                 yield CounterMetricFamily(metric.name, metric.documentation, value=metric.value)
                 continue
             counts, running, buckets = list(metric.counts), 0, []
-            for bound, count in zip([*metric.bounds, float("inf")], counts):
+            for bound, count in zip([*metric.bounds, float("inf")], counts, strict=True):
                 running += count
-                buckets.append((floatToGoString(bound), running))
+                buckets.append((_go_float(bound), running))
             yield HistogramMetricFamily(metric.name, metric.documentation, buckets=buckets, sum_value=metric.sum)
 
     def describe(self) -> Iterator[Metric]:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -41,7 +42,6 @@ from .tasks import RESTARTS
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from .app.context import ServerContext
     from .gc import PassSummary
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,43 @@ log = logging.getLogger(__name__)
 #: Seconds: appends and other round trips of a healthy server are milliseconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Seconds: from a live delivery (milliseconds) to a catch-up after an hour away.
-LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
-               3600.0)
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 GC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CONNECTION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 EVICTION_MODES = ("relative", "absolute", "operator")
 GC_TRIGGERS = ("loop", "ops")
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """What a scrape reads of a running server's own state, this process only."""
+
+    #: Documents with a subscriber (a fan-out feed).
+    documents_active: int
+    #: Subscriptions (connection x document).
+    subscriptions_open: int
+    #: Entries sent to the subscribers and not acked yet.
+    unacked_entries: int
+    #: Presence members (connection x document).
+    presence_members: int
+    #: Presence (awareness) updates received from clients.
+    presence_updates: int
+    #: Awareness frames queued to local connections.
+    presence_relayed: int
+    #: Websockets closed (1013) at ``max_receiving_bytes``.
+    receiving_closes: int
+    #: Bytes of websocket messages being received.
+    receiving_bytes: int
+    #: Events the event log could not write.
+    event_log_dropped: int
+
+
+class ServerState(Protocol):
+    """A server whose state a scrape reports (:class:`yrelay.app.context.ServerContext`):
+    the metrics name the figures they need, so they never import the server
+    that imports them."""
+
+    def scrape_figures(self) -> ServerFigures: ...
 
 
 def _ms(stream_id: str) -> int:
@@ -71,24 +102,41 @@ class Metrics:
             ProcessCollector(registry=registry)
             PlatformCollector(registry=registry)
             GCCollector(registry=registry)
-        Gauge("yrelay_build_info", "Version of the running server (always 1).", ["version"],
-              registry=registry).labels(__version__).set(1)
+        Gauge("yrelay_build_info", "Version of the running server (always 1).", ["version"], registry=registry).labels(
+            __version__
+        ).set(1)
 
         self.connections_open = Gauge("yrelay_connections_open", "Websockets past their hello.", registry=registry)
-        connections = Counter("yrelay_connections", "Handshakes answered, by whether the session was resumed.",
-                              ["resumed"], registry=registry)
+        connections = Counter(
+            "yrelay_connections",
+            "Handshakes answered, by whether the session was resumed.",
+            ["resumed"],
+            registry=registry,
+        )
         self._connections = {flag: connections.labels(str(flag).lower()) for flag in (True, False)}
-        self.connection_seconds = Histogram("yrelay_connection_duration_seconds", "How long websockets stayed open.",
-                                            buckets=CONNECTION_BUCKETS, registry=registry)
+        self.connection_seconds = Histogram(
+            "yrelay_connection_duration_seconds",
+            "How long websockets stayed open.",
+            buckets=CONNECTION_BUCKETS,
+            registry=registry,
+        )
 
-        appends = Counter("yrelay_appends", "Updates acked (appended sent), by whether they were duplicates.",
-                          ["duplicate"], registry=registry)
+        appends = Counter(
+            "yrelay_appends",
+            "Updates acked (appended sent), by whether they were duplicates.",
+            ["duplicate"],
+            registry=registry,
+        )
         self._appends = {flag: appends.labels(str(flag).lower()) for flag in (True, False)}
-        self.appended_bytes = Counter("yrelay_appended_bytes", "Update bytes acked (duplicates too).",
-                                      registry=registry)
-        self._append_latency = Histogram("yrelay_append_latency_seconds",
-                                        "From an update frame received to its appended frame sent.",
-                                        buckets=LATENCY_BUCKETS, registry=registry)
+        self.appended_bytes = Counter(
+            "yrelay_appended_bytes", "Update bytes acked (duplicates too).", registry=registry
+        )
+        self._append_latency = Histogram(
+            "yrelay_append_latency_seconds",
+            "From an update frame received to its appended frame sent.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
 
         # Moved per delivery and per ack: lock-free (yrelay/loop_metrics.py), same exposition.
         loop = LoopMetrics(registry)
@@ -98,36 +146,58 @@ class Metrics:
         self.delivery_lag = loop.histogram(
             "yrelay_delivery_lag_seconds",
             "Per deliver frame: from the newest entry's append (its stream id time) to the frame being sent.",
-            LAG_BUCKETS)
+            LAG_BUCKETS,
+        )
         self.acks = loop.counter("yrelay_acks", "Ack frames received.")
         self.ack_lag = loop.histogram(
             "yrelay_ack_lag_seconds",
             "Per ack: the newest entry this process knows of the document minus the acked entry, in time.",
-            LAG_BUCKETS)
-        self.resends = Counter("yrelay_resends", "Rewinds: unacked entries sent again from the acked offset.",
-                               registry=registry)
-        self.resent_entries = Counter("yrelay_resent_entries", "Entries unacked when a resend rewound.",
-                                      registry=registry)
+            LAG_BUCKETS,
+        )
+        self.resends = Counter(
+            "yrelay_resends", "Rewinds: unacked entries sent again from the acked offset.", registry=registry
+        )
+        self.resent_entries = Counter(
+            "yrelay_resent_entries", "Entries unacked when a resend rewound.", registry=registry
+        )
         resyncs = Counter("yrelay_resyncs", "resync_required frames sent, by reason.", ["reason"], registry=registry)
         self._resyncs = {reason.value: resyncs.labels(reason.value) for reason in ResyncReason}
-        evictions = Counter("yrelay_evictions", "Sessions dropped from a tracker, by rule (GC) or by an operator.",
-                            ["mode"], registry=registry)
+        evictions = Counter(
+            "yrelay_evictions",
+            "Sessions dropped from a tracker, by rule (GC) or by an operator.",
+            ["mode"],
+            registry=registry,
+        )
         self._evictions = {mode: evictions.labels(mode) for mode in EVICTION_MODES}
         rejected = Counter("yrelay_rejected_frames", "Error frames sent, by code.", ["code"], registry=registry)
         self._rejected = {code.value: rejected.labels(code.value) for code in ErrorCode}
 
-        self._throttled = Counter("yrelay_throttled_seconds", "Seconds websockets were held back (read more slowly) "
-                                  "by a rate, by limit.", ["limit"], registry=registry)
-        self._flooded = Counter("yrelay_flood_closes", "Websockets closed with 4429: held back by a rate for too long, "
-                                "by the limit that held them last.", ["limit"], registry=registry)
-        self.gc_runs = Counter("yrelay_gc_runs", "GC passes completed, by trigger (the loop, or POST /ops/gc).",
-                               ["trigger"], registry=registry)
-        self.gc_seconds = Histogram("yrelay_gc_pass_seconds", "Duration of GC passes.", ["trigger"],
-                                    buckets=GC_BUCKETS, registry=registry)
+        self._throttled = Counter(
+            "yrelay_throttled_seconds",
+            "Seconds websockets were held back (read more slowly) by a rate, by limit.",
+            ["limit"],
+            registry=registry,
+        )
+        self._flooded = Counter(
+            "yrelay_flood_closes",
+            "Websockets closed with 4429: held back by a rate for too long, by the limit that held them last.",
+            ["limit"],
+            registry=registry,
+        )
+        self.gc_runs = Counter(
+            "yrelay_gc_runs",
+            "GC passes completed, by trigger (the loop, or POST /ops/gc).",
+            ["trigger"],
+            registry=registry,
+        )
+        self.gc_seconds = Histogram(
+            "yrelay_gc_pass_seconds", "Duration of GC passes.", ["trigger"], buckets=GC_BUCKETS, registry=registry
+        )
         self.gc_documents = Counter("yrelay_gc_documents", "Documents collected by GC passes.", registry=registry)
         self.gc_errors = Counter("yrelay_gc_errors", "Documents a GC pass failed to collect.", registry=registry)
-        self.gc_last = Gauge("yrelay_gc_last_pass_timestamp_seconds", "When the last GC pass ended (Unix time).",
-                             registry=registry)
+        self.gc_last = Gauge(
+            "yrelay_gc_last_pass_timestamp_seconds", "When the last GC pass ended (Unix time).", registry=registry
+        )
         self.gc_snapshots = Counter("yrelay_gc_snapshots", "Snapshots GC stored.", registry=registry)
         self.gc_folded = Counter("yrelay_gc_folded_entries", "Entries GC folded into snapshots.", registry=registry)
         self.gc_trimmed = Counter("yrelay_gc_trimmed_entries", "Entries GC removed from streams.", registry=registry)
@@ -135,20 +205,33 @@ class Metrics:
             self.gc_runs.labels(trigger)
             self.gc_seconds.labels(trigger)
 
-        self.documents = Gauge("yrelay_documents", "Documents ever appended to (the Redis registry), at scrape time.",
-                               registry=registry)
+        self.documents = Gauge(
+            "yrelay_documents", "Documents ever appended to (the Redis registry), at scrape time.", registry=registry
+        )
         self.gc_due = Gauge("yrelay_gc_due_documents", "Documents waiting for GC, at scrape time.", registry=registry)
-        self.redis_up = Gauge("yrelay_redis_up", "1 if Redis answered the last scrape's counts, else 0.",
-                              registry=registry)
+        self.redis_up = Gauge(
+            "yrelay_redis_up", "1 if Redis answered the last scrape's counts, else 0.", registry=registry
+        )
 
         self._handlers = {
-            "connect": self._connect, "disconnect": self._disconnect, "append": self._append,
-            "deliver": self._deliver, "ack": self._ack, "resend": self._resend, "resync": self._resync,
-            "evict": self._evict, "snapshot": self._snapshot, "trim": self._trim,
+            "connect": self._connect,
+            "disconnect": self._disconnect,
+            "append": self._append,
+            "deliver": self._deliver,
+            "ack": self._ack,
+            "resend": self._resend,
+            "resync": self._resync,
+            "evict": self._evict,
+            "snapshot": self._snapshot,
+            "trim": self._trim,
             "consumer_evict": self._group_evict,
         }
-        group_evictions = Counter("yrelay_consumer_group_evictions",
-                                  "Consumer groups GC evicted from a document, by rule.", ["mode"], registry=registry)
+        group_evictions = Counter(
+            "yrelay_consumer_group_evictions",
+            "Consumer groups GC evicted from a document, by rule.",
+            ["mode"],
+            registry=registry,
+        )
         self._group_evictions = {mode: group_evictions.labels(mode) for mode in ("abandoned", "live")}
         self._failed = False
         self._groups = _GroupState()
@@ -232,7 +315,7 @@ class Metrics:
         """A websocket is closed with 4429, last held back by ``limit``."""
         self._flooded.labels(limit).inc()
 
-    def gc_pass(self, summary: "PassSummary", trigger: str = "loop") -> None:
+    def gc_pass(self, summary: PassSummary, trigger: str = "loop") -> None:
         self.gc_runs.labels(trigger).inc()
         self.gc_seconds.labels(trigger).observe(summary.seconds)
         self.gc_documents.inc(summary.documents)
@@ -241,15 +324,15 @@ class Metrics:
 
     # -------------------------------------------------------- scrape time
 
-    def watch(self, ctx: "ServerContext") -> None:
-        """Also report ``ctx``'s state (read at every scrape)."""
-        self.registry.register(_ServerState(ctx))
+    def watch(self, server: ServerState) -> None:
+        """Also report ``server``'s state (read at every scrape)."""
+        self.registry.register(_ServerState(server))
 
-    async def refresh(self, redis: "Redis") -> None:
+    async def refresh(self, redis: Redis) -> None:
         """Read the counts that live in Redis (before rendering a scrape)."""
         try:
             documents, due = await registry_counts(redis)
-        except Exception as exc:  # the scrape still shows everything else
+        except Exception as exc:  # noqa: BLE001 - Redis failing in any way is redis_up 0, never a failed scrape
             log.debug("metrics: Redis counts not read: %s", exc)
             self.redis_up.set(0)
             return
@@ -288,10 +371,10 @@ class NullMetrics(Metrics):
     def flooded(self, limit: str) -> None:
         pass
 
-    def gc_pass(self, summary: "PassSummary", trigger: str = "loop") -> None:
+    def gc_pass(self, summary: PassSummary, trigger: str = "loop") -> None:
         pass
 
-    def watch(self, ctx: "ServerContext") -> None:
+    def watch(self, server: ServerState) -> None:
         pass
 
 
@@ -299,12 +382,13 @@ class _TaskRestarts(Collector):
     """Background loops restarted after a crash (:class:`yrelay.tasks.BackgroundTask`),
     by kind of loop; counted per process (every app of the process reports them)."""
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[Any]:
-        family = CounterMetricFamily("yrelay_background_restarts",
-                                     "Background loops restarted after they crashed, by loop.", labels=["task"])
+        family = CounterMetricFamily(
+            "yrelay_background_restarts", "Background loops restarted after they crashed, by loop.", labels=["task"]
+        )
         for kind, count in sorted(RESTARTS.items()):
             family.add_metric([kind], count)
         yield family
@@ -316,25 +400,49 @@ class _GroupState(Collector):
     def __init__(self) -> None:
         self.stats: list[GroupStats] = []
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[Any]:
         families = [
             (GaugeMetricFamily, "yrelay_consumer_group_members", "Live members of a consumer group.", "members"),
-            (GaugeMetricFamily, "yrelay_consumer_group_unacked_entries",
-             "Entries handed to a group's members and not acked yet.", "unacked_entries"),
-            (GaugeMetricFamily, "yrelay_consumer_group_lag_seconds",
-             "Age of the oldest entry a group's members hold unacked.", "lag_seconds"),
-            (CounterMetricFamily, "yrelay_consumer_group_rebalances", "Assignments a group's leaders wrote.",
-             "rebalances"),
-            (CounterMetricFamily, "yrelay_consumer_group_takeovers",
-             "Documents moved from a member that lapsed or left.", "takeovers"),
+            (
+                GaugeMetricFamily,
+                "yrelay_consumer_group_unacked_entries",
+                "Entries handed to a group's members and not acked yet.",
+                "unacked_entries",
+            ),
+            (
+                GaugeMetricFamily,
+                "yrelay_consumer_group_lag_seconds",
+                "Age of the oldest entry a group's members hold unacked.",
+                "lag_seconds",
+            ),
+            (
+                CounterMetricFamily,
+                "yrelay_consumer_group_rebalances",
+                "Assignments a group's leaders wrote.",
+                "rebalances",
+            ),
+            (
+                CounterMetricFamily,
+                "yrelay_consumer_group_takeovers",
+                "Documents moved from a member that lapsed or left.",
+                "takeovers",
+            ),
             (CounterMetricFamily, "yrelay_consumer_group_elections", "Leader leases taken.", "elections"),
-            (CounterMetricFamily, "yrelay_consumer_group_redelivered",
-             "Entries read again after a takeover that the previous owner had read and not acked.", "redelivered"),
-            (CounterMetricFamily, "yrelay_consumer_group_handovers",
-             "Documents moved in two steps between live members (no duplicates).", "handovers"),
+            (
+                CounterMetricFamily,
+                "yrelay_consumer_group_redelivered",
+                "Entries read again after a takeover that the previous owner had read and not acked.",
+                "redelivered",
+            ),
+            (
+                CounterMetricFamily,
+                "yrelay_consumer_group_handovers",
+                "Documents moved in two steps between live members (no duplicates).",
+                "handovers",
+            ),
         ]
         for kind, name, doc, attribute in families:
             family = kind(name, doc, labels=["group"])
@@ -346,31 +454,52 @@ class _GroupState(Collector):
 class _ServerState(Collector):
     """Figures read from the server's state when scraped."""
 
-    def __init__(self, ctx: "ServerContext"):
-        self.ctx = ctx
+    def __init__(self, server: ServerState):
+        self.server = server
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []  # unchecked: collect() needs a running server
 
     def collect(self) -> Iterator[Any]:
-        ctx = self.ctx
-        feeds = list(ctx.fanout.feeds.values())
-        subscriptions = list(ctx.subscriptions)
-        yield GaugeMetricFamily("yrelay_documents_active", "Documents with a subscriber on this process.",
-                                value=len(feeds))
-        yield GaugeMetricFamily("yrelay_subscriptions_open", "Subscriptions (connection x document) on this process.",
-                                value=len(subscriptions))
-        yield GaugeMetricFamily("yrelay_unacked_entries", "Entries sent to this process's subscribers, not acked yet.",
-                                value=sum(getattr(subscriber, "unacked", 0) for subscriber in subscriptions))
-        yield GaugeMetricFamily("yrelay_presence_members", "Presence members (connection x document) on this process.",
-                                value=sum(len(members) for members in ctx.presence.members.values()))
-        yield CounterMetricFamily("yrelay_presence_updates", "Presence (awareness) updates received from clients.",
-                                  value=ctx.presence.updates)
-        yield CounterMetricFamily("yrelay_presence_frames_relayed", "Awareness frames queued to local connections.",
-                                  value=ctx.presence.relayed)
-        yield CounterMetricFamily("yrelay_receiving_closes", "Websockets closed (1013) because the messages being "
-                                  "received by the process reached max_receiving_bytes.", value=ctx.receiving.closed)
-        yield GaugeMetricFamily("yrelay_receiving_bytes", "Bytes of websocket messages being received (partial "
-                                "frames, unparsed reads) on this process.", value=ctx.receiving.held)
-        yield CounterMetricFamily("yrelay_event_log_dropped_events", "Events the event log could not write.",
-                                  value=ctx.events.log.dropped)
+        figures = self.server.scrape_figures()
+        yield GaugeMetricFamily(
+            "yrelay_documents_active", "Documents with a subscriber on this process.", value=figures.documents_active
+        )
+        yield GaugeMetricFamily(
+            "yrelay_subscriptions_open",
+            "Subscriptions (connection x document) on this process.",
+            value=figures.subscriptions_open,
+        )
+        yield GaugeMetricFamily(
+            "yrelay_unacked_entries",
+            "Entries sent to this process's subscribers, not acked yet.",
+            value=figures.unacked_entries,
+        )
+        yield GaugeMetricFamily(
+            "yrelay_presence_members",
+            "Presence members (connection x document) on this process.",
+            value=figures.presence_members,
+        )
+        yield CounterMetricFamily(
+            "yrelay_presence_updates",
+            "Presence (awareness) updates received from clients.",
+            value=figures.presence_updates,
+        )
+        yield CounterMetricFamily(
+            "yrelay_presence_frames_relayed",
+            "Awareness frames queued to local connections.",
+            value=figures.presence_relayed,
+        )
+        yield CounterMetricFamily(
+            "yrelay_receiving_closes",
+            "Websockets closed (1013) because the messages being received by the process reached max_receiving_bytes.",
+            value=figures.receiving_closes,
+        )
+        yield GaugeMetricFamily(
+            "yrelay_receiving_bytes",
+            "Bytes of websocket messages being received (partial frames, unparsed reads) on this process.",
+            value=figures.receiving_bytes,
+        )
+        yield CounterMetricFamily(
+            "yrelay_event_log_dropped_events", "Events the event log could not write.", value=figures.event_log_dropped
+        )

@@ -33,7 +33,7 @@ class StreamId(NamedTuple):
     seq: int
 
     @classmethod
-    def parse(cls, text: object) -> "StreamId":
+    def parse(cls, text: object) -> StreamId:
         """Parse ``"<ms>-<seq>"``; reject anything the append path cannot produce."""
         if not isinstance(text, str):
             raise InvalidOffset("an offset is a string like '1700000000000-0'")
@@ -46,7 +46,7 @@ class StreamId(NamedTuple):
         return cls(ms, seq)
 
     @classmethod
-    def from_score(cls, score: float) -> "StreamId":
+    def from_score(cls, score: float) -> StreamId:
         """Inverse of :meth:`score`."""
         value = int(score)
         return cls(value // SCORE_FACTOR, value % SCORE_FACTOR)

@@ -13,7 +13,7 @@ import enum
 import itertools
 import json
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeAlias
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -112,8 +112,16 @@ class ResyncReason(str, enum.Enum):
 class ProtocolError(Exception):
     """A frame the server must reject; turned into an ``error`` frame."""
 
-    def __init__(self, code: ErrorCode, message: str, *, doc: str | None = None, clock: int | None = None,
-                 retry_after_ms: int | None = None, missing: dict[int, int] | None = None):
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        doc: str | None = None,
+        clock: int | None = None,
+        retry_after_ms: int | None = None,
+        missing: dict[int, int] | None = None,
+    ):
         super().__init__(message)
         self.code = code
         self.message = message
@@ -167,7 +175,6 @@ class Hello(_Frame):
     #: The client's credential (a JWT by default); or sent as the websocket
     #: subprotocol ``yrelay.auth.<token>``. Never in the URL: URLs end up in logs.
     token: str | None = Field(default=None, max_length=16_384, repr=False)
-
 
 
 class WindowDigest(_Frame):
@@ -258,7 +265,7 @@ class _HotFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_fie
     doc: str
 
 
-class UpdateFrame(_HotFrame, tag="update"):
+class UpdateFrame(_HotFrame, tag="update", frozen=True):  # frozen as its base (mypy reads no inherited config)
     """:class:`Update`, decoded on the hot path (the same fields and bounds)."""
 
     clock: Annotated[int, msgspec.Meta(ge=0, lt=2**53)]
@@ -268,15 +275,15 @@ class UpdateFrame(_HotFrame, tag="update"):
     parts: Annotated[int, msgspec.Meta(ge=2, le=2**16)] | None = None
 
 
-class AckFrame(_HotFrame, tag="ack"):
+class AckFrame(_HotFrame, tag="ack", frozen=True):
     """:class:`Ack`, decoded on the hot path."""
 
     offset: str
 
 
-_hot_frame = msgspec.json.Decoder(UpdateFrame | AckFrame)
+_hot_frame: msgspec.json.Decoder[UpdateFrame | AckFrame] = msgspec.json.Decoder(UpdateFrame | AckFrame)
 #: Either form of an update frame (the write path reads only its fields).
-AnyUpdate = Union[Update, UpdateFrame]
+AnyUpdate: TypeAlias = Update | UpdateFrame
 
 
 def _parse_hot_frame(text: str | bytes) -> UpdateFrame | AckFrame | None:
@@ -297,18 +304,40 @@ def _parse_hot_frame(text: str | bytes) -> UpdateFrame | AckFrame | None:
 
 
 ClientFrame = Annotated[
-    Union[Hello, Subscribe, Unsubscribe, Update, Ack, Sync, CheckSubscriptions, Reconcile, Ping, Awareness],
+    Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping | Awareness,
     Field(discriminator="op"),
 ]
 _client_frame = TypeAdapter(ClientFrame)
-CLIENT_OPS = {"hello", "subscribe", "unsubscribe", "update", "ack", "sync", "check_subscriptions", "reconcile", "ping",
-              "awareness"}
+CLIENT_OPS = {
+    "hello",
+    "subscribe",
+    "unsubscribe",
+    "update",
+    "ack",
+    "sync",
+    "check_subscriptions",
+    "reconcile",
+    "ping",
+    "awareness",
+}
 
 
 def parse_client_frame(
     text: str | bytes,
-) -> (Hello | Subscribe | Unsubscribe | Update | UpdateFrame | Ack | AckFrame | Sync | CheckSubscriptions | Reconcile
-      | Ping | Awareness):
+) -> (
+    Hello
+    | Subscribe
+    | Unsubscribe
+    | Update
+    | UpdateFrame
+    | Ack
+    | AckFrame
+    | Sync
+    | CheckSubscriptions
+    | Reconcile
+    | Ping
+    | Awareness
+):
     """Decode and validate one client frame, or raise :class:`ProtocolError`.
     A valid ``update`` or ``ack`` comes back as an :class:`UpdateFrame` or
     :class:`AckFrame` (read fast); the same frame refused says why as before."""
@@ -324,7 +353,7 @@ def parse_client_frame(
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a JSON object")
     doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
-    clock = raw.get("clock") if type(raw.get("clock")) is int else None  # noqa: E721 - a bool is no clock
+    clock = raw.get("clock") if type(raw.get("clock")) is int else None
     op = raw.get("op")
     if not isinstance(op, str) or op not in CLIENT_OPS:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}", doc=doc, clock=clock)
@@ -375,11 +404,18 @@ def encode(frame: dict[str, Any]) -> str:
     return _encoder.encode(frame).decode()
 
 
-def welcome(session: str, resumed: bool, limits: dict[str, int], auth: dict[str, Any]) -> dict[str, Any]:
+def welcome(session: str, resumed: bool, limits: dict[str, float], auth: dict[str, Any]) -> dict[str, Any]:
     """``auth``: ``{mode, subject, permission}``; ``mode`` is ``disabled`` on a
     development server that checks nothing."""
-    return {"op": "welcome", "session": session, "resumed": resumed, "protocol": PROTOCOL_VERSION, "limits": limits,
-            "auth": auth, "features": list(FEATURES)}
+    return {
+        "op": "welcome",
+        "session": session,
+        "resumed": resumed,
+        "protocol": PROTOCOL_VERSION,
+        "limits": limits,
+        "auth": auth,
+        "features": list(FEATURES),
+    }
 
 
 def subscribed(doc: str, offset: str, digest: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -398,8 +434,9 @@ def snapshot(doc: str, offset: str, update: bytes, part: int, parts: int) -> dic
     return {"op": "snapshot", "doc": doc, "offset": offset, "update": b64encode(update), "part": part, "parts": parts}
 
 
-def appended(doc: str, clock: int, entry_id: str | None, duplicate: bool,
-             dropped: dict[int, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
+def appended(
+    doc: str, clock: int, entry_id: str | None, duplicate: bool, dropped: dict[int, list[tuple[int, int]]] | None = None
+) -> dict[str, Any]:
     """``entry_id`` is None only for a sync push of which nothing could be
     stored; ``dropped`` lists, per Yjs client, the ``[start, end)`` clock
     ranges of a sync push the document cannot apply (they were not stored)."""

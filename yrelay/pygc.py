@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 
-
 #: Fewest connections closed since the last full collection that start one.
 MIN_CLOSED = 100
 

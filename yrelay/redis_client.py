@@ -26,14 +26,23 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import AbstractStrategy, ClusterNode, PipelineCommand, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline as _ClusterPipeline
-from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import (AskError, ClusterDownError, DataError, NoScriptError, RedisClusterException, RedisError,
-                              ResponseError, TryAgainError)
+from redis.event import EventDispatcherInterface
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    DataError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import ScriptTextT
 
 from .exceptions import StartupError
 
@@ -57,9 +66,26 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, *CLUSTER_TRANSIENT)
 
 #: Methods of a stream, transport or socket: one called on ``None`` is I/O on
 #: a connection that is gone.
-_IO_METHODS = frozenset({"write", "writelines", "drain", "read", "readline", "readexactly", "readuntil",
-                         "close", "wait_closed", "is_closing", "at_eof", "get_extra_info", "send", "recv",
-                         "feed_data", "set_exception"})
+_IO_METHODS = frozenset(
+    {
+        "write",
+        "writelines",
+        "drain",
+        "read",
+        "readline",
+        "readexactly",
+        "readuntil",
+        "close",
+        "wait_closed",
+        "is_closing",
+        "at_eof",
+        "get_extra_info",
+        "send",
+        "recv",
+        "feed_data",
+        "set_exception",
+    }
+)
 #: What an event loop's transport says when asked to work after its close.
 _CLOSED_TRANSPORT = re.compile(r"handler is closed|[Tt]ransport is closed|closed=True|after write_eof")
 #: Redis's replies that are a bug of the caller, not a passing state of Redis
@@ -96,8 +122,11 @@ def lost_redis(exc: BaseException) -> bool:
     if isinstance(exc, RedisClusterException):
         return bool(_CLUSTER_UNREACHABLE.search(str(exc)))
     if isinstance(exc, AttributeError):
-        return (getattr(exc, "obj", False) is None and getattr(exc, "name", None) in _IO_METHODS
-                and _passed_through_redis_py(exc))
+        return (
+            getattr(exc, "obj", False) is None
+            and getattr(exc, "name", None) in _IO_METHODS
+            and _passed_through_redis_py(exc)
+        )
     if isinstance(exc, RuntimeError):
         return bool(_CLOSED_TRANSPORT.search(str(exc)))
     return False
@@ -120,8 +149,10 @@ def shown_url(url: str) -> str:
         parts = urlsplit(url)
         if parts.password:
             parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
-        query = [(name, "***" if name.lower() == "password" else value)
-                 for name, value in parse_qsl(parts.query, keep_blank_values=True)]
+        query = [
+            (name, "***" if name.lower() == "password" else value)
+            for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        ]
         return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
     except ValueError:
         return "the Redis URL given"
@@ -136,9 +167,11 @@ async def ensure_reachable(redis: Any, url: str) -> None:
     except Exception as exc:
         if not (lost_redis(exc) or isinstance(exc, RedisClusterException)):  # e.g. not a cluster node
             raise
-        raise StartupError(f"Redis at {shown_url(url)} did not answer ({exc}): start it (or check the URL, its "
-                           "password and TLS), or leave out --redis-url / YRELAY_REDIS_URL to run an embedded "
-                           "one") from exc
+        raise StartupError(
+            f"Redis at {shown_url(url)} did not answer ({exc}): start it (or check the URL, its "
+            "password and TLS), or leave out --redis-url / YRELAY_REDIS_URL to run an embedded "
+            "one"
+        ) from exc
 
 
 def is_cluster(redis: object) -> bool:
@@ -150,6 +183,9 @@ def open_redis(url: str, cluster: bool, *, pool_size: int = 64, **options: Any) 
     node in a cluster); a caller past that waits (one Redis) or is refused
     (the cluster client has no blocking pool: its default is unbounded)."""
     if cluster:
+        # Typed as the one-Redis client its callers share commands with (the
+        # cluster client is no subclass of it): lost_redis, xread_one and
+        # ClusterPipeline cover where the two differ.
         return YrelayCluster.from_url(url, **options)  # type: ignore[return-value]
     return Redis.from_pool(BlockingConnectionPool.from_url(url, max_connections=pool_size, timeout=10, **options))
 
@@ -160,9 +196,11 @@ class YrelayCluster(RedisCluster):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.known_scripts: dict[str, bytes | str] = {}
+        self.known_scripts: dict[str, ScriptTextT] = {}
 
-    def register_script(self, script: Any) -> AsyncScript:
+    # redis-py types the cluster client's register_script (a mixin of its sync
+    # commands) as returning Script; the asyncio cluster's returns AsyncScript.
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]
         registered = super().register_script(script)
         self.known_scripts[registered.sha] = registered.script
         return registered
@@ -172,8 +210,9 @@ class YrelayCluster(RedisCluster):
             raise ValueError("shard_hint is not supported in cluster mode")
         return ClusterPipeline(self, transaction)
 
-    def node_of(self, key: str) -> ClusterNode:
-        """The master serving ``key``'s slot (as this client last saw the map)."""
+    def node_of(self, key: str) -> ClusterNode | None:
+        """The master serving ``key``'s slot (as this client last saw the map;
+        None when no node serves it)."""
         return self.get_node_from_key(key)
 
     async def load_known_scripts(self) -> None:
@@ -191,31 +230,50 @@ def xread_one(client: Any, key: str, cursor: str, count: int, block_ms: int | No
     ``MOVED`` reply is still followed."""
     block = ("BLOCK", block_ms) if block_ms is not None else ()
     cluster = client if isinstance(client, RedisCluster) else client.cluster_client
-    return client.execute_command("XREAD", *block, "COUNT", count, "STREAMS", key, cursor,
-                                  target_nodes=cluster.get_node_from_key(key))
+    return client.execute_command(
+        "XREAD", *block, "COUNT", count, "STREAMS", key, cursor, target_nodes=cluster.get_node_from_key(key)
+    )
 
 
-class ClusterPipeline(_ClusterPipeline):
+class _PlainPipeline(_ClusterPipeline):
+    """redis-py's cluster pipeline as it is. redis-py's command mixins declare
+    ``_event_dispatcher`` in a Protocol, which a type checker then takes for
+    an abstract attribute of the pipeline (it is set in ``__init__``)."""
+
+    _event_dispatcher: EventDispatcherInterface
+
+
+def queued_commands(pipe: _ClusterPipeline) -> list[PipelineCommand]:
+    """The commands queued on a cluster pipeline, in order: redis-py keeps
+    them in its execution strategy's ``_command_queue`` (redis-py 6.2 and
+    later; tests/test_redis_internals.py checks the installed release)."""
+    strategy = pipe._execution_strategy
+    if not isinstance(strategy, AbstractStrategy):
+        raise TypeError(f"redis-py's cluster pipeline has no command queue yrelay knows ({type(strategy).__name__})")
+    return strategy._command_queue
+
+
+class ClusterPipeline(_PlainPipeline):
     """A cluster pipeline that takes Lua scripts (see the module doc)."""
 
     cluster_client: YrelayCluster
 
-    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:  # type: ignore[override]
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
         """Queue the script (what ``AsyncScript(..., client=pipe)`` awaits;
         awaiting the pipeline itself would empty its queue)."""
         self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
-        queued = [(cmd.args, dict(cmd.kwargs)) for cmd in self._execution_strategy._command_queue]
+        queued = [(cmd.args, dict(cmd.kwargs)) for cmd in queued_commands(self)]
         results = await super().execute(raise_on_error=False, allow_redirections=allow_redirections)
         missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
         if missing and isinstance(self.cluster_client, YrelayCluster):
             await self.cluster_client.load_known_scripts()
-            again = _ClusterPipeline(self.cluster_client)
+            again = _PlainPipeline(self.cluster_client)
             for i in missing:
                 args, kwargs = queued[i]
                 again.execute_command(*args, **kwargs)
-            for i, result in zip(missing, await again.execute(raise_on_error=False)):
+            for i, result in zip(missing, await again.execute(raise_on_error=False), strict=True):
                 results[i] = result
         if raise_on_error:
             for result in results:

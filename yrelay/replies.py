@@ -5,6 +5,8 @@ One place for it, so every module reads ids and names the same way.
 
 from __future__ import annotations
 
+from typing import cast
+
 import redis.exceptions
 
 from .offsets import StreamId
@@ -18,6 +20,23 @@ def text(raw: bytes | str) -> str:
 def stream_id(raw: bytes | str | None) -> StreamId | None:
     """A stream id reply, or None for a missing (nil or empty) one."""
     return StreamId.parse(text(raw)) if raw else None
+
+
+#: A stream entry as redis-py reads it from a RESP2 connection (yrelay's): id and field map.
+RawEntry = tuple[bytes, dict[bytes, bytes]]
+
+
+def stream_entries(reply: object) -> list[RawEntry]:
+    """An ``XRANGE``/``XREVRANGE`` reply (None: none) as yrelay's clients get
+    it. redis-py types each id and field as maybe ``str`` or None, for
+    clients decoding responses or speaking RESP3; yrelay's do neither."""
+    return cast(list[RawEntry], reply or [])
+
+
+def scored(reply: object) -> list[tuple[bytes, float]]:
+    """A ``ZRANGE ... WITHSCORES`` reply as yrelay's RESP2 clients get it:
+    (member, score) pairs (redis-py's type covers the RESP3 shape too)."""
+    return cast(list[tuple[bytes, float]], reply)
 
 
 def is_wrong_type(exc: BaseException) -> bool:

@@ -67,7 +67,7 @@ _TYPE_REFS = {0, 1, 2, 3, 4, 6}
 _TYPE_NEEDS_KEY = {3}  # YXmlElement carries a node name
 #: JSON text with no escapes and no control characters (parsers differ on
 #: escapes and lone surrogates; floats and huge integers are refused after parsing).
-_PLAIN_JSON = re.compile(r'[^\\\x00-\x1f]*')
+_PLAIN_JSON = re.compile(r"[^\\\x00-\x1f]*")
 
 
 class _NotKnown(Exception):
@@ -134,8 +134,13 @@ def _number(reader: lib0.Reader) -> int:
     return value
 
 
-def _check_item(reader: lib0.Reader, client: int, clock: int, inserted: dict[int, list[tuple[int, int, int]]],
-                splits: list[tuple[int, int]]) -> int | None:
+def _check_item(
+    reader: lib0.Reader,
+    client: int,
+    clock: int,
+    inserted: dict[int, list[tuple[int, int, int]]],
+    splits: list[tuple[int, int]],
+) -> int | None:
     """Read one Item strictly; its content's characters if it is a String."""
     info = reader.uint8()
     kind = info & _BITS5
@@ -159,8 +164,9 @@ def _check_item(reader: lib0.Reader, client: int, clock: int, inserted: dict[int
     return _check_content(reader, kind)
 
 
-def _check_ref(reader: lib0.Reader, client: int, clock: int,
-               inserted: dict[int, list[tuple[int, int, int]]], parent: bool) -> tuple[int, int]:
+def _check_ref(
+    reader: lib0.Reader, client: int, clock: int, inserted: dict[int, list[tuple[int, int, int]]], parent: bool
+) -> tuple[int, int]:
     ref_client, ref_clock = _number(reader), _number(reader)
     if ref_clock > _MAX_CLOCK or (ref_client == client and ref_clock >= clock):
         raise _NotKnown

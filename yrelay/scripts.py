@@ -6,8 +6,10 @@ sends EVALSHA and falls back to EVAL after a Redis restart flushed the cache.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Iterable, Sequence
 from functools import cache
 from importlib import resources
+from typing import Any, Protocol, cast
 
 from redis.asyncio import Redis
 
@@ -22,34 +24,72 @@ def source(name: str) -> str:
     return lua.joinpath("_prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
-NAMES = ("append", "gc_evict", "gc_snapshot", "gc_trim", "gc_claim", "gc_release",
-         "digest_window", "digest_advance", "idset_update", "clocks_set", "quota_take", "quota_subscriptions",
-         "consumer_claim", "consumer_ack", "consumer_heartbeat", "consumer_assign", "consumer_release", "consumer_read", "gc_groups")
+NAMES = (
+    "append",
+    "gc_evict",
+    "gc_snapshot",
+    "gc_trim",
+    "gc_claim",
+    "gc_release",
+    "digest_window",
+    "digest_advance",
+    "idset_update",
+    "clocks_set",
+    "quota_take",
+    "quota_subscriptions",
+    "consumer_claim",
+    "consumer_ack",
+    "consumer_heartbeat",
+    "consumer_assign",
+    "consumer_release",
+    "consumer_read",
+    "gc_groups",
+)
+
+
+class LuaScript(Protocol):
+    """A registered script as yrelay calls it (redis-py's ``AsyncScript``),
+    typed here once. redis-py names only its own clients for ``client``,
+    but any object with ``evalsha`` works, and the hot path passes
+    :class:`~yrelay.redis_packed.Batch`, which stands in for a pipeline;
+    ``args`` are encoded by redis-py (a value it cannot encode is its
+    ``DataError``)."""
+
+    script: str | bytes
+    sha: str
+
+    def __call__(
+        self, keys: Sequence[str | bytes] | None = None, args: Iterable[object] | None = None, client: object = None
+    ) -> Awaitable[Any]: ...
+
+
+def _register(redis: Redis, name: str) -> LuaScript:
+    return cast(LuaScript, redis.register_script(source(name)))
 
 
 class Scripts:
     """The registered scripts of one Redis client, one attribute per file."""
 
     def __init__(self, redis: Redis):
-        self.append = redis.register_script(source("append"))
-        self.gc_evict = redis.register_script(source("gc_evict"))
-        self.gc_snapshot = redis.register_script(source("gc_snapshot"))
-        self.gc_trim = redis.register_script(source("gc_trim"))
-        self.gc_claim = redis.register_script(source("gc_claim"))
-        self.gc_release = redis.register_script(source("gc_release"))
-        self.digest_window = redis.register_script(source("digest_window"))
-        self.digest_advance = redis.register_script(source("digest_advance"))
-        self.idset_update = redis.register_script(source("idset_update"))
-        self.clocks_set = redis.register_script(source("clocks_set"))
-        self.quota_take = redis.register_script(source("quota_take"))
-        self.quota_subscriptions = redis.register_script(source("quota_subscriptions"))
-        self.consumer_claim = redis.register_script(source("consumer_claim"))
-        self.consumer_ack = redis.register_script(source("consumer_ack"))
-        self.consumer_heartbeat = redis.register_script(source("consumer_heartbeat"))
-        self.consumer_assign = redis.register_script(source("consumer_assign"))
-        self.consumer_release = redis.register_script(source("consumer_release"))
-        self.consumer_read = redis.register_script(source("consumer_read"))
-        self.gc_groups = redis.register_script(source("gc_groups"))
+        self.append = _register(redis, "append")
+        self.gc_evict = _register(redis, "gc_evict")
+        self.gc_snapshot = _register(redis, "gc_snapshot")
+        self.gc_trim = _register(redis, "gc_trim")
+        self.gc_claim = _register(redis, "gc_claim")
+        self.gc_release = _register(redis, "gc_release")
+        self.digest_window = _register(redis, "digest_window")
+        self.digest_advance = _register(redis, "digest_advance")
+        self.idset_update = _register(redis, "idset_update")
+        self.clocks_set = _register(redis, "clocks_set")
+        self.quota_take = _register(redis, "quota_take")
+        self.quota_subscriptions = _register(redis, "quota_subscriptions")
+        self.consumer_claim = _register(redis, "consumer_claim")
+        self.consumer_ack = _register(redis, "consumer_ack")
+        self.consumer_heartbeat = _register(redis, "consumer_heartbeat")
+        self.consumer_assign = _register(redis, "consumer_assign")
+        self.consumer_release = _register(redis, "consumer_release")
+        self.consumer_read = _register(redis, "consumer_read")
+        self.gc_groups = _register(redis, "gc_groups")
 
     async def load(self, redis: Redis) -> None:
         """Load every script up front, so ``/readyz`` can report it and a
@@ -57,4 +97,3 @@ class Scripts:
         for name in NAMES:
             script = getattr(self, name)
             script.sha = await redis.script_load(script.script)
-

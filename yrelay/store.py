@@ -8,77 +8,42 @@ rest of the code never spells a Redis command against document keys.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import redis.exceptions
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 from . import crdt
 from .admission import Needs, needs_of
-from .clocks import bring_clocks_up_to_date
-from .update_format import MalformedUpdate, read_layout
-from .keys import clocks_key, dedup_key, meta_key, snapshot_key, stream_key
 from .change_feed import announce_in
+from .clocks import bring_clocks_up_to_date
+from .entries import Entry, HistoryTrimmed, Snapshot, StreamRewound, to_entry
+from .keys import clocks_key, dedup_key, meta_key, snapshot_key, stream_key
 from .listing import mark_changed
 from .offsets import ZERO, StreamId
-from .protocol import b64encode
 from .replies import stream_id, text
 from .scripts import Scripts
+from .tombstones import is_deleted_error, is_deletion, unlist
+from .update_format import MalformedUpdate, read_layout
 
-
-class Entry:
-    """One stream entry: a Yjs update and the session that sent it.
-
-    ``b64`` is computed once and shared by every subscriber it is sent to.
-    """
-
-    __slots__ = ("id", "update", "session", "_b64")
-
-    def __init__(self, entry_id: StreamId, update: bytes, session: str):
-        self.id = entry_id
-        self.update = update
-        self.session = session
-        self._b64: str | None = None
-
-    @property
-    def b64(self) -> str:
-        if self._b64 is None:
-            self._b64 = b64encode(self.update)
-        return self._b64
-
-    def __repr__(self) -> str:
-        return f"Entry({self.id}, {len(self.update)} bytes, from {self.session})"
-
-
-class HistoryTrimmed(Exception):
-    """The entries right after the requested offset were compacted away."""
-
-    def __init__(self, doc: str, after: StreamId, trimmed_through: StreamId):
-        super().__init__(f"{doc}: entries after {after} trimmed through {trimmed_through}")
-        self.trimmed_through = trimmed_through
-
-
-class StreamRewound(Exception):
-    """The entry a reader continues from is no longer in the stream (and was
-    not trimmed): the stream went back (a failover to a replica that lagged,
-    a restore), so what follows it now does not follow what the reader was
-    sent, and the reader may hold entries the stream lost."""
-
-    def __init__(self, doc: str, after: StreamId):
-        super().__init__(f"{doc}: entry {after} is gone from the stream (not trimmed)")
-        self.after = after
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The document folded up to ``offset`` (empty bytes when there is none)."""
-
-    offset: StreamId
-    update: bytes
-
-
-def to_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
-    return Entry(StreamId.parse(text(entry_id)), fields.get(b"u", b""), fields.get(b"s", b"").decode())
+#: Entries, snapshots and the trimmed/rewound errors are defined in
+#: :mod:`yrelay.entries` (below the clocks rebuild, which reads them); their
+#: names stay importable here.
+__all__ = [
+    "LAYOUT",
+    "DocumentStore",
+    "Entry",
+    "HistoryTrimmed",
+    "NotAdmitted",
+    "Snapshot",
+    "StreamRewound",
+    "append_args",
+    "append_keys",
+    "flat_clocks",
+    "held_offset",
+    "needs_or_nothing",
+    "to_entry",
+]
 
 
 class DocumentStore:
@@ -91,8 +56,9 @@ class DocumentStore:
     async def load_scripts(self) -> None:
         await self.scripts.load(self.redis)
 
-    async def append(self, doc: str, session: str, clock: int, update: bytes,
-                     needs: Needs | None = None) -> tuple[str, bool]:
+    async def append(
+        self, doc: str, session: str, clock: int, update: bytes, needs: Needs | None = None
+    ) -> tuple[str, bool]:
         """Append one update, unbatched and unvalidated (servers validate and
         use the Appender; tools and tests use this). ``needs`` defaults to
         what the update needs when it decodes, to nothing when it does not.
@@ -100,13 +66,13 @@ class DocumentStore:
         if needs is None:
             needs = needs_or_nothing(update)
         async with self.redis.pipeline(transaction=False) as pipe:
-            await self.scripts.append(keys=append_keys(doc), args=append_args([(session, clock, update, needs)]),
-                                      client=pipe)
+            await self.scripts.append(
+                keys=append_keys(doc), args=append_args([(session, clock, update, needs)]), client=pipe
+            )
             mark_changed(pipe, [doc])
             announce_in(pipe, [doc])
             [reply, *_] = await pipe.execute(raise_on_error=False)  # the bookkeeping's errors are not the append's
         if isinstance(reply, redis.exceptions.ResponseError):
-            from .deletion import is_deleted_error, unlist  # deletion builds on this module
             if is_deleted_error(reply):  # refused, but mark_changed listed it again
                 await unlist(self.redis, doc)
             raise reply
@@ -150,8 +116,6 @@ class DocumentStore:
             raise HistoryTrimmed(doc, after, trimmed)
         entries = [to_entry(entry_id, fields) for entry_id, fields in raw_entries]
         if check and not raw_held[0] and after > (trimmed or ZERO):
-            from .deletion import is_deletion  # deletion builds on this module
-
             if not any(map(is_deletion, entries)):  # a deletion removed it: the marker tells the reader
                 raise StreamRewound(doc, after)
         return entries
@@ -195,8 +159,9 @@ class DocumentStore:
                 continue
             return snapshot, entries
 
-    async def load_document(self, doc: str, page_size: int = 500,
-                            engine: str = crdt.PYCRDT) -> tuple[crdt.Doc, StreamId]:
+    async def load_document(
+        self, doc: str, page_size: int = 500, engine: str = crdt.PYCRDT
+    ) -> tuple[crdt.Doc, StreamId]:
         """Snapshot + every stream entry after it, as a document of ``engine``
         (pycrdt by default; :mod:`yrelay.crdt`) and its offset (tools and
         tests; the server answers syncs from :meth:`load_entries` in its
@@ -231,9 +196,9 @@ def append_keys(doc: str) -> list[str]:
 LAYOUT = 2
 
 
-def append_args(items: list[tuple[str, int, bytes, Needs]]) -> list[object]:
+def append_args(items: list[tuple[str, int, bytes, Needs]]) -> list[EncodableT]:
     """ARGV of the append script for ``(session, clock, update, needs)`` items."""
-    args: list[object] = [LAYOUT]
+    args: list[EncodableT] = [LAYOUT]
     for session, clock, update, needs in items:
         args += [session, clock, update, *needs.script_args()]
     return args

@@ -51,8 +51,9 @@ POLL_INTERVAL = 0.2
 def reuse_port_socket(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` that other processes of the same
     user may bind too (``SO_REUSEPORT``): the kernel spreads connections over them."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -114,8 +115,11 @@ class Supervisor:
         try:
             for worker in self.workers:
                 worker.start()
-            log.info("%d workers started (pids %s)", len(self.workers),
-                     ", ".join(str(w.process.pid) for w in self.workers if w.process))
+            log.info(
+                "%d workers started (pids %s)",
+                len(self.workers),
+                ", ".join(str(w.process.pid) for w in self.workers if w.process),
+            )
             while not self._stopping:
                 self._watch()
                 time.sleep(POLL_INTERVAL)

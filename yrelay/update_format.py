@@ -23,7 +23,7 @@ import bisect
 import heapq
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from . import lib0
@@ -92,7 +92,8 @@ def _not_json(word: str) -> None:
 #: builds a decoder per call: 4 us, 10 times the lenient read of a
 #: ContentJSON item, so a 64 KiB update of tiny items held the event loop
 #: 150 ms and a 16 MiB one a thread 39 s).
-_SCAN = json.JSONDecoder(parse_constant=_not_json).scan_once
+#: (An attribute each decoder sets in ``__init__``, which typeshed does not declare.)
+_SCAN: Callable[[str, int], tuple[object, int]] = vars(json.JSONDecoder(parse_constant=_not_json))["scan_once"]
 #: What ``JSON.parse`` skips around a value.
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
@@ -100,12 +101,18 @@ _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 def _is_json(text: str) -> bool:
     """Whether ``JSON.parse(text)`` returns (one value, JSON's whitespace
     around it), without Python's NaN and Infinity."""
-    start = _JSON_SPACE.match(text).end()  # type: ignore[union-attr]  # matches the empty string
     try:
-        _, end = _SCAN(text, start)
+        _, end = _SCAN(text, _past_space(text, 0))
     except (StopIteration, ValueError, RecursionError):
         return False
-    return end == len(text) or _JSON_SPACE.match(text, end).end() == len(text)  # type: ignore[union-attr]
+    return end == len(text) or _past_space(text, end) == len(text)
+
+
+def _past_space(text: str, start: int) -> int:
+    """Where JSON's whitespace from ``start`` on ends."""
+    space = _JSON_SPACE.match(text, start)
+    assert space is not None  # the pattern matches the empty string
+    return space.end()
 
 
 def _utf16_length(text: str) -> int:
@@ -158,8 +165,9 @@ def _content_length(reader: lib0.Reader, ref: int, strict: bool = False) -> int:
     raise MalformedUpdate(f"unknown content type {ref}")
 
 
-def _struct_length(reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None,
-                   strict: bool = False) -> int:
+def _struct_length(
+    reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None, strict: bool = False
+) -> int:
     """Consume one Item (after its info byte) and return its length; the ids
     it refers to (origin, right origin, parent) go to ``refs`` when given."""
     if info & _BIT8:
@@ -315,8 +323,9 @@ def with_deletes(update: bytes, extra: Ranges) -> bytes:
     _read_structs(reader)
     start = reader.pos
     merged = union([Coverage(deletes=_read_deletes(reader)), Coverage(deletes=extra)]).deletes
-    return update[:start] + _delete_set([(client, [(lo, hi - lo) for lo, hi in ranges])
-                                         for client, ranges in merged.items()])
+    return update[:start] + _delete_set(
+        [(client, [(lo, hi - lo) for lo, hi in ranges]) for client, ranges in merged.items()]
+    )
 
 
 def _delete_set(entries: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> bytes:
@@ -408,13 +417,17 @@ def causal_order(updates: Sequence[bytes]) -> list[bytes]:
         work = [first] if ranges is not None else []
         while work:
             index = work.pop()
-            waiting_for = next(((client, spans[0][0]) for client, spans in structs[index].items()  # type: ignore[union-attr]
-                                if spans[0][0] > state.get(client, 0)), None)
+            ranges_of = structs[index]
+            assert ranges_of is not None  # only updates that decoded are worked on
+            waiting_for = next(
+                ((client, spans[0][0]) for client, spans in ranges_of.items() if spans[0][0] > state.get(client, 0)),
+                None,
+            )
             if waiting_for is not None:
                 heapq.heappush(blocked.setdefault(waiting_for[0], []), (waiting_for[1], index))
                 continue
             order.append(index)
-            for client, spans in structs[index].items():  # type: ignore[union-attr]
+            for client, spans in ranges_of.items():
                 state[client] = max(state.get(client, 0), spans[-1][1])
                 heap = blocked.get(client, [])
                 while heap and heap[0][0] <= state[client]:
@@ -531,9 +544,13 @@ def encode_part(update: bytes, layout: Layout, kept: dict[int, int]) -> bytes:
 
     Each struct's bytes are copied as they are: a kept prefix starts at its
     section's first clock, so no struct needs rewriting."""
-    sections = [(section.client, section.structs[:kept.get(index, 0)]) for index, section in enumerate(layout.sections)]
-    return _sections(update, [(client, structs) for client, structs in sections if structs]) \
+    sections = [
+        (section.client, section.structs[: kept.get(index, 0)]) for index, section in enumerate(layout.sections)
+    ]
+    return (
+        _sections(update, [(client, structs) for client, structs in sections if structs])
         + update[layout.delete_start :]
+    )
 
 
 def _sections(update: bytes, sections: Sequence[tuple[int, Sequence[Struct]]]) -> bytes:
@@ -575,18 +592,19 @@ def stored_form(update: bytes, layout: Layout) -> bytes:
 
     Nothing the sender meant is lost, and every engine applies the result.
     The caller reads the result's layout again when it differs."""
-    same_structs = all(section.structs and all(struct.length for struct in section.structs)
-                       for section in layout.sections)
+    same_structs = all(
+        section.structs and all(struct.length for struct in section.structs) for section in layout.sections
+    )
     no_deletes = len(update) == layout.delete_start + 1  # "0 clients": most updates
     deletes = None if no_deletes else _non_empty_deletes(update, layout.delete_start)
     if same_structs and deletes is None:
         return update
     if same_structs:
-        head = update[:layout.delete_start]
+        head = update[: layout.delete_start]
     else:
         sections = [(section.client, [s for s in section.structs if s.length]) for section in layout.sections]
         head = _sections(update, [(client, structs) for client, structs in sections if structs])
-    return head + (update[layout.delete_start:] if deletes is None else _delete_set(deletes))
+    return head + (update[layout.delete_start :] if deletes is None else _delete_set(deletes))
 
 
 def _non_empty_deletes(update: bytes, start: int) -> list[tuple[int, list[tuple[int, int]]]] | None:

@@ -145,6 +145,22 @@ def encode(message: Message) -> bytes:
     return query_awareness()
 
 
-__all__ = ["AUTH_PERMISSION_DENIED", "AuthMessage", "AwarenessMessage", "Message", "MessageType",
-           "QueryAwarenessMessage", "SyncMessage", "SyncStep", "YProtocolError", "awareness", "decode", "encode",
-           "permission_denied", "query_awareness", "sync_step1", "sync_step2", "sync_update"]
+__all__ = [
+    "AUTH_PERMISSION_DENIED",
+    "AuthMessage",
+    "AwarenessMessage",
+    "Message",
+    "MessageType",
+    "QueryAwarenessMessage",
+    "SyncMessage",
+    "SyncStep",
+    "YProtocolError",
+    "awareness",
+    "decode",
+    "encode",
+    "permission_denied",
+    "query_awareness",
+    "sync_step1",
+    "sync_step2",
+    "sync_update",
+]

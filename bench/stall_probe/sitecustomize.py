@@ -43,11 +43,15 @@ def _on_gc(phase: str, info: dict, started: list[float] = [0.0]) -> None:  # noq
     if phase == "start":
         started[0] = time.perf_counter()
     elif info["generation"] == 2:
-        _write(f"GC full collection {1000 * (time.perf_counter() - started[0]):.0f} ms, "
-               f"{len(gc.get_objects())} objects, {info['collected']} collected")
+        _write(
+            f"GC full collection {1000 * (time.perf_counter() - started[0]):.0f} ms, "
+            f"{len(gc.get_objects())} objects, {info['collected']} collected"
+        )
     elif time.perf_counter() - started[0] >= THRESHOLD:
-        _write(f"GC generation {info['generation']} {1000 * (time.perf_counter() - started[0]):.1f} ms, "
-               f"{info['collected']} collected")
+        _write(
+            f"GC generation {info['generation']} {1000 * (time.perf_counter() - started[0]):.1f} ms, "
+            f"{info['collected']} collected"
+        )
 
 
 def _lag_probe(loop: asyncio.AbstractEventLoop) -> None:
@@ -82,14 +86,17 @@ def _held_probe(main: int) -> None:
         if frame is None:
             return
         names = _frames(frame)
-        loop_at = max((i for i, name in enumerate(names) if name.startswith(("run (runners.py", "Runner.run"))),
-                      default=-1)
-        above = names[loop_at + 1:]
+        loop_at = max(
+            (i for i, name in enumerate(names) if name.startswith(("run (runners.py", "Runner.run"))), default=-1
+        )
+        above = names[loop_at + 1 :]
         now, key = time.perf_counter(), (above[0].split(":")[0] if above else None)
         if key != holder:
             if holder is not None and now - since >= THRESHOLD:
                 top = sorted(leaves.items(), key=lambda item: -item[1])[:3]
-                _write(f"HELD {1000 * (now - since):.0f} ms by {holder}: " + " | ".join(f"{n}x {leaf}" for leaf, n in top))
+                _write(
+                    f"HELD {1000 * (now - since):.0f} ms by {holder}: " + " | ".join(f"{n}x {leaf}" for leaf, n in top)
+                )
             holder, since, leaves = key, now, {}
         if above:
             leaf = " < ".join(above[-3:][::-1])

@@ -126,7 +126,7 @@ class AckWindow:
 
     def sent(self, ids: list[StreamId]) -> None:
         if self._sent:
-            self._sent.extend(ids)  # type: ignore[union-attr]
+            self._sent.extend(ids)
         else:
             self._sent = deque(ids)
         self._count()
@@ -138,7 +138,7 @@ class AckWindow:
         if offset > self.acked:
             self.acked = offset
         while self._sent and self._sent[0] <= self.acked:
-            self._sent.popleft()  # type: ignore[union-attr]
+            self._sent.popleft()
         self._count()
         if self._sent:
             self._unacked_since = time.monotonic()  # progress: restart the resend clock

@@ -19,8 +19,8 @@ from __future__ import annotations
 from ..auth import NoAuthenticator, Principal
 from ..keys import subject_id
 from ..protocol import AnyUpdate, ErrorCode, ProtocolError
-from .context import ServerContext
 from .buckets import TokenBucket
+from .context import ServerContext
 from .pacing import Pacer
 from .quotas import SharedBucket, SubjectBuckets
 
@@ -79,19 +79,32 @@ class Allowance:
         """One awareness update's tokens, or ``rate_limited``."""
         settings = self._ctx.settings
         if not self._presence_rate.take():
-            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {settings.presence_per_second:g} awareness updates/s "
-                                "on this connection", doc=doc, retry_after_ms=self._presence_rate.retry_after_ms())
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"over {settings.presence_per_second:g} awareness updates/s on this connection",
+                doc=doc,
+                retry_after_ms=self._presence_rate.retry_after_ms(),
+            )
         wait = await self.subject().presence.take()
         if wait is not None:
-            raise ProtocolError(ErrorCode.RATE_LIMITED, f"over {settings.subject_presence_per_second:g} awareness "
-                                "updates/s for this user, all connections together", doc=doc, retry_after_ms=wait)
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"over {settings.subject_presence_per_second:g} awareness "
+                "updates/s for this user, all connections together",
+                doc=doc,
+                retry_after_ms=wait,
+            )
 
     async def open_subscription(self, doc: str) -> None:
         """Count one more live subscription of the subject, or ``too_many_subscriptions``."""
         if not await self._ctx.limits.subjects.open_subscription(self.subject().subject):
-            raise ProtocolError(ErrorCode.TOO_MANY_SUBSCRIPTIONS, f"at most "
-                                f"{self._ctx.settings.max_subscriptions_per_subject} live subscriptions per user, "
-                                "all connections together; unsubscribe from some", doc=doc)
+            raise ProtocolError(
+                ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                f"at most "
+                f"{self._ctx.settings.max_subscriptions_per_subject} live subscriptions per user, "
+                "all connections together; unsubscribe from some",
+                doc=doc,
+            )
 
     def close_subscription(self) -> None:
         self._ctx.limits.subjects.close_subscription(self.subject().subject)

@@ -21,7 +21,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import NoScriptError
 
@@ -30,13 +30,13 @@ from ..admission import Needs, ready_part
 from ..change_feed import announce, announce_in
 from ..clocks import bring_clocks_up_to_date
 from ..deletion import is_deleted_error, unlist
+from ..listing import mark_changed
 from ..redis_client import UNREACHABLE
 from ..replies import text
-from ..listing import mark_changed
 from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks
 from ..tasks import BackgroundTask, TaskSet
 from ..update_format import Layout, Ranges
-from .replicas import ReplicaWait, ReplicationTimeout
+from .replicas import ReplicationTimeout, ReplicaWait
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,12 @@ class _Item:
 
 
 class Appender:
-    def __init__(self, store: DocumentStore, replicas: ReplicaWait | None = None,
-                 announce: Callable[[list[str]], Coroutine[Any, Any, None]] | None = None):
+    def __init__(
+        self,
+        store: DocumentStore,
+        replicas: ReplicaWait | None = None,
+        announce: Callable[[list[str]], Coroutine[Any, Any, None]] | None = None,
+    ):
         self.store = store
         #: ``ack_replicas``: each batch ends with a WAIT (:mod:`.replicas`).
         self.replicas = replicas
@@ -91,8 +95,9 @@ class Appender:
         for item in self._pending:
             item.future.cancel()
 
-    def submit(self, doc: str, session: str, clock: int, update: bytes, needs: Needs,
-               sync_layout: Layout | None = None) -> asyncio.Future[AppendResult]:
+    def submit(
+        self, doc: str, session: str, clock: int, update: bytes, needs: Needs, sync_layout: Layout | None = None
+    ) -> asyncio.Future[AppendResult]:
         """Queue one update; the future resolves once it is in the stream, or
         fails with :class:`NotAdmitted`. ``sync_layout`` marks a sync push."""
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
@@ -128,14 +133,16 @@ class Appender:
                 results = await pipe.execute(raise_on_error=False)
                 await self._load_and_rerun(pipe, results, list(by_doc))
             unconfirmed = await self._unconfirmed(list(by_doc), results, wait_of)
-        except Exception as exc:  # Redis unreachable: every caller gets the error
+        except Exception as exc:  # noqa: BLE001 - whatever failed the batch (Redis unreachable), every caller gets it
             log.warning("append batch failed: %s", exc)
             for item in batch:
                 _fail(item, exc)
             return
         if self.announce is not None:
             self._side_task(self.announce(list(by_doc)))
-        for (doc, items), result in zip(by_doc.items(), results):
+        for (doc, items), result in zip(
+            by_doc.items(), results, strict=False
+        ):  # the replies after the scripts' are the batch's own
             if result == [b"stale"]:
                 self._side_task(self._catch_up_then_retry(doc, items))
             else:
@@ -150,7 +157,7 @@ class Appender:
         came before them). Nothing else of the batch runs twice."""
         if not isinstance(pipe, redis_packed.Batch):
             return
-        refused = [doc for doc, result in zip(docs, results) if isinstance(result, NoScriptError)]
+        refused = [doc for doc, result in zip(docs, results, strict=False) if isinstance(result, NoScriptError)]
         wait = pipe.commands[-1:] if self.replicas is not None else []
         waited = await redis_packed.rerun_refused_scripts(pipe, results, [self.store.scripts.append], then=wait)
         if wait and waited:
@@ -174,11 +181,16 @@ class Appender:
             groups[wait_of[doc]].append(doc)
         unconfirmed: set[str] = set()
         for index, members in groups.items():
-            codes = {entry[1] for doc, result in zip(docs, results) if doc in members and isinstance(result, list)
-                     for entry in result if isinstance(entry, list) and len(entry) > 1}
+            codes = {
+                entry[1]
+                for doc, result in zip(docs, results, strict=False)  # the WAITs' replies follow
+                if doc in members and isinstance(result, list)
+                for entry in result
+                if isinstance(entry, list) and len(entry) > 1
+            }
             if not self.replicas.enough([replies[index]]) or (
-                    1 in codes and 0 not in codes
-                    and not await self.replicas.after_read_only(self.store.redis, members[0])):
+                1 in codes and 0 not in codes and not await self.replicas.after_read_only(self.store.redis, members[0])
+            ):
                 unconfirmed.update(members)
         return unconfirmed
 
@@ -187,7 +199,7 @@ class Appender:
         (written before admission): rebuild them, then append again."""
         try:
             await bring_clocks_up_to_date(self.store, doc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the items' senders get whatever failed the rebuild
             log.warning("rebuilding the state vector of %s failed: %s", doc, exc, extra={"doc": doc})
             for item in items:
                 _fail(item, exc)
@@ -200,12 +212,18 @@ class Appender:
             if is_deleted_error(result):  # the client's news, not ours; the batch's mark_changed listed it again
                 self._side_task(unlist(self.store.redis, doc))
             else:  # a node out of reach (failover) is no fault of the document
-                log.log(logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR,
-                        "append to %s failed: %s", doc, result, extra={"doc": doc})
+                log.log(
+                    logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR,
+                    "append to %s failed: %s",
+                    doc,
+                    result,
+                    extra={"doc": doc},
+                )
             for item in items:
                 _fail(item, result)
             return
-        for item, (entry_id, code, *refusal) in zip(items, result):  # type: ignore[misc]
+        rows = cast("list[list[Any]]", result)  # the append script's reply: a row per item
+        for item, (entry_id, code, *refusal) in zip(items, rows, strict=True):
             if code != 2 and not replicated:  # stored, not confirmed: the client resends
                 _fail(item, ReplicationTimeout(text(entry_id)))
             elif code != 2:
@@ -225,15 +243,16 @@ class Appender:
         assert item.split is not None
         try:
             part = await asyncio.to_thread(ready_part, item.update, item.split, clocks)
-        except Exception as exc:  # never leave the sender without an answer
+        except Exception as exc:  # noqa: BLE001 - never leave the sender without an answer
             log.warning("cutting a sync push of %s failed: %s", item.doc, exc, extra={"doc": item.doc})
             _fail(item, exc)
             return
         if part.update is None:
             _succeed(item, AppendResult(None, False, part.dropped))
             return
-        self._queue(_Item(item.doc, item.session, item.clock, part.update, part.needs, item.future,
-                          dropped=part.dropped))
+        self._queue(
+            _Item(item.doc, item.session, item.clock, part.update, part.needs, item.future, dropped=part.dropped)
+        )
 
 
 def _succeed(item: _Item, result: AppendResult) -> None:

@@ -10,7 +10,8 @@ routes then call :func:`relay_settings` or :func:`relay_context`.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from fastapi import HTTPException, Request, status
 
@@ -37,15 +38,18 @@ def binder(relay: BoundRelay) -> Callable[[Request], None]:
 
 def relay_settings(request: Request) -> Settings:
     """The settings of the relay the request is for (known before its lifespan)."""
-    return request.scope[RELAY_KEY].settings
+    relay: BoundRelay = request.scope[RELAY_KEY]
+    return relay.settings
 
 
 def relay_context(request: Request) -> ServerContext:
     """The running server context; 503 while the relay's lifespan is not
     entered (the host app forgot ``async with relay.lifespan()``, or is
     shutting down)."""
-    context = request.scope[RELAY_KEY].context
+    relay: BoundRelay = request.scope[RELAY_KEY]
+    context = relay.context
     if context is None:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                            "yrelay is not running: enter relay.lifespan() from the app's lifespan")
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, "yrelay is not running: enter relay.lifespan() from the app's lifespan"
+        )
     return context

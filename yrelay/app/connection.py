@@ -19,7 +19,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
@@ -28,8 +28,23 @@ from starlette.websockets import WebSocketDisconnected
 from .. import logs, protocol, pygc
 from ..auth import Principal
 from ..offsets import StreamId
-from ..protocol import (Ack, AckFrame, AnyUpdate, Awareness, CheckSubscriptions, ErrorCode, Hello, Ping, ProtocolError,
-                        Reconcile, Subscribe, Sync, Unsubscribe, Update, UpdateFrame)
+from ..protocol import (
+    Ack,
+    AckFrame,
+    AnyUpdate,
+    Awareness,
+    CheckSubscriptions,
+    ErrorCode,
+    Hello,
+    Ping,
+    ProtocolError,
+    Reconcile,
+    Subscribe,
+    Sync,
+    Unsubscribe,
+    Update,
+    UpdateFrame,
+)
 from ..redis_client import lost_redis
 from ..tasks import TaskSet
 from . import subscription_set
@@ -76,8 +91,9 @@ class Connection:
         self.pacer = self.allowance.pacer
         self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
         self.writes = WritePath(ctx, self.allowance, self.send, self._reject, self._spawn)
-        self.documents = ConnectionDocuments(ctx, self.allowance, self.presence, self.send,
-                                             self.send_prepared if write_prepared is not None else None)
+        self.documents = ConnectionDocuments(
+            ctx, self.allowance, self.presence, self.send, self.send_prepared if write_prepared is not None else None
+        )
         self._write_prepared = write_prepared
 
     @property
@@ -108,18 +124,19 @@ class Connection:
         opened = time.monotonic()
         self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
-            while self.state is not ConnectionState.CLOSED:  # cut off (a tick, a flood): its socket is closing
+            while not self.closed:  # cut off (a tick, a flood): its socket is closing
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
                 await self.pacer.admit(len(message.get("text") or message.get("bytes") or ""))
-                if self.state is not ConnectionState.CLOSED:
+                if not self.closed:  # read again: the pacer's wait may have seen it cut off
                     await self._handle_message(message)
         except (WebSocketDisconnect, WebSocketDisconnected):  # the peer left, or the server closed it
             pass
         except Flooded as flood:
-            await self._cut_off(CutOff(str(flood), ErrorCode.RATE_LIMITED, CLOSE_TOO_MANY_MESSAGES,
-                                       flood.retry_after_ms))
+            await self._cut_off(
+                CutOff(str(flood), ErrorCode.RATE_LIMITED, CLOSE_TOO_MANY_MESSAGES, flood.retry_after_ms)
+            )
         finally:
             self.state = ConnectionState.CLOSED
             self.writes.close()
@@ -128,8 +145,18 @@ class Connection:
             await self.documents.close()
             await self.presence.leave_all()
             if self.session is not None:
-                self.ctx.events.emit("disconnect", session=self.session, docs=len(self.documents),
-                                     duration_ms=int((time.monotonic() - opened) * 1000))
+                self.ctx.events.emit(
+                    "disconnect",
+                    session=self.session,
+                    docs=len(self.documents),
+                    duration_ms=int((time.monotonic() - opened) * 1000),
+                )
+
+    @property
+    def closed(self) -> bool:
+        """Cut off or ended (a property, read again after each await, where a
+        tick or a flood may have closed it)."""
+        return self.state is ConnectionState.CLOSED
 
     def send_prepared(self, frame: bytes) -> bool:
         """Write a deliver frame framed once for many sockets now, from the
@@ -148,7 +175,7 @@ class Connection:
         if not isinstance(frame, str) and frame["op"] == "error":  # shared text frames are deliveries
             self.ctx.metrics.rejected(frame["code"])
 
-    async def _handle_message(self, message: dict[str, Any]) -> None:
+    async def _handle_message(self, message: Mapping[str, Any]) -> None:
         self._received = time.perf_counter()
         text = message.get("text")
         if text is None:
@@ -156,18 +183,23 @@ class Connection:
             return
         if len(text) > self.ctx.settings.max_frame_bytes:
             doc, clock = frame_identity(text)  # bounded by ws_max_size; names the refused update
-            await self._reject(ProtocolError(
-                ErrorCode.FRAME_TOO_LARGE, f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes; "
-                "send a larger update in parts (feature update_parts)", doc=doc, clock=clock
-            ))
+            await self._reject(
+                ProtocolError(
+                    ErrorCode.FRAME_TOO_LARGE,
+                    f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes; "
+                    "send a larger update in parts (feature update_parts)",
+                    doc=doc,
+                    clock=clock,
+                )
+            )
             return
         try:
             frame = protocol.parse_client_frame(text)
-            doc = logs.doc.set(getattr(frame, "doc", None))  # log lines (and tasks started here) name it
+            named = logs.doc.set(getattr(frame, "doc", None))  # log lines (and tasks started here) name it
             try:
                 await self._dispatch(frame)
             finally:
-                logs.doc.reset(doc)
+                logs.doc.reset(named)
         except ProtocolError as error:
             await self._reject(error)
         except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError, Flooded):
@@ -182,8 +214,12 @@ class Connection:
 
     async def _reject(self, error: ProtocolError) -> None:
         self.writes.refused(error)  # the rest of a refused update's parts is ignored
-        log.debug("rejected a frame: %s %s", error.code.value, error.message,
-                  extra={"doc": error.doc} if error.doc is not None else None)
+        log.debug(
+            "rejected a frame: %s %s",
+            error.code.value,
+            error.message,
+            extra={"doc": error.doc} if error.doc is not None else None,
+        )
         await self.send(protocol.error(error))
 
     async def _dispatch(self, frame: object) -> None:
@@ -237,8 +273,12 @@ class Connection:
         self.allowance.open(opened.session, opened.principal)
         trust(self.websocket)  # messages may now be as large as ws_max_size
         self.state = ConnectionState.OPEN
-        self.ctx.events.emit("connect", session=opened.session, resumed=opened.resumed,
-                             **self.ctx.events.log.subject(opened.principal.subject))
+        self.ctx.events.emit(
+            "connect",
+            session=opened.session,
+            resumed=opened.resumed,
+            **self.ctx.events.log.subject(opened.principal.subject),
+        )
 
     async def _cut_off(self, cut: CutOff) -> None:
         """Refuse or end the session: say why, then close (docs/security.md)."""
@@ -251,8 +291,12 @@ class Connection:
     async def _update(self, frame: AnyUpdate) -> None:
         assert self.principal is not None
         if not self.principal.can_write(frame.doc):
-            raise ProtocolError(ErrorCode.FORBIDDEN, "read-only: this token may not change this document",
-                                doc=frame.doc, clock=frame.clock)
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN,
+                "read-only: this token may not change this document",
+                doc=frame.doc,
+                clock=frame.clock,
+            )
         self.documents.get(frame.doc, frame.clock)
         await self.writes.receive(frame, self._received)
 
@@ -283,4 +327,3 @@ class Connection:
         """Cut off from a tick: no more ticks, and the closing on a task of its own."""
         self._stop_ticking()
         self._spawn(self._cut_off(cut))
-

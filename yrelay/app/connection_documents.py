@@ -36,8 +36,14 @@ class ConnectionDocuments:
 
     __slots__ = ("_ctx", "_allowance", "_presence", "_send", "_send_prepared", "subscriptions", "budget")
 
-    def __init__(self, ctx: ServerContext, allowance: Allowance, presence: ConnectionPresence, send: SendFrame,
-                 send_prepared: SendPrepared | None = None):
+    def __init__(
+        self,
+        ctx: ServerContext,
+        allowance: Allowance,
+        presence: ConnectionPresence,
+        send: SendFrame,
+        send_prepared: SendPrepared | None = None,
+    ):
         self._ctx = ctx
         self._allowance = allowance
         self._presence = presence
@@ -75,9 +81,17 @@ class ConnectionDocuments:
         else:
             await self._allowance.open_subscription(frame.doc)
         self._presence.join(frame.doc, session)
-        subscription = Subscription(self._ctx, frame.doc, session, self._document_sender(frame.doc), requested,
-                                    claimed, budget=self.budget, on_deleted=partial(self._deleted, frame.doc),
-                                    send_prepared=self._send_prepared)  # not a lambda: it would keep the frame
+        subscription = Subscription(
+            self._ctx,
+            frame.doc,
+            session,
+            self._document_sender(frame.doc),
+            requested,
+            claimed,
+            budget=self.budget,
+            on_deleted=partial(self._deleted, frame.doc),
+            send_prepared=self._send_prepared,
+        )  # not a lambda: it would keep the frame
         self.subscriptions[frame.doc] = subscription
         subscription.start()
 
@@ -114,14 +128,17 @@ class ConnectionDocuments:
         follow `subscribed` or `resync_required`, never precede it), and
         books the answer to a subscribe (its snapshot and catch-up up to
         ``synced``) or to a sync against the connection's answer rates."""
+
         async def send(frame: dict[str, Any] | str) -> None:
             await self._send(frame)
             if isinstance(frame, dict):  # a str is a delivery encoded once for many
                 self._presence.sent(doc, frame)
             subscription = self.subscriptions.get(doc)
             if (subscription is not None and subscription.answering) or (
-                    isinstance(frame, dict) and frame["op"] in _ANSWER_OPS):
+                isinstance(frame, dict) and frame["op"] in _ANSWER_OPS
+            ):
                 self._allowance.answered(_payload_bytes(frame))
+
         return send
 
 

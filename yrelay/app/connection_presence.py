@@ -75,8 +75,9 @@ class ConnectionPresence:
         """Relay a presence update of a subscribed document."""
         settings = self._ctx.settings
         await self._allowance.take_awareness(frame.doc)
-        data = decode_limited(frame.update, settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE,
-                              frame.doc, None)
+        data = decode_limited(
+            frame.update, settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE, frame.doc, None
+        )
         await self.receive_update(frame.doc, data)
 
     async def receive_update(self, doc: str, data: bytes) -> None:
@@ -88,9 +89,11 @@ class ConnectionPresence:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"awareness update: {exc}", doc=doc) from None
         member = self.members[doc]
         if member.clients_after(entries) > settings.max_presence_clients_per_connection:
-            raise ProtocolError(ErrorCode.AWARENESS_TOO_MANY_CLIENTS, f"at most "
-                                f"{settings.max_presence_clients_per_connection} clientIDs per connection and document",
-                                doc=doc)
+            raise ProtocolError(
+                ErrorCode.AWARENESS_TOO_MANY_CLIENTS,
+                f"at most {settings.max_presence_clients_per_connection} clientIDs per connection and document",
+                doc=doc,
+            )
         try:
             await self._ctx.presence.update(member, entries)
         except NotOwner as exc:

@@ -23,10 +23,10 @@ from ..config import Settings
 from ..eventlog import EventLog, NullEventLog, process_name
 from ..events import Events
 from ..gc import Collector, GcLoop, GcPolicy
-from ..reconciliation.stream_digest import StreamDigests
 from ..keys import session_documents_key, session_of_documents_key
 from ..listing import fold_unbucketed
-from ..metrics import Metrics, NullMetrics
+from ..metrics import Metrics, NullMetrics, ServerFigures
+from ..reconciliation.stream_digest import StreamDigests
 from ..redis_client import ensure_reachable, open_redis
 from ..redis_server import check_durability
 from ..replies import text
@@ -94,9 +94,25 @@ class ServerContext:
     def __post_init__(self) -> None:
         self.ticker = Ticker(self.settings.resend_check_interval)
 
+    def scrape_figures(self) -> ServerFigures:
+        """This process's state for a scrape (:class:`yrelay.metrics.ServerState`)."""
+        subscriptions = list(self.subscriptions)
+        return ServerFigures(
+            documents_active=len(self.fanout.feeds),
+            subscriptions_open=len(subscriptions),
+            unacked_entries=sum(getattr(subscriber, "unacked", 0) for subscriber in subscriptions),
+            presence_members=sum(len(members) for members in self.presence.members.values()),
+            presence_updates=self.presence.updates,
+            presence_relayed=self.presence.relayed,
+            receiving_closes=self.receiving.closed,
+            receiving_bytes=self.receiving.held,
+            event_log_dropped=self.events.log.dropped,
+        )
+
     @classmethod
-    async def open(cls, settings: Settings, redis_url: str,
-                   authenticator: Authenticator | None = None) -> "ServerContext":
+    async def open(
+        cls, settings: Settings, redis_url: str, authenticator: Authenticator | None = None
+    ) -> ServerContext:
         authenticator = authenticator or authenticator_for(settings)  # refuse to start unconfigured
         announce_auth(settings, authenticator)
         async with AsyncExitStack() as stack:  # unwound here if anything below fails
@@ -126,8 +142,9 @@ class ServerContext:
         return ctx
 
     @classmethod
-    async def _assemble(cls, stack: AsyncExitStack, settings: Settings, redis_url: str,
-                        authenticator: Authenticator) -> "ServerContext":
+    async def _assemble(
+        cls, stack: AsyncExitStack, settings: Settings, redis_url: str, authenticator: Authenticator
+    ) -> ServerContext:
         """Every part, nothing started yet; each one's stop is on ``stack``
         (stopping a part that never started only closes its connections)."""
         metrics = Metrics() if settings.metrics else NullMetrics()
@@ -137,8 +154,9 @@ class ServerContext:
         # A burst of connections needs more Redis calls at once than redis-py's
         # default pool (100 in redis-py 8) allows; wait for a connection
         # rather than fail the frame with "Too many connections".
-        redis = open_redis(redis_url, settings.redis_cluster, pool_size=REDIS_POOL_SIZE, socket_timeout=10,
-                           health_check_interval=30)
+        redis = open_redis(
+            redis_url, settings.redis_cluster, pool_size=REDIS_POOL_SIZE, socket_timeout=10, health_check_interval=30
+        )
         stack.push_async_callback(redis.aclose)
         store = DocumentStore(redis)
         engine = EnginePool(settings.engine_workers, settings.engine_timeout, with_ypy=settings.validate_with_ypy)
@@ -151,35 +169,56 @@ class ServerContext:
             store=store,
             tracker=Tracker(redis, store.scripts),
             ack_writer=AckWriter(redis, on_evicted=subscriptions.session_evicted),
-            appender=Appender(store, ReplicaWait.from_settings(settings),
-                              announce=partial(announce, redis) if settings.redis_cluster else None),
+            appender=Appender(
+                store,
+                ReplicaWait.from_settings(settings),
+                announce=partial(announce, redis) if settings.redis_cluster else None,
+            ),
             fanout=open_fanout(settings, redis_url, store, subscriptions),
             subscriptions=subscriptions,
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,
-            gc_loop=GcLoop(collector, interval=settings.gc_interval, batch_size=settings.gc_batch_size,
-                           lease=settings.gc_lease, on_pass=metrics.gc_pass),
+            gc_loop=GcLoop(
+                collector,
+                interval=settings.gc_interval,
+                batch_size=settings.gc_batch_size,
+                lease=settings.gc_lease,
+                on_pass=metrics.gc_pass,
+            ),
             digests=StreamDigests(redis, store.scripts),
             events=events,
             # Its pub/sub connection: in a cluster, to the seed node (classic
             # pub/sub reaches every node: docs/architecture.md#redis-cluster).
-            presence=Presence(redis, Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
-                              timeout=settings.presence_timeout, process_id=process_name(),
-                              max_clients=settings.max_presence_clients_per_document,
-                              greeting_bytes=settings.max_presence_greeting_bytes),
+            presence=Presence(
+                redis,
+                Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10),
+                timeout=settings.presence_timeout,
+                process_id=process_name(),
+                max_clients=settings.max_presence_clients_per_document,
+                greeting_bytes=settings.max_presence_greeting_bytes,
+            ),
             authenticator=authenticator,
             revocations=Revocations(redis, settings.revocation_refresh, leeway=settings.auth_leeway),
             metrics=metrics,
             limits=Limits(settings, SubjectQuotas(redis, store.scripts, settings)),
-            validator=Validator(settings.validator_workers, settings.validate_timeout,
-                                with_ypy=settings.validate_with_ypy),
+            validator=Validator(
+                settings.validator_workers, settings.validate_timeout, with_ypy=settings.validate_with_ypy
+            ),
             engine=engine,
             inflight_bytes=ByteBudget(settings.max_inflight_bytes),
         )
         # Unwound last to first: the order of a clean stop.
-        for stop in (ctx.engine.stop, ctx.validator.stop, ctx.ack_writer.stop, ctx.appender.stop,
-                     ctx.fanout.stop, ctx.limits.subjects.stop, ctx.presence.stop, ctx.gc_loop.stop,
-                     ctx.revocations.stop):
+        for stop in (
+            ctx.engine.stop,
+            ctx.validator.stop,
+            ctx.ack_writer.stop,
+            ctx.appender.stop,
+            ctx.fanout.stop,
+            ctx.limits.subjects.stop,
+            ctx.presence.stop,
+            ctx.gc_loop.stop,
+            ctx.revocations.stop,
+        ):
             stack.push_async_callback(stop)
         return ctx
 
@@ -193,8 +232,9 @@ class ServerContext:
         await self._stack.aclose()
 
 
-def open_fanout(settings: Settings, redis_url: str, store: DocumentStore,
-                subscriptions: SubscriptionRegistry[Subscriber]) -> Fanout:
+def open_fanout(
+    settings: Settings, redis_url: str, store: DocumentStore, subscriptions: SubscriptionRegistry[Subscriber]
+) -> Fanout:
     """The single-Redis fan-out (its own connection, blocking in XREAD), or
     the cluster's (woken per bucket), on a client of its own: redis-py closes
     every connection of a cluster client when one node fails, and the
@@ -209,19 +249,25 @@ def open_fanout(settings: Settings, redis_url: str, store: DocumentStore,
 def announce_auth(settings: Settings, authenticator: Authenticator) -> None:
     """A server without authentication must never pass unnoticed."""
     if isinstance(authenticator, NoAuthenticator):
-        for line in ("*" * 72,
-                     "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who reaches this server",
-                     "can read and write every document. For development only.",
-                     "*" * 72):
+        for line in (
+            "*" * 72,
+            "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who reaches this server",
+            "can read and write every document. For development only.",
+            "*" * 72,
+        ):
             log.warning(line)
 
 
 def open_event_log(settings: Settings) -> EventLog:
     if not settings.event_log:
         return NullEventLog()
-    return EventLog(settings.data_dir / "events", max_bytes=settings.event_log_max_bytes,
-                    max_age=settings.event_log_max_age, capacity=settings.event_log_buffer,
-                    subjects=settings.event_log_subject).start()
+    return EventLog(
+        settings.data_dir / "events",
+        max_bytes=settings.event_log_max_bytes,
+        max_age=settings.event_log_max_age,
+        capacity=settings.event_log_buffer,
+        subjects=settings.event_log_subject,
+    ).start()
 
 
 async def verify_digests(digests: StreamDigests) -> None:
@@ -233,8 +279,13 @@ async def verify_digests(digests: StreamDigests) -> None:
         session = session_of_documents_key(text(key))
         stored, actual = await session_documents(digests.redis, session, digests.scripts).recompute(fix=True)
         if stored != actual:
-            log.warning("subscription-set digest of session %s was wrong (stored %s, actual %s); fixed",
-                        session, stored, actual, extra={"session": session})
+            log.warning(
+                "subscription-set digest of session %s was wrong (stored %s, actual %s); fixed",
+                session,
+                stored,
+                actual,
+                extra={"session": session},
+            )
             wrong += 1
     if wrong:
         log.warning("drift digests: %d wrong, all fixed", wrong)

@@ -92,8 +92,9 @@ class EnginePool:
         waits for one of them: they are out of the idle queue)."""
         workers = [self._idle.get_nowait() for _ in range(self._idle.qsize())]
         try:
-            results = await asyncio.gather(*(worker.start() for worker in workers if worker.process is None),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(worker.start() for worker in workers if worker.process is None), return_exceptions=True
+            )
             for failure in (result for result in results if isinstance(result, Exception)):
                 log.warning("an engine worker did not start (%r): the first request starts it", failure)
         finally:

@@ -39,7 +39,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import Protocol, cast
 
 import redis.exceptions
 from redis.asyncio import Redis
@@ -120,8 +120,16 @@ class Feed:
 
 
 class Fanout:
-    def __init__(self, url_redis: Redis, store: DocumentStore, subscribers: SubscriptionRegistry[Subscriber], *,
-                 block_ms: int, count: int, max_bytes: int = 1024 * 1024):
+    def __init__(
+        self,
+        url_redis: Redis,
+        store: DocumentStore,
+        subscribers: SubscriptionRegistry[Subscriber],
+        *,
+        block_ms: int,
+        count: int,
+        max_bytes: int = 1024 * 1024,
+    ):
         self.reader = url_redis  # a single-connection client, owned by this loop
         self.store = store
         self.subscribers = subscribers
@@ -262,8 +270,11 @@ class Fanout:
         lose entries this process had seen, or that one of its subscribers
         was sent? Its cursor goes back to the stream's last id and its
         subscribers resync (:mod:`.rewind`)."""
-        seen = {doc: marks | self._marks(doc, self.feeds[doc])  # with what the subscribers read meanwhile
-                for doc, marks in self._unverified.items() if doc in self.feeds}
+        seen = {
+            doc: marks | self._marks(doc, self.feeds[doc])  # with what the subscribers read meanwhile
+            for doc, marks in self._unverified.items()
+            if doc in self.feeds
+        }
         try:
             rewound = await find_rewound(self.store.redis, seen)
         except Exception as exc:  # not back yet (a failover in progress): after the backoff
@@ -275,9 +286,14 @@ class Fanout:
             feed = self.feeds.get(doc)
             if feed is None:
                 continue
-            log.warning("document %s lost entries this process had seen (up to %s; its last id is now %s): "
-                        "a failover to a replica that lagged, or a restore; its subscribers here resync",
-                        doc, max(seen[doc]), last, extra={"doc": doc})
+            log.warning(
+                "document %s lost entries this process had seen (up to %s; its last id is now %s): "
+                "a failover to a replica that lagged, or a restore; its subscribers here resync",
+                doc,
+                max(seen[doc]),
+                last,
+                extra={"doc": doc},
+            )
             feed.cursor, feed.stored = min(feed.cursor, last), ZERO
             for subscriber in self.subscribers.of(doc):
                 subscriber.stream_rewound()
@@ -291,8 +307,11 @@ class Fanout:
         on a sweep (every ``block_ms``, and every round while the change
         stream cannot be read), else those woken."""
         feeds = self.feeds
-        return self.changes.due(now, self._readable, lambda doc: feed.cursor if (feed := feeds.get(doc)) is not None
-                                and feed.broken_until <= now else None)
+        return self.changes.due(
+            now,
+            self._readable,
+            lambda doc: feed.cursor if (feed := feeds.get(doc)) is not None and feed.broken_until <= now else None,
+        )
 
     async def _read_once(self) -> None:
         if self._reader_id is None:
@@ -322,7 +341,7 @@ class Fanout:
             return
         self._dispatch(self._take_changes(reply, count))
 
-    async def _xread(self, readable: dict[str, StreamId], count: int, block_ms: int, listening: bool) -> list:
+    async def _xread(self, readable: dict[str, StreamId], count: int, block_ms: int, listening: bool) -> StreamPairs:
         """XREAD BLOCK over the change stream (when ``listening``) and
         ``readable``, packed here: redis-py spends ~1.5 ms packing a command
         over 1,000 streams, more than Redis takes to answer it; each
@@ -346,11 +365,11 @@ class Fanout:
         await connection.send_packed_command(command, check_health=False)
         return _stream_pairs(await connection.read_response())
 
-    def _take_changes(self, reply: list, count: int) -> list:
+    def _take_changes(self, reply: StreamPairs, count: int) -> StreamPairs:
         """The documents' part of ``reply``; the change stream's entries wake
         the documents they name, and a document whose read came back full
         (``count`` entries: there may be more) is read again next round."""
-        documents = []
+        documents: StreamPairs = []
         for raw_key, raw_entries in reply:
             if raw_key == _CHANGES_RAW_KEY:
                 self.changes.take(raw_entries, self.feeds.__contains__, count)
@@ -360,7 +379,7 @@ class Fanout:
                 self.changes.wake(_doc_of(raw_key))
         return documents
 
-    def _dispatch(self, reply: list) -> None:
+    def _dispatch(self, reply: StreamPairs) -> None:
         for raw_key, raw_entries in reply:
             doc = _doc_of(raw_key)
             feed = self.feeds.get(doc)
@@ -380,15 +399,15 @@ class Fanout:
         if listening:
             assert self.changes.cursor is not None
             try:
-                self._take_changes(await self.store.redis.xread({changes_key(): self.changes.cursor},
-                                                                count=self.count) or [], self.count)
+                changes = await self.store.redis.xread({changes_key(): self.changes.cursor}, count=self.count)
+                self._take_changes(cast(StreamPairs, changes or []), self.count)  # redis-py's parsed XREAD
             except redis.exceptions.ResponseError as exc:
                 if not is_wrong_type(exc):
                     raise
                 self.changes.set_aside(exc, QUARANTINE_SECONDS)
         reads = await read_each(self.store.redis, readable, self.count)  # one pipeline, a read per document
-        for doc, exc in reads.refused.items():
-            self._set_aside(doc, exc)
+        for doc, refusal in reads.refused.items():
+            self._set_aside(doc, refusal)
         for doc in reads.full:
             self.changes.wake(doc)
         self._dispatch(reads.pairs)
@@ -398,20 +417,32 @@ class Fanout:
         feed = self.feeds.get(doc)
         if feed is None:
             return
-        log.error("document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS,
-                  extra={"doc": doc})
+        log.error(
+            "document %s cannot be read (%s); set aside for %ss", doc, exc, QUARANTINE_SECONDS, extra={"doc": doc}
+        )
         feed.broken_until = time.monotonic() + QUARANTINE_SECONDS
         for subscriber in self.subscribers.of(doc):
             subscriber.document_failed(str(exc))
 
 
-def _stream_pairs(reply: object) -> list:
+#: A stream entry as read: its id and fields.
+RawEntry = tuple[bytes, dict[bytes, bytes]]
+#: An XREAD reply: each stream's key and entries.
+StreamPairs = list[tuple[bytes, list[RawEntry]]]
+#: An unparsed XREAD reply's entries: ids and flat field lists.
+_RespEntries = list[tuple[bytes, list[bytes]]]
+
+
+def _stream_pairs(reply: object) -> StreamPairs:
     """An XREAD reply (a RESP3 map or a RESP2 list) as ``[(key, [(id, fields)])]``."""
     if not reply:
         return []
-    pairs = reply.items() if isinstance(reply, dict) else reply
-    return [(key, [(entry_id, dict(zip(fields[::2], fields[1::2]))) for entry_id, fields in entries])
-            for key, entries in pairs]  # type: ignore[union-attr]
+    raw = cast("dict[bytes, _RespEntries] | list[tuple[bytes, _RespEntries]]", reply)
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [
+        (key, [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in entries])
+        for key, entries in pairs
+    ]
 
 
 _CHANGES_RAW_KEY = changes_key().encode()

@@ -19,10 +19,11 @@ the figures of ``bench/cluster_fanout.py``.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+from typing import cast
+
+from redis.asyncio import Redis, RedisCluster
 
 from ..cluster_reads import BucketWakeups, announce
-from ..offsets import StreamId
 from ..store import DocumentStore
 from .acks import SubscriptionRegistry
 from .fanout import Fanout, Subscriber
@@ -33,11 +34,20 @@ __all__ = ["ClusterFanout", "announce"]
 class ClusterFanout(Fanout):
     """:class:`~.fanout.Fanout` with the cluster's read path (module doc)."""
 
-    def __init__(self, redis: Redis, store: DocumentStore, subscribers: SubscriptionRegistry[Subscriber], *,
-                 block_ms: int, count: int, max_bytes: int = 1024 * 1024):
+    def __init__(
+        self,
+        redis: Redis,
+        store: DocumentStore,
+        subscribers: SubscriptionRegistry[Subscriber],
+        *,
+        block_ms: int,
+        count: int,
+        max_bytes: int = 1024 * 1024,
+    ):
         super().__init__(redis, store, subscribers, block_ms=block_ms, count=count, max_bytes=max_bytes)
-        self.wakeups = BucketWakeups(self.reader, block_ms=block_ms, wanted=lambda doc: doc in self.feeds,
-                                     name="yrelay-fanout")
+        self.wakeups = BucketWakeups(
+            self.reader, block_ms=block_ms, wanted=lambda doc: doc in self.feeds, name="yrelay-fanout"
+        )
         #: The masters the reader's slot map names (a failover changes them).
         self._masters: frozenset[str] | None = None
 
@@ -76,7 +86,8 @@ class ClusterFanout(Fanout):
         failover may have happened without an error reaching this loop
         (redis-py retries a read on the new master by itself), and the new
         master may lack what the old one had (:mod:`.rewind`)."""
-        masters = frozenset(node.name for node in self.reader.get_primaries())  # type: ignore[attr-defined]
+        reader = cast(RedisCluster, self.reader)  # this fan-out's reader is a cluster client
+        masters = frozenset(node.name for node in reader.get_primaries())
         changed = self._masters is not None and masters != self._masters
         self._masters = masters
         return changed

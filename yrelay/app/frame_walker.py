@@ -79,5 +79,5 @@ def _header(data: bytes | bytearray, start: int) -> tuple[int, int] | None:
     if available < size:
         return None
     if extended:
-        length = int.from_bytes(data[start + 2:start + 2 + extended], "big")
+        length = int.from_bytes(data[start + 2 : start + 2 + extended], "big")
     return size, length

@@ -22,7 +22,7 @@ from starlette.datastructures import Headers
 from starlette.websockets import WebSocket
 
 from .. import logs, protocol
-from ..auth import AuthError, Authenticator, NoAuthenticator, Principal, origin_allowed
+from ..auth import Authenticator, AuthError, NoAuthenticator, Principal, origin_allowed
 from ..auth.authenticator import JwtAuthenticator
 from ..auth.origins import own_origins
 from ..protocol import ErrorCode, Hello, ProtocolError
@@ -86,9 +86,12 @@ class Handshake:
         own = own_origins(settings.public_url, settings.host, settings.port)
         if origin_allowed(origin, own, settings.allowed_origins):
             return False
-        log.warning("refused a browser connection from origin %s (allowed: %s and YRELAY_ALLOWED_ORIGINS; "
-                    "set YRELAY_PUBLIC_URL if that is this server's own address)",
-                    logs.untrusted(origin or ""), ", ".join(sorted(own)))
+        log.warning(
+            "refused a browser connection from origin %s (allowed: %s and YRELAY_ALLOWED_ORIGINS; "
+            "set YRELAY_PUBLIC_URL if that is this server's own address)",
+            logs.untrusted(origin or ""),
+            ", ".join(sorted(own)),
+        )
         return True
 
     def accepted(self) -> None:
@@ -106,7 +109,10 @@ class Handshake:
         """Authenticate ``hello`` and open its session; a bad token ends the connection."""
         ctx = self._ctx
         if frame.protocol != protocol.PROTOCOL_VERSION:
-            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}")
+            raise ProtocolError(
+                ErrorCode.MALFORMED_FRAME,
+                f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}",
+            )
         principal = await self.authenticate(frame.token)
         if isinstance(principal, CutOff):
             return principal
@@ -128,8 +134,11 @@ class Handshake:
 
     def welcome(self, opened: Opened) -> dict[str, Any]:
         ctx = self._ctx
-        auth = {"mode": _auth_mode(ctx.authenticator), "subject": opened.principal.subject,
-                "permission": opened.principal.permission.value}
+        auth = {
+            "mode": _auth_mode(ctx.authenticator),
+            "subject": opened.principal.subject,
+            "permission": opened.principal.permission.value,
+        }
         return protocol.welcome(opened.session, opened.resumed, ctx.settings.client_limits(), auth)
 
     def token_lapsed(self) -> CutOff | None:
@@ -154,7 +163,7 @@ async def refuse(websocket: WebSocket, refusal: Refusal) -> None:
         await websocket.accept()
         await websocket.send_text(protocol.encode(protocol.error(refusal.error)))
         await websocket.close(refusal.close_code)
-    except Exception:  # gone already
+    except Exception:  # noqa: BLE001 - gone already (whatever the closed socket raises): the refusal is best effort
         pass
 
 
@@ -166,7 +175,7 @@ def offered_subprotocols(headers: Headers) -> list[str]:
 def token_in(offered: list[str]) -> str | None:
     for protocol_name in offered:
         if protocol_name.startswith(TOKEN_SUBPROTOCOL_PREFIX):
-            return protocol_name[len(TOKEN_SUBPROTOCOL_PREFIX):] or None
+            return protocol_name[len(TOKEN_SUBPROTOCOL_PREFIX) :] or None
     return None
 
 

@@ -28,8 +28,9 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(request: Request,
-                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> JSONResponse:
+async def readyz(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> JSONResponse:
     """Redis answers and every script is loaded: ready for traffic. Which
     process (``host:pid``) and why not (Redis's error text names hosts and
     ports) only with the ops or metrics token."""
@@ -41,7 +42,7 @@ async def readyz(request: Request,
         if not all(await ctx.redis.script_exists(*(script.sha for script in scripts))):
             for script in scripts:  # Redis restarted without its script cache
                 script.sha = await ctx.redis.script_load(script.script)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of the check reads "unavailable", never a 500
         body = {"status": "unavailable"}
         if operator:
             body["reason"] = str(exc)[:200]
@@ -54,5 +55,6 @@ def _operator(settings: Settings, credentials: HTTPAuthorizationCredentials | No
     if credentials is None:
         return False
     given = credentials.credentials.encode()
-    return any(secrets.compare_digest(given, token.encode())
-               for token in (settings.ops_token, settings.metrics_token) if token)
+    return any(
+        secrets.compare_digest(given, token.encode()) for token in (settings.ops_token, settings.metrics_token) if token
+    )

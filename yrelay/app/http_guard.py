@@ -71,6 +71,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_done = False
 
+    # uvicorn's own override narrows asyncio's BaseTransport to Transport (its ignore): this one keeps its signature.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._await_request()
@@ -101,10 +102,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def handle_websocket_upgrade(self) -> None:
-        if (len(self.scope["method"]) + len(self.url) + 10 > MAX_LINE_LENGTH or len(self.headers) > MAX_NUM_HEADERS
-                or any(len(name) + len(value) + 2 > MAX_LINE_LENGTH for name, value in self.headers)):
-            self._refuse(431, f"a websocket handshake line over {MAX_LINE_LENGTH} bytes, or over "
-                              f"{MAX_NUM_HEADERS} headers; send a long token in 'hello' instead")
+        if (
+            len(self.scope["method"]) + len(self.url) + 10 > MAX_LINE_LENGTH
+            or len(self.headers) > MAX_NUM_HEADERS
+            or any(len(name) + len(value) + 2 > MAX_LINE_LENGTH for name, value in self.headers)
+        ):
+            self._refuse(
+                431,
+                f"a websocket handshake line over {MAX_LINE_LENGTH} bytes, or over "
+                f"{MAX_NUM_HEADERS} headers; send a long token in 'hello' instead",
+            )
             return
         self._request_received()
         super().handle_websocket_upgrade()
@@ -149,23 +156,41 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` with a short plain-text reason and close."""
         body = message.encode("ascii", "replace")
-        self.transport.write(b"".join([
-            STATUS_LINE[status], b"content-type: text/plain; charset=utf-8\r\n",
-            b"content-length: ", str(len(body)).encode(), b"\r\n", b"connection: close\r\n\r\n", body,
-        ]))
+        self.transport.write(
+            b"".join(
+                [
+                    STATUS_LINE[status],
+                    b"content-type: text/plain; charset=utf-8\r\n",
+                    b"content-length: ",
+                    str(len(body)).encode(),
+                    b"\r\n",
+                    b"connection: close\r\n\r\n",
+                    body,
+                ]
+            )
+        )
         self._close()
 
     def _warn_cap(self, waiting: int) -> None:
         now = time.monotonic()
         if now - GuardedHttpToolsProtocol._last_warning >= WARN_INTERVAL:
             GuardedHttpToolsProtocol._last_warning = now
-            log.warning("%d connections are waiting for their request (max_pending_connections): "
-                        "closing the oldest ones (a slowloris attack, or raise the cap)", waiting)
+            log.warning(
+                "%d connections are waiting for their request (max_pending_connections): "
+                "closing the oldest ones (a slowloris attack, or raise the cap)",
+                waiting,
+            )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def guarded_protocol(header_timeout: float, max_pending: int, max_header_bytes: int) -> type[GuardedHttpToolsProtocol]:
     """The protocol class for ``uvicorn.Config(http=...)`` with these limits."""
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {
-        "header_timeout": header_timeout, "max_pending": max_pending, "max_header_bytes": max_header_bytes,
-    })
+    return type(
+        "GuardedHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
+        {
+            "header_timeout": header_timeout,
+            "max_pending": max_pending,
+            "max_header_bytes": max_header_bytes,
+        },
+    )

@@ -148,7 +148,8 @@ class Kick:
     async def park(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait for the next ``set`` (True) or a quiet period (False: end the
         loop, unless the flag was set meanwhile: check it before ending)."""
-        parked = self._parked = loop.create_future()
+        parked: asyncio.Future[bool] = loop.create_future()
+        self._parked = parked
         try:
             return await parked
         finally:

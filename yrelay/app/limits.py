@@ -103,9 +103,9 @@ class SessionRates:
         return bucket
 
     def release(self, session: str) -> None:
-        bucket, users = self._buckets.get(session, (None, 0))
-        if users > 1:
-            self._buckets[session] = (bucket, users - 1)  # type: ignore[assignment]
+        held = self._buckets.get(session)
+        if held is not None and held[1] > 1:
+            self._buckets[session] = (held[0], held[1] - 1)
         else:
             self._buckets.pop(session, None)
 
@@ -153,7 +153,7 @@ class Refusal:
 class Limits:
     """The limits one server context holds: per process, and (``subjects``) per subject."""
 
-    def __init__(self, settings: "Settings", subjects: "SubjectQuotas"):
+    def __init__(self, settings: Settings, subjects: SubjectQuotas):
         self.subjects = subjects
         self.admission = Admission(settings.admission_rate, settings.admission_burst)
         self.addresses = AddressCounts(settings.max_connections_per_address)
@@ -163,15 +163,21 @@ class Limits:
         """Count a new websocket from ``address``, or say why it is refused
         (nothing is counted then). Admitted: ``close_connection`` later."""
         if not self.addresses.open(address):
-            return Refusal(ProtocolError(
-                ErrorCode.TOO_MANY_CONNECTIONS,
-                f"at most {self.addresses.limit} connections per address; close some or retry later",
-                retry_after_ms=ADDRESS_RETRY_MS), CLOSE_POLICY_VIOLATION)
+            return Refusal(
+                ProtocolError(
+                    ErrorCode.TOO_MANY_CONNECTIONS,
+                    f"at most {self.addresses.limit} connections per address; close some or retry later",
+                    retry_after_ms=ADDRESS_RETRY_MS,
+                ),
+                CLOSE_POLICY_VIOLATION,
+            )
         wait = self.admission.admit()
         if wait is not None:
             self.addresses.close(address)
-            return Refusal(ProtocolError(ErrorCode.OVERLOADED, "too many new connections; retry later",
-                                         retry_after_ms=wait), CLOSE_TRY_AGAIN_LATER)
+            return Refusal(
+                ProtocolError(ErrorCode.OVERLOADED, "too many new connections; retry later", retry_after_ms=wait),
+                CLOSE_TRY_AGAIN_LATER,
+            )
         return None
 
     def close_connection(self, address: str) -> None:

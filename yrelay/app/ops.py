@@ -22,7 +22,8 @@ from ..gc.blocked import drop_blocked
 from ..keys import InvalidDocumentId, validate_doc_id
 from ..listing import documents_page
 from ..tracker.lag import document_status
-from .binding import relay_context as _ctx, relay_settings
+from .binding import relay_context as _ctx
+from .binding import relay_settings
 from .http_body import documented, json_body
 from .paths import DOC_PARAM
 
@@ -83,8 +84,9 @@ async def run_gc(body: Annotated[GcRequest, Depends(json_body(GcRequest))], requ
 
 
 def _eventful(report: DocReport) -> bool:
-    return bool(report.evicted or report.folded or report.trimmed or report.blocked_at or report.conflict
-                or report.error)
+    return bool(
+        report.evicted or report.folded or report.trimmed or report.blocked_at or report.conflict or report.error
+    )
 
 
 @router.get("/docs")
@@ -137,9 +139,12 @@ async def drop_blocked_entries(doc: str, request: Request) -> dict[str, Any]:
 
 class RevokeRequest(BaseModel):
     jti: str = Field(..., min_length=1, max_length=200, description="The token id (JWT 'jti') to revoke.")
-    expires_at: float | None = Field(None, allow_inf_nan=False,
-                                     description="The token's exp (Unix seconds); the revocation is kept until "
-                                                 "then plus auth_leeway. 422 when that has passed already.")
+    expires_at: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="The token's exp (Unix seconds); the revocation is kept until "
+        "then plus auth_leeway. 422 when that has passed already.",
+    )
 
 
 @router.post("/tokens/revoke", status_code=status.HTTP_204_NO_CONTENT, openapi_extra=documented(RevokeRequest))

@@ -15,8 +15,9 @@ of every websocket endpoint (``/ws``, ``/yws``) therefore passes
   subscribe, unsubscribe, sync, digests, awareness queries) one of its
   control bucket (:meth:`control`), and requests whose answer is larger
   than the request (:meth:`answer`) wait while the connection's answer-byte
-  bucket is in debt (:meth:`charge` books an answer's bytes once it is sent). Over a rate the connection simply stops reading: its
-  unread frames stay in the socket and TCP slows the sender down
+  bucket is in debt (:meth:`charge` books an answer's bytes once it is
+  sent). Over a rate the connection simply stops reading: its unread
+  frames stay in the socket and TCP slows the sender down
   (the websocket protocol, :mod:`.ws_protocol`, parses no more than a few
   frames ahead). Nothing is refused, so nothing cascades: the updates behind
   a slowed one are not turned into ``missing_dependency``;
@@ -75,8 +76,10 @@ class Flooded(Exception):
     """The connection was held back by its rates for too long: close it (4429)."""
 
     def __init__(self, retry_after_ms: int):
-        super().__init__(f"too many messages: held back by the server's rates for too long; "
-                         f"reconnect no sooner than {retry_after_ms} ms")
+        super().__init__(
+            f"too many messages: held back by the server's rates for too long; "
+            f"reconnect no sooner than {retry_after_ms} ms"
+        )
         self.retry_after_ms = retry_after_ms
 
 
@@ -84,11 +87,19 @@ class Pacer(TokenBucket):
     """One websocket's share of the event loop and its rates. It is itself
     the connection's frame bucket (one object less per idle connection)."""
 
-    __slots__ = ("_settings", "_metrics", "_control", "_answers", "_turn_frames", "_turn_bytes", "_pressure",
-                 "_pressure_at", "trusted")
+    __slots__ = (
+        "_settings",
+        "_metrics",
+        "_control",
+        "_answers",
+        "_turn_frames",
+        "_turn_bytes",
+        "_pressure",
+        "_pressure_at",
+        "trusted",
+    )
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, settings: Settings, metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic):
         super().__init__(PREAUTH_RATE, PREAUTH_BURST, clock)
         self._settings = settings
         self._metrics = metrics

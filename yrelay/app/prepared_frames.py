@@ -15,8 +15,8 @@ goes the ASGI way as before.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 #: The ASGI scope extension through which the app writes a text frame framed
 #: once for many sockets (:func:`text_frame`) straight to this connection's
@@ -28,7 +28,7 @@ PREPARED_FRAMES = "yrelay.prepared_frames"
 WritePrepared = Callable[[bytes], bool]
 
 
-def prepared_writer(scope: dict[str, Any], send: object) -> WritePrepared | None:
+def prepared_writer(scope: Mapping[str, Any], send: object) -> WritePrepared | None:
     """The server's prepared-frame writer for this connection, if it offers
     one and ``send`` is the server's own: ASGI middleware that wraps ``send``
     (an embedding app's telemetry, say) would not see what the writer sends,
@@ -37,7 +37,7 @@ def prepared_writer(scope: dict[str, Any], send: object) -> WritePrepared | None
     owner = getattr(write, "__self__", None)
     if owner is None or getattr(send, "__self__", None) is not owner:
         return None
-    return write  # type: ignore[no-any-return]
+    return cast(WritePrepared, write)  # the server's own writer (its __self__ is send's)
 
 
 def text_frame(text: str) -> bytes:

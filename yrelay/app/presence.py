@@ -23,7 +23,8 @@ import asyncio
 import itertools
 import logging
 import secrets
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -48,9 +49,23 @@ SUBSCRIBE_WAIT = 1.0
 GREETING_REUSE = 1.0
 
 
+def _untyped(method: object) -> Callable[[], Awaitable[None]]:
+    """A redis-py ``PubSub`` method its library leaves unannotated
+    (``connect``, ``aclose``), typed as what it is: a coroutine of nothing."""
+    return cast("Callable[[], Awaitable[None]]", method)
+
+
 class Presence:
-    def __init__(self, redis: Redis, listener: Redis, *, timeout: float, process_id: str,
-                 max_clients: int = 500, greeting_bytes: int = 1024 * 1024):
+    def __init__(
+        self,
+        redis: Redis,
+        listener: Redis,
+        *,
+        timeout: float,
+        process_id: str,
+        max_clients: int = 500,
+        greeting_bytes: int = 1024 * 1024,
+    ):
         self.redis = redis
         self.listener = listener  # its own client: the pub/sub connection stays subscribed
         self.timeout_ms = int(timeout * 1000)
@@ -189,8 +204,12 @@ class Presence:
 
     def _refused_locally(self, member: Member, entries: list[AwarenessEntry]) -> list[int]:
         """Without Redis, at least this process's own members are protected."""
-        owned = {client for other in self.members.get(member.doc, ())
-                 if other.owner != member.owner for client in other.clocks}
+        owned = {
+            client
+            for other in self.members.get(member.doc, ())
+            if other.owner != member.owner
+            for client in other.clocks
+        }
         return [entry.client_id for entry in entries if entry.client_id in owned]
 
     async def _forget_owned(self, member: Member, clients: list[int]) -> set[int]:
@@ -260,7 +279,7 @@ class Presence:
     async def _listen(self) -> None:
         pubsub = self.listener.pubsub()
         try:
-            await pubsub.connect()
+            await _untyped(pubsub.connect)()
             async with self._channel_lock:
                 self._pubsub = pubsub
                 self._channels = {doc: asyncio.Event() for doc in self.members}
@@ -274,7 +293,7 @@ class Presence:
         finally:
             self._pubsub = None
             self._channels = {}
-            await asyncio.gather(pubsub.aclose(), return_exceptions=True)
+            await asyncio.gather(_untyped(pubsub.aclose)(), return_exceptions=True)
 
     def _on_message(self, message: dict[str, Any]) -> None:
         doc = doc_of_presence_channel(_text(message["channel"]))

@@ -69,7 +69,7 @@ class Member:
         try:
             while self._outbox:
                 await self._send(self._outbox.pop(0))
-        except Exception:  # the socket is gone; the connection cleans up
+        except Exception:  # noqa: BLE001 - the socket is gone (however it says so); the connection cleans up
             self._outbox.clear()
 
     def claim(self, entries: list[AwarenessEntry]) -> None:

@@ -50,7 +50,7 @@ CHUNK_SECONDS = 0.1
 class SharedBucket:
     """One subject's bucket of one kind, as seen by this process."""
 
-    def __init__(self, quotas: "SubjectQuotas", key: str, rate: float, burst: int):
+    def __init__(self, quotas: SubjectQuotas, key: str, rate: float, burst: int):
         self.rate = rate
         self.burst = max(burst, 1)
         self.chunk = max(1, min(self.burst, math.ceil(rate * CHUNK_SECONDS)))
@@ -148,7 +148,7 @@ class SubjectBuckets:
 class SubjectQuotas:
     """The per-subject limits of one server process (see the module doc)."""
 
-    def __init__(self, redis: Redis, scripts: "Scripts", settings: "Settings"):
+    def __init__(self, redis: Redis, scripts: Scripts, settings: Settings):
         self.redis = redis
         self.settings = settings
         self.instance = f"{process_name()}:{secrets.token_hex(4)}"
@@ -172,12 +172,22 @@ class SubjectQuotas:
             s = self.settings
             buckets = self._buckets[subject] = SubjectBuckets(
                 subject,
-                SharedBucket(self, subject_bucket_key(subject, "updates"), s.subject_updates_per_second,
-                             s.subject_update_burst),
-                SharedBucket(self, subject_bucket_key(subject, "presence"), s.subject_presence_per_second,
-                             s.subject_presence_burst),
-                SharedBucket(self, subject_bucket_key(subject, "answers"), s.subject_answer_bytes_per_second / 1024,
-                             s.subject_answer_burst_bytes // 1024))
+                SharedBucket(
+                    self, subject_bucket_key(subject, "updates"), s.subject_updates_per_second, s.subject_update_burst
+                ),
+                SharedBucket(
+                    self,
+                    subject_bucket_key(subject, "presence"),
+                    s.subject_presence_per_second,
+                    s.subject_presence_burst,
+                ),
+                SharedBucket(
+                    self,
+                    subject_bucket_key(subject, "answers"),
+                    s.subject_answer_bytes_per_second / 1024,
+                    s.subject_answer_burst_bytes // 1024,
+                ),
+            )
         buckets.users += 1
         return buckets
 
@@ -206,8 +216,9 @@ class SubjectQuotas:
         if cap <= 0:
             return True
         try:
-            stored, _ = await self._count(keys=[subject_subscriptions_key(subject)],
-                                          args=self._count_args(subject, count, check=True))
+            stored, _ = await self._count(
+                keys=[subject_subscriptions_key(subject)], args=self._count_args(subject, count, check=True)
+            )
         except Exception as exc:
             if not lost_redis(exc):
                 raise
@@ -230,7 +241,7 @@ class SubjectQuotas:
             if self._flushing is None:
                 self._flushing = spawn(self._flush(), name="yrelay-subscription-counts")
 
-    def _count_args(self, subject: str, count: int, check: bool) -> list[object]:
+    def _count_args(self, subject: str, count: int, check: bool) -> list[str | int]:
         lease_ms = int(self.settings.subscription_lease * 1000)
         return [self.instance, count, self.settings.max_subscriptions_per_subject, lease_ms, int(check)]
 
@@ -272,8 +283,10 @@ class SubjectQuotas:
         while True:
             await asyncio.sleep(self.settings.subscription_lease / 3)
             if not await self._store_counts(set(self.subscriptions)):  # a bug crashes the loop: restarted
-                log.warning("subscription leases not renewed (Redis unreachable); retrying in %.0fs",
-                            self.settings.subscription_lease / 3)
+                log.warning(
+                    "subscription leases not renewed (Redis unreachable); retrying in %.0fs",
+                    self.settings.subscription_lease / 3,
+                )
 
     async def stop(self) -> None:
         """Give the counts back (a clean stop need not wait for the lease)."""
@@ -284,7 +297,7 @@ class SubjectQuotas:
         self.subscriptions.clear()
         try:
             await self._store_counts(subjects)
-        except Exception as exc:  # the leases lapse by themselves
+        except Exception as exc:  # noqa: BLE001 - a stop always completes; the leases lapse by themselves
             log.debug("subscription counts not released: %s", exc)
 
 

@@ -20,12 +20,13 @@ See docs/embedding.md.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import cast
 
 from fastapi import APIRouter, Depends, FastAPI
+from starlette._utils import get_route_path  # Starlette's own (routing re-exports it without declaring it)
 from starlette.middleware import Middleware
-from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -43,6 +44,9 @@ from .paths import DOC_PARAM
 from .prepared_frames import prepared_writer
 from .scrape import router as scrape_router
 from .yws_endpoint import YWS_PREFIX, YwsEndpoint
+
+#: The endpoint form ``add_websocket_route`` names (it also takes a raw ASGI app).
+WebSocketFunction = Callable[[WebSocket], Awaitable[None]]
 
 #: The websocket endpoint, relative to wherever the router is included.
 WEBSOCKET_PATH = "/ws"
@@ -63,8 +67,14 @@ class Relay:
     lifespan refuses to start when they name none.
     """
 
-    def __init__(self, settings: Settings | None = None, *, redis_url: str | None = None,
-                 authenticator: Authenticator | None = None, authenticate: AuthenticateFn | None = None):
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        redis_url: str | None = None,
+        authenticator: Authenticator | None = None,
+        authenticate: AuthenticateFn | None = None,
+    ):
         if authenticator is not None and authenticate is not None:
             raise ValueError("pass authenticator or authenticate, not both")
         self.settings = settings if settings is not None else Settings.from_env()
@@ -84,8 +94,11 @@ class Relay:
         """The websocket route and the HTTP routes; every HTTP route reads
         this relay (:mod:`yrelay.app.binding`)."""
         router = APIRouter(dependencies=[Depends(binder(self))])
-        router.add_websocket_route(WEBSOCKET_PATH, self.endpoint, name="yrelay_sync")
-        router.add_websocket_route(YWS_PREFIX + DOC_PARAM, self.yws_endpoint, name="yrelay_yws")
+        # Starlette serves an endpoint that is not a function as a raw ASGI app; its annotation names only functions.
+        router.add_websocket_route(WEBSOCKET_PATH, cast(WebSocketFunction, self.endpoint), name="yrelay_sync")
+        router.add_websocket_route(
+            YWS_PREFIX + DOC_PARAM, cast(WebSocketFunction, self.yws_endpoint), name="yrelay_yws"
+        )
         for part in (health_router, scrape_router, ops_router, ops_groups_router):
             router.include_router(part)
         return router

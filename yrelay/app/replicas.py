@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline
 
 from ..config import Settings
 from ..keys import replication_probe_key
 from ..redis_client import is_cluster
+from ..redis_packed import CommandQueue
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ class ReplicaWait:
         """None when acks need no replica (``ack_replicas`` 0)."""
         return cls(settings.ack_replicas, settings.ack_replicas_timeout) if settings.ack_replicas > 0 else None
 
-    def queue(self, pipe, keys: dict[str, str]) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    def queue(self, pipe: CommandQueue, keys: dict[str, str]) -> dict[str, int]:
         """The ``WAIT`` at the end of a pipeline, after its writes to
         ``keys`` (name -> a key written); name -> the index of the WAIT that
         covers it among those queued. In a cluster, one per node holding one
@@ -71,10 +74,11 @@ class ReplicaWait:
         if not is_cluster(pipe):
             pipe.execute_command(*args)
             return dict.fromkeys(keys, 0)
-        nodes = {name: pipe.cluster_client.get_node_from_key(key) for name, key in keys.items()}
+        cluster = cast(ClusterPipeline, pipe)  # is_cluster: a cluster client's pipeline
+        nodes = {name: _primary_of(cluster, key) for name, key in keys.items()}
         distinct = list({node.name: node for node in nodes.values()}.values())
         for node in distinct:
-            pipe.execute_command(*args, target_nodes=node)
+            cluster.execute_command(*args, target_nodes=node)
         index = {node.name: i for i, node in enumerate(distinct)}
         return {name: index[node.name] for name, node in nodes.items()}
 
@@ -90,7 +94,15 @@ class ReplicaWait:
                 pipe.set(replication_probe_key(doc), b"1", px=PROBE_TTL_MS)
                 self.queue(pipe, {doc: replication_probe_key(doc)})
                 _, *replies = await pipe.execute()
-        except Exception as exc:  # the entry is stored: the client resends either way
+        except Exception as exc:  # noqa: BLE001 - the entry is stored: the client resends whatever failed here
             log.warning("waiting for replicas after a resend failed: %s", exc)
             return False
         return self.enough(replies)
+
+
+def _primary_of(cluster: ClusterPipeline, key: str) -> ClusterNode:
+    """The primary holding ``key``'s slot (redis-py returns None only when
+    asked for a replica; a slot nobody covers raises SlotNotCoveredError)."""
+    node = cluster.cluster_client.get_node_from_key(key)
+    assert node is not None
+    return node

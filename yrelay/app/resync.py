@@ -38,8 +38,9 @@ class Resume:
     window: WindowDigest | None = None
 
 
-async def resume_point(ctx: "ServerContext", doc: str, session: str, requested: StreamId,
-                       claimed: WindowDigest | None, last: StreamId) -> Resume | ResyncReason:
+async def resume_point(
+    ctx: ServerContext, doc: str, session: str, requested: StreamId, claimed: WindowDigest | None, last: StreamId
+) -> Resume | ResyncReason:
     """Where a client that holds ``requested`` (with the drift digest
     ``claimed`` over its window) continues, given the document's ``last``
     id; or why it must resync first.
@@ -72,7 +73,7 @@ class SyncAnswer:
     state_vector: bytes
 
 
-async def answer_sync(ctx: "ServerContext", doc: str, session: str, state_vector: bytes) -> SyncAnswer:
+async def answer_sync(ctx: ServerContext, doc: str, session: str, state_vector: bytes) -> SyncAnswer:
     """The server's side of the two-way state-vector exchange; the session
     is tracked at the answer's offset. Raises :class:`crdt.InvalidUpdate`
     for a bad state vector, :class:`.engine_pool.EngineFailed` when the
@@ -87,14 +88,14 @@ async def answer_sync(ctx: "ServerContext", doc: str, session: str, state_vector
     return answer
 
 
-async def sync_answer(ctx: "ServerContext", doc: str, state_vector: bytes) -> SyncAnswer:
+async def sync_answer(ctx: ServerContext, doc: str, state_vector: bytes) -> SyncAnswer:
     """:func:`answer_sync` without tracking anyone (``/yws`` connections
     never pin a stream); an answer computed from the same entries is served
     again instead of computed in an engine worker (:mod:`.answer_cache`)."""
     precheck_state_vector(state_vector)
     snapshot, entries = await _read_again_if_lost(ctx, doc)
     folded = str(entries[-1].id if entries else snapshot.offset)  # what the answer is computed from
-    cached = ctx.answers.get(doc, state_vector, folded)
+    cached: SyncAnswer | None = ctx.answers.get(doc, state_vector, folded)
     if cached is not None:  # the same entries and state vector: the engine's diff would be the same
         return cached
     answer = await ctx.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])
@@ -103,7 +104,7 @@ async def sync_answer(ctx: "ServerContext", doc: str, state_vector: bytes) -> Sy
     return result
 
 
-async def _read_again_if_lost(ctx: "ServerContext", doc: str) -> tuple[Snapshot, list[Entry]]:
+async def _read_again_if_lost(ctx: ServerContext, doc: str) -> tuple[Snapshot, list[Entry]]:
     """The document's snapshot and entries. A read is all it is, so one that
     met a connection Redis closed (the pool's connections after a Redis
     restart fail once each) is made again, up to ``READ_ATTEMPTS`` times,

@@ -29,7 +29,6 @@ from ..offsets import ZERO, StreamId
 from ..redis_client import UNREACHABLE
 from ..replies import stream_id
 
-
 #: Documents per pipeline: a process following 100k documents checks them
 #: in pages, not in one 300k-command pipeline.
 PAGE = 1000
@@ -50,7 +49,7 @@ async def find_rewound(redis: Any, seen: Mapping[str, Iterable[StreamId]]) -> di
     docs = [doc for doc, ids in checked.items() if ids]
     rewound: dict[str, StreamId] = {}
     for start in range(0, len(docs), PAGE):
-        rewound.update(await _check_page(redis, {doc: checked[doc] for doc in docs[start:start + PAGE]}))
+        rewound.update(await _check_page(redis, {doc: checked[doc] for doc in docs[start : start + PAGE]}))
     return rewound
 
 
@@ -70,7 +69,7 @@ async def _check_page(redis: Any, checked: dict[str, list[StreamId]]) -> dict[st
             continue  # the document's keys are broken: the fan-out sets it aside when it reads it
         raw_trimmed, raw_last = answers[-1]
         trimmed = stream_id(raw_trimmed) or ZERO
-        if any(not held and entry_id > trimmed for entry_id, held in zip(ids, answers[:-1])):
+        if any(not held and entry_id > trimmed for entry_id, held in zip(ids, answers[:-1], strict=True)):
             rewound[doc] = stream_id(raw_last) or ZERO
     return rewound
 

@@ -16,7 +16,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
 from .binding import relay_context, relay_settings
@@ -31,19 +30,19 @@ def _loopback(request: Request) -> bool:
         return False
 
 
-def may_scrape(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> None:
+def may_scrape(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     settings = relay_settings(request)
     tokens = [token for token in (settings.metrics_token, settings.ops_token) if token]
     if not tokens:
         if _loopback(request):
             return
-        raise HTTPException(status.HTTP_403_FORBIDDEN,
-                            "metrics are served to loopback clients only: set YRELAY_METRICS_TOKEN")
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "metrics are served to loopback clients only: set YRELAY_METRICS_TOKEN"
+        )
     if credentials is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "metrics token required",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "metrics token required", headers={"WWW-Authenticate": "Bearer"}
+        )
     given = credentials.credentials.encode()
     if not any(secrets.compare_digest(given, token.encode()) for token in tokens):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "wrong metrics token")
@@ -52,8 +51,12 @@ def may_scrape(
 router = APIRouter(tags=["monitoring"])
 
 
-@router.get("/metrics", dependencies=[Depends(may_scrape)], response_class=Response,
-            responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format."}})
+@router.get(
+    "/metrics",
+    dependencies=[Depends(may_scrape)],
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format."}},
+)
 async def metrics(request: Request) -> Response:
     """Counters, gauges and histograms of this server process (docs/operations.md#metrics)."""
     ctx = relay_context(request)

@@ -84,7 +84,7 @@ class PendingBatches:
 class Sender:
     """Sends one document's entries to one connection, from the cursor on."""
 
-    def __init__(self, ctx: "ServerContext", doc: str, session: str, send: Send, window: AckWindow):
+    def __init__(self, ctx: ServerContext, doc: str, session: str, send: Send, window: AckWindow):
         self.ctx = ctx
         self.doc = doc
         self.session = session
@@ -140,14 +140,14 @@ class Sender:
 
     def rewind(self) -> None:
         """Send again everything after the client's ack, read from the stream."""
-        self.ctx.events.emit("resend", self.doc, self.session, offset=str(self.window.acked),
-                             entries=len(self.window))
+        self.ctx.events.emit("resend", self.doc, self.session, offset=str(self.window.acked), entries=len(self.window))
         self.restart(self.window.rewind())
 
     async def _send_page(self, until: StreamId) -> bool:
         page = await self.ctx.store.read_page(self.doc, self.cursor, self._page_count)
-        self._page_count = sizing.next_count(self._page_count, page, self.ctx.settings.page_size,
-                                             self.ctx.settings.max_page_bytes)
+        self._page_count = sizing.next_count(
+            self._page_count, page, self.ctx.settings.page_size, self.ctx.settings.max_page_bytes
+        )
         page = [entry for entry in page if entry.id <= until]
         if not page:
             return False
@@ -174,8 +174,12 @@ class Sender:
         :data:`MAX_PREPARED_CHARS`) and hold no deletion marker, and the
         socket takes the frame now. False: nothing was done, queue it."""
         settings = self.ctx.settings
-        if (self.pending or not batch.after <= self.cursor < batch.last
-                or self.window.full(settings.max_unacked_entries) or self.window.resend_due(settings.resend_after)):
+        if (
+            self.pending
+            or not batch.after <= self.cursor < batch.last
+            or self.window.full(settings.max_unacked_entries)
+            or self.window.resend_due(settings.resend_after)
+        ):
             return False
         entries = [entry for entry in batch.entries if entry.id > self.cursor]
         if is_deletion(entries[-1]):
@@ -206,9 +210,16 @@ class Sender:
     def _sent(self, entries: list[Entry], visible: list[Entry]) -> None:
         """``entries`` were sent (``visible`` of them to the client): the event, the window, the cursor."""
         if visible:
-            self.ctx.events.emit("deliver", self.doc, self.session, first=str(visible[0].id), last=str(visible[-1].id),
-                                 entries=len(visible), bytes=sum(len(entry.update) for entry in visible),
-                                 head=str(max(self.head(), entries[-1].id)))
+            self.ctx.events.emit(
+                "deliver",
+                self.doc,
+                self.session,
+                first=str(visible[0].id),
+                last=str(visible[-1].id),
+                entries=len(visible),
+                bytes=sum(len(entry.update) for entry in visible),
+                head=str(max(self.head(), entries[-1].id)),
+            )
             self.window.sent([entry.id for entry in visible])
         self.cursor = entries[-1].id
         if not self.window:
@@ -224,7 +235,8 @@ class Sender:
         text = shared.get(key)
         if text is None:
             text = shared[key] = protocol.encode(
-                protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible]))
+                protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible])
+            )
         return text
 
     def _frame_key(self, visible: list[Entry], filtered: bool) -> tuple[object, ...]:

@@ -26,7 +26,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-
 from .. import crdt, logs, protocol
 from ..backoff import Reconnect
 from ..deletion import DocumentDeleted
@@ -44,7 +43,7 @@ from .lean import Kick
 from .limits import DeliveryBudget
 from .resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point
 from .rewind import find_rewound
-from .sending import Send, SendPrepared, Sender
+from .sending import Send, Sender, SendPrepared
 
 if TYPE_CHECKING:
     from .context import ServerContext
@@ -70,7 +69,7 @@ _TRANSITIONS = {
 class Subscription:
     def __init__(
         self,
-        ctx: "ServerContext",
+        ctx: ServerContext,
         doc: str,
         session: str,
         send: Send,
@@ -182,8 +181,12 @@ class Subscription:
     def _pump_idle(self) -> bool:
         """Live, with nothing for the pump to do and no step of it under way
         (parked or ended): a frame sent from outside cannot overtake one of its."""
-        return (self.state is SubscriptionState.LIVE and not self._wake.is_set() and self._synced_at is None
-                and (self._wake.parked or not self._pump.running))
+        return (
+            self.state is SubscriptionState.LIVE
+            and not self._wake.is_set()
+            and self._synced_at is None
+            and (self._wake.parked or not self._pump.running)
+        )
 
     def document_failed(self, reason: str) -> None:
         self._failure = reason
@@ -236,7 +239,7 @@ class Subscription:
                 pass
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the socket closed under us, most likely
+        except Exception as exc:  # noqa: BLE001 - the pump's task boundary: the socket closed under us, most likely
             if self.state is not SubscriptionState.CLOSED:  # else: closed while a step was finishing
                 log.warning("subscription %s stopped: %r", self.doc, exc)
 
@@ -299,7 +302,9 @@ class Subscription:
         self._sender.cursor = point.offset
         self._window.restart(point.offset)
         self._move(SubscriptionState.LIVE)
-        await self._send(protocol.subscribed(self.doc, str(point.offset), point.window.to_wire() if point.window else None))
+        await self._send(
+            protocol.subscribed(self.doc, str(point.offset), point.window.to_wire() if point.window else None)
+        )
         self._wake.set()
 
     async def _step(self) -> None:
@@ -325,8 +330,13 @@ class Subscription:
 
     async def _require_resync(self, reason: ResyncReason) -> None:
         log.info("resync required: %s", reason.value)
-        self.ctx.events.emit("resync", self.doc, self.session, reason=reason.value,
-                             offset=None if self._requested is None else str(self._requested))
+        self.ctx.events.emit(
+            "resync",
+            self.doc,
+            self.session,
+            reason=reason.value,
+            offset=None if self._requested is None else str(self._requested),
+        )
         self._move(SubscriptionState.RESYNC_REQUIRED)
         self._synced_at = None  # sent after the sync reply instead
         self._sender.pending.clear()
@@ -375,11 +385,13 @@ class Subscription:
         for _ in range(READ_ATTEMPTS):
             failures = self.ctx.fanout.failures
             answer = await answer_sync(self.ctx, self.doc, self.session, state_vector)
-            if failures == self.ctx.fanout.failures or not await find_rewound(self.ctx.store.redis,
-                                                                              {self.doc: [answer.offset]}):
+            if failures == self.ctx.fanout.failures or not await find_rewound(
+                self.ctx.store.redis, {self.doc: [answer.offset]}
+            ):
                 return answer
-            log.warning("document %s: the sync answer was read from a stream that went back since; "
-                        "answering again", self.doc)
+            log.warning(
+                "document %s: the sync answer was read from a stream that went back since; answering again", self.doc
+            )
         return answer
 
     async def _send_synced(self, offset: StreamId) -> None:
@@ -392,8 +404,7 @@ class Subscription:
         """The document was deleted (its marker was read): say so, end the
         subscription (from inside its own pump: close only forgets the task)."""
         self.ctx.events.emit("deleted", self.doc, self.session)
-        await self._error(ErrorCode.DOCUMENT_DELETED, "the document was deleted; subscribe again for a new, "
-                                                      "empty one")
+        await self._error(ErrorCode.DOCUMENT_DELETED, "the document was deleted; subscribe again for a new, empty one")
         await self.close()
         if self._on_deleted is not None:
             await self._on_deleted()

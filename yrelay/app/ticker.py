@@ -54,6 +54,7 @@ class Ticker:
 
         def remove() -> None:
             slot.pop(key, None)
+
         return remove
 
     async def _turn(self) -> None:

@@ -97,30 +97,50 @@ class UpdateParts:
         elif current is not None and not (current.same_update(frame) and frame.part == current.received):
             self._drop()  # out of order, or changed mid-way: this frame's error says so
             if frame.part != 0 or frame.parts is None:
-                raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"part {frame.part} (of {frame.parts}) arrived "
-                                    f"instead of part {current.received} of {current.parts}; the parts received "
-                                    "were discarded: send the update again from part 0",
-                                    doc=frame.doc, clock=frame.clock)
+                raise ProtocolError(
+                    ErrorCode.MALFORMED_FRAME,
+                    f"part {frame.part} (of {frame.parts}) arrived "
+                    f"instead of part {current.received} of {current.parts}; the parts received "
+                    "were discarded: send the update again from part 0",
+                    doc=frame.doc,
+                    clock=frame.clock,
+                )
             # part 0 again: the client starts this update over (e.g. after rate_limited)
         if frame.part is None or frame.parts is None or frame.part >= frame.parts:
-            raise ProtocolError(ErrorCode.MALFORMED_FRAME, "part and parts go together, with 0 <= part < parts",
-                                doc=frame.doc, clock=frame.clock)
+            raise ProtocolError(
+                ErrorCode.MALFORMED_FRAME,
+                "part and parts go together, with 0 <= part < parts",
+                doc=frame.doc,
+                clock=frame.clock,
+            )
         if self._open is None:
             if frame.part != 0:
-                raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"part {frame.part} without part 0 before it",
-                                    doc=frame.doc, clock=frame.clock)
+                raise ProtocolError(
+                    ErrorCode.MALFORMED_FRAME,
+                    f"part {frame.part} without part 0 before it",
+                    doc=frame.doc,
+                    clock=frame.clock,
+                )
             self._open = _Open(frame.doc, frame.clock, frame.parts, frame.sync)
         return self._keep(self._open, frame, data)
 
     def _keep(self, current: _Open, frame: AnyUpdate, data: bytes) -> bytes | None:
         if current.size + len(data) > self.max_update_bytes:  # refused before it is kept
             self._drop()
-            raise ProtocolError(ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {self.max_update_bytes} bytes",
-                                doc=frame.doc, clock=frame.clock)
+            raise ProtocolError(
+                ErrorCode.UPDATE_TOO_LARGE,
+                f"update exceeds {self.max_update_bytes} bytes",
+                doc=frame.doc,
+                clock=frame.clock,
+            )
         if not self._budget.take(len(data)):
             self._drop()
-            raise ProtocolError(ErrorCode.UNAVAILABLE, "the server holds too many updates in parts; resend later",
-                                doc=frame.doc, clock=frame.clock)
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE,
+                "the server holds too many updates in parts; resend later",
+                doc=frame.doc,
+                clock=frame.clock,
+            )
         current.slices.append(data)
         current.size += len(data)
         current.received += 1
@@ -165,17 +185,28 @@ class UpdateParts:
         broke it in is answered on its own."""
         current = self._drop()
         if current is not None:
-            await self._reject(ProtocolError(
-                ErrorCode.UNAVAILABLE, f"update in parts discarded after {current.received} of "
-                f"{current.parts} parts: {why}; send it again from part 0", doc=current.doc, clock=current.clock))
+            await self._reject(
+                ProtocolError(
+                    ErrorCode.UNAVAILABLE,
+                    f"update in parts discarded after {current.received} of "
+                    f"{current.parts} parts: {why}; send it again from part 0",
+                    doc=current.doc,
+                    clock=current.clock,
+                )
+            )
 
     def close(self) -> None:
         """The connection closed: nobody is left to tell; the client resends
         the whole update after it reconnects."""
         current = self._drop()
         if current is not None:
-            log.info("connection closed with %d of %d parts of clock %d of %s: discarded",
-                     current.received, current.parts, current.clock, current.doc)
+            log.info(
+                "connection closed with %d of %d parts of clock %d of %s: discarded",
+                current.received,
+                current.parts,
+                current.clock,
+                current.doc,
+            )
 
 
 def frame_identity(text: str) -> tuple[str | None, int | None]:
@@ -191,5 +222,5 @@ def frame_identity(text: str) -> tuple[str | None, int | None]:
     if not isinstance(raw, dict):
         return None, None
     doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
-    clock = raw.get("clock") if type(raw.get("clock")) is int else None  # noqa: E721 - a bool is no clock
+    clock = raw.get("clock") if type(raw.get("clock")) is int else None
     return doc, clock

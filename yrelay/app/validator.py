@@ -74,8 +74,12 @@ class WorkerProcess:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", self.module, *self.args,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            self.module,
+            *self.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
             # y-py prints every panic it catches: a hostile client must not fill
             # the log with them. Crashes and timeouts are logged by _one_by_one.
             stderr=asyncio.subprocess.DEVNULL,
@@ -86,7 +90,7 @@ class WorkerProcess:
         try:
             if await asyncio.wait_for(self.process.stdout.readexactly(1), STARTUP_TIMEOUT) != READY:
                 raise OSError("the worker did not start")
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError):
+        except (TimeoutError, asyncio.IncompleteReadError, OSError):
             self.process.kill()
             raise
 
@@ -100,8 +104,9 @@ class WorkerProcess:
 
         return await self.exchange(encode_request(updates), reasons, timeout)
 
-    async def exchange(self, request: bytes, read_reply: Callable[[asyncio.StreamReader], Awaitable[_T]],
-                       timeout: float) -> _T:
+    async def exchange(
+        self, request: bytes, read_reply: Callable[[asyncio.StreamReader], Awaitable[_T]], timeout: float
+    ) -> _T:
         """Send ``request`` and read the reply within ``timeout`` seconds;
         a worker that misses the deadline or dies is restarted
         (:class:`WorkerFailed`). Starts the process on first use."""
@@ -149,8 +154,9 @@ class Validator:
         self._workers = [WorkerProcess(module, (WITH_YPY_FLAG,) if with_ypy else ()) for _ in range(workers)]
         self._queue: deque[_Item] = deque()
         self._ready = asyncio.Event()
-        self._loops = [BackgroundTask("yrelay-validator", functools.partial(self._serve, worker))
-                       for worker in self._workers]
+        self._loops = [
+            BackgroundTask("yrelay-validator", functools.partial(self._serve, worker)) for worker in self._workers
+        ]
         #: Updates rejected because they hung or crashed a worker.
         self.timeouts = 0
         #: Updates passed without a worker: a shape both engines read.
@@ -161,7 +167,7 @@ class Validator:
         return sum(worker.restarts for worker in self._workers)
 
     async def start(self) -> None:
-        for worker, loop in zip(self._workers, self._loops):
+        for worker, loop in zip(self._workers, self._loops, strict=True):
             await worker.start()
             loop.start()
 
@@ -172,8 +178,9 @@ class Validator:
         for _, future in self._queue:
             future.cancel()
 
-    def submit(self, update: bytes, layout_checked: bool = False,
-               layout: Layout | None = None) -> "asyncio.Future[Exception | None]":
+    def submit(
+        self, update: bytes, layout_checked: bool = False, layout: Layout | None = None
+    ) -> asyncio.Future[Exception | None]:
         """Queue ``update``; the future resolves to None (valid) or the error
         to report (:class:`crdt.InvalidUpdate`, :class:`ValidatorUnavailable`).
         Raises :class:`crdt.InvalidUpdate` at once when the in-loop check does;
@@ -233,7 +240,7 @@ class Validator:
             except Exception as exc:  # never leave a connection waiting
                 log.exception("validator failed")
                 errors = [ValidatorUnavailable(type(exc).__name__) for _ in batch]
-            for (_, future), error in zip(batch, errors):
+            for (_, future), error in zip(batch, errors, strict=True):
                 if not future.done():
                     future.set_result(error)
 

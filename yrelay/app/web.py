@@ -53,8 +53,9 @@ def mount_web_client(app: FastAPI, static_dir: Path = STATIC_DIR, settings: Sett
     if static_dir.is_dir():
         files: ASGIApp = StaticFiles(directory=static_dir)
         if settings is not None:
-            files = _PageOrigins(files, own_origins(settings.public_url, settings.host, settings.port),
-                                 settings.allowed_origins)
+            files = _PageOrigins(
+                files, own_origins(settings.public_url, settings.host, settings.port), settings.allowed_origins
+            )
         app.mount("/static", files, name="static")
 
     @app.get("/", include_in_schema=False)

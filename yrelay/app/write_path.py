@@ -66,8 +66,9 @@ class WritePath:
         self._allowance = allowance
         self._send = send
         self._spawn = spawn
-        self._inflight = InflightUpdates(ctx.settings.max_inflight_appends,
-                                         ctx.settings.max_inflight_bytes_per_connection, ctx.inflight_bytes)
+        self._inflight = InflightUpdates(
+            ctx.settings.max_inflight_appends, ctx.settings.max_inflight_bytes_per_connection, ctx.inflight_bytes
+        )
         #: Resolved once the last update received was submitted or rejected:
         #: updates are validated concurrently but appended in arrival order.
         self._turn: asyncio.Future[None] | None = None
@@ -89,11 +90,12 @@ class WritePath:
         if self._parts.ignored(frame):  # the rest of a refused update's parts
             return
         await self._allowance.take_update(frame)  # not stored; the client resends after retry_after_ms
-        update = decode_limited(frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE,
-                                frame.doc, frame.clock)
-        update = await self._parts.feed(frame, update)  # None until the last part of an update in parts
-        if update is not None:
-            await self.submit(frame, update, received)
+        update = decode_limited(
+            frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE, frame.doc, frame.clock
+        )
+        whole = await self._parts.feed(frame, update)  # None until the last part of an update in parts
+        if whole is not None:
+            await self.submit(frame, whole, received)
 
     async def submit(self, frame: AnyUpdate, update: bytes, received: float) -> None:
         """Check the whole ``update`` (raising :class:`ProtocolError`) and
@@ -107,19 +109,27 @@ class WritePath:
         try:
             if isinstance(reading, Exception):
                 raise reading
-            verdict = self.ctx.validator.submit(reading.update if reading is not None else update,
-                                                layout_checked=reading is not None,
-                                                layout=reading.layout if reading is not None else None)
+            verdict = self.ctx.validator.submit(
+                reading.update if reading is not None else update,
+                layout_checked=reading is not None,
+                layout=reading.layout if reading is not None else None,
+            )
         except crdt.InvalidUpdate as exc:
             raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
         await self._inflight.acquire(len(update))
         previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
         self._spawn(self._append_when_valid(frame, update, verdict, reading, previous, self._turn, received))
 
-    async def _append_when_valid(self, frame: AnyUpdate, update: bytes, verdict: asyncio.Future[Exception | None],
-                                 reading: Reading | Exception | None,
-                                 previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
-                                 received: float) -> None:
+    async def _append_when_valid(
+        self,
+        frame: AnyUpdate,
+        update: bytes,
+        verdict: asyncio.Future[Exception | None],
+        reading: Reading | Exception | None,
+        previous: asyncio.Future[None] | None,
+        turn: asyncio.Future[None],
+        received: float,
+    ) -> None:
         """Wait for the validator and, for a large update, its causal reading
         in a thread (while the next frames are read), then for the update
         received before this one, then append. (A large update is validated
@@ -136,8 +146,14 @@ class WritePath:
                 await previous
             if error is None:
                 assert not isinstance(reading, Exception)
-                future = self.ctx.appender.submit(frame.doc, self.session, frame.clock, reading.update,
-                                                  reading.needs, sync_layout=reading.layout if frame.sync else None)
+                future = self.ctx.appender.submit(
+                    frame.doc,
+                    self.session,
+                    frame.clock,
+                    reading.update,
+                    reading.needs,
+                    sync_layout=reading.layout if frame.sync else None,
+                )
         except BaseException:
             self._inflight.release(len(update))
             raise
@@ -149,14 +165,16 @@ class WritePath:
             return
         self._inflight.release(len(update))
         if isinstance(error, ValidatorUnavailable):
-            error = ProtocolError(ErrorCode.UNAVAILABLE, "the update could not be checked; resend it",
-                                  doc=frame.doc, clock=frame.clock)
+            error = ProtocolError(
+                ErrorCode.UNAVAILABLE, "the update could not be checked; resend it", doc=frame.doc, clock=frame.clock
+            )
         else:
             error = ProtocolError(ErrorCode.INVALID_UPDATE, str(error), doc=frame.doc, clock=frame.clock)
         await self._safe_send(protocol.error(error))
 
-    async def _confirm(self, frame: AnyUpdate, future: asyncio.Future[AppendResult], size: int,
-                       received: float) -> None:
+    async def _confirm(
+        self, frame: AnyUpdate, future: asyncio.Future[AppendResult], size: int, received: float
+    ) -> None:
         """Ack an update once (and only once) the append script returned.
         (yrelay_tools/testing/broken_server.py replaces this method.)"""
         try:
@@ -164,28 +182,58 @@ class WritePath:
         except asyncio.CancelledError:
             raise
         except NotAdmitted as refused:
-            await self._safe_send(protocol.error(ProtocolError(
-                ErrorCode.MISSING_DEPENDENCY,
-                "not stored: the document lacks content this update builds on; send earlier updates first",
-                doc=frame.doc, clock=frame.clock, missing=refused.lacking)))
-            self.ctx.events.emit("refuse", frame.doc, self.session, clock=frame.clock,
-                                 missing={str(c): k for c, k in refused.lacking.items()})
+            await self._safe_send(
+                protocol.error(
+                    ProtocolError(
+                        ErrorCode.MISSING_DEPENDENCY,
+                        "not stored: the document lacks content this update builds on; send earlier updates first",
+                        doc=frame.doc,
+                        clock=frame.clock,
+                        missing=refused.lacking,
+                    )
+                )
+            )
+            self.ctx.events.emit(
+                "refuse",
+                frame.doc,
+                self.session,
+                clock=frame.clock,
+                missing={str(c): k for c, k in refused.lacking.items()},
+            )
             return
         except ReplicationTimeout:  # stored on the master; the resend waits for the replicas again
-            await self._safe_send(protocol.error(ProtocolError(
-                ErrorCode.REPLICATION_TIMEOUT, "stored, but not confirmed by enough replicas in time; resend it",
-                doc=frame.doc, clock=frame.clock)))
+            await self._safe_send(
+                protocol.error(
+                    ProtocolError(
+                        ErrorCode.REPLICATION_TIMEOUT,
+                        "stored, but not confirmed by enough replicas in time; resend it",
+                        doc=frame.doc,
+                        clock=frame.clock,
+                    )
+                )
+            )
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every update is answered: deleted, else unavailable (resend)
             if is_deleted_error(exc):
-                await self._safe_send(protocol.error(ProtocolError(
-                    ErrorCode.DOCUMENT_DELETED, "not stored: the document was deleted", doc=frame.doc,
-                    clock=frame.clock)))
+                await self._safe_send(
+                    protocol.error(
+                        ProtocolError(
+                            ErrorCode.DOCUMENT_DELETED,
+                            "not stored: the document was deleted",
+                            doc=frame.doc,
+                            clock=frame.clock,
+                        )
+                    )
+                )
                 return
             log.warning("append of %s clock %s failed: %s", frame.doc, frame.clock, exc)
-            await self._safe_send(protocol.error(ProtocolError(
-                ErrorCode.UNAVAILABLE, "the update was not stored; resend it", doc=frame.doc, clock=frame.clock
-            )))
+            await self._safe_send(
+                protocol.error(
+                    ProtocolError(
+                        ErrorCode.UNAVAILABLE, "the update was not stored; resend it", doc=frame.doc, clock=frame.clock
+                    )
+                )
+            )
             return
         finally:
             self._inflight.release(size)
@@ -196,13 +244,14 @@ class WritePath:
         if entry_id is None:
             return
         self.ctx.metrics.appended(time.perf_counter() - received)
-        self.ctx.events.emit("append", frame.doc, self.session, offset=entry_id, clock=frame.clock,
-                             bytes=size, duplicate=duplicate)
+        self.ctx.events.emit(
+            "append", frame.doc, self.session, offset=entry_id, clock=frame.clock, bytes=size, duplicate=duplicate
+        )
 
     async def _safe_send(self, frame: dict[str, Any]) -> None:
         try:
             await self._send(frame)
-        except Exception:  # the socket is gone; the client resends unacked updates
+        except Exception:  # noqa: BLE001 - the socket is gone (however it says so); the client resends unacked updates
             pass
 
 

@@ -27,9 +27,9 @@ from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFact
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from .buckets import DebtBucket
 from .frame_walker import FrameWalker
 from .lean import Flag, Inbox
-from .buckets import DebtBucket
 from .prepared_frames import PREPARED_FRAMES
 from .receiving import RECEIVING
 
@@ -76,9 +76,13 @@ def deflate_without_context() -> ServerPerMessageDeflateFactory:
     """permessage-deflate that keeps nothing between messages (RFC 7692: a
     server may ask for ``client_no_context_takeover`` and declare
     ``server_no_context_takeover`` whether or not the client offered them)."""
-    return ServerPerMessageDeflateFactory(server_no_context_takeover=True, client_no_context_takeover=True,
-                                          server_max_window_bits=WINDOW_BITS, client_max_window_bits=WINDOW_BITS,
-                                          compress_settings={"memLevel": MEM_LEVEL})
+    return ServerPerMessageDeflateFactory(
+        server_no_context_takeover=True,
+        client_no_context_takeover=True,
+        server_max_window_bits=WINDOW_BITS,
+        client_max_window_bits=WINDOW_BITS,
+        compress_settings={"memLevel": MEM_LEVEL},
+    )
 
 
 class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -120,10 +124,15 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         if config.ws_per_message_deflate:
-            self.conn = ServerProtocol(extensions=[deflate_without_context()], max_size=config.ws_max_size,
-                                       logger=logging.getLogger("uvicorn.error"))
+            self.conn = ServerProtocol(
+                extensions=[deflate_without_context()],
+                max_size=config.ws_max_size,
+                logger=logging.getLogger("uvicorn.error"),
+            )
         if self.preauth_max_size and config.ws_max_size:
             self.conn.max_message_size = min(self.preauth_max_size, config.ws_max_size)
+        # uvicorn declares these as asyncio's Queue and Event; the lean ones
+        # (.lean) offer the same calls uvicorn makes, at less cost per frame.
         self.queue = Inbox()  # type: ignore[assignment]
         self.writable = Flag()  # type: ignore[assignment]
         self.writable.set()
@@ -185,8 +194,9 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
                     break  # receive() parses on once the app has read them (compressed: one, it may inflate)
                 wait = self._controls.wait() if self._controls is not None else 0.0
                 if wait > 0 or self._turn_frames >= FRAMES_PER_TURN:
-                    self._resume = (self.loop.call_later(wait, self._resumed) if wait > 0
-                                    else self.loop.call_soon(self._resumed))
+                    self._resume = (
+                        self.loop.call_later(wait, self._resumed) if wait > 0 else self.loop.call_soon(self._resumed)
+                    )
                     break
             if self.handshake_initiated:  # frames: a few at a time, a large one whole
                 end, _ = self._walker.walk(data, position, FEED_FRAMES)
@@ -244,8 +254,13 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         if self._unparsed and self._resume is None and not self.transport.is_closing():
             data, self._unparsed = self._unparsed, b""
             self._feed(data)
-        if (self.read_paused and (self.queue.empty() or self.close_sent) and not self._unparsed
-                and self._resume is None and not self.transport.is_closing()):
+        if (
+            self.read_paused
+            and (self.queue.empty() or self.close_sent)
+            and not self._unparsed
+            and self._resume is None
+            and not self.transport.is_closing()
+        ):
             self.read_paused = False
             self.transport.resume_reading()
 
@@ -341,9 +356,16 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
         has framed it, for a frame framed once for many sockets. No when
         permessage-deflate was negotiated (the frame would have to be
         compressed) or while uvicorn waits for the socket to drain."""
-        if (self.disconnected or not self.handshake_complete or self.close_sent or self.initial_response is not None
-                or self.conn.extensions or self.conn.state is not State.OPEN or not self.writable.is_set()
-                or self.transport.is_closing()):
+        if (
+            self.disconnected
+            or not self.handshake_complete
+            or self.close_sent
+            or self.initial_response is not None
+            or self.conn.extensions
+            or self.conn.state is not State.OPEN
+            or not self.writable.is_set()
+            or self.transport.is_closing()
+        ):
             return False
         self.transport.write(frame)
         return True
@@ -357,14 +379,18 @@ class YrelayWebSocketProtocol(WebSocketsSansIOProtocol):
             self._continue()
         if message["type"] == "websocket.accept" and self.handshake_complete:
             self.request.headers.clear()  # websockets' parser keeps the request until the socket closes
+            # uvicorn declares them non-optional, but reads them only during the handshake, which is over.
             self.request = self.response = None  # type: ignore[assignment]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def yrelay_protocol(preauth_max_size: int, max_receiving: int) -> type[YrelayWebSocketProtocol]:
     """The protocol class for ``uvicorn.Config(ws=...)`` with these limits."""
-    return type("YrelayWebSocketProtocol", (YrelayWebSocketProtocol,),
-                {"preauth_max_size": preauth_max_size, "max_receiving": max_receiving})
+    return type(
+        "YrelayWebSocketProtocol",
+        (YrelayWebSocketProtocol,),
+        {"preauth_max_size": preauth_max_size, "max_receiving": max_receiving},
+    )
 
 
 def trust(websocket: WebSocket) -> None:
@@ -377,9 +403,11 @@ def trust(websocket: WebSocket) -> None:
         protocol.trust()
 
 
-def uvicorn_ws_options(implementation: str, compression: bool, preauth_max_size: int = 64 * 1024,
-                       max_receiving: int = 128 * 1024 * 1024) -> dict[str, object]:
+def uvicorn_ws_options(
+    implementation: str, compression: bool, preauth_max_size: int = 64 * 1024, max_receiving: int = 128 * 1024 * 1024
+) -> dict[str, object]:
     """``ws`` and ``ws_per_message_deflate`` for ``uvicorn.Config``."""
-    ws: object = (yrelay_protocol(preauth_max_size, max_receiving) if implementation == "websockets-sansio"
-                  else implementation)
+    ws: object = (
+        yrelay_protocol(preauth_max_size, max_receiving) if implementation == "websockets-sansio" else implementation
+    )
     return {"ws": ws, "ws_per_message_deflate": compression}

@@ -35,8 +35,9 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any
+
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from .. import logs, yprotocol
@@ -153,7 +154,7 @@ class YwsConnection:
             pass
         except Flooded as flood:
             await self.close(CLOSE_TOO_MANY_MESSAGES, str(flood))
-        except Exception as exc:  # the fan-out could not read the document (Redis down)
+        except Exception as exc:  # noqa: BLE001 - the connection's boundary: the fan-out could not read the document (Redis down)
             log.warning("/yws connection to %s failed: %s", self.doc, exc)
             await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
         finally:
@@ -230,7 +231,7 @@ class YwsConnection:
             await self.websocket.send_bytes(yprotocol.permission_denied(reason))
         await self.close(code, reason)
 
-    async def _handle(self, message: dict[str, Any], principal: Principal) -> None:
+    async def _handle(self, message: Mapping[str, Any], principal: Principal) -> None:
         data = message.get("bytes")
         if data is None:
             await self.close(CLOSE_UNSUPPORTED_DATA, "y-websocket messages are binary")
@@ -259,7 +260,7 @@ class YwsConnection:
             raise
         except EngineFailed:
             await self.close(CLOSE_TRY_AGAIN, "the document could not be read; reconnect")
-        except Exception as exc:  # Redis down, or a bug: never a trace to the client
+        except Exception as exc:  # noqa: BLE001 - Redis down, or a bug: never a trace to the client
             log.warning("/yws message on %s failed: %s", self.doc, exc)
             await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
 
@@ -277,8 +278,15 @@ class YwsConnection:
         if not principal.can_write(self.doc):
             await self.send(yprotocol.permission_denied("read-only: this token may not change this document"))
             return
-        frame = Update.model_construct(op="update", doc=self.doc, clock=self._clock, update="",
-                                       sync=message.step is SyncStep.STEP2, part=None, parts=None)
+        frame = Update.model_construct(
+            op="update",
+            doc=self.doc,
+            clock=self._clock,
+            update="",
+            sync=message.step is SyncStep.STEP2,
+            part=None,
+            parts=None,
+        )
         self._clock += 1
         await self.allowance.take_update(frame)
         await self.writes.submit(frame, message.payload, received)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import parse_qsl, urlencode
 
-from starlette.routing import get_route_path
+from starlette._utils import get_route_path  # Starlette's own (routing re-exports it without declaring it)
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -45,7 +45,7 @@ def yws_doc(scope: Scope) -> str | None:
     routed = scope.get("path_params", {}).get("doc")
     if routed is None:
         path = get_route_path(scope)
-        routed = path[len(YWS_PREFIX):] if path.startswith(YWS_PREFIX) else None
+        routed = path[len(YWS_PREFIX) :] if path.startswith(YWS_PREFIX) else None
     return None if routed is None else _undecodable_left_out(scope, routed)
 
 
@@ -84,7 +84,6 @@ class YwsEndpoint:
             await websocket.close(CLOSE_TRY_AGAIN)
             return
         await YwsConnection(websocket, ctx, yws_doc(scope) or "", token).run()
-
 
 
 __all__ = ["TOKEN_PARAM", "YWS_PREFIX", "YwsEndpoint", "take_token", "yws_doc"]

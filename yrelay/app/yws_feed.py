@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from .. import yprotocol
 from ..deletion import DocumentDeleted, is_deletion
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 SendBytes = Callable[[bytes], Awaitable[None]]
 #: Ends the connection: (close code, reason).
-Close = Callable[[int, str], Awaitable[None]]
+Close = Callable[[int, str], Coroutine[Any, Any, None]]  # a coroutine: spawned from the fan-out's calls
 
 #: Close code when GC trimmed entries this connection had not been sent.
 CLOSE_TRIMMED = 4410
@@ -127,7 +128,7 @@ class YwsFeed:
             await self._close(CLOSE_REWOUND, REWOUND_REASON)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # Redis gone: the client's reconnect sync heals it
+        except Exception as exc:  # noqa: BLE001 - the feed task's boundary (Redis gone): the client's reconnect sync heals it
             log.warning("/yws delivery of %s stopped: %s", self.doc, exc)
             await self._close(CLOSE_DOCUMENT_FAILED, "storage unavailable; reconnect")
 
@@ -138,8 +139,9 @@ class YwsFeed:
         its catch-up read the stream itself), so the fan-out's check after a
         failover (:mod:`.rewind`) may never have seen what it holds."""
         assert self.cursor is not None
-        async for page in self.ctx.store.iter_entries(self.doc, self.cursor, until, self.ctx.settings.page_size,
-                                                      held=True):
+        async for page in self.ctx.store.iter_entries(
+            self.doc, self.cursor, until, self.ctx.settings.page_size, held=True
+        ):
             await self._deliver(page)
 
     async def _take(self, batch: Batch) -> None:

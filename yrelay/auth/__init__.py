@@ -4,8 +4,14 @@ own function), what they may read and write
 (:mod:`.principal`), revoked tokens (:mod:`.revocation`), browser origins
 (:mod:`.origins`) and issuing tokens (:mod:`.tokens`). See docs/security.md."""
 
-from .authenticator import (AuthConfigurationError, AuthError, Authenticator, JwtAuthenticator, NoAuthenticator,
-                            authenticator_for)
+from .authenticator import (
+    AuthConfigurationError,
+    Authenticator,
+    AuthError,
+    JwtAuthenticator,
+    NoAuthenticator,
+    authenticator_for,
+)
 from .host import AuthenticateFn, HostAuthenticator
 from .origins import origin_allowed, own_origins
 from .principal import ANYONE, DocumentGrant, InvalidGrant, Permission, Principal
@@ -13,8 +19,22 @@ from .revocation import AlreadyExpired, Revocations
 from .tokens import issue_token
 
 __all__ = [
-    "ANYONE", "AlreadyExpired", "AuthConfigurationError", "AuthError", "AuthenticateFn", "Authenticator",
-    "DocumentGrant", "HostAuthenticator", "InvalidGrant",
-    "JwtAuthenticator", "NoAuthenticator", "Permission", "Principal", "Revocations", "authenticator_for",
-    "issue_token", "origin_allowed", "own_origins",
+    "ANYONE",
+    "AlreadyExpired",
+    "AuthConfigurationError",
+    "AuthError",
+    "AuthenticateFn",
+    "Authenticator",
+    "DocumentGrant",
+    "HostAuthenticator",
+    "InvalidGrant",
+    "JwtAuthenticator",
+    "NoAuthenticator",
+    "Permission",
+    "Principal",
+    "Revocations",
+    "authenticator_for",
+    "issue_token",
+    "origin_allowed",
+    "own_origins",
 ]

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import Awaitable, Mapping
-from typing import Callable, Union
+from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -29,7 +29,7 @@ from .authenticator import AuthError
 from .principal import Principal
 
 #: ``(connection, token) -> Principal``, the host's function (async or plain).
-AuthenticateFn = Callable[[HTTPConnection, "str | None"], Union[Awaitable[Principal], Principal]]
+AuthenticateFn = Callable[[HTTPConnection, "str | None"], Awaitable[Principal] | Principal]
 
 #: The websocket being served, set by the relay's endpoint for this
 #: connection's task: the Authenticator protocol passes only the headers.
@@ -42,15 +42,18 @@ class HostAuthenticator:
     def __init__(self, authenticate: AuthenticateFn):
         self.authenticate_fn = authenticate
         self._is_async = inspect.iscoroutinefunction(authenticate) or inspect.iscoroutinefunction(
-            getattr(authenticate, "__call__", None))
+            getattr(authenticate, "__call__", None)  # noqa: B004 - not a callability test: is a callable object's __call__ async
+        )
 
     async def authenticate(self, token: str | None, headers: Mapping[str, str]) -> Principal:
         connection = current_connection.get(None) or _connection_of(headers)
         try:
             if self._is_async:
-                principal = await self.authenticate_fn(connection, token)  # type: ignore[misc]
+                answer = self.authenticate_fn(connection, token)
+                principal = await cast("Awaitable[Principal]", answer)  # _is_async: a coroutine function
             else:  # a blocking lookup must not stall every other connection
-                principal = await run_in_threadpool(self.authenticate_fn, connection, token)
+                blocking = cast("Callable[[HTTPConnection, str | None], Principal]", self.authenticate_fn)
+                principal = await run_in_threadpool(blocking, connection, token)
         except HTTPException as exc:  # what a FastAPI dependency raises
             if exc.status_code not in (401, 403):
                 raise

@@ -56,8 +56,17 @@ class Principal:
     token_id: str | None = None
 
     @classmethod
-    def of(cls, subject: str, grants: Iterable[str], permission: Permission | str, **kwargs: object) -> Principal:
-        return cls(subject, tuple(DocumentGrant.parse(g) for g in grants), Permission(permission), **kwargs)  # type: ignore[arg-type]
+    def of(
+        cls,
+        subject: str,
+        grants: Iterable[str],
+        permission: Permission | str,
+        *,
+        expires_at: float | None = None,
+        token_id: str | None = None,
+    ) -> Principal:
+        grants_of = tuple(DocumentGrant.parse(g) for g in grants)
+        return cls(subject, grants_of, Permission(permission), expires_at=expires_at, token_id=token_id)
 
     def can_read(self, doc: str) -> bool:
         return any(grant.covers(doc) for grant in self.grants)

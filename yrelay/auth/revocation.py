@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import cast
 
 from redis.asyncio import Redis
 
 from ..keys import revoked_tokens_key
 from ..redis_client import lost_redis
+from ..replies import text
 from ..tasks import BackgroundTask, wait_event
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,10 @@ class Revocations:
         now = time.time()
         until = expires_at + self.leeway if expires_at is not None else now + DEFAULT_KEEP
         if until <= now:
-            raise AlreadyExpired(f"the token expired at {expires_at:.0f} (+{self.leeway:g} s leeway) "
-                                 "and is refused already; nothing to revoke")
+            raise AlreadyExpired(
+                f"the token expired at {expires_at:.0f} (+{self.leeway:g} s leeway) "
+                "and is refused already; nothing to revoke"
+            )
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zadd(revoked_tokens_key(), {token_id: until})
             pipe.zremrangebyscore(revoked_tokens_key(), "-inf", now)
@@ -60,8 +64,8 @@ class Revocations:
         return token_id is not None and token_id in self._revoked
 
     async def refresh(self) -> None:
-        members = await self.redis.zrangebyscore(revoked_tokens_key(), time.time(), "+inf")
-        self._revoked = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
+        members = cast("list[bytes | str]", await self.redis.zrangebyscore(revoked_tokens_key(), time.time(), "+inf"))
+        self._revoked = frozenset(text(m) for m in members)
 
     def start(self) -> None:
         self._loop.start()

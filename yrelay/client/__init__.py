@@ -1,9 +1,28 @@
 """The asyncio Python client (binds pycrdt or y-py documents to a yrelay
 server), and what it raises when the server says no (docs/protocol.md)."""
 
-from ..exceptions import ClientError, Forbidden, Refused, ServerUnreachable, SubscribeRefused, Unauthorized, UpdatesRefused
+from ..exceptions import (
+    ClientError,
+    Forbidden,
+    Refused,
+    ServerUnreachable,
+    SubscribeRefused,
+    Unauthorized,
+    UpdatesRefused,
+)
 from .backoff import Backoff
 from .client import AckedUpdate, ClientDocument, YrelayClient
 
-__all__ = ["AckedUpdate", "Backoff", "ClientDocument", "ClientError", "Forbidden", "Refused", "ServerUnreachable",
-           "SubscribeRefused", "Unauthorized", "UpdatesRefused", "YrelayClient"]
+__all__ = [
+    "AckedUpdate",
+    "Backoff",
+    "ClientDocument",
+    "ClientError",
+    "Forbidden",
+    "Refused",
+    "ServerUnreachable",
+    "SubscribeRefused",
+    "Unauthorized",
+    "UpdatesRefused",
+    "YrelayClient",
+]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -42,17 +43,17 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from .. import crdt, protocol
+from ..awareness import AwarenessError
 from ..exceptions import ClientError, Forbidden, ServerUnreachable, SubscribeRefused, Unauthorized, UpdatesRefused
 from ..keys import validate_doc_id
 from ..logs import WireFilter
-from ..awareness import AwarenessError
 from ..offsets import StreamId
+from ..reconciliation import ReconciliationError
 from ..reconciliation.digest import Digest
 from ..reconciliation.held_entries import HeldEntries
-from ..reconciliation import ReconciliationError
 from .backoff import Backoff
-from .presence import RemotePresence
 from .persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
+from .presence import RemotePresence
 from .sendbuffer import PendingUpdate, SendBuffer
 from .subscription_check import SubscriptionCheck, compare_subscriptions
 
@@ -63,8 +64,15 @@ wire_log = logging.getLogger(__name__ + ".wire")
 wire_log.addFilter(WireFilter())
 
 #: Errors after which resending the same update can never succeed.
-FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large",
-                       "forbidden", "document_deleted"}
+FATAL_UPDATE_ERRORS = {
+    "invalid_update",
+    "update_too_large",
+    "malformed_frame",
+    "invalid_doc_id",
+    "frame_too_large",
+    "forbidden",
+    "document_deleted",
+}
 #: Errors that say the update was not stored for now: resent on its backoff.
 #: (Any other code about an update is treated the same, as the web client does.)
 RETRY_UPDATE_ERRORS = {"unavailable", "internal_error", "missing_dependency", "replication_timeout"}
@@ -189,7 +197,7 @@ class YrelayClient:
         url: str | list[str],
         *,
         session: str | None = None,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = Backoff(),  # noqa: B008 - a frozen dataclass: one shared default is safe
         batch_delay: float = 0.0,
         subscription_check_interval: float | None = 300.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
@@ -271,7 +279,7 @@ class YrelayClient:
 
     # ------------------------------------------------------------- public API
 
-    async def connect(self, timeout: float = 10.0) -> "YrelayClient":
+    async def connect(self, timeout: float = 10.0) -> YrelayClient:
         """Open a session (``async with`` calls it) and keep it: from then
         on the client reconnects by itself, for as long as it runs.
 
@@ -302,6 +310,11 @@ class YrelayClient:
             raise ServerUnreachable(self.urls, timeout, reason or "no answer yet")
         return self
 
+    def _is_closing(self) -> bool:
+        """``close()`` was called (a call, read again after an await: mypy
+        would keep the attribute's value from the loop's check)."""
+        return self._closing
+
     async def close(self) -> None:
         self._closing = True
         for due in self._acks_due.values():
@@ -316,7 +329,7 @@ class YrelayClient:
             self.persist()
             self.state_file.close()
 
-    async def __aenter__(self) -> "YrelayClient":
+    async def __aenter__(self) -> YrelayClient:
         return await self.connect()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -344,8 +357,10 @@ class YrelayClient:
             crdt.observe_updates(doc.ydoc, lambda update: self._local_update(doc, update))
             await self._send_quietly(_subscribe_frame(doc))
         if not await self._until(doc.synced.is_set, lambda: doc.refused or self._stopped_by(), timeout):
-            raise TimeoutError(f"{name!r} did not sync within {timeout:g} s "
-                               f"({'connected' if self.connected.is_set() else 'not connected'}; it stays subscribed)")
+            raise TimeoutError(
+                f"{name!r} did not sync within {timeout:g} s "
+                f"({'connected' if self.connected.is_set() else 'not connected'}; it stays subscribed)"
+            )
         return doc
 
     async def unsubscribe(self, name: str) -> None:
@@ -374,8 +389,10 @@ class YrelayClient:
         ``TimeoutError`` when updates are still unanswered after ``timeout``
         seconds (offline: they stay queued)."""
         if not await self._until(lambda: not self.pending or self._refusals_settled(), self._stopped_by, timeout):
-            raise TimeoutError(f"{self.pending} local updates not acked within {timeout:g} s "
-                               f"({'connected' if self.connected.is_set() else 'not connected'}; they stay queued)")
+            raise TimeoutError(
+                f"{self.pending} local updates not acked within {timeout:g} s "
+                f"({'connected' if self.connected.is_set() else 'not connected'}; they stay queued)"
+            )
         if self._refused:
             refused, total = self._refused, self._refused_total
             self._refused, self._refused_total = [], 0
@@ -385,11 +402,13 @@ class YrelayClient:
         """Refusals to raise, and none on its way that could join them:
         every update still pending was refused for now and waits for its
         resend (``missing_dependency`` behind a refused one, ``unavailable``)."""
-        return bool(self._refused) and all(item.waiting for item in self.buffer.all()) \
+        return (
+            bool(self._refused)
+            and all(item.waiting for item in self.buffer.all())
             and not any(doc._batch for doc in self.docs.values())
+        )
 
-    async def _until(self, done: Callable[[], bool], stopped: Callable[[], ClientError | None],
-                     timeout: float) -> bool:
+    async def _until(self, done: Callable[[], bool], stopped: Callable[[], ClientError | None], timeout: float) -> bool:
         """Wait until ``done()`` (True), or ``timeout`` seconds (False);
         raise what ``stopped()`` returns meanwhile (a refusal, the client
         stopped), as soon as it does."""
@@ -408,8 +427,13 @@ class YrelayClient:
         or its connection loop failed (a bug: said, not hidden in a task
         nobody awaits); None while it runs, or after ``close()``."""
         runner = self._runner
-        if self.failure is None and runner is not None and runner.done() and not runner.cancelled() \
-                and runner.exception() is not None:
+        if (
+            self.failure is None
+            and runner is not None
+            and runner.done()
+            and not runner.cancelled()
+            and runner.exception() is not None
+        ):
             self.failure = ClientError(f"the client's connection loop failed: {runner.exception()!r}")
             self.failure.__cause__ = runner.exception()
         return self.failure
@@ -485,7 +509,7 @@ class YrelayClient:
             await asyncio.sleep(self.subscription_check_interval)
             try:
                 await self.check_subscriptions()
-            except (ConnectionError, ConnectionClosed, asyncio.TimeoutError, ReconciliationError) as exc:
+            except (TimeoutError, ConnectionError, ConnectionClosed, ReconciliationError) as exc:
                 log.info("subscription check did not finish: %r", exc)
 
     async def drop_connection(self) -> None:
@@ -511,7 +535,10 @@ class YrelayClient:
         doc._batch_timer = None
         updates, doc._batch = doc._batch, []
         if updates and doc.refused is None:
-            self._enqueue(doc.name, updates[0] if len(updates) == 1 else crdt.merge_updates(updates, engine=crdt.engine_of(doc.ydoc)))
+            self._enqueue(
+                doc.name,
+                updates[0] if len(updates) == 1 else crdt.merge_updates(updates, engine=crdt.engine_of(doc.ydoc)),
+            )
 
     def _enqueue(self, doc: str, update: bytes, sync: bool = False) -> None:
         item = self.buffer.add(doc, update, sync=sync)
@@ -580,10 +607,17 @@ class YrelayClient:
         the buffer (the local document keeps the change), and said as an
         ``error`` event; the other updates and documents go on."""
         self.buffer.pop(item.clock)
-        frame = {"op": "error", "code": "update_too_large", "doc": item.doc, "clock": item.clock,
-                 "size": len(item.update), "limit": limit, "local": True,
-                 "message": f"update of {len(item.update)} bytes to {item.doc!r} is over the server's limit of "
-                            f"{limit} bytes: not sent"}
+        frame = {
+            "op": "error",
+            "code": "update_too_large",
+            "doc": item.doc,
+            "clock": item.clock,
+            "size": len(item.update),
+            "limit": limit,
+            "local": True,
+            "message": f"update of {len(item.update)} bytes to {item.doc!r} is over the server's limit of "
+            f"{limit} bytes: not sent",
+        }
         log.warning("%s", frame["message"])
         self._record_error(frame)
         self._refused_update(frame)
@@ -601,8 +635,9 @@ class YrelayClient:
             close_code: int | None = None
             url = self.urls[attempt % len(self.urls)]
             try:
-                async with websockets.connect(url, max_size=None, open_timeout=10, ping_interval=None,
-                                              logger=wire_log) as ws:
+                async with websockets.connect(
+                    url, max_size=None, open_timeout=10, ping_interval=None, logger=wire_log
+                ) as ws:
                     self._ws = ws
                     await self._handshake(ws)
                     welcomed_at = self._heard = time.monotonic()
@@ -621,9 +656,13 @@ class YrelayClient:
                 raise
             except Unauthorized as refused:  # a new connection with the same token gets the same answer
                 self.failure = refused
-                log.log(logging.WARNING if opened else logging.INFO,  # at connect() its exception says it
-                        "%s: the client stopped (%d unacked updates kept)", refused, self.pending)
-            except (OSError, ConnectionClosed, asyncio.TimeoutError, websockets.InvalidHandshake) as exc:
+                log.log(
+                    logging.WARNING if opened else logging.INFO,  # at connect() its exception says it
+                    "%s: the client stopped (%d unacked updates kept)",
+                    refused,
+                    self.pending,
+                )
+            except (TimeoutError, OSError, ConnectionClosed, websockets.InvalidHandshake) as exc:
                 log.debug("connection lost: %r", exc)
                 self._last_failure = _failure_of(url, exc)
                 retry_after = getattr(exc, "delay", 0.0)  # RetryLater: the server said when
@@ -633,7 +672,7 @@ class YrelayClient:
                 self._ws = None
                 self.connected.clear()
                 self._forget_presence()
-            if self._closing:
+            if self._is_closing():  # close() ran while this connection ended
                 return
             self._emit("disconnected", {})
             if self.failure is not None:
@@ -683,7 +722,9 @@ class YrelayClient:
         while True:
             await asyncio.sleep(0.05)
             if self.buffer.exhausted():
-                log.warning("updates unacked after %d attempts: reconnecting for a full resync", self.backoff.max_attempts)
+                log.warning(
+                    "updates unacked after %d attempts: reconnecting for a full resync", self.backoff.max_attempts
+                )
                 for doc in self.docs.values():
                     doc.needs_sync = True
                 if self._ws is not None:
@@ -739,14 +780,18 @@ class YrelayClient:
         unless the server left out content of this document's own Yjs client."""
         dropped = frame.get("dropped") or {}
         if dropped:
-            log.info("sync push of %s: the server could not apply %s yet (they come back in a later sync)",
-                     push.doc, dropped)
+            log.info(
+                "sync push of %s: the server could not apply %s yet (they come back in a later sync)", push.doc, dropped
+            )
         if frame["id"] is None:
             log.info("sync push of %s: nothing in it could be stored", push.doc)
         doc = self.docs.get(push.doc)
         if doc is not None and str(doc.ydoc.client_id) in dropped:
-            log.warning("sync push of %s: own content %s not stored; its updates stay queued",
-                        push.doc, dropped[str(doc.ydoc.client_id)])
+            log.warning(
+                "sync push of %s: own content %s not stored; its updates stay queued",
+                push.doc,
+                dropped[str(doc.ydoc.client_id)],
+            )
             return
         covered = self.buffer.drop_covered(push)
         if covered:
@@ -888,8 +933,15 @@ class YrelayClient:
         unsent updates are dropped (they would be refused; ``wait_idle()``
         says so); the local copy stays readable."""
         doc = self.docs.pop(name, None)
-        self._drop_updates(name, {"op": "error", "code": "document_deleted", "doc": name,
-                                  "message": "the document was deleted before this update was stored"})
+        self._drop_updates(
+            name,
+            {
+                "op": "error",
+                "code": "document_deleted",
+                "doc": name,
+                "message": "the document was deleted before this update was stored",
+            },
+        )
         if doc is not None:
             doc.deleted.set()
             self._emit("deleted", {"doc": name})
@@ -915,8 +967,11 @@ class YrelayClient:
         for _ in doc._batch:
             self._refused_update(dict(frame))
         doc._batch.clear()
-        log.log(logging.WARNING if doc.offset is not None else logging.INFO,  # a first one: subscribe() raises it
-                "%s", doc.refused)
+        log.log(
+            logging.WARNING if doc.offset is not None else logging.INFO,  # a first one: subscribe() raises it
+            "%s",
+            doc.refused,
+        )
 
     def _drop_updates(self, name: str, frame: dict[str, Any]) -> None:
         """Drop the unacked updates of document ``name``: refused with ``frame``'s reason."""
@@ -937,8 +992,12 @@ class YrelayClient:
         item, doc = self.buffer.get(frame["clock"]), self.docs.get(frame.get("doc", ""))
         if item is None or doc is None or self.buffer.earlier(item) or doc._sync_pending:
             return
-        log.info("update %d of %s depends on content the server lacks (%s): two-way sync",
-                 item.clock, doc.name, frame.get("missing"))
+        log.info(
+            "update %d of %s depends on content the server lacks (%s): two-way sync",
+            item.clock,
+            doc.name,
+            frame.get("missing"),
+        )
         self._request_sync(doc)
 
     # ------------------------------------------------------------ persistence
@@ -949,9 +1008,15 @@ class YrelayClient:
             return
         self._dirty = False
         documents = [
-            PersistedDocument(doc.name, crdt.encode_state(doc.ydoc), doc.offset, str(doc.held.since),
-                              [str(entry_id) for entry_id in doc.held.ids()],
-                              doc._replica.suspects if doc._replica else [], doc.needs_sync)
+            PersistedDocument(
+                doc.name,
+                crdt.encode_state(doc.ydoc),
+                doc.offset,
+                str(doc.held.since),
+                [str(entry_id) for entry_id in doc.held.ids()],
+                doc._replica.suspects if doc._replica else [],
+                doc.needs_sync,
+            )
             for doc in self.docs.values()
         ]
         pending = [PersistedUpdate(item.clock, item.doc, item.update) for item in self.buffer.all()]
@@ -976,8 +1041,13 @@ class YrelayClient:
             return
         self.session = state.session
         for saved in state.documents:
-            doc = ClientDocument(saved.name, crdt.new_doc(engine=self.engine), offset=saved.offset, needs_sync=saved.needs_sync,
-                                 held=HeldEntries(StreamId.parse(saved.since)))
+            doc = ClientDocument(
+                saved.name,
+                crdt.new_doc(engine=self.engine),
+                offset=saved.offset,
+                needs_sync=saved.needs_sync,
+                held=HeldEntries(StreamId.parse(saved.since)),
+            )
             crdt.apply_update(doc.ydoc, saved.state)
             for update in saved.suspects:
                 doc.replica.apply(update)
@@ -989,7 +1059,7 @@ class YrelayClient:
                 self.docs[item.doc] = ClientDocument(item.doc, crdt.new_doc(engine=self.engine))
             self.docs[item.doc].replica.apply(item.update)
         for doc in self.docs.values():
-            crdt.observe_updates(doc.ydoc, lambda update, doc=doc: self._local_update(doc, update))
+            crdt.observe_updates(doc.ydoc, functools.partial(self._local_update, doc))
         pending = state.pending + state.journal
         clock = max([state.clock, *(item.clock for item in pending)])
         self.buffer.restore(clock, [(item.clock, item.doc, item.update) for item in pending if item.clock])
@@ -1027,7 +1097,9 @@ class YrelayClient:
         share one ack (a reader of a busy document sends ~40 a second, not one
         per deliver frame)."""
         if doc.offset is not None and doc.name not in self._acks_due:
-            self._acks_due[doc.name] = asyncio.get_running_loop().call_later(ACK_INTERVAL, self._send_ack, doc, self._ws)
+            self._acks_due[doc.name] = asyncio.get_running_loop().call_later(
+                ACK_INTERVAL, self._send_ack, doc, self._ws
+            )
 
     def _send_ack(self, doc: ClientDocument, ws: Any) -> None:
         """The newest offset, on the connection the deliveries came on (after a
@@ -1057,8 +1129,10 @@ def _update_frames(item: PendingUpdate, part_bytes: int | None) -> list[dict[str
     if part_bytes is None or len(item.update) <= part_bytes:
         return [{**frame, "update": protocol.b64encode(item.update)}]
     slices = protocol.chunks(item.update, part_bytes)
-    return [{**frame, "update": protocol.b64encode(piece), "part": index, "parts": len(slices)}
-            for index, piece in enumerate(slices)]
+    return [
+        {**frame, "update": protocol.b64encode(piece), "part": index, "parts": len(slices)}
+        for index, piece in enumerate(slices)
+    ]
 
 
 def _frame_or_none(message: str | bytes) -> dict[str, Any] | None:

@@ -174,8 +174,15 @@ def _encode(state: PersistedState) -> dict[str, Any]:
         "session": state.session,
         "clock": state.clock,
         "documents": [
-            {"name": doc.name, "state": _b64(doc.state), "offset": doc.offset, "since": doc.since,
-             "held": doc.held, "suspects": [_b64(update) for update in doc.suspects], "needs_sync": doc.needs_sync}
+            {
+                "name": doc.name,
+                "state": _b64(doc.state),
+                "offset": doc.offset,
+                "since": doc.since,
+                "held": doc.held,
+                "suspects": [_b64(update) for update in doc.suspects],
+                "needs_sync": doc.needs_sync,
+            }
             for doc in state.documents
         ],
         "pending": [{"clock": item.clock, "doc": item.doc, "update": _b64(item.update)} for item in state.pending],
@@ -187,8 +194,15 @@ def _decode(raw: dict[str, Any]) -> PersistedState:
         session=raw["session"],
         clock=int(raw["clock"]),
         documents=[
-            PersistedDocument(doc["name"], _unb64(doc["state"]), doc["offset"], doc["since"], list(doc["held"]),
-                              [_unb64(update) for update in doc["suspects"]], bool(doc["needs_sync"]))
+            PersistedDocument(
+                doc["name"],
+                _unb64(doc["state"]),
+                doc["offset"],
+                doc["since"],
+                list(doc["held"]),
+                [_unb64(update) for update in doc["suspects"]],
+                bool(doc["needs_sync"]),
+            )
             for doc in raw["documents"]
         ],
         pending=[PersistedUpdate(int(item["clock"]), item["doc"], _unb64(item["update"])) for item in raw["pending"]],

@@ -15,9 +15,21 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ..keys import (group_assignment_key, group_dead_letters_key, group_deleted_key, group_handover_key,
-                    group_leader_key, group_leases_key, group_members_key, group_meta_key, group_progress_key,
-                    group_webhook_stats_key, groups_key, meta_key, stream_key)
+from ..keys import (
+    group_assignment_key,
+    group_dead_letters_key,
+    group_deleted_key,
+    group_handover_key,
+    group_leader_key,
+    group_leases_key,
+    group_members_key,
+    group_meta_key,
+    group_progress_key,
+    group_webhook_stats_key,
+    groups_key,
+    meta_key,
+    stream_key,
+)
 from ..offsets import StreamId
 from ..replies import stream_id, text
 from .handover import pending_handovers
@@ -45,9 +57,15 @@ async def list_groups(redis: Redis) -> list[dict[str, Any]]:
         replies = await pipe.execute()
     result = []
     for index, item in enumerate(stats):
-        members, leader, assigned = replies[3 * index: 3 * index + 3]
-        result.append({**asdict(item), "members": sorted(text(m) for m in members),
-                       "leader": text(leader) if leader else None, "documents": assigned})
+        members, leader, assigned = replies[3 * index : 3 * index + 3]
+        result.append(
+            {
+                **asdict(item),
+                "members": sorted(text(m) for m in members),
+                "leader": text(leader) if leader else None,
+                "documents": assigned,
+            }
+        )
     return result
 
 
@@ -69,12 +87,32 @@ async def describe_group(redis: Redis, group: str) -> dict[str, Any] | None:
     meta = {text(key): text(value) for key, value in meta_raw.items()}
     docs = sorted(assigned)
     lags = await _document_lags(redis, group, docs)
-    members = [{"member": text(member), "alive": score >= now_ms, "lease_ms_left": max(0, int(score) - now_ms),
-                "reported_lag": meta.get(f"lag:{text(member)}")} for member, score in members_raw]
-    assignments = [{"doc": doc, "member": assigned[doc].member, "version": assigned[doc].version,
-                    "handover_to": moving[doc].target if doc in moving else None, **lags[doc]} for doc in docs]
-    return {"group": group, "prefix": meta.get("prefix", ""), "leader": text(leader) if leader else None,
-            "members": members, "assignments": assignments}
+    members = [
+        {
+            "member": text(member),
+            "alive": score >= now_ms,
+            "lease_ms_left": max(0, int(score) - now_ms),
+            "reported_lag": meta.get(f"lag:{text(member)}"),
+        }
+        for member, score in members_raw
+    ]
+    assignments = [
+        {
+            "doc": doc,
+            "member": assigned[doc].member,
+            "version": assigned[doc].version,
+            "handover_to": moving[doc].target if doc in moving else None,
+            **lags[doc],
+        }
+        for doc in docs
+    ]
+    return {
+        "group": group,
+        "prefix": meta.get("prefix", ""),
+        "leader": text(leader) if leader else None,
+        "members": members,
+        "assignments": assignments,
+    }
 
 
 async def _document_lags(redis: Redis, group: str, docs: list[str]) -> dict[str, dict[str, Any]]:
@@ -87,17 +125,22 @@ async def _document_lags(redis: Redis, group: str, docs: list[str]) -> dict[str,
         replies = await pipe.execute()
     positions = []
     for index, doc in enumerate(docs):
-        score, last = replies[2 * index: 2 * index + 2]
+        score, last = replies[2 * index : 2 * index + 2]
         positions.append((doc, None if score is None else StreamId.from_score(score), stream_id(last)))
     behind = [(doc, acked) for doc, acked, last in positions if last is not None and (acked is None or acked < last)]
     async with redis.pipeline(transaction=False) as pipe:
         for doc, acked in behind:
             pipe.xrange(stream_key(doc), f"({acked}" if acked is not None else "-", "+", count=LAG_COUNT_CAP)
-        counts = {doc: len(entries) for (doc, _), entries in zip(behind, await pipe.execute())}
-    return {doc: {"acked": str(acked) if acked else None, "last_id": str(last) if last else None,
-                  "lag_entries": counts.get(doc, 0),
-                  "lag_ms": max(0, last.ms - acked.ms) if last and acked else 0}
-            for doc, acked, last in positions}
+        counts = {doc: len(entries) for (doc, _), entries in zip(behind, await pipe.execute(), strict=True)}
+    return {
+        doc: {
+            "acked": str(acked) if acked else None,
+            "last_id": str(last) if last else None,
+            "lag_entries": counts.get(doc, 0),
+            "lag_ms": max(0, last.ms - acked.ms) if last and acked else 0,
+        }
+        for doc, acked, last in positions
+    }
 
 
 async def delete_group(redis: Redis, group: str) -> int | None:
@@ -110,9 +153,15 @@ async def delete_group(redis: Redis, group: str) -> int | None:
     assigned = [text(doc) for doc in await redis.hkeys(group_assignment_key(group))]
     await redis.set(group_deleted_key(group), 1, ex=DELETED_MARK_SECONDS)
     await redis.srem(groups_key(), group)
-    await redis.delete(group_members_key(group), group_leader_key(group), group_assignment_key(group),
-                       group_handover_key(group), group_meta_key(group), group_dead_letters_key(group),
-                       group_webhook_stats_key(group))
+    await redis.delete(
+        group_members_key(group),
+        group_leader_key(group),
+        group_assignment_key(group),
+        group_handover_key(group),
+        group_meta_key(group),
+        group_dead_letters_key(group),
+        group_webhook_stats_key(group),
+    )
     cleared = 0
     pages = [assigned] + [page async for page in documents(redis, prefix)]
     for page in pages:

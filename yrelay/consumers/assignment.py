@@ -22,7 +22,7 @@ def assign(docs: Sequence[str], members: Sequence[str], current: Mapping[str, st
     for doc in docs:
         owner = current.get(doc)
         if owner in kept:
-            kept[owner].append(doc)  # type: ignore[index]
+            kept[owner].append(doc)
     base, extra = divmod(len(docs), len(members))
     # The members already holding the most keep the larger shares: fewer moves.
     ranked = sorted(members, key=lambda member: (-len(kept[member]), member))
@@ -30,12 +30,12 @@ def assign(docs: Sequence[str], members: Sequence[str], current: Mapping[str, st
     result: dict[str, str] = {}
     free: list[str] = []
     for member in members:
-        keep, spill = kept[member][: share[member]], kept[member][share[member]:]
+        keep, spill = kept[member][: share[member]], kept[member][share[member] :]
         result.update(dict.fromkeys(keep, member))
         free.extend(spill)
     free.extend(doc for doc in docs if current.get(doc) not in kept)
     open_slots = [member for member in ranked for _ in range(share[member] - len(kept[member][: share[member]]))]
-    for doc, member in zip(sorted(free), open_slots):
+    for doc, member in zip(sorted(free), open_slots, strict=False):
         result[doc] = member
     return result
 

@@ -29,7 +29,7 @@ class Batch:
     offset: StreamId
     snapshot: bytes | None = None
     restart: str | None = None
-    _ack: Callable[["Batch"], Awaitable[AckResult]] | None = field(default=None, repr=False)
+    _ack: Callable[[Batch], Awaitable[AckResult]] | None = field(default=None, repr=False)
     #: The document was deleted (DELETE /ops/docs/{doc}): drop your copy;
     #: ``entries`` hold what came before the deletion, if any. (After
     #: ``_ack``: the reader builds snapshot batches positionally.)

@@ -63,7 +63,7 @@ class DeadLetters:
         if not docs:
             return set()
         found = await self.redis.hmget(self.key, docs)
-        return {doc for doc, raw in zip(docs, found) if raw is not None}
+        return {doc for doc, raw in zip(docs, found, strict=True) if raw is not None}
 
     async def all(self) -> list[DeadLetter]:
         raw = await self.redis.hgetall(self.key)

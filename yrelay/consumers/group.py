@@ -61,9 +61,18 @@ def _check_client(redis: Redis) -> None:
 
 
 class ConsumerGroup:
-    def __init__(self, redis: Redis, name: str, *, member: str | None = None, prefix: str = "",
-                 lease: float = 3.0, batch_size: int = 500, events: EventSink | None = None,
-                 handover: float | None = None):
+    def __init__(
+        self,
+        redis: Redis,
+        name: str,
+        *,
+        member: str | None = None,
+        prefix: str = "",
+        lease: float = 3.0,
+        batch_size: int = 500,
+        events: EventSink | None = None,
+        handover: float | None = None,
+    ):
         """``lease``: seconds after its last heartbeat that a member loses its
         documents (and the leader its role); members beat every third of it.
         ``handover``: how long a live member has to finish its in-flight
@@ -81,12 +90,23 @@ class ConsumerGroup:
         scripts = Scripts(redis)
         self.redis = redis
         self.membership = Membership(redis, self.name, self.member, round(lease * 1000), scripts)
-        self.leader = Leader(self.membership, self.events, scripts,
-                             handover_ms=round((2 * lease if handover is None else handover) * 1000))
+        self.leader = Leader(
+            self.membership,
+            self.events,
+            scripts,
+            handover_ms=round((2 * lease if handover is None else handover) * 1000),
+        )
         self.progress = Progress(redis, self.name, scripts)
-        self.reader = Reader(redis, self.progress, self.events, member=self.member, batch_size=batch_size,
-                             block_ms=max(1, round(self.interval * 1000)), valid=self._valid,
-                             release=partial(release, scripts, self.name))
+        self.reader = Reader(
+            redis,
+            self.progress,
+            self.events,
+            member=self.member,
+            batch_size=batch_size,
+            block_ms=max(1, round(self.interval * 1000)),
+            valid=self._valid,
+            release=partial(release, scripts, self.name),
+        )
         self._valid_until = 0.0
         self._rev = -1
         self._leads = False
@@ -133,7 +153,7 @@ class ConsumerGroup:
         await self.reader.stop()
         self.reader.assign({})
 
-    async def __aenter__(self) -> "ConsumerGroup":
+    async def __aenter__(self) -> ConsumerGroup:
         await self.start()
         return self
 

@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 from ..events import EventSink
-from ..keys import group_assignment_key, group_handover_key, group_leader_key, group_meta_key, group_members_key
+from ..keys import group_assignment_key, group_handover_key, group_leader_key, group_members_key, group_meta_key
 from ..listing import all_documents
 from ..replies import text
 from ..scripts import Scripts
@@ -73,22 +74,42 @@ class Leader:
         moved = changes(assign(docs, members, current), current)
         live = set(members)
         # Handovers the owner did not answer in time, or cannot any more: moved now.
-        moved.update({doc: handover.target for doc, handover in pending.items()
-                      if doc not in moved and (handover.deadline_ms < now_ms or owners.get(doc) not in live)})
+        moved.update(
+            {
+                doc: handover.target
+                for doc, handover in pending.items()
+                if doc not in moved and (handover.deadline_ms < now_ms or owners.get(doc) not in live)
+            }
+        )
         if not moved:
             return None
-        args: list[object] = [self.membership.member, self.handover_ms]
+        args: list[EncodableT] = [self.membership.member, self.handover_ms]
         for doc, member in moved.items():
             args += [doc, member]
-        version = int(await self.scripts.consumer_assign(
-            keys=[group_leader_key(group), group_meta_key(group), group_assignment_key(group),
-                  group_members_key(group), group_handover_key(group)], args=args))
+        version = int(
+            await self.scripts.consumer_assign(
+                keys=[
+                    group_leader_key(group),
+                    group_meta_key(group),
+                    group_assignment_key(group),
+                    group_members_key(group),
+                    group_handover_key(group),
+                ],
+                args=args,
+            )
+        )
         if version < 0:
             return None
         takeovers = [doc for doc, member in moved.items() if member and owners.get(doc) not in (None, *live)]
         if takeovers:
             await redis.hincrby(group_meta_key(group), "takeovers", len(takeovers))
         result = Rebalance(version, members, moved, takeovers)
-        self.events.emit("consumer_rebalance", group=group, version=version, members=len(members),
-                         moved=len(moved), takeovers=len(takeovers))
+        self.events.emit(
+            "consumer_rebalance",
+            group=group,
+            version=version,
+            members=len(members),
+            moved=len(moved),
+            takeovers=len(takeovers),
+        )
         return result

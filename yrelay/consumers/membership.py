@@ -15,7 +15,14 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from ..keys import (group_assignment_key, group_deleted_key, group_leader_key, group_meta_key, group_members_key, groups_key)
+from ..keys import (
+    group_assignment_key,
+    group_deleted_key,
+    group_leader_key,
+    group_members_key,
+    group_meta_key,
+    groups_key,
+)
 from ..replies import text
 from ..scripts import Scripts
 
@@ -63,8 +70,12 @@ class Membership:
 
     @property
     def _keys(self) -> list[str]:
-        return [group_members_key(self.group), group_leader_key(self.group), group_meta_key(self.group),
-                group_deleted_key(self.group)]
+        return [
+            group_members_key(self.group),
+            group_leader_key(self.group),
+            group_meta_key(self.group),
+            group_deleted_key(self.group),
+        ]
 
     async def join(self, prefix: str) -> None:
         """List the group (GC asks every listed group for liveness) and record
@@ -77,7 +88,8 @@ class Membership:
 
     async def beat(self) -> Beat:
         leads, now, rev, deleted = await self.scripts.consumer_heartbeat(
-            keys=self._keys, args=[self.member, self.lease_ms, 0])
+            keys=self._keys, args=[self.member, self.lease_ms, 0]
+        )
         return Beat(bool(int(leads)), int(now), int(rev), bool(int(deleted)))
 
     async def leave(self) -> None:

@@ -45,18 +45,25 @@ STOP_GRACE = 5.0
 
 @dataclass
 class PipeStats:
-    written: int = 0        # lines written (a batch sent again to a restarted command counts again)
-    acked: int = 0          # batches acked and recorded
-    refused_acks: int = 0   # acks the group refused (the document moved to another member)
-    restarts: int = 0       # times the command was started again
-    unknown_acks: int = 0   # ``ack`` lines naming no batch in flight
+    written: int = 0  # lines written (a batch sent again to a restarted command counts again)
+    acked: int = 0  # batches acked and recorded
+    refused_acks: int = 0  # acks the group refused (the document moved to another member)
+    restarts: int = 0  # times the command was started again
+    unknown_acks: int = 0  # ``ack`` lines naming no batch in flight
 
 
 class Pipe:
     """Feed what ``group`` (started by the caller) reads to ``command``."""
 
-    def __init__(self, group: ConsumerGroup, command: list[str], *, ack_on_write: bool = False, window: int = 16,
-                 backoff: Backoff = RESTART_BACKOFF):
+    def __init__(
+        self,
+        group: ConsumerGroup,
+        command: list[str],
+        *,
+        ack_on_write: bool = False,
+        window: int = 16,
+        backoff: Backoff = RESTART_BACKOFF,
+    ):
         if not command:
             raise ValueError("no command to run")
         self.group = group
@@ -84,8 +91,14 @@ class Pipe:
                     code = f"an error ({exc})"
                 if loop.time() - started > HEALTHY_RUN:
                     restarts.succeeded()
-                log.warning("consume %s: %s exited with %s; restarting in %.1fs (%d batches not acked)",
-                            self.group.name, self.command[0], code, restarts.delay, len(self._unacked))
+                log.warning(
+                    "consume %s: %s exited with %s; restarting in %.1fs (%d batches not acked)",
+                    self.group.name,
+                    self.command[0],
+                    code,
+                    restarts.delay,
+                    len(self._unacked),
+                )
                 await restarts.wait()
                 self.stats.restarts += 1
         finally:
@@ -101,7 +114,8 @@ class Pipe:
 
     async def _run_once(self) -> int:
         self.process = process = await asyncio.create_subprocess_exec(
-            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT)
+            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT
+        )
         writer = asyncio.create_task(self._write(process))
         try:
             await self._read(process)  # until the command closes its stdout (exits)
@@ -173,14 +187,23 @@ class Pipe:
             process.terminate()
         try:
             await asyncio.wait_for(process.wait(), STOP_GRACE)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
 
 
-async def serve(redis: Redis, group: str, command: list[str], *, prefix: str = "", lease: float = 3.0,
-                ack_on_write: bool = False, window: int = 16, stop: asyncio.Event | None = None) -> PipeStats:
+async def serve(
+    redis: Redis,
+    group: str,
+    command: list[str],
+    *,
+    prefix: str = "",
+    lease: float = 3.0,
+    ack_on_write: bool = False,
+    window: int = 16,
+    stop: asyncio.Event | None = None,
+) -> PipeStats:
     """Join ``group`` and pipe to ``command`` until ``stop`` is set, then
     stop the command and leave the group (its documents move at once)."""
     async with ConsumerGroup(redis, group, prefix=prefix, lease=lease) as member:

@@ -66,21 +66,26 @@ class Progress:
     async def claim(self, doc: str, version: int) -> Start:
         """Start reading ``doc`` under ``version``; raises :class:`StaleClaim`."""
         reply = await self.scripts.consumer_claim(
-            keys=[group_leases_key(doc), group_progress_key(doc), meta_key(doc)], args=[self.group, version])
+            keys=[group_leases_key(doc), group_progress_key(doc), meta_key(doc)], args=[self.group, version]
+        )
         mode = text(reply[0])
         if mode == "stale":
             raise StaleClaim(f"{doc}: claimed with version {text(reply[1])} > {version}")
         if mode == "resume":
             offset, out = StreamId.from_score(float(reply[1])), text(reply[3])
             read_through = StreamId.from_score(float(out)) if out else None
-            return Start(mode, offset, bool(int(reply[2])),
-                         read_through if read_through is not None and read_through > offset else None)
+            return Start(
+                mode,
+                offset,
+                bool(int(reply[2])),
+                read_through if read_through is not None and read_through > offset else None,
+            )
         return Start(mode, stream_id(reply[1]) or StreamId(0, 0), bool(int(reply[2])))
 
     async def ack(self, doc: str, version: int, offset: StreamId) -> AckResult:
         reply = await self.scripts.consumer_ack(
-            keys=[group_leases_key(doc), group_progress_key(doc)],
-            args=[self.group, version, f"{offset.score():.0f}"])
+            keys=[group_leases_key(doc), group_progress_key(doc)], args=[self.group, version, f"{offset.score():.0f}"]
+        )
         return AckResult(text(reply))
 
     async def mark_read(self, pipe: Any, doc: str, version: int, through: StreamId | None = None) -> None:
@@ -90,8 +95,9 @@ class Progress:
         With ``through``: also record that the application is given the
         entries up to there."""
         mark = "" if through is None else f"{through.score():.0f}"
-        await self.scripts.consumer_read(keys=[group_leases_key(doc), meta_key(doc)],
-                                         args=[self.group, version, mark], client=pipe)
+        await self.scripts.consumer_read(
+            keys=[group_leases_key(doc), meta_key(doc)], args=[self.group, version, mark], client=pipe
+        )
 
     async def offsets(self, docs: list[str]) -> dict[str, StreamId | None]:
         """The group's acked offset per document (None: none recorded)."""
@@ -99,4 +105,6 @@ class Progress:
             for doc in docs:
                 pipe.zscore(group_progress_key(doc), self.group)
             scores = await pipe.execute()
-        return {doc: None if score is None else StreamId.from_score(score) for doc, score in zip(docs, scores)}
+        return {
+            doc: None if score is None else StreamId.from_score(score) for doc, score in zip(docs, scores, strict=True)
+        }

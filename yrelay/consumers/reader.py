@@ -28,10 +28,11 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis.exceptions
 from redis.asyncio import Redis
+from redis.typing import KeyT, StreamIdT
 
 from .. import redis_packed
 from ..backoff import Reconnect
@@ -39,11 +40,11 @@ from ..change_feed import ChangeFeed
 from ..cluster_reads import BucketWakeups, read_each
 from ..deletion import is_deletion
 from ..events import EventSink
-from ..keys import changes_key, meta_key, stream_key
+from ..keys import changes_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import is_cluster, lost_redis
-from ..replies import is_wrong_type, stream_id, text
-from ..store import DocumentStore, to_entry
+from ..replies import RawEntry, is_wrong_type, stream_id, text
+from ..store import DocumentStore, Entry, to_entry
 from ..tasks import raise_lost_cancel, wait_event
 from .batch import Batch
 from .progress import AckResult, Progress, StaleClaim
@@ -61,7 +62,7 @@ SET_ASIDE_SECONDS = 30.0
 
 def _doc_of_stream(key: bytes | str) -> str:
     name = text(key)
-    return name[len(_STREAM_PREFIX):-len(_STREAM_SUFFIX)]
+    return name[len(_STREAM_PREFIX) : -len(_STREAM_SUFFIX)]
 
 
 #: Hand-outs are recorded (``<group>:out``) this many batches at a time, in
@@ -75,6 +76,10 @@ MARK_AHEAD = 1
 def _before(entry_id: StreamId) -> StreamId:
     """The greatest id below ``entry_id``: XREAD from it reads ``entry_id`` again."""
     return StreamId(entry_id.ms, entry_id.seq - 1) if entry_id.seq else StreamId(entry_id.ms - 1, MAX_SEQ)
+
+
+#: An XREAD reply (``(stream key, entries)`` per stream), or what stands for one.
+StreamReads = list[tuple[bytes, list[RawEntry]]]
 
 
 @dataclass
@@ -104,9 +109,18 @@ class Held:
 
 
 class Reader:
-    def __init__(self, redis: Redis, progress: Progress, events: EventSink, *, member: str,
-                 batch_size: int, block_ms: int, valid: Callable[[], bool],
-                 release: Callable[[str, str, int], Awaitable[bool]]):
+    def __init__(
+        self,
+        redis: Redis,
+        progress: Progress,
+        events: EventSink,
+        *,
+        member: str,
+        batch_size: int,
+        block_ms: int,
+        valid: Callable[[], bool],
+        release: Callable[[str, str, int], Awaitable[bool]],
+    ):
         self.redis = redis
         self.progress = progress
         self.events = events
@@ -138,8 +152,13 @@ class Reader:
         self.redelivered = 0
         self.unreported_redelivered = 0
         #: On a Redis Cluster: the per-bucket wake-ups and the sweep (else None).
-        self.wakeups = (BucketWakeups(redis, block_ms=block_ms, wanted=lambda doc: doc in self.held,
-                                      name=f"yrelay-consumer-{progress.group}") if is_cluster(redis) else None)
+        self.wakeups = (
+            BucketWakeups(
+                redis, block_ms=block_ms, wanted=lambda doc: doc in self.held, name=f"yrelay-consumer-{progress.group}"
+            )
+            if is_cluster(redis)
+            else None
+        )
         #: On one Redis: the change stream's announcements and the sweep.
         self.changes = ChangeFeed(block_ms)
 
@@ -212,8 +231,12 @@ class Reader:
         except Exception as exc:
             if not lost_redis(exc):
                 raise
-            log.warning("consumer group %s: could not release %s (%s); the leader moves it at the deadline",
-                        self.progress.group, doc, exc)
+            log.warning(
+                "consumer group %s: could not release %s (%s); the leader moves it at the deadline",
+                self.progress.group,
+                doc,
+                exc,
+            )
             return
         if released:
             self.events.emit("consumer_handover", doc, group=self.progress.group, member=self.member)
@@ -231,18 +254,31 @@ class Reader:
         result = await self.progress.ack(batch.doc, batch.version, batch.offset)
         held = self.held.get(batch.doc)
         mine = held is not None and held.version == batch.version
-        if result is AckResult.ACKED and mine:
-            head = max(held.head or batch.offset, batch.offset)  # type: ignore[union-attr]
-            self.events.emit("consumer_ack", batch.doc, group=self.progress.group, member=self.member,
-                             offset=str(batch.offset), head=str(head), entries=len(batch.entries))
-            held.acked = max(held.acked or batch.offset, batch.offset)  # type: ignore[union-attr]
-            while held.unacked and held.unacked[0][1] <= batch.offset:  # type: ignore[union-attr]
-                held.unacked.popleft()  # type: ignore[union-attr]
-            await self._release_if_finished(batch.doc, held)  # type: ignore[arg-type]
+        if result is AckResult.ACKED and held is not None and mine:
+            head = max(held.head or batch.offset, batch.offset)
+            self.events.emit(
+                "consumer_ack",
+                batch.doc,
+                group=self.progress.group,
+                member=self.member,
+                offset=str(batch.offset),
+                head=str(head),
+                entries=len(batch.entries),
+            )
+            held.acked = max(held.acked or batch.offset, batch.offset)
+            while held.unacked and held.unacked[0][1] <= batch.offset:
+                held.unacked.popleft()
+            await self._release_if_finished(batch.doc, held)
         elif result is not AckResult.ACKED:
             self.refused += 1
-            self.events.emit("consumer_refused", batch.doc, group=self.progress.group, member=self.member,
-                             reason=result.value, offset=str(batch.offset))
+            self.events.emit(
+                "consumer_refused",
+                batch.doc,
+                group=self.progress.group,
+                member=self.member,
+                reason=result.value,
+                offset=str(batch.offset),
+            )
             if mine and result is AckResult.STALE:
                 del self.held[batch.doc]
             elif mine:
@@ -264,8 +300,9 @@ class Reader:
             except Exception as exc:
                 if not lost_redis(exc):
                     raise
-                log.warning("consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc,
-                            reconnect.delay)
+                log.warning(
+                    "consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc, reconnect.delay
+                )
                 self.changes.lost()  # what was read and woken may not have been handed out: sweep next
                 await reconnect.wait()
                 continue
@@ -276,7 +313,7 @@ class Reader:
                         if (held := self.held.get(rest.doc)) is not None and held.version == rest.version:
                             self._unread(rest, held)
                     break
-                if index % MARK_AHEAD == 0 and not await self._mark_handed_out(ready[index:index + MARK_AHEAD]):
+                if index % MARK_AHEAD == 0 and not await self._mark_handed_out(ready[index : index + MARK_AHEAD]):
                     break  # Redis failed: read again (nothing was handed out of these)
                 if not self.valid():  # paused past our lease while reading: these may be another's now
                     self.held.clear()
@@ -284,7 +321,9 @@ class Reader:
                 held = self.held.get(batch.doc)
                 if held is not None and held.version == batch.version and held.releasing:
                     await self._drop(batch, held)  # read before the handover was seen: not handed out
-                elif held is not None and held.version == batch.version and batch.doc not in self.paused:  # else moved away meanwhile
+                elif (
+                    held is not None and held.version == batch.version and batch.doc not in self.paused
+                ):  # else moved away meanwhile
                     self._count_redelivered(batch.doc, held, batch.entries)
                     yield batch
 
@@ -293,8 +332,11 @@ class Reader:
         application is given entries (a takeover counts what it reads again
         up to there), and stop at once for documents another member claimed.
         False when Redis failed (the documents read again from their cursor)."""
-        batches = [batch for batch in batches if (held := self.held.get(batch.doc)) is not None
-                   and held.version == batch.version and not held.releasing]  # the others are not handed out
+        batches = [
+            batch
+            for batch in batches
+            if (held := self.held.get(batch.doc)) is not None and held.version == batch.version and not held.releasing
+        ]  # the others are not handed out
         if not batches:
             return True
         try:
@@ -307,7 +349,7 @@ class Reader:
                 if (held := self.held.get(batch.doc)) is not None and held.version == batch.version:
                     self._unread(batch, held)
             return False
-        for batch, (fence, _, _) in zip(batches, replies):
+        for batch, (fence, _, _) in zip(batches, replies, strict=True):
             held = self.held.get(batch.doc)
             if text(fence) == "stale" and held is not None and held.version == batch.version:
                 del self.held[batch.doc]  # claimed by another since we read: hand nothing out
@@ -409,14 +451,20 @@ class Reader:
         held.cursor = snapshot.offset
         reason = "evicted" if start.evicted else (held.restart or "new")
         held.restart = None
-        self.events.emit("consumer_restart", doc, group=self.progress.group, member=self.member, reason=reason,
-                         offset=str(snapshot.offset))
+        self.events.emit(
+            "consumer_restart",
+            doc,
+            group=self.progress.group,
+            member=self.member,
+            reason=reason,
+            offset=str(snapshot.offset),
+        )
         if reason == "new" and not snapshot.update:
             return None  # nothing folded yet: the stream holds the whole document
         held.unacked.append((snapshot.offset, snapshot.offset, 0))
         return Batch(doc, [], held.version, snapshot.offset, snapshot.update, reason, self.ack)
 
-    async def _xread(self) -> tuple[dict[str, StreamId], list]:
+    async def _xread(self) -> tuple[dict[str, StreamId], StreamReads]:
         """The documents due (-> the cursor read from), and their new
         entries as ``(stream key, entries)``, within ``block_ms``: those
         woken, all of them on a sweep; one blocking XREAD with the change
@@ -431,7 +479,7 @@ class Reader:
             self._set_aside(doc, exc)
         return due, reads.pairs
 
-    async def _xread_announced(self) -> tuple[dict[str, StreamId], list]:
+    async def _xread_announced(self) -> tuple[dict[str, StreamId], StreamReads]:
         """One Redis: XREAD BLOCK over the change stream and the documents
         due (:class:`~yrelay.change_feed.ChangeFeed`); a Redis failure
         loses our place in the change stream (the round after sweeps)."""
@@ -439,7 +487,7 @@ class Reader:
         await changes.follow(self.redis, SET_ASIDE_SECONDS)
         now = time.monotonic()
         due = changes.due(now, self._cursors, self._cursor)
-        streams = {stream_key(doc): str(cursor) for doc, cursor in due.items()}
+        streams: dict[KeyT, StreamIdT] = {stream_key(doc): str(cursor) for doc, cursor in due.items()}
         if changes.listening(now):
             assert changes.cursor is not None
             streams = {changes_key(): changes.cursor, **streams}
@@ -448,7 +496,11 @@ class Reader:
             await wait_event(self._changed, changes.block_ms_left(now) / 1000)
             return due, []
         try:
-            reply = await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or []
+            # RESP2 (ConsumerGroup refuses a RESP3 client): a list of (key, entries)
+            reply = cast(
+                StreamReads,
+                await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or [],
+            )
         except redis.exceptions.ResponseError as exc:
             changes.lost()  # a change stream of the wrong type is set aside at the next follow()
             if not is_wrong_type(exc):  # BUSY, MASTERDOWN...: Redis's passing state, retried
@@ -462,7 +514,7 @@ class Reader:
                 raise
             changes.lost()
             raise
-        documents = []
+        documents: StreamReads = []
         for key, entries in reply:  # RESP2: ConsumerGroup refuses a RESP3 client
             if text(key) == changes_key():
                 changes.take(entries, self.held.__contains__, self.batch_size)
@@ -479,10 +531,16 @@ class Reader:
         broken stream stopped the member for every document it holds."""
         if (held := self.held.get(doc)) is not None:
             held.set_aside_until = time.monotonic() + SET_ASIDE_SECONDS
-            log.error("consumer group %s: document %s cannot be read (%s); set aside for %ss",
-                      self.progress.group, doc, exc, SET_ASIDE_SECONDS, extra={"doc": doc})
+            log.error(
+                "consumer group %s: document %s cannot be read (%s); set aside for %ss",
+                self.progress.group,
+                doc,
+                exc,
+                SET_ASIDE_SECONDS,
+                extra={"doc": doc},
+            )
 
-    async def _read(self, cursors: dict[str, StreamId], reply: list) -> list[Batch]:
+    async def _read(self, cursors: dict[str, StreamId], reply: StreamReads) -> list[Batch]:
         """Batches of ``reply``, read from ``cursors``: each document's fence
         and trim mark checked in one round trip first."""
         read = [(_doc_of_stream(key), entries) for key, entries in reply if entries]
@@ -490,7 +548,7 @@ class Reader:
         read = [(doc, entries) for doc, entries in read if doc in versions]
         marks = await self._marks([(doc, versions[doc], None) for doc, _ in read])
         batches = []
-        for (doc, raw_entries), (fence, mark, head) in zip(read, marks):
+        for (doc, raw_entries), (fence, mark, head) in zip(read, marks, strict=True):
             held = self.held.get(doc)
             if held is None or held.cursor != cursors[doc] or held.version != versions[doc]:
                 continue  # taken from us, or restarted, while we read
@@ -507,11 +565,14 @@ class Reader:
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
             held.head = max(stream_id(head or None) or held.cursor, held.cursor)
             deleted = is_deletion(entries[-1])  # the marker ends the stream (yrelay/deletion.py)
-            batches.append(Batch(doc, entries[:-1] if deleted else entries, held.version, held.cursor,
-                                 deleted=deleted, _ack=self.ack))
+            batches.append(
+                Batch(
+                    doc, entries[:-1] if deleted else entries, held.version, held.cursor, deleted=deleted, _ack=self.ack
+                )
+            )
         return batches
 
-    def _count_redelivered(self, doc: str, held: Held, entries: list) -> None:
+    def _count_redelivered(self, doc: str, held: Held, entries: list[Entry]) -> None:
         """Count the entries of a batch about to be handed out that the
         document's previous owner had handed out and not acked (the
         duplicates of a takeover)."""
@@ -524,5 +585,4 @@ class Reader:
         if again:
             self.redelivered += again
             self.unreported_redelivered += again
-            self.events.emit("consumer_redelivered", doc, group=self.progress.group, member=self.member,
-                             entries=again)
+            self.events.emit("consumer_redelivered", doc, group=self.progress.group, member=self.member, entries=again)

@@ -30,8 +30,9 @@ def sign(secret: str | bytes, body: bytes, timestamp: int | None = None) -> str:
     return f"t={stamp},v1={_digest(key, stamp, body)}"
 
 
-def verify_signature(secret: str | bytes, header: str | None, body: bytes,
-                     tolerance: float = DEFAULT_TOLERANCE, now: float | None = None) -> bool:
+def verify_signature(
+    secret: str | bytes, header: str | None, body: bytes, tolerance: float = DEFAULT_TOLERANCE, now: float | None = None
+) -> bool:
     """True only if ``header`` (the ``X-Yrelay-Signature`` value) signs
     ``body`` (the raw request body, before any JSON parsing) with ``secret``
     and its timestamp is within ``tolerance`` seconds of ``now``. Several
@@ -51,11 +52,10 @@ def verify_signature(secret: str | bytes, header: str | None, body: bytes,
         return False
     if abs((time.time() if now is None else now) - stamp) > tolerance:
         return False
-    key = secret.encode() if isinstance(secret, str) else secret
-    expected = _digest(key, stamp, body)
+    secret_bytes = secret.encode() if isinstance(secret, str) else secret
+    expected = _digest(secret_bytes, stamp, body)
     # As bytes: compare_digest raises on str with non-ASCII characters.
-    return any(hmac.compare_digest(expected.encode(), candidate.encode(errors="replace"))
-               for candidate in candidates)
+    return any(hmac.compare_digest(expected.encode(), candidate.encode(errors="replace")) for candidate in candidates)
 
 
 __all__ = ["DEFAULT_TOLERANCE", "DELIVERY_HEADER", "HEADER", "sign", "verify_signature"]

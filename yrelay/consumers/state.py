@@ -23,6 +23,7 @@ updates in any order.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 import pycrdt
 from redis.asyncio import Redis
@@ -31,7 +32,7 @@ from ..store import DocumentStore
 from .batch import Batch
 
 
-def _apply_all(doc: pycrdt.Doc, updates: list[bytes]) -> None:
+def _apply_all(doc: pycrdt.Doc[Any], updates: list[bytes]) -> None:
     for update in updates:
         if update:
             doc.apply_update(update)
@@ -43,11 +44,11 @@ class DocumentStates:
         editor's and the Python client's is ``text``)."""
         self.store = DocumentStore(redis)
         self.text_name = text_name
-        self.documents: dict[str, pycrdt.Doc] = {}
+        self.documents: dict[str, pycrdt.Doc[Any]] = {}
         #: doc -> the assignment version its copy was built under.
         self.versions: dict[str, int] = {}
 
-    async def apply(self, batch: Batch) -> pycrdt.Doc:
+    async def apply(self, batch: Batch) -> pycrdt.Doc[Any]:
         """The document with ``batch`` applied (an empty one for a deletion)."""
         if batch.deleted:
             self.forget(batch.doc)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from ..keys import group_meta_key, group_members_key
+from ..keys import group_members_key, group_meta_key
 from ..replies import text
 from .membership import listed_groups
 
@@ -44,11 +44,12 @@ async def group_stats(redis: Redis) -> list[GroupStats]:
             pipe.zrangebyscore(group_members_key(group), now_ms, "+inf")
             pipe.hgetall(group_meta_key(group))
         replies = await pipe.execute()
-    return [_stats(group, {text(m) for m in replies[2 * i]}, replies[2 * i + 1], now_ms)
-            for i, group in enumerate(groups)]
+    return [
+        _stats(group, {text(m) for m in replies[2 * i]}, replies[2 * i + 1], now_ms) for i, group in enumerate(groups)
+    ]
 
 
-def _stats(group: str, live: set[str], raw_meta: dict, now_ms: int) -> GroupStats:
+def _stats(group: str, live: set[str], raw_meta: dict[bytes | str, bytes | str], now_ms: int) -> GroupStats:
     meta = {text(key): text(value) for key, value in raw_meta.items()}
     entries, oldest = 0, now_ms
     for member in live:
@@ -56,6 +57,14 @@ def _stats(group: str, live: set[str], raw_meta: dict, now_ms: int) -> GroupStat
         if int(pending):
             entries += int(pending)
             oldest = min(oldest, int(oldest_ms))
-    return GroupStats(group, len(live), entries, max(0, now_ms - oldest) / 1000,
-                      int(meta.get("rebalances", 0)), int(meta.get("takeovers", 0)), int(meta.get("elections", 0)),
-                      int(meta.get("redelivered", 0)), int(meta.get("handovers", 0)))
+    return GroupStats(
+        group,
+        len(live),
+        entries,
+        max(0, now_ms - oldest) / 1000,
+        int(meta.get("rebalances", 0)),
+        int(meta.get("takeovers", 0)),
+        int(meta.get("elections", 0)),
+        int(meta.get("redelivered", 0)),
+        int(meta.get("handovers", 0)),
+    )

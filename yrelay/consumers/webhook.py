@@ -42,8 +42,8 @@ from .batch import Batch
 from .dead_letters import DeadLetter, DeadLetters, now
 from .group import ConsumerGroup
 from .progress import AckResult
-from .state import DocumentStates
 from .signature import DELIVERY_HEADER, HEADER, sign, verify_signature
+from .state import DocumentStates
 from .webhook_stats import StatsFlusher, WebhookStats
 
 if TYPE_CHECKING:  # httpx is the webhooks extra: imported when a Webhook is made, so a lean install imports this module
@@ -135,10 +135,21 @@ def retry_after(response: httpx.Response) -> float | None:
 class Webhook:
     """Deliver what ``group`` (started by the caller) reads to ``url``."""
 
-    def __init__(self, group: ConsumerGroup, url: str, secret: str | bytes, *, client: httpx.AsyncClient | None = None,
-                 concurrency: int = 16, backoff: Backoff = WEBHOOK_BACKOFF, timeout: float = TIMEOUT,
-                 max_response_bytes: int = MAX_RESPONSE_BYTES, max_queued: int = 10_000,
-                 max_attempts: int | None = MAX_ATTEMPTS, text: str | None = None):
+    def __init__(
+        self,
+        group: ConsumerGroup,
+        url: str,
+        secret: str | bytes,
+        *,
+        client: httpx.AsyncClient | None = None,
+        concurrency: int = 16,
+        backoff: Backoff = WEBHOOK_BACKOFF,
+        timeout: float = TIMEOUT,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        max_queued: int = 10_000,
+        max_attempts: int | None = MAX_ATTEMPTS,
+        text: str | None = None,
+    ):
         """``timeout``: the total deadline of one request, answer included
         (past it the attempt fails and frees its slot). ``max_response_bytes``:
         the most of an answer's body read; more fails the attempt.
@@ -282,9 +293,16 @@ class Webhook:
         await self._redis_retried(lambda: self.dead.park(letter), "parking", batch)
         self.stats.dead_letters += 1
         self._hold_parked(batch.doc)
-        log.error("webhook %s: parked %s after %d attempts (last: %s); nothing from delivery %s on is sent "
-                  "until it is retried (POST /ops/groups/%s/dead-letters/<doc>/retry)", self.group.name, batch.doc,
-                  attempts, failure.error, delivery, self.group.name)
+        log.error(
+            "webhook %s: parked %s after %d attempts (last: %s); nothing from delivery %s on is sent "
+            "until it is retried (POST /ops/groups/%s/dead-letters/<doc>/retry)",
+            self.group.name,
+            batch.doc,
+            attempts,
+            failure.error,
+            delivery,
+            self.group.name,
+        )
 
     def _hold_parked(self, doc: str) -> None:
         self._parked.add(doc)
@@ -337,8 +355,14 @@ class Webhook:
             except Exception as exc:
                 if not lost_redis(exc):
                     raise
-                log.warning("webhook %s: %s of %s failed (%s); again in %.1fs", self.group.name, what,
-                            delivery_id(batch), exc, reconnect.delay)
+                log.warning(
+                    "webhook %s: %s of %s failed (%s); again in %.1fs",
+                    self.group.name,
+                    what,
+                    delivery_id(batch),
+                    exc,
+                    reconnect.delay,
+                )
                 await reconnect.wait()
 
     async def _attempt(self, delivery: str, body: bytes, attempt: int) -> Failure | None:
@@ -362,8 +386,9 @@ class Webhook:
             error = "TotalTimeout" if connected else "ConnectTimeout"
             return self._failed(delivery, attempt, Failure(error, None, 0, counts=connected))
         except self._errors as exc:
-            return self._failed(delivery, attempt, Failure(type(exc).__name__, None, 0,
-                                                           counts=not isinstance(exc, self._unreachable)))
+            return self._failed(
+                delivery, attempt, Failure(type(exc).__name__, None, 0, counts=not isinstance(exc, self._unreachable))
+            )
         status = response.status_code
         if too_large:
             return self._failed(delivery, attempt, Failure("ResponseTooLarge", status, 0))
@@ -371,18 +396,26 @@ class Webhook:
             return None
         if 400 <= status < 500 and status not in _TRANSIENT:
             self.stats.rejected += 1
-            log.error("webhook %s: %s rejected delivery %s with %d (attempt %d)", self.group.name, self.url,
-                      delivery, status, attempt + 1)
+            log.error(
+                "webhook %s: %s rejected delivery %s with %d (attempt %d)",
+                self.group.name,
+                self.url,
+                delivery,
+                status,
+                attempt + 1,
+            )
             return Failure(f"HTTP {status}", status, 0, permanent=True)
         return self._failed(delivery, attempt, Failure(f"HTTP {status}", status, retry_after(response) or 0))
 
-    async def _post(self, body: bytes, headers: dict[str, str],
-                    trace: Callable[[str, object], Awaitable[None]]) -> tuple[httpx.Response, bool]:
+    async def _post(
+        self, body: bytes, headers: dict[str, str], trace: Callable[[str, object], Awaitable[None]]
+    ) -> tuple[httpx.Response, bool]:
         """POST and read the answer's body up to ``max_response_bytes``,
         keeping none of it. The response, and whether its body was declared
         or streamed past the limit (the connection is then closed, not read to its end)."""
-        async with self.client.stream("POST", self.url, content=body, headers=headers,
-                                      extensions={"trace": trace}) as response:
+        async with self.client.stream(
+            "POST", self.url, content=body, headers=headers, extensions={"trace": trace}
+        ) as response:
             try:
                 if int(response.headers.get("content-length", 0)) > self.max_response_bytes:
                     return response, True
@@ -397,14 +430,25 @@ class Webhook:
 
     def _failed(self, delivery: str, attempt: int, failure: Failure) -> Failure:
         self.stats.failed += 1
-        log.warning("webhook %s: delivery %s failed (%s), attempt %d", self.group.name, delivery, failure.error,
-                    attempt + 1)
+        log.warning(
+            "webhook %s: delivery %s failed (%s), attempt %d", self.group.name, delivery, failure.error, attempt + 1
+        )
         return failure
 
 
-async def serve(redis: Redis, group: str, url: str, secret: str | bytes, *, prefix: str = "", lease: float = 3.0,
-                concurrency: int = 16, max_attempts: int | None = MAX_ATTEMPTS, text: str | None = None,
-                stop: asyncio.Event | None = None) -> WebhookStats:
+async def serve(
+    redis: Redis,
+    group: str,
+    url: str,
+    secret: str | bytes,
+    *,
+    prefix: str = "",
+    lease: float = 3.0,
+    concurrency: int = 16,
+    max_attempts: int | None = MAX_ATTEMPTS,
+    text: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> WebhookStats:
     """Join ``group`` and deliver to ``url`` until ``stop`` is set (or the
     task is cancelled), then leave the group: its documents move to the
     other members at once, from their last ack."""
@@ -419,4 +463,15 @@ async def serve(redis: Redis, group: str, url: str, secret: str | bytes, *, pref
     return webhook.stats
 
 
-__all__ = ["MAX_ATTEMPTS", "MAX_RESPONSE_BYTES", "TIMEOUT", "WEBHOOK_BACKOFF", "Webhook", "WebhookStats", "delivery_id", "payload", "serve", "verify_signature"]
+__all__ = [
+    "MAX_ATTEMPTS",
+    "MAX_RESPONSE_BYTES",
+    "TIMEOUT",
+    "WEBHOOK_BACKOFF",
+    "Webhook",
+    "WebhookStats",
+    "delivery_id",
+    "payload",
+    "serve",
+    "verify_signature",
+]

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
@@ -33,13 +33,13 @@ _COUNTERS = ("delivered", "failed", "rejected", "retries", "dead_letters", "drop
 class WebhookStats:
     """One member's counts since it started."""
 
-    delivered: int = 0       # batches answered 2xx and acked
-    failed: int = 0          # attempts lost to the network, a timeout, 5xx, 408 or 429
-    rejected: int = 0        # attempts answered with another 4xx
-    retries: int = 0         # attempts after the first of their batch
-    dead_letters: int = 0    # documents this member parked
-    dropped: int = 0         # batches not sent: the document moved to another member (or was parked) first
-    refused_acks: int = 0    # 2xx answered, the ack refused (STALE or EVICTED): redelivered elsewhere
+    delivered: int = 0  # batches answered 2xx and acked
+    failed: int = 0  # attempts lost to the network, a timeout, 5xx, 408 or 429
+    rejected: int = 0  # attempts answered with another 4xx
+    retries: int = 0  # attempts after the first of their batch
+    dead_letters: int = 0  # documents this member parked
+    dropped: int = 0  # batches not sent: the document moved to another member (or was parked) first
+    refused_acks: int = 0  # 2xx answered, the ack refused (STALE or EVICTED): redelivered elsewhere
     latency_sum: float = 0.0
     #: Answered requests per latency bucket (the last: above every bound), not cumulative.
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
@@ -47,12 +47,14 @@ class WebhookStats:
     def observe(self, seconds: float) -> None:
         """One answered request (any status) took ``seconds``."""
         self.latency_sum += seconds
-        self.latency_counts[next((i for i, bound in enumerate(LATENCY_BUCKETS) if seconds <= bound),
-                                 len(LATENCY_BUCKETS))] += 1
+        self.latency_counts[
+            next((i for i, bound in enumerate(LATENCY_BUCKETS) if seconds <= bound), len(LATENCY_BUCKETS))
+        ] += 1
 
-    def fields(self) -> dict[str, float]:
-        """The Redis hash fields: counters, ``latency_sum``, ``latency_<i>``."""
-        out: dict[str, float] = {name: getattr(self, name) for name in _COUNTERS}
+    def fields(self) -> dict[str, int | float]:
+        """The Redis hash fields: counters, ``latency_sum``, ``latency_<i>``
+        (ints, but for the sum: each is added with the command of its type)."""
+        out: dict[str, int | float] = {name: getattr(self, name) for name in _COUNTERS}
         out["latency_sum"] = self.latency_sum
         out.update({f"latency_{i}": count for i, count in enumerate(self.latency_counts)})
         return out
@@ -65,7 +67,7 @@ class StatsFlusher:
         self.redis = redis
         self.key = group_webhook_stats_key(group)
         self.stats = stats
-        self._flushed: dict[str, float] = {name: 0 for name in stats.fields()}
+        self._flushed: dict[str, int | float] = {name: 0 for name in stats.fields()}
 
     async def flush(self) -> None:
         now = self.stats.fields()
@@ -108,8 +110,9 @@ async def webhook_stats(redis: Redis, groups: list[str]) -> list[GroupWebhookSta
 
 
 def _totals(raw: dict[str, str]) -> WebhookStats:
-    totals = WebhookStats(**{f.name: int(float(raw.get(f.name, 0))) for f in fields(WebhookStats)
-                             if f.name in _COUNTERS})
+    totals = WebhookStats()
+    for name in _COUNTERS:
+        setattr(totals, name, int(float(raw.get(name, 0))))
     totals.latency_sum = float(raw.get("latency_sum", 0))
     totals.latency_counts = [int(raw.get(f"latency_{i}", 0)) for i in range(len(LATENCY_BUCKETS) + 1)]
     return totals
@@ -124,28 +127,32 @@ class WebhookCollector(Collector):
     async def refresh(self, redis: Redis, groups: list[str]) -> None:
         self.stats = await webhook_stats(redis, groups)
 
-    def describe(self) -> list:
+    def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Any]:
-        counters = [("delivered", "Batches a group's webhooks delivered (answered 2xx and acked)."),
-                    ("failed", "Webhook attempts lost to the network, a timeout, 5xx, 408 or 429."),
-                    ("rejected", "Webhook attempts answered with another 4xx."),
-                    ("retries", "Webhook attempts after the first of their batch."),
-                    ("dead_letters", "Documents a group's webhooks parked (dead letters).")]
+        counters = [
+            ("delivered", "Batches a group's webhooks delivered (answered 2xx and acked)."),
+            ("failed", "Webhook attempts lost to the network, a timeout, 5xx, 408 or 429."),
+            ("rejected", "Webhook attempts answered with another 4xx."),
+            ("retries", "Webhook attempts after the first of their batch."),
+            ("dead_letters", "Documents a group's webhooks parked (dead letters)."),
+        ]
         for attribute, doc in counters:
             family = CounterMetricFamily(f"yrelay_webhook_{attribute}", doc, labels=["group"])
             for item in self.stats:
                 family.add_metric([item.group], getattr(item.totals, attribute))
             yield family
-        parked = GaugeMetricFamily("yrelay_webhook_parked_documents", "Documents parked now, per group.",
-                                   labels=["group"])
-        latency = HistogramMetricFamily("yrelay_webhook_latency_seconds",
-                                        "Webhook requests, sent to answered (any status).", labels=["group"])
+        parked = GaugeMetricFamily(
+            "yrelay_webhook_parked_documents", "Documents parked now, per group.", labels=["group"]
+        )
+        latency = HistogramMetricFamily(
+            "yrelay_webhook_latency_seconds", "Webhook requests, sent to answered (any status).", labels=["group"]
+        )
         for item in self.stats:
             parked.add_metric([item.group], item.parked)
             cumulative = list(itertools.accumulate(item.totals.latency_counts))
-            buckets = [(str(bound), count) for bound, count in zip(LATENCY_BUCKETS, cumulative)]
+            buckets = [(str(bound), count) for bound, count in zip(LATENCY_BUCKETS, cumulative, strict=False)]
             latency.add_metric([item.group], buckets + [("+Inf", cumulative[-1])], item.totals.latency_sum)
         yield parked
         yield latency

@@ -18,9 +18,8 @@ processes).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Sequence
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Union
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pycrdt
 
@@ -31,14 +30,52 @@ from .errors import EMPTY_UPDATE, InvalidUpdate, check_layout, check_state_vecto
 if TYPE_CHECKING:
     import y_py
 
-    Doc = Union[pycrdt.Doc, y_py.YDoc]
+    Doc = pycrdt.Doc[Any] | y_py.YDoc
 else:
     Doc = Any
 
+_D = TypeVar("_D")
+
+
+class _Engine(Protocol[_D]):
+    """What an engine module (:mod:`.pycrdt_doc`, :mod:`.ypy_doc`) provides
+    for documents of its own type ``_D``: the helpers below dispatch to one
+    after picking it from the document's type, so each module is checked
+    against this once, where it is chosen."""
+
+    def validate_update(self, update: bytes) -> None: ...
+    def new_doc(self, client_id: int | None = None) -> _D: ...
+    def apply_update(self, doc: _D, update: bytes) -> None: ...
+    def encode_state(self, doc: _D, state_vector: bytes | None = None) -> bytes: ...
+    def state_vector(self, doc: _D) -> bytes: ...
+    def observe_updates(self, doc: _D, callback: Callable[[bytes], object]) -> object: ...
+    def text_of(self, doc: _D, name: str) -> str: ...
+    def edit_text(self, doc: _D, name: str, index: int, length: int, chunk: str) -> None: ...
+
+
 __all__ = [
-    "EMPTY_UPDATE", "ENGINES", "Doc", "EngineMissing", "InvalidUpdate", "Replica", "apply_update", "apply_updates",
-    "check_layout", "check_state_vector", "contains", "delete_text", "encode_state", "engine_of", "held_prefix",
-    "insert_text", "merge_updates", "new_doc", "observe_updates", "replace_text", "state_vector", "text_of",
+    "EMPTY_UPDATE",
+    "ENGINES",
+    "Doc",
+    "EngineMissing",
+    "InvalidUpdate",
+    "Replica",
+    "apply_update",
+    "apply_updates",
+    "check_layout",
+    "check_state_vector",
+    "contains",
+    "delete_text",
+    "encode_state",
+    "engine_of",
+    "held_prefix",
+    "insert_text",
+    "merge_updates",
+    "new_doc",
+    "observe_updates",
+    "replace_text",
+    "state_vector",
+    "text_of",
     "validate_update",
 ]
 
@@ -61,18 +98,21 @@ def ypy_available() -> bool:
     return importlib.util.find_spec("y_py") is not None
 
 
-def _ypy() -> ModuleType:
+def _ypy() -> _Engine[y_py.YDoc]:
     try:
         from . import ypy_doc
     except ImportError as exc:
-        raise EngineMissing(f"the y-py engine needs the {YPY_EXTRA} extra: pip install 'yrelay[{YPY_EXTRA}]' "
-                            f"(y-py 0.6.2 has wheels for CPython 3.10-3.12 only) ({exc})") from None
+        raise EngineMissing(
+            f"the y-py engine needs the {YPY_EXTRA} extra: pip install 'yrelay[{YPY_EXTRA}]' "
+            f"(y-py 0.6.2 has wheels for CPython 3.10-3.12 only) ({exc})"
+        ) from None
     return ypy_doc
 
 
-def _module(doc: Doc) -> ModuleType:
+def _module(doc: Doc) -> _Engine[Any]:
     """The engine module of ``doc``: a document not of pycrdt is y-py's (if
-    it exists, y-py is importable)."""
+    it exists, y-py is importable). _Engine[Any]: the engine is the one of
+    ``doc``'s own type, which the two engines' union cannot say."""
     return pycrdt_doc if isinstance(doc, pycrdt.Doc) else _ypy()
 
 
@@ -81,7 +121,7 @@ def engine_of(doc: Doc) -> str:
     return PYCRDT if isinstance(doc, pycrdt.Doc) else YPY
 
 
-def _engine_module(engine: str) -> ModuleType:
+def _engine_module(engine: str) -> _Engine[Any]:
     if engine == PYCRDT:
         return pycrdt_doc
     if engine == YPY:
@@ -124,8 +164,9 @@ def check_ypy_client_ids(update: bytes) -> None:
     ``pycrdt.Doc()`` has such ids; :func:`new_doc`'s do not)."""
     coverage = update_format.decode(update)
     if any(client > YPY_MAX_CLIENT_ID for client in (*coverage.structs, *coverage.deletes)):
-        raise InvalidUpdate("not a Yjs update for y-py clients: a client id past 2**32 - 1 "
-                            "(y-py reads it as another client)")
+        raise InvalidUpdate(
+            "not a Yjs update for y-py clients: a client id past 2**32 - 1 (y-py reads it as another client)"
+        )
 
 
 # ------------------------------------------------------------ documents
@@ -133,7 +174,8 @@ def check_ypy_client_ids(update: bytes) -> None:
 
 def new_doc(client_id: int | None = None, engine: str = PYCRDT) -> Doc:
     """A fresh document of ``engine`` (``client_id`` fixes the Yjs client id, for tests)."""
-    return _engine_module(engine).new_doc(client_id)
+    doc: Doc = _engine_module(engine).new_doc(client_id)  # of the engine named
+    return doc
 
 
 def apply_update(doc: Doc, update: bytes) -> None:
@@ -204,7 +246,7 @@ def contains(doc: Doc, update: bytes) -> bool:
     return held_prefix(doc, [update]) == 1
 
 
-def observe_updates(doc: Doc, callback) -> object:
+def observe_updates(doc: Doc, callback: Callable[[bytes], object]) -> object:
     """Call ``callback(update_bytes)`` after every transaction that changed ``doc``
     (local edits and applied updates alike)."""
     return _module(doc).observe_updates(doc, callback)
@@ -279,8 +321,7 @@ class Replica:
         pending ones integrated since)."""
         if self._suspects:
             held = update_format.decode(self._engine.encode_state(self.doc))
-            self._suspects = [update for update in self._suspects
-                              if update_format.held_prefix(held, [update]) == 0]
+            self._suspects = [update for update in self._suspects if update_format.held_prefix(held, [update]) == 0]
 
     def _retry_suspects(self) -> None:
         while True:

@@ -10,12 +10,14 @@ A document belongs to the thread that made it.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pycrdt
 
 from .errors import EMPTY_UPDATE, InvalidUpdate, check_state_vector, reraise_control_flow
 
-Doc = pycrdt.Doc
+Doc = pycrdt.Doc[Any]
 
 
 def validate_update(update: bytes) -> None:
@@ -40,7 +42,7 @@ def new_doc(client_id: int | None = None) -> Doc:
 def apply_update(doc: Doc, update: bytes) -> None:
     try:
         doc.apply_update(update)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - see errors.reraise_control_flow
         reraise_control_flow(exc)
         raise InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
 
@@ -60,7 +62,7 @@ def state_vector(doc: Doc) -> bytes:
     return doc.get_state()
 
 
-def observe_updates(doc: Doc, callback) -> object:
+def observe_updates(doc: Doc, callback: Callable[[bytes], object]) -> object:
     """pycrdt calls observers once per transaction that changed something."""
 
     def on_transaction(event: pycrdt.TransactionEvent) -> None:
@@ -80,6 +82,6 @@ def edit_text(doc: Doc, name: str, index: int, length: int, chunk: str) -> None:
     text = doc.get(name, type=pycrdt.Text)
     with doc.transaction():
         if length:
-            del text[index:index + length]
+            del text[index : index + length]
         if chunk:
             text.insert(index, chunk)

@@ -7,6 +7,10 @@ imports ``y_py``, and only when a y-py document or check is asked for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import cast
+
 import y_py
 
 from .errors import EMPTY_UPDATE, InvalidUpdate, check_state_vector, reraise_control_flow
@@ -32,7 +36,7 @@ def new_doc(client_id: int | None = None) -> Doc:
 def apply_update(doc: Doc, update: bytes) -> None:
     try:
         y_py.apply_update(doc, update)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - see errors.reraise_control_flow
         reraise_control_flow(exc)
         raise InvalidUpdate(f"not a Yjs update: {str(exc)[:200]}") from None
 
@@ -43,7 +47,7 @@ def encode_state(doc: Doc, state_vector: bytes | None = None) -> bytes:
     check_state_vector(state_vector)
     try:
         return y_py.encode_state_as_update(doc, state_vector)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - see errors.reraise_control_flow
         reraise_control_flow(exc)
         raise InvalidUpdate(f"not a Yjs state vector: {str(exc)[:200]}") from None
 
@@ -52,7 +56,7 @@ def state_vector(doc: Doc) -> bytes:
     return y_py.encode_state_vector(doc)
 
 
-def observe_updates(doc: Doc, callback) -> object:
+def observe_updates(doc: Doc, callback: Callable[[bytes], object]) -> object:
     def on_transaction(event: y_py.AfterTransactionEvent) -> None:
         update = event.get_update()
         if update != EMPTY_UPDATE:
@@ -65,10 +69,17 @@ def text_of(doc: Doc, name: str) -> str:
     return str(doc.get_text(name))
 
 
+def _transaction(doc: Doc) -> AbstractContextManager[y_py.YTransaction]:
+    """``doc.begin_transaction()``, a context manager that commits on exit:
+    y-py 0.6.2's stub declares its ``__enter__``/``__exit__`` without ``self``,
+    so the type says here what the object is."""
+    return cast(AbstractContextManager[y_py.YTransaction], doc.begin_transaction())
+
+
 def edit_text(doc: Doc, name: str, index: int, length: int, chunk: str) -> None:
     """Delete ``length`` characters at ``index``, then insert ``chunk`` there (one transaction)."""
     text = doc.get_text(name)
-    with doc.begin_transaction() as txn:
+    with _transaction(doc) as txn:
         if length:
             text.delete_range(txn, index, length)
         if chunk:

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from ..admission import StateBuilder
 from ..events import EventSink
 from ..keys import dropped_key
+from ..replies import text
 from ..store import DocumentStore, HistoryTrimmed
 
 
@@ -49,4 +50,4 @@ async def drop_blocked(redis: Redis, doc: str, events: EventSink) -> list[str]:
 
 
 async def dropped_ids(redis: Redis, doc: str) -> set[str]:
-    return {member.decode() for member in await redis.smembers(dropped_key(doc))}
+    return {text(member) for member in await redis.smembers(dropped_key(doc))}

@@ -42,18 +42,20 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from .. import crdt, engine
-from ..keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
-from ..offsets import ZERO, StreamId
-from ..redis_client import lost_redis
-from ..replies import stream_id, text
-from ..scripts import Scripts
-from ..reconciliation.digest import hash_hex, item_hash
 from ..eventlog import NullEventLog
 from ..events import EventSink
+from ..keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
+from ..offsets import ZERO, StreamId
+from ..reconciliation.digest import hash_hex, item_hash
+from ..redis_client import lost_redis
+from ..replies import stream_entries, stream_id, text
+from ..scripts import Scripts
 from ..store import Entry, to_entry
 from ..tracker.tracker import session_documents
 from .groups import evict_groups
@@ -141,8 +143,14 @@ async def fold_in_thread(base: bytes, updates: Sequence[bytes]) -> engine.Fold:
 class Collector:
     """Runs collections; one per process (or per CLI run), any number at once."""
 
-    def __init__(self, redis: Redis, policy: GcPolicy, checkpoint: Checkpoint | None = None,
-                 events: EventSink | None = None, fold: Folder = fold_in_thread):
+    def __init__(
+        self,
+        redis: Redis,
+        policy: GcPolicy,
+        checkpoint: Checkpoint | None = None,
+        events: EventSink | None = None,
+        fold: Folder = fold_in_thread,
+    ):
         """``fold``: where folds run (the server passes its engine pool's)."""
         self.fold = fold
         self.redis = redis
@@ -179,13 +187,17 @@ class Collector:
                 await self.scripts.gc_evict(
                     keys=[tracker_key(report.doc), stream_key(report.doc), meta_key(report.doc)],
                     # A real eviction returns every name: each leaves its session's document set.
-                    args=[policy.relative_ms, policy.absolute_ms, int(dry_run),
-                          policy.max_reported_sessions if dry_run else -1],
+                    args=[
+                        policy.relative_ms,
+                        policy.absolute_ms,
+                        int(dry_run),
+                        policy.max_reported_sessions if dry_run else -1,
+                    ],
                     client=pipe,
                 )
             results = await pipe.execute(raise_on_error=False)
         plans = []
-        for report, result in zip(reports, results):
+        for report, result in zip(reports, results, strict=True):
             if isinstance(result, Exception):
                 report.error = str(result)[:200]
                 continue
@@ -195,7 +207,7 @@ class Collector:
         if not dry_run:
             await self._forget_evicted(reports)
         for report in reports:
-            del report.evicted_sessions[policy.max_reported_sessions:]
+            del report.evicted_sessions[policy.max_reported_sessions :]
         return await self._hold_for_groups(plans, dry_run)
 
     async def _hold_for_groups(self, plans: list[_Plan], dry_run: bool) -> list[_Plan]:
@@ -203,9 +215,15 @@ class Collector:
         (after evicting those that lag too far: yrelay/gc/groups.py)."""
         if not plans:
             return plans
-        lowest = await evict_groups(self.redis, self.scripts, [plan.doc for plan in plans],
-                                    abandoned_ms=self.policy.group_abandoned_ms,
-                                    absolute_ms=self.policy.group_absolute_ms, dry_run=dry_run, events=self.events)
+        lowest = await evict_groups(
+            self.redis,
+            self.scripts,
+            [plan.doc for plan in plans],
+            abandoned_ms=self.policy.group_abandoned_ms,
+            absolute_ms=self.policy.group_absolute_ms,
+            dry_run=dry_run,
+            events=self.events,
+        )
         for plan in plans:
             position = lowest[plan.doc]
             if isinstance(position, Exception):
@@ -226,7 +244,7 @@ class Collector:
                 self.events.emit("evict", report.doc, session, mode=report.eviction)
 
     @staticmethod
-    def _plan(report: DocReport, result: list) -> _Plan | None:
+    def _plan(report: DocReport, result: list[Any]) -> _Plan | None:
         mode, evicted, names, min_score, _leader, last_id, snapshot_offset, trimmed = result
         report.eviction = text(mode)
         report.evicted = int(evicted)
@@ -254,8 +272,12 @@ class Collector:
                     pipe.get(snapshot_key(plan.doc))
                 else:
                     pipe.exists(snapshot_key(plan.doc))  # a dry run needs no bytes
-                pipe.xrange(stream_key(plan.doc), min=f"({plan.snapshot_offset}", max=str(plan.target),
-                            count=min(READ_PAGE, self.policy.max_fold_entries))
+                pipe.xrange(
+                    stream_key(plan.doc),
+                    min=f"({plan.snapshot_offset}",
+                    max=str(plan.target),
+                    count=min(READ_PAGE, self.policy.max_fold_entries),
+                )
                 pipe.smembers(dropped_key(plan.doc))
             results = await pipe.execute(raise_on_error=False)
         for index, plan in enumerate(to_read):
@@ -288,8 +310,11 @@ class Collector:
         got = len(plan.entries)
         while got == asked and len(plan.entries) < limit and plan.entries[-1].id < plan.target:
             asked = min(READ_PAGE, limit - len(plan.entries))
-            page = await self.redis.xrange(stream_key(plan.doc), min=f"({plan.entries[-1].id}",
-                                           max=str(plan.target), count=asked)
+            page = stream_entries(
+                await self.redis.xrange(
+                    stream_key(plan.doc), min=f"({plan.entries[-1].id}", max=str(plan.target), count=asked
+                )
+            )
             got = len(page)
             plan.entries.extend(to_entry(entry_id, fields) for entry_id, fields in page)
 
@@ -318,27 +343,32 @@ class Collector:
     # --------------------------------------------------------- 3. snapshot
 
     async def _store_snapshots(self, plans: list[_Plan]) -> None:
-        writes = [plan for plan in plans if plan.fold is not None and plan.fold.held > 0]
+        writes = [(plan, plan.fold) for plan in plans if plan.fold is not None and plan.fold.held > 0]
         if not writes:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
-            for plan in writes:
-                covers = plan.entries[plan.fold.held - 1].id  # type: ignore[union-attr]
+            for plan, fold in writes:
+                covers = plan.entries[fold.held - 1].id
                 await self.scripts.gc_snapshot(
                     keys=[meta_key(plan.doc), snapshot_key(plan.doc)],
-                    args=[str(plan.snapshot_offset), str(covers), plan.fold.snapshot],  # type: ignore[union-attr]
+                    args=[str(plan.snapshot_offset), str(covers), fold.snapshot],
                     client=pipe,
                 )
             results = await pipe.execute(raise_on_error=False)
-        for plan, result in zip(writes, results):
+        for (plan, fold), result in zip(writes, results, strict=True):
             if isinstance(result, Exception):
                 plan.report.error = str(result)[:200]
             elif int(result[0]) == 1:
                 plan.stored = stream_id(result[1])
-                plan.report.folded = plan.fold.held  # type: ignore[union-attr]
+                plan.report.folded = fold.held
                 plan.report.snapshot_offset = str(plan.stored)
-                self.events.emit("snapshot", plan.doc, offset=str(plan.stored), entries=plan.report.folded,
-                                 bytes=len(plan.fold.snapshot))  # type: ignore[union-attr]
+                self.events.emit(
+                    "snapshot",
+                    plan.doc,
+                    offset=str(plan.stored),
+                    entries=plan.report.folded,
+                    bytes=len(fold.snapshot),
+                )
             else:
                 plan.report.conflict = True
 
@@ -359,14 +389,14 @@ class Collector:
             chunks = await self._trim_chunks(list(pending.values()), first_round)
             first_round = False
             async with self.redis.pipeline(transaction=False) as pipe:
-                for (plan, _), ids in zip(pending.values(), chunks):
+                for (plan, _), ids in zip(pending.values(), chunks, strict=True):
                     await self.scripts.gc_trim(
                         keys=[stream_key(plan.doc), meta_key(plan.doc), dedup_key(plan.doc)],
                         args=_ids_with_running_xor(ids),
                         client=pipe,
                     )
                 results = await pipe.execute(raise_on_error=False)
-            for (plan, _), result in zip(list(pending.values()), results):
+            for (plan, _), result in zip(list(pending.values()), results, strict=True):
                 if isinstance(result, Exception):
                     plan.report.error = str(result)[:200]
                     removed = 0
@@ -397,7 +427,7 @@ class Collector:
                     plan, through = pending[index]
                     pipe.xrange(stream_key(plan.doc), min="-", max=str(through), count=self._trim_chunk)
                 pages = await pipe.execute(raise_on_error=False)
-            for index, page in zip(to_read, pages):
+            for index, page in zip(to_read, pages, strict=True):
                 chunks[index] = [] if isinstance(page, Exception) else [text(entry_id) for entry_id, _ in page]
         return [ids or [] for ids in chunks]
 
@@ -417,7 +447,7 @@ class Collector:
                 lengths.append(len(pipe))
                 pipe.xlen(stream_key(plan.doc))
             results = await pipe.execute(raise_on_error=False)
-        for index, plan in zip(lengths, plans):
+        for index, plan in zip(lengths, plans, strict=True):
             length = results[index]
             plan.report.stream_length = 0 if isinstance(length, Exception) else int(length)
         emptied = [plan.doc for plan in plans if plan.report.stream_length == 0 and plan.report.folded]
@@ -425,8 +455,13 @@ class Collector:
             await self.redis.delete(*[dropped_key(doc) for doc in emptied])
         for plan in plans:
             if plan.report.trimmed:
-                self.events.emit("trim", plan.doc, offset=plan.trimmed_to, entries=plan.report.trimmed,
-                                 stream_length=plan.report.stream_length)
+                self.events.emit(
+                    "trim",
+                    plan.doc,
+                    offset=plan.trimmed_to,
+                    entries=plan.report.trimmed,
+                    stream_length=plan.report.stream_length,
+                )
 
 
 def _empty_dropped(entries: list[Entry], dropped: set[str]) -> None:
@@ -438,7 +473,7 @@ def _empty_dropped(entries: list[Entry], dropped: set[str]) -> None:
                 entry.update = crdt.EMPTY_UPDATE
 
 
-def _record_blocked(pipe, doc: str, blocked_at: str | None, now_ms: int) -> None:
+def _record_blocked(pipe: Pipeline, doc: str, blocked_at: str | None, now_ms: int) -> None:
     """Entries no replica can apply (stored before causal admission) stop the
     fold: say which, and since when, in ``meta`` (``/ops/docs/{doc}``)."""
     if blocked_at is None:
@@ -452,7 +487,8 @@ def _ids_with_running_xor(ids: list[str]) -> list[str]:
     """``gc_trim.lua``'s arguments: each id, then the XOR of the hashes of it
     and every id before it (the script XORs the one at the last id it hashes
     out of the digest)."""
-    args, running = [], 0
+    args: list[str] = []
+    running = 0
     for entry_id in ids:
         running ^= item_hash(entry_id)
         args += (entry_id, hash_hex(running))
@@ -465,5 +501,3 @@ def _folded_ids(plan: _Plan, through: StreamId, limit: int) -> list[str] | None:
     if plan.trimmed_through != plan.snapshot_offset or not plan.entries or plan.entries[-1].id < through:
         return None
     return [str(entry.id) for entry in itertools.islice(plan.entries, limit) if entry.id <= through]
-
-

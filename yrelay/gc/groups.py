@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from ..events import EventSink
 from ..consumers.membership import listed_groups
+from ..events import EventSink
 from ..keys import group_leases_key, group_members_key, group_progress_key, stream_key
 from ..offsets import StreamId
 from ..replies import text
@@ -34,21 +34,32 @@ async def live_groups(redis: Redis) -> list[str]:
         for group in groups:
             pipe.zcount(group_members_key(group), now_ms, "+inf")
         counts = await pipe.execute()
-    return [group for group, count in zip(groups, counts) if count]
+    return [group for group, count in zip(groups, counts, strict=True) if count]
 
 
-async def evict_groups(redis: Redis, scripts: Scripts, docs: Sequence[str], *, abandoned_ms: int, absolute_ms: int,
-                       dry_run: bool, events: EventSink) -> dict[str, StreamId | None | Exception]:
+async def evict_groups(
+    redis: Redis,
+    scripts: Scripts,
+    docs: Sequence[str],
+    *,
+    abandoned_ms: int,
+    absolute_ms: int,
+    dry_run: bool,
+    events: EventSink,
+) -> dict[str, StreamId | None | Exception]:
     """Per document: the lowest group position left after eviction (None:
     no group holds it), or the error that document's script raised."""
     live = await live_groups(redis)
     async with redis.pipeline(transaction=False) as pipe:
         for doc in docs:
-            await scripts.gc_groups(keys=[group_progress_key(doc), stream_key(doc), group_leases_key(doc)],
-                                    args=[abandoned_ms, absolute_ms, int(dry_run), *live], client=pipe)
+            await scripts.gc_groups(
+                keys=[group_progress_key(doc), stream_key(doc), group_leases_key(doc)],
+                args=[abandoned_ms, absolute_ms, int(dry_run), *live],
+                client=pipe,
+            )
         results = await pipe.execute(raise_on_error=False)
     lowest: dict[str, StreamId | None | Exception] = {}
-    for doc, result in zip(docs, results):
+    for doc, result in zip(docs, results, strict=True):
         if isinstance(result, Exception):
             lowest[doc] = result
             continue

@@ -23,7 +23,7 @@ class GcPolicy:
     group_absolute_ms: int = 86_400_000
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "GcPolicy":
+    def from_settings(cls, settings: Settings) -> GcPolicy:
         return cls(
             relative_ms=round(settings.gc_relative_delta * 1000),
             absolute_ms=round(settings.gc_absolute_delta * 1000),

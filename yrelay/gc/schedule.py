@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 from ..keys import DOCUMENT_BUCKETS, bucket_gc_due_key
 from ..listing import all_documents, by_bucket, fold_unbucketed, registry_counts
@@ -81,8 +82,9 @@ class DueSet:
         docs: list[str] = []
         for step in range(DOCUMENT_BUCKETS):
             bucket = (self._next_bucket + step) % DOCUMENT_BUCKETS
-            lease, *claimed = await self.scripts.gc_claim(keys=[bucket_gc_due_key(bucket)],
-                                                          args=[limit - len(docs), lease_ms])
+            lease, *claimed = await self.scripts.gc_claim(
+                keys=[bucket_gc_due_key(bucket)], args=[limit - len(docs), lease_ms]
+            )
             if claimed:
                 leases[bucket] = text(lease)
                 docs += [text(doc) for doc in claimed]
@@ -96,7 +98,7 @@ class DueSet:
         due ``next_due_ms`` from now (unless appended to meanwhile)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for bucket, docs in by_bucket(settled).items():
-                args: list[object] = [claim.leases[bucket], next_due_ms]
+                args: list[EncodableT] = [claim.leases[bucket], next_due_ms]
                 for doc in docs:
                     args += [doc, "drop" if settled[doc] else "keep"]
                 await self.scripts.gc_release(keys=[bucket_gc_due_key(bucket)], args=args, client=pipe)
@@ -176,8 +178,15 @@ async def run_due_pass(
 class GcLoop:
     """The periodic GC of one server process."""
 
-    def __init__(self, collector: Collector, *, interval: float, batch_size: int, lease: float,
-                 on_pass: Callable[[PassSummary], None] | None = None):
+    def __init__(
+        self,
+        collector: Collector,
+        *,
+        interval: float,
+        batch_size: int,
+        lease: float,
+        on_pass: Callable[[PassSummary], None] | None = None,
+    ):
         self.collector = collector
         self.on_pass = on_pass  # told of every completed pass (metrics)
         self.due = DueSet(collector.redis)
@@ -202,7 +211,10 @@ class GcLoop:
     async def run_once(self) -> PassSummary:
         await fold_unbucketed(self.collector.redis)  # what servers of an older release still write
         summary = await run_due_pass(
-            self.collector, self.due, batch_size=self.batch_size, lease_ms=self.lease_ms,
+            self.collector,
+            self.due,
+            batch_size=self.batch_size,
+            lease_ms=self.lease_ms,
             next_due_ms=round(self.interval * 1000),
         )
         self.passes += 1
@@ -212,8 +224,13 @@ class GcLoop:
         if summary.documents:
             log.info(
                 "gc pass: %d documents, %d evicted, %d folded, %d trimmed, %d blocked, %d conflicts in %.3fs",
-                summary.documents, summary.evicted, summary.folded, summary.trimmed,
-                summary.blocked, summary.conflicts, summary.seconds,
+                summary.documents,
+                summary.evicted,
+                summary.folded,
+                summary.trimmed,
+                summary.blocked,
+                summary.conflicts,
+                summary.seconds,
             )
         return summary
 
@@ -221,12 +238,15 @@ class GcLoop:
         while not self._stopping:
             # Jitter keeps the passes of many processes from lining up.
             await asyncio.sleep(self.interval * random.uniform(0.8, 1.2))
-            if self._stopping:
-                return
-            try:
-                await self.run_once()
-            except Exception as exc:
-                if lost_redis(exc):
-                    log.warning("gc pass failed (Redis): %r; next pass in %.0fs", exc, self.interval)
-                else:
-                    log.exception("gc pass failed; next pass in %.0fs", self.interval)
+            if not self._stopping:  # stop() may have come during the sleep
+                await self._pass()
+
+    async def _pass(self) -> None:
+        """One pass of the loop: a failure is logged and the loop goes on."""
+        try:
+            await self.run_once()
+        except Exception as exc:
+            if lost_redis(exc):
+                log.warning("gc pass failed (Redis): %r; next pass in %.0fs", exc, self.interval)
+            else:
+                log.exception("gc pass failed; next pass in %.0fs", self.interval)

@@ -7,11 +7,24 @@ from __future__ import annotations
 
 from .digest import Digest, DigestSet, digest_of, hash_hex, item_hash
 from .messages import MalformedMessage
-from .protocol import FULL_LIST_FRACTION, Limits, ReconciliationError, Reconciler, respond
+from .protocol import FULL_LIST_FRACTION, Limits, Reconciler, ReconciliationError, respond
 from .redis_idset import RedisIdSet
 from .storage import IdSet, MemoryIdSet, Range
 
 __all__ = [
-    "FULL_LIST_FRACTION", "Digest", "DigestSet", "IdSet", "Limits", "MalformedMessage", "MemoryIdSet",
-    "Range", "Reconciler", "ReconciliationError", "RedisIdSet", "digest_of", "hash_hex", "item_hash", "respond",
+    "FULL_LIST_FRACTION",
+    "Digest",
+    "DigestSet",
+    "IdSet",
+    "Limits",
+    "MalformedMessage",
+    "MemoryIdSet",
+    "Range",
+    "Reconciler",
+    "ReconciliationError",
+    "RedisIdSet",
+    "digest_of",
+    "hash_hex",
+    "item_hash",
+    "respond",
 ]

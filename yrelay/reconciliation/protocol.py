@@ -25,8 +25,19 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .digest import Digest, xor_hashes
-from .messages import (MAX_ID_BYTES, REPLY_MODES, REQUEST_MODES, Encoder, Entry, MalformedMessage, Message, Mode,
-                       decode, fingerprint, id_sizes)
+from .messages import (
+    MAX_ID_BYTES,
+    REPLY_MODES,
+    REQUEST_MODES,
+    Encoder,
+    Entry,
+    MalformedMessage,
+    Message,
+    Mode,
+    decode,
+    fingerprint,
+    id_sizes,
+)
 from .storage import WHOLE, IdSet, Range, separator
 
 #: Parts per split. 16 keeps one difference among a million ids under 1 KB
@@ -54,6 +65,10 @@ class Limits:
             raise ValueError("limits too small to guarantee progress")
 
 
+#: The default bounds (a frozen value, shared as every call's default).
+DEFAULT_LIMITS = Limits()
+
+
 class ReconciliationError(RuntimeError):
     """The differences found do not account for the digests (a set changed
     during the run, or the peer misbehaved): run detection again."""
@@ -62,7 +77,7 @@ class ReconciliationError(RuntimeError):
 # -- server --------------------------------------------------------------------
 
 
-async def respond(store: IdSet, request: bytes, limits: Limits = Limits()) -> bytes:
+async def respond(store: IdSet, request: bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """The server's answer to one request: stateless, bounded by ``limits``.
 
     FINGERPRINT ranges that match are left out; mismatched ones are answered
@@ -79,8 +94,8 @@ async def respond(store: IdSet, request: bytes, limits: Limits = Limits()) -> by
     planned = _affordable(entries, counts, limits.max_reply_bytes)
     small = [i for i in range(planned) if entries[i].mode == Mode.LIST or counts[i] <= LEAF]
     large = sorted(set(range(planned)).difference(small))
-    ids = dict(zip(small, await store.items([spans[i] for i in small], LIST_READ)))
-    parts = dict(zip(large, await store.parts([spans[i] for i in large], BRANCHING)))
+    ids = dict(zip(small, await store.items([spans[i] for i in small], LIST_READ), strict=True))
+    parts = dict(zip(large, await store.parts([spans[i] for i in large], BRANCHING), strict=True))
     encoder = Encoder()
     for index in range(planned):
         entry, mark, reached = entries[index], encoder.mark(), None
@@ -107,7 +122,7 @@ def _affordable(entries: list[Entry], counts: list[int], max_bytes: int) -> int:
     """How many entries are worth reading for one reply: stop once even the
     smallest answers (2 bytes an id, 11 a fingerprint) would overflow it."""
     spent = 0
-    for index, (entry, count) in enumerate(zip(entries, counts)):
+    for index, (entry, count) in enumerate(zip(entries, counts, strict=True)):
         if spent > max_bytes:
             return index
         spent += 11 * BRANCHING if entry.mode == Mode.FINGERPRINT and count > LEAF else 2 * count + 2
@@ -196,8 +211,15 @@ class Reconciler:
     checked against ``remote`` (the server's digest, from the drift check) and
     ReconciliationError says the sets moved meanwhile."""
 
-    def __init__(self, local: IdSet, remote: Digest, *, limits: Limits = Limits(),
-                 full_list_fraction: float = FULL_LIST_FRACTION, max_round_trips: int = 256):
+    def __init__(
+        self,
+        local: IdSet,
+        remote: Digest,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        full_list_fraction: float = FULL_LIST_FRACTION,
+        max_round_trips: int = 256,
+    ):
         self.local = local
         self.remote = remote
         self.limits = limits
@@ -269,14 +291,19 @@ class Reconciler:
         for entry in message.entries:
             (ids if entry.mode == Mode.IDS else prints).append(entry)
         _check_inside(message.entries, self._pending)
-        for entry, ours in zip(ids, await self.local.items([(e.lower, e.upper) for e in ids])):
+        for entry, ours in zip(ids, await self.local.items([(e.lower, e.upper) for e in ids]), strict=True):
             theirs = set(entry.ids)
             mine = set(ours)
             self._only_remote += [item for item in entry.ids if item not in mine]
             self._only_local += [item for item in ours if item not in theirs]
         digests = await self.local.fingerprints([(e.lower, e.upper) for e in prints])
-        await self._differs([((entry.lower, entry.upper), entry.count, ours.count)
-                             for entry, ours in zip(prints, digests) if not _matches(entry, ours)])
+        await self._differs(
+            [
+                ((entry.lower, entry.upper), entry.count, ours.count)
+                for entry, ours in zip(prints, digests, strict=True)
+                if not _matches(entry, ours)
+            ]
+        )
         end = message.end
         for ask in self._pending:  # what the reply did not reach is asked again
             if end is not None and (ask.upper is None or ask.upper > end):
@@ -288,8 +315,8 @@ class Reconciler:
         """Decide for each mismatched ``(range, server count, local count)``:
         settle it (the server has none), ask for its ids, or split it."""
         empty = [span for span, theirs, _ in ranges if theirs == 0]
-        for ours in await self.local.items(empty):
-            self._only_local += ours
+        for ids in await self.local.items(empty):
+            self._only_local += ids
         split: list[Range] = []
         for span, theirs, ours in ranges:
             if theirs == 0:
@@ -308,7 +335,9 @@ class Reconciler:
         self._queue.sort(key=lambda ask: ask.lower)
         batch = self._queue[: self.limits.max_request_ranges // 2]
         unknown = [ask for ask in batch if ask.mode == Mode.FINGERPRINT and ask.digest is None]
-        for ask, digest in zip(unknown, await self.local.fingerprints([(a.lower, a.upper) for a in unknown])):
+        for ask, digest in zip(
+            unknown, await self.local.fingerprints([(a.lower, a.upper) for a in unknown]), strict=True
+        ):
             ask.digest = digest
         encoder, sent = Encoder(), 0
         for ask in batch:
@@ -316,6 +345,7 @@ class Reconciler:
             if ask.mode == Mode.LIST:
                 encoder.list_request(ask.lower, ask.upper)
             else:
+                assert ask.digest is not None  # every FINGERPRINT ask of the batch has one (above)
                 encoder.fingerprint(ask.lower, ask.upper, ask.digest.count, ask.digest.hash)
             if len(encoder) > self.limits.max_request_bytes:
                 encoder.rollback(mark)
@@ -344,8 +374,12 @@ def _check_inside(entries: list[Entry], asks: list[_Ask]) -> None:
     about (both lists are sorted): a peer cannot make us settle other ranges."""
     index = 0
     for entry in entries:
-        while index < len(asks) and asks[index].upper is not None and asks[index].upper <= entry.lower:
+        while index < len(asks) and (passed := asks[index].upper) is not None and passed <= entry.lower:
             index += 1
-        if index == len(asks) or asks[index].lower > entry.lower or (
-                asks[index].upper is not None and (entry.upper is None or entry.upper > asks[index].upper)):
+        ask = asks[index] if index < len(asks) else None
+        if (
+            ask is None
+            or ask.lower > entry.lower
+            or (ask.upper is not None and (entry.upper is None or entry.upper > ask.upper))
+        ):
             raise MalformedMessage("reply entry outside the ranges asked about")

@@ -14,9 +14,11 @@ In Redis Cluster the two keys must share a hash tag.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from ..replies import text
@@ -60,7 +62,7 @@ class RedisIdSet:
         changed = 0
         for start in range(0, len(listed), UPDATE_BATCH):
             args = [operation]
-            for item in listed[start:start + UPDATE_BATCH]:
+            for item in listed[start : start + UPDATE_BATCH]:
                 args += (item, hash_hex(item_hash(item)))
             reply = await self.scripts.idset_update(keys=[self.members_key, self.digest_key], args=args)
             changed += int(reply[0])
@@ -79,7 +81,7 @@ class RedisIdSet:
                 actual = (await self.fingerprints([WHOLE]))[0]
                 if not fix or stored == actual:
                     return stored, actual
-                pipe.multi()
+                _multi(pipe)
                 pipe.hset(self.digest_key, mapping={"count": actual.count, "hash": hash_hex(actual.hash)})
                 try:
                     await pipe.execute()
@@ -103,7 +105,7 @@ class RedisIdSet:
         return [Digest(len(ids), xor_hashes(ids)) for ids in await self.items(ranges)]
 
     async def parts(self, ranges: Sequence[Range], parts: int) -> list[list[Part]]:
-        return [parts_of(ids, span, parts) for ids, span in zip(await self.items(ranges), ranges)]
+        return [parts_of(ids, span, parts) for ids, span in zip(await self.items(ranges), ranges, strict=True)]
 
     async def items(self, ranges: Sequence[Range], limit: int | None = None) -> list[list[str]]:
         """Pages of every range read in one pipeline per round: each range
@@ -114,11 +116,11 @@ class RedisIdSet:
         while todo:
             wants = [PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(found[i])) for i in todo]
             async with self.redis.pipeline(transaction=False) as pipe:
-                for index, want in zip(todo, wants):
+                for index, want in zip(todo, wants, strict=True):
                     pipe.zrangebylex(self.members_key, *cursors[index], start=0, num=want)
                 pages = await pipe.execute()
             more = []
-            for index, want, page in zip(todo, wants, pages):
+            for index, want, page in zip(todo, wants, pages, strict=True):
                 found[index] += map(text, page)
                 if len(page) == want and (limit is None or len(found[index]) < limit):
                     cursors[index] = ("(" + found[index][-1], cursors[index][1])
@@ -127,6 +129,12 @@ class RedisIdSet:
         return found
 
 
-def _digest(fields: list[bytes | None]) -> Digest:
+def _digest(fields: Sequence[bytes | str | None]) -> Digest:
     count, value = fields
     return Digest(int(count or 0), int(text(value), 16) if value else 0)
+
+
+def _multi(pipe: Pipeline) -> None:
+    """``pipe.multi()``, which redis-py's asyncio pipeline leaves untyped:
+    typed here, once (it returns None, starting the queued transaction)."""
+    cast(Callable[[], None], pipe.multi)()

@@ -69,7 +69,7 @@ def separator(before: str, after: str) -> str:
 def common_prefix(left: Sequence[object], right: Sequence[object]) -> int:
     """How many leading items (characters, bytes) ``left`` and ``right`` share."""
     common = 0
-    for a, b in zip(left, right):
+    for a, b in zip(left, right, strict=False):
         if a != b:
             break
         common += 1
@@ -88,15 +88,19 @@ def in_range(item: str, span: Range) -> bool:
     return lower <= item and (upper is None or item < upper)
 
 
-def cut(ids: Sequence[str], start: int, end: int, span: Range, parts: int,
-        digest: Callable[[int, int], Digest]) -> list[Part]:
+def cut(
+    ids: Sequence[str], start: int, end: int, span: Range, parts: int, digest: Callable[[int, int], Digest]
+) -> list[Part]:
     """``span``, whose sorted ids are ``ids[start:end]``, cut as
     :meth:`IdSet.parts` says; ``digest(i, j)`` is the digest of ``ids[i:j]``."""
     cuts = [start + rank for rank in cut_ranks(end - start, parts)]
-    bounds = [span[0], *(separator(ids[index - 1], ids[index]) for index in cuts), span[1]]
+    inner = [separator(ids[index - 1], ids[index]) for index in cuts]
+    lowers: list[str] = [span[0], *inner]
+    uppers: list[str | None] = [*inner, span[1]]
     edges = [start, *cuts, end]
-    return [Part(bounds[index], bounds[index + 1], digest(edges[index], edges[index + 1]))
-            for index in range(len(edges) - 1)]
+    return [
+        Part(lowers[index], uppers[index], digest(edges[index], edges[index + 1])) for index in range(len(edges) - 1)
+    ]
 
 
 def parts_of(ids: Sequence[str], span: Range, parts: int) -> list[Part]:
@@ -156,7 +160,7 @@ class MemoryIdSet:
         if self._valid < size or len(self._prefix) != size:
             valid = min(self._valid, size)
             del self._prefix[valid:]
-            tail = map(xxh3_128_intdigest, map(str.encode, self._sorted[valid - 1:]))
+            tail = map(xxh3_128_intdigest, map(str.encode, self._sorted[valid - 1 :]))
             self._prefix.extend(accumulate(tail, operator.xor, initial=self._prefix[-1]))
             del self._prefix[valid]  # accumulate repeats its initial value first
             self._valid = size
@@ -194,4 +198,4 @@ class MemoryIdSet:
 
     async def items(self, ranges: Sequence[Range], limit: int | None = None) -> list[list[str]]:
         spans = [self._indices(span) for span in ranges]
-        return [self._sorted[start:end if limit is None else min(end, start + limit)] for start, end in spans]
+        return [self._sorted[start : end if limit is None else min(end, start + limit)] for start, end in spans]

@@ -26,16 +26,17 @@ drift (see docs/reconciliation.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 from ..keys import meta_key, stream_key
-from ..offsets import ZERO, StreamId
-from ..replies import stream_id, text
-from ..scripts import Scripts
 from ..listing import all_documents
+from ..offsets import ZERO, StreamId
+from ..replies import stream_entries, stream_id, text
+from ..scripts import Scripts
 from .digest import Digest, hash_hex, item_hash, xor_hashes
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class StreamDigests:
         None when more than ``cap`` ids would have to be hashed. Also folds the
         unhashed tail into the stored digest (best effort: a concurrent trim
         wins, and the next reader folds it)."""
-        args = [str(since), str(offset), self.cap, str(max(through or offset, offset)), session]
+        args: list[EncodableT] = [str(since), str(offset), self.cap, str(max(through or offset, offset)), session]
         raw = await self.scripts.digest_window(keys=[stream_key(doc), meta_key(doc)], args=args)
         if not int(raw[-1]) and await self.advance(doc):  # a long unhashed tail: fold it in pages, then retry
             raw = await self.scripts.digest_window(keys=[stream_key(doc), meta_key(doc)], args=args)
@@ -112,8 +113,9 @@ class StreamDigests:
             await self._advance(doc, base_raw, through_raw, stored, text(unhashed[-1]), total)
         outside = [text(entry_id) for entry_id in (*below, *above)]
         held_own = [text(entry_id) for entry_id in own]
-        digest = Digest(count=int(length) - len(outside) + len(held_own),
-                        hash=total ^ xor_hashes(outside) ^ xor_hashes(held_own))
+        digest = Digest(
+            count=int(length) - len(outside) + len(held_own), hash=total ^ xor_hashes(outside) ^ xor_hashes(held_own)
+        )
         return WindowDigest(max(base, since), offset, digest, through)
 
     async def _advance(self, doc: str, base: bytes, through: bytes, stored: str, new_through: str, total: int) -> bool:
@@ -170,7 +172,7 @@ class StreamDigests:
     async def _ids_after(self, doc: str, after: StreamId, page_size: int) -> AsyncIterator[list[str]]:
         cursor = str(after)
         while True:
-            page = await self.redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=page_size)
+            page = stream_entries(await self.redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=page_size))
             if not page:
                 return
             ids = [text(entry_id) for entry_id, _ in page]
@@ -185,7 +187,13 @@ class StreamDigests:
             for doc in docs:
                 check = await self.recompute(doc, fix=fix)
                 if check.wrong:
-                    log.warning("drift digest of %s was wrong (stored %s, actual %s)%s",
-                                doc, check.stored, check.actual, "; fixed" if check.fixed else "", extra={"doc": doc})
+                    log.warning(
+                        "drift digest of %s was wrong (stored %s, actual %s)%s",
+                        doc,
+                        check.stored,
+                        check.actual,
+                        "; fixed" if check.fixed else "",
+                        extra={"doc": doc},
+                    )
                     wrong.append(check)
         return wrong

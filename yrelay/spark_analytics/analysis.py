@@ -23,8 +23,17 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType, StructField, St
 from .current import current_lag, stream_lengths
 from .documents import document_figures, events_over_time, resyncs_by_reason
 from .events import EventLog
-from .lag import (GROUP_LAG_COLUMNS, LAG_COLUMNS, ack_lag, document_heads, group_ack_lag, group_lag_summary,
-                  lag_over_time, lag_timeline, own_appends)
+from .lag import (
+    GROUP_LAG_COLUMNS,
+    LAG_COLUMNS,
+    ack_lag,
+    document_heads,
+    group_ack_lag,
+    group_lag_summary,
+    lag_over_time,
+    lag_timeline,
+    own_appends,
+)
 from .latency import delivery_latency, latency_histogram, latency_summary
 from .schema import EventType
 from .sessions import session_presence
@@ -56,6 +65,10 @@ class Options:
     top: int = 20  # rows of top_lagging and hottest_documents
 
 
+#: The options of an :class:`Analysis` when none are given (frozen: shared safely).
+DEFAULT_OPTIONS = Options()
+
+
 @dataclass(frozen=True)
 class Bounds:
     """The log's first and last event (ms) and the events its writers lost."""
@@ -72,8 +85,13 @@ class Bounds:
 class Analysis:
     """The tables of one event log (and, optionally, of Redis now)."""
 
-    def __init__(self, spark: SparkSession, log: EventLog, options: Options = Options(),
-                 redis: tuple[DataFrame, DataFrame] | None = None):
+    def __init__(
+        self,
+        spark: SparkSession,
+        log: EventLog,
+        options: Options = DEFAULT_OPTIONS,
+        redis: tuple[DataFrame, DataFrame] | None = None,
+    ):
         self.spark = spark
         self.log = log
         self.options = options
@@ -85,8 +103,10 @@ class Analysis:
         steps: list[tuple[Table, Callable[[], DataFrame]]] = [
             (Table.LAG, lambda: self.lag.select(*LAG_COLUMNS)),
             (Table.LAG_OVER_TIME, lambda: lag_over_time(self.lag, self.bucket_ms)),
-            (Table.LAG_TIMELINE, lambda: lag_timeline(self.lag, self.log.events, self.presence, self.bounds.end_ts,
-                                                      self.bucket_ms)),
+            (
+                Table.LAG_TIMELINE,
+                lambda: lag_timeline(self.lag, self.log.events, self.presence, self.bounds.end_ts, self.bucket_ms),
+            ),
             (Table.STATUS, lambda: self.status),
             (Table.ACK_LATENCY, lambda: self.latency_summary),
             (Table.LATENCY_HISTOGRAM, lambda: latency_histogram(self.latency)),
@@ -100,8 +120,10 @@ class Analysis:
         ]
         if self.redis is not None:
             entries, tracker = self.redis
-            steps += [(Table.CURRENT_LAG, lambda: current_lag(tracker)),
-                      (Table.STREAMS, lambda: stream_lengths(entries))]
+            steps += [
+                (Table.CURRENT_LAG, lambda: current_lag(tracker)),
+                (Table.STREAMS, lambda: stream_lengths(entries)),
+            ]
         return steps + [(Table.SUMMARY, self.summary_table)]
 
     @cached_property
@@ -149,8 +171,11 @@ class Analysis:
     @cached_property
     def status(self) -> DataFrame:
         heads, own = document_heads(self.log.events), own_appends(self.log.events)
-        return self._keep(session_status(self.lag, self.log.events, heads, own, self.presence, self.bounds.end_ts,
-                                         self.options.window))
+        return self._keep(
+            session_status(
+                self.lag, self.log.events, heads, own, self.presence, self.bounds.end_ts, self.options.window
+            )
+        )
 
     @cached_property
     def latency(self) -> DataFrame:
@@ -188,17 +213,26 @@ class Analysis:
     @cached_property
     def summary(self) -> dict[str, Any]:
         """The headline figures of the whole log, as one dict."""
-        documents = self.documents.agg(*[F.sum(name).alias(name) for name in (
-            "appends", "bytes", "deliveries", "resends", "evictions", "resyncs", "trimmed")],
-            F.count(F.lit(1)).alias("documents")).first().asDict()
+        documents = self.documents.agg(
+            *[
+                F.sum(name).alias(name)
+                for name in ("appends", "bytes", "deliveries", "resends", "evictions", "resyncs", "trimmed")
+            ],
+            F.count(F.lit(1)).alias("documents"),
+        ).first()
+        assert documents is not None  # an aggregate without grouping has one row
         overall = self.latency_summary.filter(F.col("doc").isNull()).first()
         statuses = {row["status"]: row["count"] for row in self.status.groupBy("status").count().collect()}
-        totals = {name: value or 0 for name, value in documents.items()}
+        totals = {name: value or 0 for name, value in documents.asDict().items()}
         groups = self.groups.agg(F.count(F.lit(1)), F.max("last_lag_ms")).first()
         return {
-            "start_ts": self.bounds.start_ts, "end_ts": self.bounds.end_ts, "span_s": self.bounds.span_ms / 1000,
-            "events": self.log.valid_lines, "corrupt_lines": self.log.corrupt_lines,
-            "other_version_lines": self.log.other_version_lines, "dropped_events": self.bounds.dropped_events,
+            "start_ts": self.bounds.start_ts,
+            "end_ts": self.bounds.end_ts,
+            "span_s": self.bounds.span_ms / 1000,
+            "events": self.log.valid_lines,
+            "corrupt_lines": self.log.corrupt_lines,
+            "other_version_lines": self.log.other_version_lines,
+            "dropped_events": self.bounds.dropped_events,
             **totals,
             "sessions": sum(statuses.values()),
             "consumer_groups": groups[0] if groups else 0,
@@ -242,5 +276,6 @@ _DOUBLE_FIELDS = {"span_s", "resend_ratio", "trim_efficiency", "p50_ms", "p95_ms
 
 
 def _summary_schema(summary: dict[str, Any]) -> StructType:
-    return StructType([StructField(name, DoubleType() if name in _DOUBLE_FIELDS else LongType(), True)
-                       for name in summary])
+    return StructType(
+        [StructField(name, DoubleType() if name in _DOUBLE_FIELDS else LongType(), True) for name in summary]
+    )

@@ -24,8 +24,21 @@ from .lag import appends, is_new_entry
 from .schema import EventType, time_bucket
 
 DOCUMENT_COLUMNS = [
-    "doc", "appends", "bytes", "appends_per_s", "bytes_per_s", "deliveries", "resends", "resend_ratio",
-    "evictions", "resyncs", "trims", "trimmed", "trim_efficiency", "stream_length", "last_trim_ts",
+    "doc",
+    "appends",
+    "bytes",
+    "appends_per_s",
+    "bytes_per_s",
+    "deliveries",
+    "resends",
+    "resend_ratio",
+    "evictions",
+    "resyncs",
+    "trims",
+    "trimmed",
+    "trim_efficiency",
+    "stream_length",
+    "last_trim_ts",
 ]
 
 
@@ -41,28 +54,34 @@ def _ratio(numerator: str, denominator: str) -> Column:
 def document_figures(events: DataFrame, span_ms: int) -> DataFrame:
     """One row per document that had any event."""
     is_trim = F.col("type") == str(EventType.TRIM)
-    activity = events.filter(F.col("doc").isNotNull()).groupBy("doc").agg(
-        F.sum(is_new_entry().cast("long")).alias("appends"),
-        F.sum(F.when(is_new_entry(), F.coalesce("bytes", F.lit(0))).otherwise(0)).alias("bytes"),
-        _count(EventType.DELIVER).alias("deliveries"),
-        _count(EventType.RESEND).alias("resends"),
-        _count(EventType.EVICT).alias("evictions"),
-        _count(EventType.RESYNC).alias("resyncs"),
-        _count(EventType.TRIM).alias("trims"),
-        F.sum(F.when(is_trim, F.coalesce("entries", F.lit(0))).otherwise(0)).alias("trimmed"),
+    activity = (
+        events.filter(F.col("doc").isNotNull())
+        .groupBy("doc")
+        .agg(
+            F.sum(is_new_entry().cast("long")).alias("appends"),
+            F.sum(F.when(is_new_entry(), F.coalesce("bytes", F.lit(0))).otherwise(0)).alias("bytes"),
+            _count(EventType.DELIVER).alias("deliveries"),
+            _count(EventType.RESEND).alias("resends"),
+            _count(EventType.EVICT).alias("evictions"),
+            _count(EventType.RESYNC).alias("resyncs"),
+            _count(EventType.TRIM).alias("trims"),
+            F.sum(F.when(is_trim, F.coalesce("entries", F.lit(0))).otherwise(0)).alias("trimmed"),
+        )
     )
     last_trim = _last_trims(events)
     span_s = max(span_ms, 1) / 1000
     return (
         activity.join(F.broadcast(last_trim), "doc", "left")
         .join(_appends_since(appends(events), last_trim), "doc", "left")
-        .withColumns({
-            "appends_per_s": F.col("appends") / F.lit(span_s),
-            "bytes_per_s": F.col("bytes") / F.lit(span_s),
-            "resend_ratio": _ratio("resends", "deliveries"),
-            "trim_efficiency": _ratio("trimmed", "appends"),
-            "stream_length": F.col("trim_length") + F.coalesce("since_trim", F.lit(0)),
-        })
+        .withColumns(
+            {
+                "appends_per_s": F.col("appends") / F.lit(span_s),
+                "bytes_per_s": F.col("bytes") / F.lit(span_s),
+                "resend_ratio": _ratio("resends", "deliveries"),
+                "trim_efficiency": _ratio("trimmed", "appends"),
+                "stream_length": F.col("trim_length") + F.coalesce("since_trim", F.lit(0)),
+            }
+        )
         .select(*DOCUMENT_COLUMNS)
     )
 

@@ -73,8 +73,19 @@ def _line_kind(raw: DataFrame) -> Column:
 def _event_columns() -> list[Column | str]:
     """What the analysis uses, with ids as scores (null when absent or malformed)."""
     return [
-        "ts", "type", "doc", "session", "offset", "head", "entries", "bytes", "reason", "mode", "stream_length",
-        "group", "subject",
+        "ts",
+        "type",
+        "doc",
+        "session",
+        "offset",
+        "head",
+        "entries",
+        "bytes",
+        "reason",
+        "mode",
+        "stream_length",
+        "group",
+        "subject",
         F.coalesce(F.col("duplicate"), F.lit(False)).alias("duplicate"),
         score("offset").alias("offset_score"),
         score("head").alias("head_score"),

@@ -49,9 +49,15 @@ class Behaviour(StrEnum):
 
 
 STATUS_OF = {
-    Behaviour.RESENDS: Status.OK, Behaviour.SLOW: Status.WARN, Behaviour.STALL: Status.STALL,
-    Behaviour.STOP: Status.STOP, Behaviour.REWIND: Status.REWIND, Behaviour.EVICT: Status.ERR,
-    Behaviour.RESYNCED: Status.OK, Behaviour.LEAVE: Status.LEFT, Behaviour.DROP: Status.LEFT_UNACKED,
+    Behaviour.RESENDS: Status.OK,
+    Behaviour.SLOW: Status.WARN,
+    Behaviour.STALL: Status.STALL,
+    Behaviour.STOP: Status.STOP,
+    Behaviour.REWIND: Status.REWIND,
+    Behaviour.EVICT: Status.ERR,
+    Behaviour.RESYNCED: Status.OK,
+    Behaviour.LEAVE: Status.LEFT,
+    Behaviour.DROP: Status.LEFT_UNACKED,
 }
 #: Readers that disconnect and never come back: they have no lag at the end of the log.
 GONE = {Behaviour.LEAVE, Behaviour.DROP}
@@ -174,7 +180,11 @@ def _value_at(values: list[int], counts: Counter[int], rank: int) -> int:
     raise IndexError(rank)
 
 
-def generate(out_dir: Path, scenario: Scenario = Scenario()) -> Expected:
+#: The scenario of :func:`generate` when none is given (frozen: shared safely).
+DEFAULT_SCENARIO = Scenario()
+
+
+def generate(out_dir: Path, scenario: Scenario = DEFAULT_SCENARIO) -> Expected:
     """Write the scenario's event log under ``out_dir``; return what analysing it must find."""
     out_dir.mkdir(parents=True, exist_ok=True)
     expected = Expected(scenario, start_ts=scenario.start_ms)
@@ -195,7 +205,7 @@ class _Log:
         self.buckets: dict[int, list[tuple[int, int, int, str]]] = {}
         self.order = 0
 
-    def __enter__(self) -> "_Log":
+    def __enter__(self) -> _Log:
         self.files = [path.open("w") for path in self.paths]
         self.expected.files = list(self.paths)
         if self.scenario.broken_lines:
@@ -205,13 +215,13 @@ class _Log:
     def __exit__(self, *exc: object) -> None:
         self.flush_before(None)
         if self.scenario.broken_lines:
-            self.files[-1].write('{"v":1,"ts":%d,"type":"ack","doc":"d0","sess' % self.scenario.end_ms)  # torn
+            self.files[-1].write(f'{{"v":1,"ts":{self.scenario.end_ms:d},"type":"ack","doc":"d0","sess')  # torn
             self.expected.corrupt_lines += 1
         for file in self.files:
             file.close()
 
     def _write_broken_head(self) -> None:
-        self.files[0].write('{"v":1,"ts":%d,"type":"append","doc":"d0" garbage\n' % self.scenario.start_ms)
+        self.files[0].write(f'{{"v":1,"ts":{self.scenario.start_ms:d},"type":"append","doc":"d0" garbage\n')
         self.files[0].write(json.dumps({"v": 99, "ts": self.scenario.start_ms, "type": "append", "doc": "d0"}) + "\n")
         self.expected.corrupt_lines += 1
         self.expected.other_version_lines += 1
@@ -220,8 +230,15 @@ class _Log:
         """Queue one event; False (and nothing written) at or after the end of the scenario."""
         if ts >= self.scenario.end_ms:
             return False
-        event = {"v": 1, "ts": ts, "type": type, "process": f"gen:{1000 + process}", "doc": doc, "session": session,
-                 **fields}
+        event = {
+            "v": 1,
+            "ts": ts,
+            "type": type,
+            "process": f"gen:{1000 + process}",
+            "doc": doc,
+            "session": session,
+            **fields,
+        }
         bucket = (ts - self.scenario.start_ms) // self.scenario.tick_ms
         self.order += 1
         self.buckets.setdefault(bucket, []).append((ts, self.order, process, json.dumps(event, separators=(",", ":"))))
@@ -263,8 +280,11 @@ class _Schedule:
 
     def _readers(self) -> list[_Reader]:
         s = self.s
-        readers = [_Reader(d, f"d{d}-r{i}", 0, s.latencies_ms[i % len(s.latencies_ms)])
-                   for d in range(s.docs) for i in range(s.readers)]
+        readers = [
+            _Reader(d, f"d{d}-r{i}", 0, s.latencies_ms[i % len(s.latencies_ms)])
+            for d in range(s.docs)
+            for i in range(s.readers)
+        ]
         slow = {Behaviour.SLOW, Behaviour.REWIND}
         readers += [_Reader(0, f"d0-{b.value}", 0, s.slow_ms if b in slow else s.latencies_ms[0], b) for b in s.special]
         for index, reader in enumerate(readers):
@@ -295,13 +315,31 @@ class _Schedule:
     def _appends(self, d: int, tick: int) -> None:
         s, doc = self.s, self.expected.documents[f"d{d}"]
         for seq in range(s.burst):
-            self.log.emit(s.tick_ts(tick), "append", d % s.processes, f"d{d}", f"d{d}-w",
-                          offset=s.entry_id(tick, seq), clock=tick * s.burst + seq, bytes=s.size(d), duplicate=False)
+            self.log.emit(
+                s.tick_ts(tick),
+                "append",
+                d % s.processes,
+                f"d{d}",
+                f"d{d}-w",
+                offset=s.entry_id(tick, seq),
+                clock=tick * s.burst + seq,
+                bytes=s.size(d),
+                duplicate=False,
+            )
             doc.appends += 1
             doc.bytes += s.size(d)
         if tick == 1:  # the writer sent an update again: logged, not a new entry
-            self.log.emit(s.tick_ts(tick) + 2, "append", d % s.processes, f"d{d}", f"d{d}-w",
-                          offset=s.entry_id(tick, 0), clock=tick * s.burst, bytes=s.size(d), duplicate=True)
+            self.log.emit(
+                s.tick_ts(tick) + 2,
+                "append",
+                d % s.processes,
+                f"d{d}",
+                f"d{d}-w",
+                offset=s.entry_id(tick, 0),
+                clock=tick * s.burst,
+                bytes=s.size(d),
+                duplicate=True,
+            )
 
     def _gc(self, d: int, tick: int) -> None:
         s = self.s
@@ -314,8 +352,9 @@ class _Schedule:
         length = (tick + 1) * s.burst - self.removed[d]
         ts = s.tick_ts(tick) + s.tick_ms // 2
         self.log.emit(ts, "snapshot", 0, f"d{d}", None, offset=s.entry_id(through), entries=removed, bytes=4096)
-        if self.log.emit(ts, "trim", 0, f"d{d}", None, offset=s.entry_id(through), entries=removed,
-                         stream_length=length):
+        if self.log.emit(
+            ts, "trim", 0, f"d{d}", None, offset=s.entry_id(through), entries=removed, stream_length=length
+        ):
             doc = self.expected.documents[f"d{d}"]
             doc.trims += 1
             doc.trimmed += removed
@@ -343,9 +382,18 @@ class _Schedule:
 
     def _deliver(self, reader: _Reader, tick: int, ts: int) -> bool:
         s = self.s
-        written = self.log.emit(ts, "deliver", reader.process, reader.doc_name, reader.session,
-                                first=s.entry_id(tick, 0), last=s.entry_id(tick), entries=s.burst,
-                                bytes=s.burst * s.size(reader.doc), head=s.entry_id(tick))
+        written = self.log.emit(
+            ts,
+            "deliver",
+            reader.process,
+            reader.doc_name,
+            reader.session,
+            first=s.entry_id(tick, 0),
+            last=s.entry_id(tick),
+            entries=s.burst,
+            bytes=s.burst * s.size(reader.doc),
+            head=s.entry_id(tick),
+        )
         self.expected.documents[reader.doc_name].deliveries += written
         return written
 
@@ -360,8 +408,9 @@ class _Schedule:
         lost = self._deliver(reader, tick, first)
         again = first + s.resend_after_ms
         offset = s.entry_id(tick - 1) if tick else "0-0"
-        if self.log.emit(again, "resend", reader.process, reader.doc_name, reader.session, offset=offset,
-                         entries=s.burst):
+        if self.log.emit(
+            again, "resend", reader.process, reader.doc_name, reader.session, offset=offset, entries=s.burst
+        ):
             self.expected.documents[reader.doc_name].resends += 1
         if self._deliver(reader, tick, again) and self._ack(reader, tick, again + reader.latency_ms):
             self.expected.latencies[reader.latency_ms] += 1
@@ -371,13 +420,16 @@ class _Schedule:
     def _ack(self, reader: _Reader, acked: int, ts: int) -> bool:
         s = self.s
         head = min(s.ticks - 1, (ts - s.start_ms) // s.tick_ms)
-        if not self.log.emit(ts, "ack", reader.process, reader.doc_name, reader.session,
-                             offset=s.entry_id(acked), head=s.entry_id(head)):
+        if not self.log.emit(
+            ts, "ack", reader.process, reader.doc_name, reader.session, offset=s.entry_id(acked), head=s.entry_id(head)
+        ):
             return False
         reader.last_acked = acked
         if s.record_acks:
-            self.expected.ack_lags[(reader.doc_name, reader.session, ts)] = ((head - acked) * s.burst,
-                                                                            (head - acked) * s.tick_ms)
+            self.expected.ack_lags[(reader.doc_name, reader.session, ts)] = (
+                (head - acked) * s.burst,
+                (head - acked) * s.tick_ms,
+            )
         return True
 
     def _group_ack(self, d: int, tick: int) -> None:
@@ -386,8 +438,21 @@ class _Schedule:
         if s.group is None or tick == 0:
             return
         ts = s.tick_ts(tick) + s.group_latency_ms
-        if self.log.emit(ts, "consumer_ack", d % s.processes, f"d{d}", None, group=s.group, member=f"{s.group}-1",
-                         offset=s.entry_id(tick - 1), head=s.entry_id(tick), entries=s.burst) and s.record_acks:
+        if (
+            self.log.emit(
+                ts,
+                "consumer_ack",
+                d % s.processes,
+                f"d{d}",
+                None,
+                group=s.group,
+                member=f"{s.group}-1",
+                offset=s.entry_id(tick - 1),
+                head=s.entry_id(tick),
+                entries=s.burst,
+            )
+            and s.record_acks
+        ):
             self.expected.group_lags[(f"d{d}", s.group, ts)] = (s.burst, s.tick_ms)
 
     def _leave(self, reader: _Reader, tick: int) -> None:
@@ -397,8 +462,9 @@ class _Schedule:
         if reader.behaviour in GONE:
             if reader.behaviour is Behaviour.DROP:
                 self._deliver(reader, tick, ts + 1)
-            self.log.emit(ts + 2, "disconnect", reader.process, None, reader.session, docs=1,
-                          duration_ms=ts + 2 - s.start_ms)
+            self.log.emit(
+                ts + 2, "disconnect", reader.process, None, reader.session, docs=1, duration_ms=ts + 2 - s.start_ms
+            )
             return
         if self.log.emit(ts + 5, "evict", 0, reader.doc_name, reader.session, mode="relative"):
             self.expected.documents[reader.doc_name].evictions += 1

@@ -38,8 +38,9 @@ class JobConfig:
     options: Options = field(default_factory=Options)
 
 
-def run(spark: SparkSession, config: JobConfig, *, on_step: OnStep | None = None,
-        redis_reader: RedisReader = read_redis) -> dict[str, Any]:
+def run(
+    spark: SparkSession, config: JobConfig, *, on_step: OnStep | None = None, redis_reader: RedisReader = read_redis
+) -> dict[str, Any]:
     """Analyse ``config.events_dir``, write every table and the dashboard; return the summary."""
     events_dir, out_dir = Path(config.events_dir).resolve(), Path(config.out_dir).resolve()
     if not event_files(events_dir):
@@ -67,7 +68,7 @@ def run(spark: SparkSession, config: JobConfig, *, on_step: OnStep | None = None
         report("done", total, total)
         return analysis.summary
     finally:
-        context.setJobDescription(None)  # type: ignore[arg-type]
+        context.setJobDescription(None)  # type: ignore[arg-type]  # None clears it (SparkContext passes it to Java); the stub says str only
         analysis.release()
 
 

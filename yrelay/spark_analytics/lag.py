@@ -61,12 +61,25 @@ def ack_lag(events: DataFrame, ack: EventType = EventType.ACK, who: str = "sessi
     own = who == "session"
     acks = events.filter(
         (F.col("type") == str(ack)) & F.col("offset_score").isNotNull() & F.col("head_score").isNotNull()
-    ).select("doc", F.col(who).alias("session"), "ts", "offset", "head", "offset_score", "head_score",
-             F.lit(None).cast("long").alias("run_end_score"), F.lit(_ACK).alias("kind"))
+    ).select(
+        "doc",
+        F.col(who).alias("session"),
+        "ts",
+        "offset",
+        "head",
+        "offset_score",
+        "head_score",
+        F.lit(None).cast("long").alias("run_end_score"),
+        F.lit(_ACK).alias("kind"),
+    )
     authored = F.col("session") if own else F.lit(None).cast("string")
     entries = _with_run_ends(appends(events).select("doc", authored.alias("session"), "offset_score")).select(
-        "doc", "session", *[F.lit(None).cast(kind).alias(name) for name, kind in _ACK_FIELDS.items()],
-        "offset_score", F.col("offset_score").alias("head_score"), "run_end_score",
+        "doc",
+        "session",
+        *[F.lit(None).cast(kind).alias(name) for name, kind in _ACK_FIELDS.items()],
+        "offset_score",
+        F.col("offset_score").alias("head_score"),
+        "run_end_score",
         F.lit(_APPEND).alias("kind"),
     )
     ranked = (
@@ -79,13 +92,23 @@ def ack_lag(events: DataFrame, ack: EventType = EventType.ACK, who: str = "sessi
         .filter(F.col("kind") == _ACK)
     )
     foreign = (F.col("head_rank") - F.col("offset_rank")) - (F.col("own_head_rank") - F.col("own_offset_rank"))
-    effective = F.when(F.col("next.session") == F.col("session"), F.col("next.run_end_score")) \
-        .otherwise(F.col("offset_score"))
+    effective = F.when(F.col("next.session") == F.col("session"), F.col("next.run_end_score")).otherwise(
+        F.col("offset_score")
+    )
     return ranked.withColumn("effective_score", effective).select(
-        "doc", F.col("session").alias(who), "ts", F.timestamp_millis("ts").alias("time"), "offset", "head",
+        "doc",
+        F.col("session").alias(who),
+        "ts",
+        F.timestamp_millis("ts").alias("time"),
+        "offset",
+        "head",
         F.greatest(foreign, F.lit(0)).alias("lag_entries"),
         F.greatest(score_ms("head_score") - score_ms("effective_score"), F.lit(0)).alias("lag_ms"),
-        "offset_score", "head_score", "offset_rank", "own_offset_rank", "effective_score",
+        "offset_score",
+        "head_score",
+        "offset_rank",
+        "own_offset_rank",
+        "effective_score",
     )
 
 
@@ -100,19 +123,26 @@ def _with_run_ends(entries: DataFrame) -> DataFrame:
     """Each append's ``run_end_score``: the last append of the run of the
     same session's appends it belongs to, in the document's order."""
     forward = Window.partitionBy("doc").orderBy("offset_score")
-    backward = Window.partitionBy("doc").orderBy(F.col("offset_score").desc()) \
+    backward = (
+        Window.partitionBy("doc")
+        .orderBy(F.col("offset_score").desc())
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
     ends_run = F.coalesce(~F.lead("session").over(forward).eqNullSafe(F.col("session")), F.lit(True))
     return entries.withColumn("ends_run", ends_run).withColumn(
-        "run_end_score", F.last(F.when(F.col("ends_run"), F.col("offset_score")), ignorenulls=True).over(backward))
+        "run_end_score", F.last(F.when(F.col("ends_run"), F.col("offset_score")), ignorenulls=True).over(backward)
+    )
 
 
 def _next_append() -> Column:
     """The first append after the row's offset (its author and run end), by a
     walk in reverse order: at an equal score the ack comes first, so an
     append at its very offset (one it holds) is not "next"."""
-    backward = Window.partitionBy("doc").orderBy(F.col("offset_score").desc(), F.col("kind").desc()) \
+    backward = (
+        Window.partitionBy("doc")
+        .orderBy(F.col("offset_score").desc(), F.col("kind").desc())
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
     append = F.when(F.col("kind") == _APPEND, F.struct("session", "run_end_score"))
     return F.last(append, ignorenulls=True).over(backward)
 
@@ -145,63 +175,102 @@ def lag_timeline(lag: DataFrame, events: DataFrame, presence: DataFrame, end_ts:
     them as for an ack (lag.py): other sessions' appends in between, and the
     head's ms minus the effective offset's ms. ``acks``: its acks in the bucket.
     """
+
     def bucket(column: str) -> Column:
         return (F.floor(F.col(column) / bucket_ms) * bucket_ms).cast("long")
 
-    held = F.max_by(F.struct("offset_rank", "own_offset_rank", "effective_score"),
-                    F.struct("ts", "offset_score", "head_score"))
-    acked = lag.groupBy("doc", "session", bucket("ts").alias("b")).agg(held.alias("held"),
-                                                                       F.count(F.lit(1)).alias("acks"))
+    held = F.max_by(
+        F.struct("offset_rank", "own_offset_rank", "effective_score"), F.struct("ts", "offset_score", "head_score")
+    )
+    acked = lag.groupBy("doc", "session", bucket("ts").alias("b")).agg(
+        held.alias("held"), F.count(F.lit(1)).alias("acks")
+    )
     until = bucket("until")
-    spans = (acked.groupBy("doc", "session").agg(F.min("b").alias("first_b"))
-             .join(presence.select("session", "left_ts"), "session", "left")
-             .withColumn("until", F.coalesce("left_ts", F.lit(end_ts))))
-    samples = spans.select("doc", "session", F.explode(
-        F.sequence("first_b", F.greatest(until, F.col("first_b")), F.lit(bucket_ms))).alias("b"))
+    spans = (
+        acked.groupBy("doc", "session")
+        .agg(F.min("b").alias("first_b"))
+        .join(presence.select("session", "left_ts"), "session", "left")
+        .withColumn("until", F.coalesce("left_ts", F.lit(end_ts)))
+    )
+    samples = spans.select(
+        "doc",
+        "session",
+        F.explode(F.sequence("first_b", F.greatest(until, F.col("first_b")), F.lit(bucket_ms))).alias("b"),
+    )
     written = appends(events)
     own = written.groupBy("doc", "session", bucket("ts").alias("b")).agg(F.count(F.lit(1)).alias("own_n"))
     # One walk per session over its own appends, its acks and its samples of
     # each bucket, in that order: the samples carry what the walk has seen.
     walk = Window.partitionBy("doc", "session").orderBy("b", "kind")
     so_far = walk.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    rows = (own.withColumn("kind", F.lit(_OWN))
-            .unionByName(acked.withColumn("kind", F.lit(_ACKED)), allowMissingColumns=True)
-            .unionByName(samples.withColumn("kind", F.lit(_SAMPLE)), allowMissingColumns=True))
-    acked_here = F.when((F.lag("kind").over(walk) == _ACKED) & (F.lag("b").over(walk) == F.col("b")),
-                        F.lag("acks").over(walk))
+    rows = (
+        own.withColumn("kind", F.lit(_OWN))
+        .unionByName(acked.withColumn("kind", F.lit(_ACKED)), allowMissingColumns=True)
+        .unionByName(samples.withColumn("kind", F.lit(_SAMPLE)), allowMissingColumns=True)
+    )
+    acked_here = F.when(
+        (F.lag("kind").over(walk) == _ACKED) & (F.lag("b").over(walk) == F.col("b")), F.lag("acks").over(walk)
+    )
     sampled = (
-        rows.withColumns({"held": F.last("held", ignorenulls=True).over(so_far),
-                          "own_so_far": F.sum(F.coalesce("own_n", F.lit(0))).over(so_far),
-                          "acks": F.coalesce(acked_here, F.lit(0))})
+        rows.withColumns(
+            {
+                "held": F.last("held", ignorenulls=True).over(so_far),
+                "own_so_far": F.sum(F.coalesce("own_n", F.lit(0))).over(so_far),
+                "acks": F.coalesce(acked_here, F.lit(0)),
+            }
+        )
         .filter(F.col("kind") == _SAMPLE)
-        .select("doc", "session", "b", "held", "own_so_far", "acks",
-                F.lit(None).cast("struct<rank:bigint,score:bigint>").alias("head"), "kind")
+        .select(
+            "doc",
+            "session",
+            "b",
+            "held",
+            "own_so_far",
+            "acks",
+            F.lit(None).cast("struct<rank:bigint,score:bigint>").alias("head"),
+            "kind",
+        )
     )
     by_doc = Window.partitionBy("doc").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    per_bucket = written.groupBy("doc", bucket("ts").alias("b")).agg(F.count(F.lit(1)).alias("n"),
-                                                                     F.max("offset_score").alias("top"))
+    per_bucket = written.groupBy("doc", bucket("ts").alias("b")).agg(
+        F.count(F.lit(1)).alias("n"), F.max("offset_score").alias("top")
+    )
     heads = per_bucket.select(
-        "doc", F.lit(None).cast("string").alias("session"), "b", F.lit(None).cast(_HELD).alias("held"),
-        F.lit(None).cast("long").alias("own_so_far"), F.lit(None).cast("long").alias("acks"),
+        "doc",
+        F.lit(None).cast("string").alias("session"),
+        "b",
+        F.lit(None).cast(_HELD).alias("held"),
+        F.lit(None).cast("long").alias("own_so_far"),
+        F.lit(None).cast("long").alias("acks"),
         F.struct(F.sum("n").over(by_doc).alias("rank"), F.max("top").over(by_doc).alias("score")).alias("head"),
-        F.lit(_HEAD).alias("kind"))
+        F.lit(_HEAD).alias("kind"),
+    )
     as_of = Window.partitionBy("doc").orderBy("b", "kind").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    joined = (heads.unionByName(sampled, allowMissingColumns=False)
-              .withColumn("head", F.last("head", ignorenulls=True).over(as_of))
-              .filter(F.col("kind") == _SAMPLE))
-    foreign = (F.coalesce("head.rank", F.lit(0)) - F.col("held.offset_rank")) \
-        - (F.col("own_so_far") - F.col("held.own_offset_rank"))
+    joined = (
+        heads.unionByName(sampled, allowMissingColumns=False)
+        .withColumn("head", F.last("head", ignorenulls=True).over(as_of))
+        .filter(F.col("kind") == _SAMPLE)
+    )
+    foreign = (F.coalesce("head.rank", F.lit(0)) - F.col("held.offset_rank")) - (
+        F.col("own_so_far") - F.col("held.own_offset_rank")
+    )
     behind_ms = F.coalesce(score_ms("head.score") - score_ms("held.effective_score"), F.lit(0))
     return joined.select(
-        "doc", "session", F.timestamp_millis("b").alias("bucket"),
-        F.greatest(foreign, F.lit(0)).alias("lag_entries"), F.greatest(behind_ms, F.lit(0)).alias("lag_ms"), "acks",
+        "doc",
+        "session",
+        F.timestamp_millis("b").alias("bucket"),
+        F.greatest(foreign, F.lit(0)).alias("lag_entries"),
+        F.greatest(behind_ms, F.lit(0)).alias("lag_ms"),
+        "acks",
     )
 
 
 def document_heads(events: DataFrame) -> DataFrame:
     """Per document: appends in the log and the last appended score (its head at the end)."""
-    return appends(events).groupBy("doc").agg(
-        F.count(F.lit(1)).alias("appended"), F.max("offset_score").alias("end_head_score")
+    return (
+        appends(events)
+        .groupBy("doc")
+        .agg(F.count(F.lit(1)).alias("appended"), F.max("offset_score").alias("end_head_score"))
     )
 
 
@@ -217,12 +286,14 @@ def lag_at_end(last_ack: DataFrame, heads: DataFrame, own: DataFrame) -> DataFra
     joined = last_ack.join(heads, "doc", "left").join(own, ["doc", "session"], "left")
     later = F.coalesce(F.col("appended"), F.lit(0)) - F.col("offset_rank")
     own_later = F.coalesce(F.col("own_appended"), F.lit(0)) - F.col("own_offset_rank")
-    return joined.withColumns({
-        "current_lag_entries": F.greatest(later - own_later, F.lit(0)),
-        "current_lag_ms": F.greatest(
-            F.coalesce(score_ms("end_head_score") - score_ms("effective_score"), F.lit(0)), F.lit(0)
-        ),
-    }).drop("appended", "end_head_score", "own_appended")
+    return joined.withColumns(
+        {
+            "current_lag_entries": F.greatest(later - own_later, F.lit(0)),
+            "current_lag_ms": F.greatest(
+                F.coalesce(score_ms("end_head_score") - score_ms("effective_score"), F.lit(0)), F.lit(0)
+            ),
+        }
+    ).drop("appended", "end_head_score", "own_appended")
 
 
 #: Columns of the group lag table (one row per group ack).
@@ -240,11 +311,16 @@ def group_lag_summary(group_lag: DataFrame) -> DataFrame:
     """Per group: acks, documents, the lag of the last ack of each document
     summed (entries) and at worst (ms), and the worst and p95 lag over the log."""
     last = group_lag.groupBy("group", "doc").agg(
-        F.max_by(F.struct("lag_entries", "lag_ms"), F.struct("ts", "offset_score")).alias("last"))
-    ends = last.groupBy("group").agg(F.sum("last.lag_entries").alias("last_lag_entries"),
-                                     F.max("last.lag_ms").alias("last_lag_ms"),
-                                     F.count(F.lit(1)).alias("documents"))
+        F.max_by(F.struct("lag_entries", "lag_ms"), F.struct("ts", "offset_score")).alias("last")
+    )
+    ends = last.groupBy("group").agg(
+        F.sum("last.lag_entries").alias("last_lag_entries"),
+        F.max("last.lag_ms").alias("last_lag_ms"),
+        F.count(F.lit(1)).alias("documents"),
+    )
     over = group_lag.groupBy("group").agg(
-        F.count(F.lit(1)).alias("acks"), F.max("lag_ms").alias("max_lag_ms"),
-        F.percentile_approx("lag_ms", 0.95).alias("p95_lag_ms"))
+        F.count(F.lit(1)).alias("acks"),
+        F.max("lag_ms").alias("max_lag_ms"),
+        F.percentile_approx("lag_ms", 0.95).alias("p95_lag_ms"),
+    )
     return over.join(ends, "group").orderBy("group")

@@ -51,11 +51,14 @@ def delivery_latency(events: DataFrame) -> DataFrame:
         (F.col("type") == str(EventType.DELIVER)) & F.col("last_score").isNotNull() & F.col("doc").isNotNull()
     ).select("doc", "session", "ts", F.col("last_score").alias("score"), F.lit(_DELIVER).alias("kind"))
     acks = events.filter((F.col("type") == str(EventType.ACK)) & F.col("offset_score").isNotNull()).select(
-        "doc", "session", "ts", F.col("offset_score").alias("score"), F.lit(_ACK).alias("kind"))
+        "doc", "session", "ts", F.col("offset_score").alias("score"), F.lit(_ACK).alias("kind")
+    )
     covered = _first_covering_in_run(_runs_and_next_ack(delivers.unionByName(acks)))
     found = F.col("by_score.run") == F.col("by_time.run")
     return covered.filter(F.col("kind") == _DELIVER).select(
-        "doc", "session", "ts",
+        "doc",
+        "session",
+        "ts",
         F.when(found, F.greatest("by_time.ts", "by_score.ts") - F.col("ts")).alias("latency_ms"),
     )
 
@@ -78,7 +81,8 @@ def _runs_and_next_ack(rows: DataFrame) -> DataFrame:
     next_score = F.last(F.when(is_ack, F.col("score")), ignorenulls=True).over(_session_window(*backwards, up_to=-1))
     rewind_next = F.coalesce((is_ack & (next_score < F.col("score"))).cast("int"), F.lit(0))
     with_runs = rows.withColumn("rewind_next", rewind_next).withColumn(
-        "run", F.when(is_ack, -F.sum("rewind_next").over(_session_window(*backwards))))
+        "run", F.when(is_ack, -F.sum("rewind_next").over(_session_window(*backwards)))
+    )
     timed = with_runs.withColumn("by_time", _last_ack_so_far(*backwards))
     return timed.withColumn("run", F.when(F.col("kind") == _DELIVER, F.col("by_time.run")).otherwise(F.col("run")))
 
@@ -91,8 +95,12 @@ def _last_ack_so_far(*order: Column) -> Column:
 
 def _first_covering_in_run(rows: DataFrame) -> DataFrame:
     """Each delivery gets the first ack of its run whose offset is ``>=`` its ``last``."""
-    return rows.withColumn("by_score", _last_ack_so_far(
-        F.col("run").desc_nulls_last(), F.col("score").desc(), F.col("kind").desc(), F.col("ts").desc()))
+    return rows.withColumn(
+        "by_score",
+        _last_ack_so_far(
+            F.col("run").desc_nulls_last(), F.col("score").desc(), F.col("kind").desc(), F.col("ts").desc()
+        ),
+    )
 
 
 def latency_summary(latency: DataFrame) -> DataFrame:
@@ -110,9 +118,12 @@ def latency_summary(latency: DataFrame) -> DataFrame:
         F.try_divide(F.sum("latency_ms"), F.count("latency_ms")).alias("mean_ms"),
     )
     return summary.select(
-        F.when(F.col("all") == 0, F.col("doc")).alias("doc"), "deliveries", "acked",
+        F.when(F.col("all") == 0, F.col("doc")).alias("doc"),
+        "deliveries",
+        "acked",
         *[F.col("p")[i].alias(f"p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
-        "max_ms", "mean_ms",
+        "max_ms",
+        "mean_ms",
     )
 
 

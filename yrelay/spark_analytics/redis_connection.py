@@ -21,12 +21,16 @@ CONNECT_TIMEOUT = 5.0
 REPLY_TIMEOUT = 60.0
 
 
+#: The client :func:`connected` gives: one Redis, or a cluster through a seed node.
+SyncRedis = redis.Redis | redis.RedisCluster
+
+
 class RedisUnreachable(ConnectionError):
     """Redis at the data source's URL did not answer."""
 
 
 @contextlib.contextmanager
-def connected(url: str, cluster: bool = False) -> Iterator[redis.Redis]:
+def connected(url: str, cluster: bool = False) -> Iterator[SyncRedis]:
     """A checked (PINGed) sync client for ``url`` (a seed node of a Redis
     Cluster with ``cluster``), closed on exit.
 

@@ -52,7 +52,7 @@ class SourceOptions:
     cluster: bool = False
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         """Check Spark's string options; raise :class:`SourceOptionError` on the first bad one."""
         return cls(
             url=_url(options.get("url")),

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import redis
-
 from ..keys import stream_key, tracker_key
 from ..listing import BucketMerge
 from ..offsets import StreamId
-from ..replies import text
+from ..replies import RawEntry, scored, stream_entries, text
+from .redis_connection import SyncRedis
 
 #: Ids per ZRANGE BYLEX page of the registry.
 REGISTRY_PAGE = 1000
@@ -25,11 +24,8 @@ STREAM_PAGE = 1000
 #: Members per ZRANGE page of a tracker.
 TRACKER_PAGE = 1000
 
-#: A raw stream entry as redis-py returns it: id and field map.
-RawEntry = tuple[bytes, dict[bytes, bytes]]
 
-
-def registered_documents(client: redis.Redis, page: int = REGISTRY_PAGE) -> Iterator[str]:
+def registered_documents(client: SyncRedis, page: int = REGISTRY_PAGE) -> Iterator[str]:
     """Every document of the registry (its buckets merged: yrelay/listing.py), in id order."""
     merge = BucketMerge(page)
     while not merge.done:
@@ -38,27 +34,27 @@ def registered_documents(client: redis.Redis, page: int = REGISTRY_PAGE) -> Iter
         for _, key, start, end in wanted:
             pipe.zrange(key, start, end, bylex=True, offset=0, num=page)
         raw = pipe.execute() if wanted else []
-        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw)}):
+        for chunk in merge.feed({bucket: docs for (bucket, *_), docs in zip(wanted, raw, strict=True)}):
             yield from chunk
 
 
-def stream_pages(client: redis.Redis, doc: str, after: str = "-", page: int = STREAM_PAGE) -> Iterator[list[RawEntry]]:
+def stream_pages(client: SyncRedis, doc: str, after: str = "-", page: int = STREAM_PAGE) -> Iterator[list[RawEntry]]:
     """Pages of ``doc``'s stream entries with ids above ``after`` ("-": all)."""
     start = after if after == "-" else f"({after}"
     while True:
-        entries = client.xrange(stream_key(doc), min=start, max="+", count=page)
-        if entries:
-            yield entries
-        if len(entries) < page:
+        read = stream_entries(client.xrange(stream_key(doc), min=start, max="+", count=page))
+        if read:
+            yield read
+        if len(read) < page:
             return
-        start = f"({text(entries[-1][0])}"
+        start = f"({text(read[-1][0])}"
 
 
-def tracker_pages(client: redis.Redis, doc: str, page: int = TRACKER_PAGE) -> Iterator[list[tuple[str, int]]]:
+def tracker_pages(client: SyncRedis, doc: str, page: int = TRACKER_PAGE) -> Iterator[list[tuple[str, int]]]:
     """Pages of ``doc``'s tracker as (session, score), lowest offset first."""
     rank = 0
     while True:
-        rows = client.zrange(tracker_key(doc), rank, rank + page - 1, withscores=True)
+        rows = scored(client.zrange(tracker_key(doc), rank, rank + page - 1, withscores=True))
         if rows:
             yield [(text(member), int(score)) for member, score in rows]
         if len(rows) < page:

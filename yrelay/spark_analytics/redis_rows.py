@@ -17,38 +17,45 @@ from collections.abc import Iterable, Iterator
 from itertools import chain, islice
 
 import pyarrow as pa
-import redis
 
 from ..keys import meta_key
 from ..offsets import ZERO, StreamId
-from ..replies import stream_id
+from ..replies import RawEntry, stream_id
+from .redis_connection import SyncRedis
 from .redis_options import Kind, SourceOptions
-from .redis_pages import RawEntry, entry_id, stream_pages, tracker_pages
+from .redis_pages import entry_id, stream_pages, tracker_pages
+
+#: One row of a table (values in its schema's column order).
+Row = tuple[object, ...]
 
 BATCH_ROWS = 4096
 
-ENTRIES_SCHEMA = pa.schema([
-    ("doc", pa.string()),
-    ("id", pa.string()),          # "<ms>-<seq>"
-    ("ms", pa.int64()),
-    ("seq", pa.int32()),
-    ("score", pa.int64()),        # ms * 1000 + seq, as in the tracker
-    ("session", pa.string()),     # field s: the session that sent the update
-    ("clock", pa.int64()),        # field c: that session's clock for it
-    ("bytes", pa.int32()),        # length of field u, the Yjs update
-])
+ENTRIES_SCHEMA = pa.schema(
+    [
+        ("doc", pa.string()),
+        ("id", pa.string()),  # "<ms>-<seq>"
+        ("ms", pa.int64()),
+        ("seq", pa.int32()),
+        ("score", pa.int64()),  # ms * 1000 + seq, as in the tracker
+        ("session", pa.string()),  # field s: the session that sent the update
+        ("clock", pa.int64()),  # field c: that session's clock for it
+        ("bytes", pa.int32()),  # length of field u, the Yjs update
+    ]
+)
 #: Added to ENTRIES_SCHEMA by option ``withUpdates=true``.
 UPDATE_FIELD = pa.field("update", pa.binary())
 
-TRACKER_SCHEMA = pa.schema([
-    ("doc", pa.string()),
-    ("session", pa.string()),
-    ("offset", pa.string()),      # "<ms>-<seq>" of the score
-    ("score", pa.int64()),
-    ("ms", pa.int64()),           # the offset's ms
-    ("lag_entries", pa.int64()),  # stream entries after the offset (capped walk)
-    ("lag_ms", pa.int64()),       # last appended id's ms - offset's ms, at least 0
-])
+TRACKER_SCHEMA = pa.schema(
+    [
+        ("doc", pa.string()),
+        ("session", pa.string()),
+        ("offset", pa.string()),  # "<ms>-<seq>" of the score
+        ("score", pa.int64()),
+        ("ms", pa.int64()),  # the offset's ms
+        ("lag_entries", pa.int64()),  # stream entries after the offset (capped walk)
+        ("lag_ms", pa.int64()),  # last appended id's ms - offset's ms, at least 0
+    ]
+)
 
 
 def arrow_schema(options: SourceOptions) -> pa.Schema:
@@ -58,7 +65,7 @@ def arrow_schema(options: SourceOptions) -> pa.Schema:
     return ENTRIES_SCHEMA.append(UPDATE_FIELD) if options.with_updates else ENTRIES_SCHEMA
 
 
-def table_batches(client: redis.Redis, options: SourceOptions, docs: Iterable[str]) -> Iterator[pa.RecordBatch]:
+def table_batches(client: SyncRedis, options: SourceOptions, docs: Iterable[str]) -> Iterator[pa.RecordBatch]:
     """The selected table's rows for ``docs``, in batches of at most BATCH_ROWS."""
     if options.kind is Kind.TRACKER:
         rows = chain.from_iterable(tracker_rows(client, doc, options.lag_cap) for doc in docs)
@@ -67,27 +74,31 @@ def table_batches(client: redis.Redis, options: SourceOptions, docs: Iterable[st
     return arrow_batches(rows, arrow_schema(options))
 
 
-def arrow_batches(rows: Iterable[tuple], schema: pa.Schema, size: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+def arrow_batches(rows: Iterable[Row], schema: pa.Schema, size: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """Row tuples (in ``schema``'s column order) as record batches of ``size`` rows."""
     rows = iter(rows)
     while chunk := list(islice(rows, size)):
-        columns = zip(*chunk)
-        arrays = [pa.array(column, type=field.type) for column, field in zip(columns, schema)]
+        columns = zip(*chunk, strict=True)
+        arrays = [pa.array(column, type=field.type) for column, field in zip(columns, schema, strict=True)]
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def entry_rows(client: redis.Redis, doc: str, with_updates: bool = False) -> Iterator[tuple]:
+def entry_rows(client: SyncRedis, doc: str, with_updates: bool = False) -> Iterator[Row]:
     """One ENTRIES_SCHEMA row per entry of ``doc``'s stream, in id order."""
     for page in stream_pages(client, doc):
         for raw_id, fields in page:
             yield _entry_row(doc, raw_id, fields, with_updates)
 
 
-def _entry_row(doc: str, raw_id: bytes, fields: dict[bytes, bytes], with_updates: bool) -> tuple:
+def _entry_row(doc: str, raw_id: bytes, fields: dict[bytes, bytes], with_updates: bool) -> Row:
     ident = entry_id(raw_id)
     session, clock, update = fields.get(b"s"), fields.get(b"c"), fields.get(b"u", b"")
     row = (
-        doc, str(ident), ident.ms, ident.seq, ident.score(),
+        doc,
+        str(ident),
+        ident.ms,
+        ident.seq,
+        ident.score(),
         session.decode() if session is not None else None,
         int(clock) if clock is not None else None,
         len(update),
@@ -95,7 +106,7 @@ def _entry_row(doc: str, raw_id: bytes, fields: dict[bytes, bytes], with_updates
     return (*row, update) if with_updates else row
 
 
-def tracker_rows(client: redis.Redis, doc: str, lag_cap: int) -> Iterator[tuple]:
+def tracker_rows(client: SyncRedis, doc: str, lag_cap: int) -> Iterator[Row]:
     """One TRACKER_SCHEMA row per session tracked on ``doc``, lowest offset first.
 
     The figures are those of :func:`yrelay.tracker.lag.document_status` (what
@@ -115,7 +126,7 @@ def tracker_rows(client: redis.Redis, doc: str, lag_cap: int) -> Iterator[tuple]
         yield doc, session, str(offset), score, offset.ms, behind, max(0, last.ms - offset.ms)
 
 
-def _scores_after(client: redis.Redis, doc: str, after: StreamId, cap: int) -> list[int]:
+def _scores_after(client: SyncRedis, doc: str, after: StreamId, cap: int) -> list[int]:
     """Scores of the first ``cap`` entries of ``doc``'s stream after ``after``, ascending."""
     entries: Iterator[RawEntry] = chain.from_iterable(stream_pages(client, doc, str(after)))
     return [entry_id(raw_id).score() for raw_id, _ in islice(entries, cap)]

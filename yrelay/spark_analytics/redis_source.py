@@ -56,7 +56,7 @@ class YrelayDataSource(DataSource):
     def schema(self) -> StructType:
         return spark_schema(self.source)
 
-    def reader(self, schema: StructType) -> "YrelayReader":
+    def reader(self, schema: StructType) -> YrelayReader:
         expected = spark_schema(self.source)
         if schema != expected:
             raise SourceOptionError(
@@ -81,7 +81,7 @@ class YrelayReader(DataSourceReader):
         with connected(self.source.url, self.source.cluster) as client:
             docs = list(self.source.docs if self.source.docs is not None else registered_documents(client))
         size = self.source.docs_per_partition
-        return [DocumentGroup(tuple(docs[start:start + size])) for start in range(0, len(docs), size)] or [
+        return [DocumentGroup(tuple(docs[start : start + size])) for start in range(0, len(docs), size)] or [
             DocumentGroup(())
         ]
 
@@ -118,8 +118,9 @@ def _registered(spark: SparkSession) -> bool:
         return False
 
 
-def redis_tables(spark: SparkSession, url: str, docs: list[str] | None = None,
-                 cluster: bool = False) -> tuple[DataFrame, DataFrame]:
+def redis_tables(
+    spark: SparkSession, url: str, docs: list[str] | None = None, cluster: bool = False
+) -> tuple[DataFrame, DataFrame]:
     """The (entries, tracker) DataFrames of yrelay's Redis at ``url``.
 
     ``docs``: those documents only (``[]`` reads none); None: every registered

@@ -33,14 +33,19 @@ class JobProgress:
 
     def __init__(self, context: SparkContext | None = None, console: Console | None = None):
         self.context = context  # None until Spark has started
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
         self.task = self.progress.add_task("starting", total=1)
         self.step_name = "starting"
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="yrelay-analyze-progress", daemon=True)
 
-    def __enter__(self) -> "JobProgress":
+    def __enter__(self) -> JobProgress:
         self.progress.start()
         self._poller.start()
         return self
@@ -65,13 +70,13 @@ class JobProgress:
         try:
             tracker = self.context.statusTracker()
             stages = [tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds()]
-        except Exception:  # the context is stopping; the bar is cosmetic
+        except Exception:  # noqa: BLE001 - py4j's or a closed context's errors alike: the context is stopping, and the bar is cosmetic
             return ""
-        stages = [stage for stage in stages if stage is not None]
-        if not stages:
+        active = [stage for stage in stages if stage is not None]
+        if not active:
             return ""
-        done = sum(stage.numCompletedTasks for stage in stages)
-        return f" (tasks {done}/{sum(stage.numTasks for stage in stages)})"
+        done = sum(stage.numCompletedTasks for stage in active)
+        return f" (tasks {done}/{sum(stage.numTasks for stage in active)})"
 
 
 @contextlib.contextmanager
@@ -95,10 +100,23 @@ def stderr_to(path: Path) -> Iterator[None]:
 
 
 #: The figures printed at the end, in the order an operator reads them (the rest is in the dashboard).
-HEADLINE = ["sessions", "sessions_connected", *[f"status_{s.lower()}" for s in (
-    "ERR", "STOP", "STALL", "REWIND", "WARN", "LEFT_UNACKED", "LEFT", "OK")],
-    "worst_lag_entries", "worst_lag_ms", "p99_last_5min_ms", "p99_ms", "blocked_documents", "groups_behind",
-    "events", "span_s", "bucket_s", "corrupt_lines", "other_version_lines", "dropped_events"]
+HEADLINE = [
+    "sessions",
+    "sessions_connected",
+    *[f"status_{s.lower()}" for s in ("ERR", "STOP", "STALL", "REWIND", "WARN", "LEFT_UNACKED", "LEFT", "OK")],
+    "worst_lag_entries",
+    "worst_lag_ms",
+    "p99_last_5min_ms",
+    "p99_ms",
+    "blocked_documents",
+    "groups_behind",
+    "events",
+    "span_s",
+    "bucket_s",
+    "corrupt_lines",
+    "other_version_lines",
+    "dropped_events",
+]
 
 
 def summary_table(summary: dict[str, Any], out: str) -> RichTable:

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType
 
 #: The event log versions the analysis reads. Version 2 only adds ``subject``
 #: to ``connect`` (a version-1 log has no subjects: the column is null).
@@ -42,18 +42,36 @@ class EventType(StrEnum):
     REFUSE = "refuse"
 
 
-def _fields(**types: object) -> list[StructField]:
-    return [StructField(name, kind, nullable=True) for name, kind in types.items()]  # type: ignore[arg-type]
+def _fields(**types: DataType) -> list[StructField]:
+    return [StructField(name, kind, nullable=True) for name, kind in types.items()]
 
 
 #: Every field of every event type, as docs/events.md lists them.
-EVENT_SCHEMA = StructType(_fields(
-    v=IntegerType(), ts=LongType(), type=StringType(), process=StringType(), doc=StringType(), session=StringType(),
-    resumed=BooleanType(), duration_ms=LongType(),
-    offset=StringType(), clock=LongType(), bytes=LongType(), duplicate=BooleanType(),
-    first=StringType(), last=StringType(), entries=LongType(), head=StringType(),
-    reason=StringType(), mode=StringType(), stream_length=LongType(), group=StringType(), subject=StringType(),
-))
+EVENT_SCHEMA = StructType(
+    _fields(
+        v=IntegerType(),
+        ts=LongType(),
+        type=StringType(),
+        process=StringType(),
+        doc=StringType(),
+        session=StringType(),
+        resumed=BooleanType(),
+        duration_ms=LongType(),
+        offset=StringType(),
+        clock=LongType(),
+        bytes=LongType(),
+        duplicate=BooleanType(),
+        first=StringType(),
+        last=StringType(),
+        entries=LongType(),
+        head=StringType(),
+        reason=StringType(),
+        mode=StringType(),
+        stream_length=LongType(),
+        group=StringType(),
+        subject=StringType(),
+    )
+)
 #: What the JSON reader is given: the schema plus the corrupt-record column.
 READ_SCHEMA = StructType([*EVENT_SCHEMA.fields, StructField(CORRUPT, StringType(), nullable=True)])
 

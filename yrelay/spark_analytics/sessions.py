@@ -38,5 +38,6 @@ def session_presence(events: DataFrame) -> DataFrame:
         )
     )
     gone = F.col("disconnect_ts").isNotNull() & (
-        F.col("connect_ts").isNull() | (F.col("disconnect_ts") >= F.col("connect_ts")))
+        F.col("connect_ts").isNull() | (F.col("disconnect_ts") >= F.col("connect_ts"))
+    )
     return per_session.select("session", "subject", F.when(gone, F.col("disconnect_ts")).alias("left_ts"))

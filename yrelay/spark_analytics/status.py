@@ -49,30 +49,64 @@ from .schema import EventType
 from .tables import Status
 
 STATUS_COLUMNS = [
-    "doc", "session", "status", "acks", "window_acks", "window_ms", "last_ack_ts", "offset",
-    "lag_entries", "lag_ms", "current_lag_entries", "current_lag_ms", "evictions", "resyncs", "last_problem",
-    "subject", "left_ts", "unacked",
+    "doc",
+    "session",
+    "status",
+    "acks",
+    "window_acks",
+    "window_ms",
+    "last_ack_ts",
+    "offset",
+    "lag_entries",
+    "lag_ms",
+    "current_lag_entries",
+    "current_lag_ms",
+    "evictions",
+    "resyncs",
+    "last_problem",
+    "subject",
+    "left_ts",
+    "unacked",
 ]
 
 
-def session_status(lag: DataFrame, events: DataFrame, heads: DataFrame, own: DataFrame, presence: DataFrame,
-                   end_ts: int, window: int = 10) -> DataFrame:
+def session_status(
+    lag: DataFrame,
+    events: DataFrame,
+    heads: DataFrame,
+    own: DataFrame,
+    presence: DataFrame,
+    end_ts: int,
+    window: int = 10,
+) -> DataFrame:
     """One row per doc and session: the status and the figures it was judged on."""
     judged = _with_rule_inputs(_windows(lag, window), end_ts)
     at_end = lag_at_end(judged, heads, own)
-    both = (at_end.join(_problems(events, presence), ["doc", "session"], "full_outer")
-            .join(presence, "session", "left")
-            .join(_delivered(events), ["doc", "session"], "left"))
+    both = (
+        at_end.join(_problems(events, presence), ["doc", "session"], "full_outer")
+        .join(presence, "session", "left")
+        .join(_delivered(events), ["doc", "session"], "left")
+    )
     left = F.col("left_ts").isNotNull()
-    return both.withColumns({
-        "acks": F.coalesce(F.col("acks"), F.lit(0)),
-        "evictions": F.coalesce(F.col("evictions"), F.lit(0)),
-        "resyncs": F.coalesce(F.col("resyncs"), F.lit(0)),
-        "unacked": left & F.coalesce(F.col("delivered_score") > F.coalesce("offset_score", F.lit(-1)), F.lit(False)),
-    }).withColumn("status", _status()).withColumns({
-        "current_lag_entries": F.when(~left, F.col("current_lag_entries")),
-        "current_lag_ms": F.when(~left, F.col("current_lag_ms")),
-    }).select(*STATUS_COLUMNS)
+    return (
+        both.withColumns(
+            {
+                "acks": F.coalesce(F.col("acks"), F.lit(0)),
+                "evictions": F.coalesce(F.col("evictions"), F.lit(0)),
+                "resyncs": F.coalesce(F.col("resyncs"), F.lit(0)),
+                "unacked": left
+                & F.coalesce(F.col("delivered_score") > F.coalesce("offset_score", F.lit(-1)), F.lit(False)),
+            }
+        )
+        .withColumn("status", _status())
+        .withColumns(
+            {
+                "current_lag_entries": F.when(~left, F.col("current_lag_entries")),
+                "current_lag_ms": F.when(~left, F.col("current_lag_ms")),
+            }
+        )
+        .select(*STATUS_COLUMNS)
+    )
 
 
 def _windows(lag: DataFrame, window: int) -> DataFrame:
@@ -80,8 +114,17 @@ def _windows(lag: DataFrame, window: int) -> DataFrame:
     newest_first = Window.partitionBy("doc", "session").orderBy(
         F.col("ts").desc(), F.col("offset_score").desc(), F.col("head_score").desc()
     )
-    point = F.struct("ts", "offset_score", "head_score", "lag_entries", "lag_ms", "offset", "offset_rank",
-                     "own_offset_rank", "effective_score")
+    point = F.struct(
+        "ts",
+        "offset_score",
+        "head_score",
+        "lag_entries",
+        "lag_ms",
+        "offset",
+        "offset_rank",
+        "own_offset_rank",
+        "effective_score",
+    )
     return (
         lag.withColumn("nth", F.row_number().over(newest_first))
         .groupBy("doc", "session")
@@ -95,19 +138,33 @@ def _windows(lag: DataFrame, window: int) -> DataFrame:
 def _with_rule_inputs(windows: DataFrame, end_ts: int) -> DataFrame:
     """The window's facts the rules read, and the last ack's figures."""
     return windows.select(
-        "doc", "session", "acks",
+        "doc",
+        "session",
+        "acks",
         F.size("w").alias("window_acks"),
         (_last("ts") - F.expr("w[0].ts")).alias("window_ms"),
         _last("ts").alias("last_ack_ts"),
-        *[_last(name).alias(name) for name in ("offset", "offset_score", "offset_rank", "own_offset_rank",
-                                               "effective_score", "lag_entries", "lag_ms")],
+        *[
+            _last(name).alias(name)
+            for name in (
+                "offset",
+                "offset_score",
+                "offset_rank",
+                "own_offset_rank",
+                "effective_score",
+                "lag_entries",
+                "lag_ms",
+            )
+        ],
         (F.lit(end_ts) - _last("ts")).alias("idle_ms"),
         F.expr("exists(w, a -> a.lag_entries = 0)").alias("caught_up"),
         F.expr("size(w) >= 2 and forall(w, a -> a.offset_score = w[0].offset_score)").alias("stalled"),
-        F.expr("size(w) >= 2 and exists(sequence(1, size(w) - 1), i -> w[i].offset_score < w[i - 1].offset_score)")
-        .alias("rewound"),
-        F.expr("size(w) >= 2 and forall(sequence(1, size(w) - 1), i -> w[i].lag_entries >= w[i - 1].lag_entries)")
-        .alias("not_decreasing"),
+        F.expr(
+            "size(w) >= 2 and exists(sequence(1, size(w) - 1), i -> w[i].offset_score < w[i - 1].offset_score)"
+        ).alias("rewound"),
+        F.expr(
+            "size(w) >= 2 and forall(sequence(1, size(w) - 1), i -> w[i].lag_entries >= w[i - 1].lag_entries)"
+        ).alias("not_decreasing"),
     )
 
 
@@ -120,8 +177,9 @@ def _problems(events: DataFrame, presence: DataFrame) -> DataFrame:
     """Per doc and session: evictions, resyncs, the kind of the last of them,
     and ``problem_ts``, the time of the last one while it was connected."""
     kinds = [str(EventType.EVICT), str(EventType.RESYNC)]
-    what = F.when(F.col("type") == str(EventType.EVICT), F.concat(F.lit("evict:"), F.coalesce("mode", F.lit("?")))) \
-        .otherwise(F.concat(F.lit("resync:"), F.coalesce("reason", F.lit("?"))))
+    what = F.when(
+        F.col("type") == str(EventType.EVICT), F.concat(F.lit("evict:"), F.coalesce("mode", F.lit("?")))
+    ).otherwise(F.concat(F.lit("resync:"), F.coalesce("reason", F.lit("?"))))
     connected = F.col("left_ts").isNull() | (F.col("ts") <= F.col("left_ts"))
     return (
         events.filter(F.col("type").isin(kinds) & F.col("doc").isNotNull() & F.col("session").isNotNull())
@@ -138,8 +196,11 @@ def _problems(events: DataFrame, presence: DataFrame) -> DataFrame:
 
 def _delivered(events: DataFrame) -> DataFrame:
     """Per doc and session: the highest ``last`` id it was ever delivered, as a score."""
-    return (events.filter((F.col("type") == str(EventType.DELIVER)) & F.col("doc").isNotNull())
-            .groupBy("doc", "session").agg(F.max("last_score").alias("delivered_score")))
+    return (
+        events.filter((F.col("type") == str(EventType.DELIVER)) & F.col("doc").isNotNull())
+        .groupBy("doc", "session")
+        .agg(F.max("last_score").alias("delivered_score"))
+    )
 
 
 def _status() -> Column:

@@ -47,8 +47,16 @@ class Status(StrEnum):
 
 #: Worst first: failed, silent while behind, stuck, going back, not catching
 #: up; then sessions that left (with unacked entries first), then healthy ones.
-SEVERITY = [Status.ERR, Status.STOP, Status.STALL, Status.REWIND, Status.WARN, Status.LEFT_UNACKED, Status.LEFT,
-            Status.OK]
+SEVERITY = [
+    Status.ERR,
+    Status.STOP,
+    Status.STALL,
+    Status.REWIND,
+    Status.WARN,
+    Status.LEFT_UNACKED,
+    Status.LEFT,
+    Status.OK,
+]
 #: What an operator reads for each status.
 STATUS_LABELS = {
     Status.ERR: "ERR: evicted or told to resync, not acked since",

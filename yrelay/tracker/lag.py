@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from ..keys import meta_key, snapshot_key, stream_key, tracker_key
 from ..offsets import ZERO, StreamId
-from ..replies import stream_id, text
+from ..replies import stream_entries, stream_id, text
 
 COUNT_CAP = 100_000
 _PAGE = 1_000
@@ -62,7 +62,9 @@ async def _ids_after(redis: Redis, doc: str, after: StreamId, cap: int) -> tuple
     ids: list[StreamId] = []
     cursor = after
     while len(ids) < cap:
-        page = await redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=min(_PAGE, cap - len(ids)))
+        page = stream_entries(
+            await redis.xrange(stream_key(doc), min=f"({cursor}", max="+", count=min(_PAGE, cap - len(ids)))
+        )
         ids.extend(StreamId.parse(text(entry_id)) for entry_id, _ in page)
         if len(page) < _PAGE:
             return ids, True
@@ -70,13 +72,16 @@ async def _ids_after(redis: Redis, doc: str, after: StreamId, cap: int) -> tuple
     return ids, False
 
 
-async def document_status(redis: Redis, doc: str, with_sessions: bool = False, count_cap: int = COUNT_CAP) -> DocumentStatus:
+async def document_status(
+    redis: Redis, doc: str, with_sessions: bool = False, count_cap: int = COUNT_CAP
+) -> DocumentStatus:
     """Stream, snapshot and tracker figures of one document."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.xlen(stream_key(doc))
         pipe.xrange(stream_key(doc), "-", "+", count=1)
-        pipe.hmget(meta_key(doc), "last_id", "snapshot_offset", "trimmed_through", "gc_at", "blocked_at",
-                   "blocked_since")
+        pipe.hmget(
+            meta_key(doc), "last_id", "snapshot_offset", "trimmed_through", "gc_at", "blocked_at", "blocked_since"
+        )
         pipe.strlen(snapshot_key(doc))
         pipe.zrange(tracker_key(doc), 0, -1 if with_sessions else 0, withscores=True)
         pipe.zcard(tracker_key(doc))

@@ -25,8 +25,9 @@ from redis.asyncio import Redis
 from .. import redis_packed
 from ..keys import session_documents_digest_key, session_documents_key, tracker_key
 from ..offsets import StreamId
-from ..redis_client import lost_redis
 from ..reconciliation.redis_idset import RedisIdSet
+from ..redis_client import lost_redis
+from ..replies import scored
 from ..scripts import Scripts
 from ..tasks import BackgroundTask
 
@@ -73,7 +74,7 @@ class Tracker:
         return None if score is None else StreamId.from_score(score)
 
     async def sessions(self, doc: str) -> dict[str, StreamId]:
-        rows = await self.redis.zrange(tracker_key(doc), 0, -1, withscores=True)
+        rows = scored(await self.redis.zrange(tracker_key(doc), 0, -1, withscores=True))
         return {member.decode(): StreamId.from_score(score) for member, score in rows}
 
 
@@ -124,14 +125,14 @@ class AckWriter:
             return
         # An ack that moved nothing: an old ack, or the session was evicted. Look
         # only at those (one command per ack in the usual case, not two).
-        unmoved = [key for key, changed in zip(batch, moved) if not changed]
+        unmoved = [key for key, changed in zip(batch, moved, strict=True) if not changed]
         if not unmoved:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for doc, session in unmoved:
                 pipe.zscore(tracker_key(doc), session)
             scores = await pipe.execute()
-        for (doc, session), score in zip(unmoved, scores):
+        for (doc, session), score in zip(unmoved, scores, strict=True):
             if score is None:
                 self.on_evicted(doc, session)
 

@@ -10,6 +10,7 @@ import time
 from redis.asyncio import Redis
 
 from yrelay.redis_server import RedisProcess
+
 from .edits import writer_edits
 
 

@@ -11,27 +11,30 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 from typing import Any
 
 from yrelay import protocol
 from yrelay.client.client import ACK_INTERVAL
+
 from .edits import read_uint, update_key, write_uint
 from .wsclient import WsClient
 
 try:  # the bench extra; the standard library otherwise
     import orjson
 
-    _loads = orjson.loads
+    _loads: Callable[[str | bytes], Any] = orjson.loads
 
-    def _dumps(frame: dict[str, Any]) -> str:
+    def _dumps(frame: object) -> str:
         return orjson.dumps(frame).decode()
 except ImportError:  # pragma: no cover
     import json
 
     _loads = json.loads
 
-    def _dumps(frame: dict[str, Any]) -> str:
+    def _dumps(frame: object) -> str:
         return json.dumps(frame, separators=(",", ":"))
+
 
 YRELAY = "yrelay"
 Y_WEBSOCKET = "y-websocket"
@@ -114,9 +117,11 @@ class Driver:
         assert self._ready is not None
         try:
             await asyncio.wait_for(self._ready, timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"{self.doc}: no {what} after {timeout:.0f} s (got {self.received} updates, "
-                               f"{self.errors} errors, the last: {self.last_error or 'none'})") from None
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.doc}: no {what} after {timeout:.0f} s (got {self.received} updates, "
+                f"{self.errors} errors, the last: {self.last_error or 'none'})"
+            ) from None
 
     def _opened(self) -> None:
         if self._ready is not None and not self._ready.done():
@@ -162,11 +167,10 @@ class YrelayDriver(Driver):
             self.errors += 1
             self.last_error = f"{frame.get('code')}: {frame.get('message')}"
 
-
     def _send_ack(self) -> None:
         offset, self._ack_due = self._ack_due, None
         if self.ws is not None and offset is not None and not self.ws.closed.done():
-            self.ws.send_text('{"op":"ack","doc":%s,"offset":"%s"}' % (_dumps(self.doc), offset))
+            self.ws.send_text(f'{{"op":"ack","doc":{_dumps(self.doc)},"offset":"{offset}"}}')
 
 
 class YWebsocketDriver(Driver):
@@ -179,8 +183,9 @@ class YWebsocketDriver(Driver):
 
     async def open(self, host: str, port: int) -> None:
         self._ready = asyncio.get_running_loop().create_future()
-        self.ws = await WsClient.connect(host, port, f"{self.path_prefix}/{self.doc}", self._on_message,
-                                         deflate=self.deflate)
+        self.ws = await WsClient.connect(
+            host, port, f"{self.path_prefix}/{self.doc}", self._on_message, deflate=self.deflate
+        )
         self.ws.send_binary(sync_message(0, b"\x00"))  # step 1: we hold nothing
         await self._wait_ready("sync step 2")
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from . import metrics
 from .targets import Target
-from .worker import ConnSpec, WorkerResult, WorkerSpec, main as worker_main
+from .worker import ConnSpec, WorkerResult, WorkerSpec
+from .worker import main as worker_main
 
 #: A run keeps up when it delivered everything, at least this share of the offered rate.
 SUSTAINED = 0.9
@@ -54,15 +55,25 @@ class Shape:
         return sum(c.expect for conns in self.workers for c in conns if c.measured)
 
 
-def hot_document(rate: float, duration: float, writers: int = 2, readers: int = 50, reader_workers: int = 2,
-                 doc: str = "hot") -> Shape:
+def hot_document(
+    rate: float, duration: float, writers: int = 2, readers: int = 50, reader_workers: int = 2, doc: str = "hot"
+) -> Shape:
     """Scenario (a): one document, ``writers`` typing at ``rate`` updates/s in
     all, ``readers`` receiving everything (writers in a process of their own)."""
     per_writer = max(1, int(rate * duration / writers))
     clients = _client_ids(writers)
-    writer_conns = [ConnSpec(doc, client=c, updates=per_writer, rate=per_writer / duration,
-                             expect=per_writer * (writers - 1), measured=False, phase=i / writers)
-                    for i, c in enumerate(clients)]
+    writer_conns = [
+        ConnSpec(
+            doc,
+            client=c,
+            updates=per_writer,
+            rate=per_writer / duration,
+            expect=per_writer * (writers - 1),
+            measured=False,
+            phase=i / writers,
+        )
+        for i, c in enumerate(clients)
+    ]
     total = per_writer * writers
     reader_conns = [ConnSpec(doc, expect=total) for _ in range(readers)]
     groups = [reader_conns[i::reader_workers] for i in range(reader_workers)]
@@ -79,8 +90,15 @@ def many_documents(rate: float, duration: float, docs: int = 1000, workers: int 
     for d in range(docs):
         for k in range(2):
             groups[(2 * d + k) % workers].append(
-                ConnSpec(f"doc-{d}", client=clients[2 * d + k], updates=per_client, rate=per_client / duration,
-                         expect=per_client, phase=phases()))
+                ConnSpec(
+                    f"doc-{d}",
+                    client=clients[2 * d + k],
+                    updates=per_client,
+                    rate=per_client / duration,
+                    expect=per_client,
+                    phase=phases(),
+                )
+            )
     return Shape("many documents", groups, per_client * 2 * docs / duration)
 
 
@@ -147,8 +165,16 @@ class Generator:
         self.processes = []
         for conns in shape.workers:
             parent, child = context.Pipe()
-            spec = WorkerSpec(target.protocol, target.host, target.port, conns, target.parallel_connects, drain,
-                              shape.deflate, shape.sending)
+            spec = WorkerSpec(
+                target.protocol,
+                target.host,
+                target.port,
+                conns,
+                target.parallel_connects,
+                drain,
+                shape.deflate,
+                shape.sending,
+            )
             process = context.Process(target=worker_main, args=(child, spec), daemon=True)
             process.start()
             self.pipes.append(parent)
@@ -219,14 +245,36 @@ def run(target: Target, shape: Shape, drain: float = 10.0) -> RunResult:
 def failed_run(target: Target, shape: Shape, reason: str) -> RunResult:
     """The row of a step the server failed (a connection refused or never answered)."""
     nan = float("nan")
-    return RunResult(target=target.name, shape=shape.name, rate=shape.rate, connections=shape.connections,
-                     updates=0, acked=None, acked_per_s=None, expected_deliveries=shape.expected_deliveries,
-                     deliveries=0, deliveries_per_s=0.0, offered_deliveries_per_s=shape.rate, p50_ms=nan,
-                     p99_ms=nan, max_ms=nan, complete=False, note=f"FAILED: {reason[:200]}; {target.note}")
+    return RunResult(
+        target=target.name,
+        shape=shape.name,
+        rate=shape.rate,
+        connections=shape.connections,
+        updates=0,
+        acked=None,
+        acked_per_s=None,
+        expected_deliveries=shape.expected_deliveries,
+        deliveries=0,
+        deliveries_per_s=0.0,
+        offered_deliveries_per_s=shape.rate,
+        p50_ms=nan,
+        p99_ms=nan,
+        max_ms=nan,
+        complete=False,
+        note=f"FAILED: {reason[:200]}; {target.note}",
+    )
 
 
-def summarize(target: Target, shape: Shape, start: float, results: list[WorkerResult],
-              cpu: dict[str, float], server_rss: int, rss_before: int, redis_growth: int) -> RunResult:
+def summarize(
+    target: Target,
+    shape: Shape,
+    start: float,
+    results: list[WorkerResult],
+    cpu: dict[str, float],
+    server_rss: int,
+    rss_before: int,
+    redis_growth: int,
+) -> RunResult:
     sent: dict[int, float] = {}
     arrived: dict[int, float] = {}
     for result in results:
@@ -245,16 +293,27 @@ def summarize(target: Target, shape: Shape, start: float, results: list[WorkerRe
     readers_per_update = expected / updates if updates else 0
     docs = len({c.doc for conns in shape.workers for c in conns})
     return RunResult(
-        target=target.name, shape=shape.name, rate=shape.rate, connections=shape.connections, updates=updates,
-        acked=acked, acked_per_s=(acked / max(1e-9, last_ack - start)) if acked else None,
-        expected_deliveries=expected, deliveries=deliveries, deliveries_per_s=deliveries / elapsed,
+        target=target.name,
+        shape=shape.name,
+        rate=shape.rate,
+        connections=shape.connections,
+        updates=updates,
+        acked=acked,
+        acked_per_s=(acked / max(1e-9, last_ack - start)) if acked else None,
+        expected_deliveries=expected,
+        deliveries=deliveries,
+        deliveries_per_s=deliveries / elapsed,
         offered_deliveries_per_s=shape.rate * readers_per_update,
-        p50_ms=metrics.percentile(latencies, 0.5) * 1000, p99_ms=metrics.percentile(latencies, 0.99) * 1000,
+        p50_ms=metrics.percentile(latencies, 0.5) * 1000,
+        p99_ms=metrics.percentile(latencies, 0.99) * 1000,
         max_ms=(latencies[-1] * 1000) if latencies else float("nan"),
         complete=all(r.complete for r in results) and deliveries >= expected,
-        cpu=cpu, cpu_per_1k=sum(cpu.values()) / max(1, updates) * 1000,
-        rss_per_connection=(server_rss - rss_before) / max(1, shape.connections), server_rss=server_rss,
+        cpu=cpu,
+        cpu_per_1k=sum(cpu.values()) / max(1, updates) * 1000,
+        rss_per_connection=(server_rss - rss_before) / max(1, shape.connections),
+        server_rss=server_rss,
         redis_memory_per_doc=(redis_growth / docs) if target.redis_url else None,
         generator_busy=max(r.cpu / max(1e-9, r.wall) for r in results),
-        errors=sum(r.errors for r in results), note=target.note,
+        errors=sum(r.errors for r in results),
+        note=target.note,
     )

@@ -38,17 +38,34 @@ def run_bench(config: BenchConfig, command: str, progress: Progress = print, wor
         work = work_dir or Path(tmp)
         for scenario in config.scenarios:
             if scenario == "hot":
-                report.ladders.append(scenarios.hot(config.targets, config.hot_rates, config.duration, work, progress,
-                                                    readers=config.readers, writers=config.writers,
-                                                    deflate=config.deflate))
+                report.ladders.append(
+                    scenarios.hot(
+                        config.targets,
+                        config.hot_rates,
+                        config.duration,
+                        work,
+                        progress,
+                        readers=config.readers,
+                        writers=config.writers,
+                        deflate=config.deflate,
+                    )
+                )
             elif scenario == "many":
-                report.ladders.append(scenarios.many(config.targets, config.many_rates, config.duration, work,
-                                                     progress, docs=config.docs, deflate=config.deflate))
+                report.ladders.append(
+                    scenarios.many(
+                        config.targets,
+                        config.many_rates,
+                        config.duration,
+                        work,
+                        progress,
+                        docs=config.docs,
+                        deflate=config.deflate,
+                    )
+                )
             elif scenario == "catchup":
                 report.catchup = scenarios.catchup(config.targets, config.entries, work, progress)
             elif scenario == "idle":
-                report.idle = scenarios.idle(config.targets, config.connections, work, progress,
-                                             deflate=config.deflate)
+                report.idle = scenarios.idle(config.targets, config.connections, work, progress, deflate=config.deflate)
             else:
                 raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
     return report

@@ -23,6 +23,7 @@ from typing import Any
 from yrelay import protocol
 from yrelay.app.appender import Appender
 from yrelay.store import DocumentStore, needs_or_nothing
+
 from . import ceilings, load, metrics
 from .drivers import _dumps, _loads
 from .edits import writer_edits
@@ -40,8 +41,16 @@ class LadderResult:
     ceilings: dict[str, float] = field(default_factory=dict)
 
 
-def ladder(scenario: str, targets: Iterable[str], rates: list[float], shape: Callable[[float], load.Shape],
-           work_dir: Path, progress: Progress, drain: float = 10.0, deflate: bool = True) -> LadderResult:
+def ladder(
+    scenario: str,
+    targets: Iterable[str],
+    rates: list[float],
+    shape: Callable[[float], load.Shape],
+    work_dir: Path,
+    progress: Progress,
+    drain: float = 10.0,
+    deflate: bool = True,
+) -> LadderResult:
     """Every target through ``rates`` (ascending), a fresh server per step,
     stopping after the first rate it does not keep up with. ``deflate``:
     clients offer permessage-deflate as Chromium does."""
@@ -57,24 +66,54 @@ def ladder(scenario: str, targets: Iterable[str], rates: list[float], shape: Cal
             finally:
                 target.stop()
             result.runs.append(run)
-            progress(f"{scenario}: {run.target} at {run.rate:,.0f} updates/s: {run.deliveries_per_s:,.0f} "
-                     f"deliveries/s, p99 {run.p99_ms:,.1f} ms" + ("" if run.sustained else " (fell behind)"))
+            progress(
+                f"{scenario}: {run.target} at {run.rate:,.0f} updates/s: {run.deliveries_per_s:,.0f} "
+                f"deliveries/s, p99 {run.p99_ms:,.1f} ms" + ("" if run.sustained else " (fell behind)")
+            )
             if not run.sustained:
                 break
     return result
 
 
-def hot(targets: Iterable[str], rates: list[float], duration: float, work_dir: Path, progress: Progress,
-        readers: int = 50, writers: int = 2, deflate: bool = True) -> LadderResult:
-    return ladder("hot", targets, rates,
-                  lambda rate: load.hot_document(rate, duration, writers=writers, readers=readers), work_dir,
-                  progress, deflate=deflate)
+def hot(
+    targets: Iterable[str],
+    rates: list[float],
+    duration: float,
+    work_dir: Path,
+    progress: Progress,
+    readers: int = 50,
+    writers: int = 2,
+    deflate: bool = True,
+) -> LadderResult:
+    return ladder(
+        "hot",
+        targets,
+        rates,
+        lambda rate: load.hot_document(rate, duration, writers=writers, readers=readers),
+        work_dir,
+        progress,
+        deflate=deflate,
+    )
 
 
-def many(targets: Iterable[str], rates: list[float], duration: float, work_dir: Path, progress: Progress,
-         docs: int = 1000, deflate: bool = True) -> LadderResult:
-    result = ladder("many", targets, rates, lambda rate: load.many_documents(rate, duration, docs=docs), work_dir,
-                    progress, deflate=deflate)
+def many(
+    targets: Iterable[str],
+    rates: list[float],
+    duration: float,
+    work_dir: Path,
+    progress: Progress,
+    docs: int = 1000,
+    deflate: bool = True,
+) -> LadderResult:
+    result = ladder(
+        "many",
+        targets,
+        rates,
+        lambda rate: load.many_documents(rate, duration, docs=docs),
+        work_dir,
+        progress,
+        deflate=deflate,
+    )
     result.ceilings["pipelined XADD"] = ceilings.xadd_ceiling(streams=docs)
     progress(f"many: pipelined XADD ceiling {result.ceilings['pipelined XADD']:,.0f}/s")
     return result
@@ -97,8 +136,9 @@ class IdleResult:
         return (self.rss_after - self.rss_before) / max(1, self.connections)
 
 
-def idle(targets: Iterable[str], connections: int, work_dir: Path, progress: Progress,
-         docs: int = 100, deflate: bool = True) -> list[IdleResult]:
+def idle(
+    targets: Iterable[str], connections: int, work_dir: Path, progress: Progress, docs: int = 100, deflate: bool = True
+) -> list[IdleResult]:
     results = []
     for key in targets:
         target = make_target(key, work_dir)
@@ -153,7 +193,8 @@ class _Peer:
     async def open(self, host: str, port: int, session: str | None = None) -> str:
         self.ws = await WsClient.connect(host, port, "/ws", lambda _, data: self.frames.put_nowait(_loads(data)))
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "session": session})
-        return (await self.expect("welcome"))["session"]
+        welcome = await self.expect("welcome")
+        return str(welcome["session"])
 
     def send(self, frame: dict[str, Any]) -> None:
         assert self.ws is not None
@@ -178,8 +219,12 @@ async def _append_all(redis_url: str, doc: str, updates: list[bytes]) -> None:
     appender.start()
     try:
         for offset in range(0, len(updates), 5000):
-            await asyncio.gather(*(appender.submit(doc, "bench-writer", offset + i + 1, update, needs_or_nothing(update))
-                                   for i, update in enumerate(updates[offset:offset + 5000])))
+            await asyncio.gather(
+                *(
+                    appender.submit(doc, "bench-writer", offset + i + 1, update, needs_or_nothing(update))
+                    for i, update in enumerate(updates[offset : offset + 5000])
+                )
+            )
     finally:
         await appender.stop()
         await redis.aclose()
@@ -218,8 +263,18 @@ async def _catchup(target: YrelayTarget, entries: int, progress: Progress) -> li
         peer.send({"op": "ack", "doc": doc, "offset": frame["entries"][-1]["id"]})
     seconds = time.perf_counter() - started
     note = f"the reading client's CPU: {time.process_time() - client_cpu:.2f} s"
-    results.append(CatchupResult(target.name, "catch-up from the stream (resume at the held offset)", received,
-                                 seconds, metrics.peak_rss(pid) - before, before, frames, note))
+    results.append(
+        CatchupResult(
+            target.name,
+            "catch-up from the stream (resume at the held offset)",
+            received,
+            seconds,
+            metrics.peak_rss(pid) - before,
+            before,
+            frames,
+            note,
+        )
+    )
     progress(f"catchup: {target.name}: stream catch-up {seconds:.2f} s")
     peer.ws.close()  # type: ignore[union-attr]
     await asyncio.sleep(1.0)
@@ -243,8 +298,18 @@ async def _catchup(target: YrelayTarget, entries: int, progress: Progress) -> li
         if frame["part"] == frame["parts"] - 1:
             break
     seconds = time.perf_counter() - started
-    results.append(CatchupResult(target.name, "full state resync (sync with an empty state vector)", entries,
-                                 seconds, metrics.peak_rss(pid) - before, before, frames, f"{size:,} bytes of state"))
+    results.append(
+        CatchupResult(
+            target.name,
+            "full state resync (sync with an empty state vector)",
+            entries,
+            seconds,
+            metrics.peak_rss(pid) - before,
+            before,
+            frames,
+            f"{size:,} bytes of state",
+        )
+    )
     progress(f"catchup: {target.name}: full state resync {seconds:.2f} s")
     peer.ws.close()  # type: ignore[union-attr]
     return results

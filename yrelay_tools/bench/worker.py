@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 from .drivers import DRIVERS, Driver, Receipts
 from .edits import update_key, writer_edits
@@ -84,7 +86,7 @@ class Worker:
         self.keys: list[list[int]] = []
 
     def prepare(self) -> None:
-        for conn, driver in zip(self.spec.conns, self.drivers):
+        for conn, driver in zip(self.spec.conns, self.drivers, strict=True):
             updates = writer_edits(conn.client, conn.updates) if conn.client is not None and conn.updates else []
             self.keys.append([update_key(u) for u in updates])  # type: ignore[misc]
             self.messages.append([driver.encode_update(clock + 1, u) for clock, u in enumerate(updates)])
@@ -112,14 +114,18 @@ class Worker:
                 break
             try:
                 await asyncio.wait_for(driver.complete.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 result.complete = False
-        while self._unacked() and time.perf_counter() < deadline:
+        # Acks are counted by each driver's reader: no event to await for "all of them"; a bounded poll.
+        while self._unacked() and time.perf_counter() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         sampler.cancel()
         # Busy while there was work: from the start to the last thing that arrived.
-        end = max(self.receipts.last, max((d.last_ack for d in self.drivers), default=0.0),
-                  max(result.sent.values(), default=start))
+        end = max(
+            self.receipts.last,
+            max((d.last_ack for d in self.drivers), default=0.0),
+            max(result.sent.values(), default=start),
+        )
         active = [(t, cpu) for t, cpu in samples if t <= end + SAMPLE] or samples[:2]
         result.wall = max(1e-9, active[-1][0] - samples[0][0]) if len(active) > 1 else 1e-9
         result.cpu = active[-1][1] - samples[0][1] if len(active) > 1 else 0.0
@@ -134,15 +140,19 @@ class Worker:
     def _unacked(self) -> bool:
         if self.spec.protocol != "yrelay":
             return False  # at-most-once servers acknowledge nothing
-        return any(driver.acked < len(messages) for driver, messages in zip(self.drivers, self.messages))
+        return any(driver.acked < len(messages) for driver, messages in zip(self.drivers, self.messages, strict=True))
 
     async def _write(self, start: float, result: WorkerResult) -> None:
-        writers = [(driver, conn.rate, conn.phase, messages, keys)
-                   for driver, conn, messages, keys in zip(self.drivers, self.spec.conns, self.messages, self.keys)
-                   if messages]
+        writers = [
+            (driver, conn.rate, conn.phase, messages, keys)
+            for driver, conn, messages, keys in zip(
+                self.drivers, self.spec.conns, self.messages, self.keys, strict=True
+            )
+            if messages
+        ]
         positions = [0] * len(writers)
         sent = result.sent
-        while writers and any(pos < len(w[3]) for pos, w in zip(positions, writers)):
+        while writers and any(pos < len(w[3]) for pos, w in zip(positions, writers, strict=True)):
             now = time.perf_counter()
             for index, (driver, rate, phase, messages, keys) in enumerate(writers):
                 due = min(len(messages), int((now - start) * rate + 1 - phase))
@@ -167,6 +177,7 @@ async def _sample_cpu(samples: list[tuple[float, float]]) -> None:
 
 def main(pipe: Connection, spec: WorkerSpec) -> None:
     """Entry point of a worker process."""
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
 

@@ -77,14 +77,27 @@ class WsClient(asyncio.Protocol):
     # ---------------------------------------------------------------- opening
 
     @classmethod
-    async def connect(cls, host: str, port: int, path: str, on_message: OnMessage,
-                      subprotocols: list[str] | None = None, timeout: float = 30.0,
-                      deflate: bool = False) -> "WsClient":
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        path: str,
+        on_message: OnMessage,
+        subprotocols: list[str] | None = None,
+        timeout: float = 30.0,
+        deflate: bool = False,
+    ) -> WsClient:
         loop = asyncio.get_running_loop()
         _, client = await asyncio.wait_for(loop.create_connection(lambda: cls(on_message), host, port), timeout)
         key = base64.b64encode(os.urandom(16)).decode()
-        lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
-                 f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
+        lines = [
+            f"GET {path} HTTP/1.1",
+            f"Host: {host}:{port}",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Key: {key}",
+            "Sec-WebSocket-Version: 13",
+        ]
         if subprotocols:
             lines.append(f"Sec-WebSocket-Protocol: {', '.join(subprotocols)}")
         if deflate:

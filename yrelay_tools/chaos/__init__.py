@@ -8,4 +8,3 @@ replica), ``workload`` / ``clients`` (a client process and the harness's
 handle on it), ``nemesis`` (the schedule and the faults), ``checker``,
 ``report``, ``run`` (one run, start to finish: ``run_chaos``).
 """
-

@@ -34,6 +34,7 @@ from yrelay.keys import meta_key, stream_key
 from yrelay.redis_client import YrelayCluster
 from yrelay.replies import text
 from yrelay.store import DocumentStore, Entry, HistoryTrimmed, Snapshot
+
 from ..testing.checker import DeliveryViolation, absent_ranges, check_delivery, decode_updates, missing_from_state
 from .clients import AckRecord
 
@@ -128,8 +129,11 @@ def not_stored(stored: list[bytes], updates: Mapping[UpdateKey, bytes]) -> set[U
     stored: this measures what Redis lost, not what it can apply yet."""
     whole = update_format.union(part for part in decode_updates(stored) if part is not None)
     keys = list(updates)
-    return {keys[index] for index, part in enumerate(decode_updates(updates.values()))
-            if part is None or not update_format.covers(whole, part)}
+    return {
+        keys[index]
+        for index, part in enumerate(decode_updates(updates.values()))
+        if part is None or not update_format.covers(whole, part)
+    }
 
 
 @dataclass
@@ -240,9 +244,11 @@ def check_run(
             for key in missing_keys(state, updates):
                 absent[key].append(name)
         lost |= set(absent)
-        problems += [f"{doc}: acked update {key[1][:12]} missing: "
-                     + "; ".join(f"{name} lacks {_ranges(states[name], updates[key])}" for name in names[:3])
-                     for key, names in list(absent.items())[:3]]
+        problems += [
+            f"{doc}: acked update {key[1][:12]} missing: "
+            + "; ".join(f"{name} lacks {_ranges(states[name], updates[key])}" for name in names[:3])
+            for key, names in list(absent.items())[:3]
+        ]
         try:
             report = check_delivery(holders, updates.values())
             figures.content_length[doc] = len(report.content)
@@ -264,8 +270,9 @@ def _ranges(state: bytes, update: bytes) -> str:
         absent = absent_ranges(state, update_format.decode(update))
     except update_format.MalformedUpdate:
         return "it (undecodable)"
-    return ", ".join(f"client {client} clocks {start}-{end - 1}" for client, spans in absent.items()
-                     for start, end in spans[:2])
+    return ", ".join(
+        f"client {client} clocks {start}-{end - 1}" for client, spans in absent.items() for start, end in spans[:2]
+    )
 
 
 def server_event_counts(root: Path) -> Counter[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from yrelay.redis_server import _die_with_parent
+
 from ..testing.processes import terminate
 from .proxy import FaultProxy
 from .workload import WorkloadConfig
@@ -49,7 +50,9 @@ class ClientProcess:
         log = (self.dir / "client.log").open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "yrelay_tools.chaos.workload", str(config_path)],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
         )
 
     @property
@@ -71,16 +74,18 @@ class ClientProcess:
 
     def status(self) -> dict[str, Any] | None:
         try:
-            return json.loads((self.dir / "status.json").read_text())
+            status: dict[str, Any] = json.loads((self.dir / "status.json").read_text())
+            return status
         except (FileNotFoundError, ValueError):
             return None
 
     def final(self) -> dict[str, Any]:
-        return json.loads((self.dir / "final.json").read_text())
+        final: dict[str, Any] = json.loads((self.dir / "final.json").read_text())
+        return final
 
     def acked(self) -> list[AckRecord]:
         """Every ack of every incarnation (a torn last line of a killed one is skipped)."""
-        records = []
+        records: list[AckRecord] = []
         path = self.dir / "acked.jsonl"
         if not path.exists():
             return records
@@ -89,6 +94,15 @@ class ClientProcess:
                 raw = json.loads(line)
             except ValueError:
                 continue
-            records.append(AckRecord(self.name, raw["doc"], raw["session"], raw["clock"], raw["id"],
-                                     raw["duplicate"], base64.b64decode(raw["update"])))
+            records.append(
+                AckRecord(
+                    self.name,
+                    raw["doc"],
+                    raw["session"],
+                    raw["clock"],
+                    raw["id"],
+                    raw["duplicate"],
+                    base64.b64decode(raw["update"]),
+                )
+            )
         return records

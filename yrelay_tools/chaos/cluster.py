@@ -17,6 +17,7 @@ from pathlib import Path
 import redis as redis_sync
 
 from yrelay.redis_server import RedisProcess
+
 from ..testing.processes import ServerProcess
 
 log = logging.getLogger(__name__)

@@ -70,13 +70,13 @@ class FaultProxy:
     @property
     def port(self) -> int:
         assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        return int(self._server.sockets[0].getsockname()[1])
 
     @property
     def ws_url(self) -> str:
         return f"ws://{HOST}:{self.port}/ws"
 
-    async def start(self) -> "FaultProxy":
+    async def start(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._accept, HOST, 0)
         return self
 
@@ -150,7 +150,7 @@ class FaultProxy:
             port = ports[(self._turn + index) % len(ports)]
             try:
                 connection = await asyncio.wait_for(asyncio.open_connection(HOST, port), 2.0)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 continue
             self._turn += index + 1
             return connection
@@ -178,7 +178,9 @@ class FaultProxy:
                     if other is not asyncio.current_task():
                         other.cancel()
 
-    async def _deliver(self, link: _Link, queue: asyncio.Queue[tuple[float, bytes]], target: asyncio.StreamWriter) -> None:
+    async def _deliver(
+        self, link: _Link, queue: asyncio.Queue[tuple[float, bytes]], target: asyncio.StreamWriter
+    ) -> None:
         while True:
             due, data = await queue.get()
             try:

@@ -44,8 +44,12 @@ class RunReport:
             return self.violation
         if not self.converged:
             return "the replicas did not converge after the faults stopped"
-        counts = {"acked updates lost": delivery.lost, "stuck entries": delivery.stuck,
-                  "documents GC cannot fold": delivery.blocked, "entries left unfolded": delivery.unfolded}
+        counts = {
+            "acked updates lost": delivery.lost,
+            "stuck entries": delivery.stuck,
+            "documents GC cannot fold": delivery.blocked,
+            "entries left unfolded": delivery.unfolded,
+        }
         wrong = [f"{name}: {count}" for name, count in counts.items() if count]
         return "; ".join(wrong) or None
 
@@ -65,9 +69,15 @@ class RunReport:
     def to_json(self) -> str:
         data = asdict(self)
         data["injected"] = [
-            {"fault": record.action.fault.value, "at": record.action.at, "started": round(record.started, 3),
-             "ended": round(record.ended, 3), "seconds": record.action.seconds, "value": record.action.value,
-             "detail": record.detail}
+            {
+                "fault": record.action.fault.value,
+                "at": record.action.at,
+                "started": round(record.started, 3),
+                "ended": round(record.ended, 3),
+                "seconds": record.action.seconds,
+                "value": record.action.value,
+                "detail": record.detail,
+            }
             for record in self.injected
         ]
         data["faults"] = self.faults_by_kind()
@@ -78,13 +88,15 @@ class RunReport:
         """The row of the per-fault table in docs/reliability.md."""
         delivery, clients, server = self.delivery, self.clients, self.server
         return {
-            "faults injected": ", ".join(f"{kind} {count}" for kind, count in sorted(self.faults_by_kind().items())) or "none",
+            "faults injected": ", ".join(f"{kind} {count}" for kind, count in sorted(self.faults_by_kind().items()))
+            or "none",
             "acked updates": delivery.acked_updates,
             "lost acked updates": delivery.lost,
             "stuck entries (stored, never applicable in full)": delivery.stuck,
-            "streams folded into their snapshot after the last GC pass":
+            "streams folded into their snapshot after the last GC pass": (
                 f"{delivery.folded_streams} of {self.config.get('docs', '?')}"
-                f" ({delivery.unfolded} entries left, {delivery.blocked} blocked)",
+                f" ({delivery.unfolded} entries left, {delivery.blocked} blocked)"
+            ),
             "lost by Redis / recovered from clients": f"{delivery.lost_from_redis} / {delivery.recovered}",
             "duplicates appended to streams": delivery.stream_duplicates,
             "resends answered from the dedup (duplicate: true)": server.get("append:duplicate", 0),
@@ -93,14 +105,17 @@ class RunReport:
             "resyncs (client)": clients.get("resyncs", 0),
             "resyncs by reason (server)": ", ".join(
                 f"{key.split(':', 1)[1]} {value}" for key, value in sorted(server.items()) if key.startswith("resync:")
-            ) or "none",
+            )
+            or "none",
             "drift repairs (client)": clients.get("drift_repairs", 0),
             "evictions": server.get("evict", 0),
             "clients without persistence": self.config.get("ephemeral_clients", 0),
-            "client crashes (of clients without persistence)":
-                f"{clients.get('crashes', 0)} ({clients.get('ephemeral_crashes', 0)})",
-            "refused: unavailable / missing_dependency (client)":
-                f"{clients.get('error:unavailable', 0)} / {clients.get('error:missing_dependency', 0)}",
+            "client crashes (of clients without persistence)": (
+                f"{clients.get('crashes', 0)} ({clients.get('ephemeral_crashes', 0)})"
+            ),
+            "refused: unavailable / missing_dependency (client)": (
+                f"{clients.get('error:unavailable', 0)} / {clients.get('error:missing_dependency', 0)}"
+            ),
             "converged": "yes" if self.converged else "NO",
             "time to converge after the last fault": _seconds(self.converge_after_last_fault),
             "time to converge after the last edit": _seconds(self.converge_after_edits),

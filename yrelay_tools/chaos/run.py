@@ -26,18 +26,29 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
 from yrelay import crdt
 from yrelay.gc import Collector, collect_documents
+
 from ..testing.checker import DeliveryViolation
-from .checker import (DeliveryFigures, StreamState, UpdateKey, acked_updates, check_run, connect, not_stored,
-                      server_documents, server_event_counts, stored_updates, stream_states)
+from .checker import (
+    DeliveryFigures,
+    StreamState,
+    UpdateKey,
+    acked_updates,
+    check_run,
+    connect,
+    not_stored,
+    server_documents,
+    server_event_counts,
+    stored_updates,
+    stream_states,
+)
 from .clients import ClientProcess
 from .cluster import Cluster, ClusterConfig
-from .sharded import ShardedCluster
 from .nemesis import Fault, Nemesis, all_faults, schedule
 from .proxy import FaultProxy
 from .report import RunReport
+from .sharded import ShardedCluster
 from .workload import WorkloadConfig, write_atomically
 
 log = logging.getLogger(__name__)
@@ -101,12 +112,30 @@ class ChaosConfig:
 
     def command(self) -> str:
         """The ``yrelay chaos`` command line that reproduces this run."""
-        parts = ["yrelay", "chaos", "--seed", str(self.seed), "--duration", f"{self.duration:g}",
-                 "--clients", str(self.clients), "--ephemeral-clients", str(self.ephemeral_clients),
-                 "--docs", str(self.docs), "--servers", str(self.servers),
-                 "--faults", "all" if set(self.faults or ()) == set(all_faults(self.cluster))
-                 else ",".join(fault.value for fault in self.faults or ()),
-                 "--mean-gap", f"{self.mean_gap:g}", "--edit-interval", f"{self.edit_interval:g}"]
+        parts = [
+            "yrelay",
+            "chaos",
+            "--seed",
+            str(self.seed),
+            "--duration",
+            f"{self.duration:g}",
+            "--clients",
+            str(self.clients),
+            "--ephemeral-clients",
+            str(self.ephemeral_clients),
+            "--docs",
+            str(self.docs),
+            "--servers",
+            str(self.servers),
+            "--faults",
+            "all"
+            if set(self.faults or ()) == set(all_faults(self.cluster))
+            else ",".join(fault.value for fault in self.faults or ()),
+            "--mean-gap",
+            f"{self.mean_gap:g}",
+            "--edit-interval",
+            f"{self.edit_interval:g}",
+        ]
         if self.cluster:
             parts += ["--cluster", "--ack-replicas", str(self.ack_replicas)]
         else:
@@ -120,8 +149,13 @@ class ChaosRun:
         self.root = root
         if Fault.FAILOVER in (config.faults or ()) and not config.replica:
             raise ValueError("the failover fault needs a replica")
-        processes = ClusterConfig(servers=config.servers, fsync=config.fsync, replica=config.replica,
-                                  server_env=config.server_env, server_module=config.server_module)
+        processes = ClusterConfig(
+            servers=config.servers,
+            fsync=config.fsync,
+            replica=config.replica,
+            server_env=config.server_env,
+            server_module=config.server_module,
+        )
         self.cluster = ShardedCluster(root, processes) if config.cluster else Cluster(root, processes)
         self.docs = [f"doc-{index}" for index in range(config.docs)]
         self.clients: list[ClientProcess] = []
@@ -136,8 +170,9 @@ class ChaosRun:
             await self._start_clients()
             t0 = time.monotonic()
             write_atomically(self.root / "window.json", {"until": time.time() + self.config.duration})
-            actions = schedule(self.config.seed, self.config.duration, list(self.config.faults or ()),
-                               self.config.mean_gap)
+            actions = schedule(
+                self.config.seed, self.config.duration, list(self.config.faults or ()), self.config.mean_gap
+            )
             await self.nemesis.run(actions, t0)
             await asyncio.sleep(max(0.0, t0 + self.config.duration - time.monotonic()))
             converged_at = await self._settle(t0)
@@ -155,9 +190,16 @@ class ChaosRun:
         for index in range(self.config.clients):
             name = f"client-{index}"
             proxy = await FaultProxy(self.cluster.server_ports, name).start()
-            config = WorkloadConfig(name, proxy.ws_url, self.docs, str(self.root / "clients" / name),
-                                    self.config.seed, str(self.root / "window.json"), self.config.edit_interval,
-                                    persist=self.config.persists(index))
+            config = WorkloadConfig(
+                name,
+                proxy.ws_url,
+                self.docs,
+                str(self.root / "clients" / name),
+                self.config.seed,
+                str(self.root / "window.json"),
+                self.config.edit_interval,
+                persist=self.config.persists(index),
+            )
             client = ClientProcess(config, proxy)
             client.start()
             self.proxies.append(proxy)
@@ -183,8 +225,12 @@ class ChaosRun:
         now = await asyncio.to_thread(missing)
         new = now - self.lost_from_redis
         self.lost_from_redis |= now
-        log.info("%s: %d acked updates missing from Redis (%d lost earlier, not given back yet)", label, len(new),
-                 len(now) - len(new))
+        log.info(
+            "%s: %d acked updates missing from Redis (%d lost earlier, not given back yet)",
+            label,
+            len(new),
+            len(now) - len(new),
+        )
         return len(new)
 
     async def _settle(self, t0: float) -> float | None:
@@ -210,12 +256,14 @@ class ChaosRun:
         statuses = [client.status() or {} for client in self.clients]
         try:
             server = await server_documents(self.cluster.redis_url, self.docs, self.cluster.is_cluster)
-        except Exception as exc:  # Redis coming back: not settled yet
+        except Exception as exc:  # noqa: BLE001 - any failure to read them (Redis coming back) is 'not settled yet': _settle retries until its deadline
             return repr(exc), False
         server_sha = {doc: hashlib.sha256(crdt.text_of(ydoc).encode()).hexdigest() for doc, ydoc in server.items()}
         seen = (server_sha, [(s.get("pending"), s.get("connected"), s.get("docs")) for s in statuses])
         converged = all(
-            status.get("connected") and status.get("pending") == 0 and not status.get("editing")
+            status.get("connected")
+            and status.get("pending") == 0
+            and not status.get("editing")
             and all((status.get("docs") or {}).get(doc, {}).get("sha") == sha for doc, sha in server_sha.items())
             for status in statuses
         )
@@ -238,8 +286,9 @@ class ChaosRun:
         log.info("after the last GC pass: %s", [(s.doc, s.length, s.blocked_at, len(s.stuck)) for s in streams])
         return streams
 
-    async def _check(self, started: float, converged_at: float | None, before_gc: dict[str, crdt.Doc],
-                     streams: list[StreamState]) -> RunReport:
+    async def _check(
+        self, started: float, converged_at: float | None, before_gc: dict[str, crdt.Doc], streams: list[StreamState]
+    ) -> RunReport:
         for client in self.clients:
             await asyncio.to_thread(client.finish)
         replicas: dict[str, dict[str, crdt.Doc]] = {}
@@ -257,7 +306,9 @@ class ChaosRun:
             counters["crashes"] += client.crashes
             counters["ephemeral_crashes"] += 0 if client.config.persist else client.crashes
         replicas["server"] = before_gc
-        replicas["server after a last GC"] = await server_documents(self.cluster.redis_url, self.docs, self.cluster.is_cluster)
+        replicas["server after a last GC"] = await server_documents(
+            self.cluster.redis_url, self.docs, self.cluster.is_cluster
+        )
         records = [record for client in self.clients for record in client.acked()]
         violation = None
         try:
@@ -294,7 +345,7 @@ def _load(state_b64: str) -> crdt.Doc:
 
 async def run_chaos(config: ChaosConfig, root: Path) -> RunReport:
     """Run once under ``root`` (logs, data, report.json / report.md stay there)."""
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - before the run starts anything in this loop
     handler = logging.FileHandler(root / "harness.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("yrelay")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from redis.cluster import key_slot
+from redis.crc import key_slot
 
 from ..testing.processes import ServerProcess
 from ..testing.redis_cluster import LocalCluster
@@ -53,8 +53,12 @@ class ShardedCluster:
         self.redis.start()
         env = {"YRELAY_REDIS_CLUSTER": "1", **self.config.server_env}
         self.servers = [
-            ServerProcess(self.redis_url, self.root / "servers", module=self.config.server_module,
-                          env={"YRELAY_DATA_DIR": str(self.root / "servers" / f"server-{index}"), **env})
+            ServerProcess(
+                self.redis_url,
+                self.root / "servers",
+                module=self.config.server_module,
+                env={"YRELAY_DATA_DIR": str(self.root / "servers" / f"server-{index}"), **env},
+            )
             for index in range(self.config.servers)
         ]
         for server in self.servers:

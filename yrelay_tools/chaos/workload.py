@@ -65,7 +65,7 @@ class WorkloadConfig:
         path.write_text(json.dumps(asdict(self)))
 
     @classmethod
-    def load(cls, path: Path) -> "WorkloadConfig":
+    def load(cls, path: Path) -> WorkloadConfig:
         return cls(**json.loads(path.read_text()))
 
 
@@ -83,8 +83,13 @@ class Workload:
         self.rng = random.Random(f"{config.seed}-{config.name}-{self.incarnation}")
         self.base_counters = self._previous_counters()
         state_file = ClientStateFile(self.dir / "state.json") if config.persist else None
-        self.client = YrelayClient(config.url, backoff=CHAOS_BACKOFF, subscription_check_interval=10.0,
-                                   state_file=state_file, on_event=self._on_event)
+        self.client = YrelayClient(
+            config.url,
+            backoff=CHAOS_BACKOFF,
+            subscription_check_interval=10.0,
+            state_file=state_file,
+            on_event=self._on_event,
+        )
         self.acked_log = open(self.dir / "acked.jsonl", "a", buffering=1)
         self.edits = 0
         self.last_token: str | None = None
@@ -107,15 +112,22 @@ class Workload:
             self._write_status(self._ready())  # the nemesis waits for this (redis-kill-client-crash)
         if name == "appended":
             acked = self.client.acked[-1]
-            line = {"doc": acked.doc, "clock": acked.clock, "id": acked.id, "session": self.client.session,
-                    "duplicate": data.get("duplicate", False), "update": base64.b64encode(acked.update).decode()}
+            line = {
+                "doc": acked.doc,
+                "clock": acked.clock,
+                "id": acked.id,
+                "session": self.client.session,
+                "duplicate": data.get("duplicate", False),
+                "update": base64.b64encode(acked.update).decode(),
+            }
             self.acked_log.write(json.dumps(line) + "\n")
         elif name == "connected":
             self.reconnects += 1
 
     def _earlier_unacked(self, frame: dict[str, Any]) -> bool:
-        return any(item.doc == frame.get("doc") and item.clock < frame.get("clock", -1)
-                   for item in self.client.buffer.all())
+        return any(
+            item.doc == frame.get("doc") and item.clock < frame.get("clock", -1) for item in self.client.buffer.all()
+        )
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -138,14 +150,15 @@ class Workload:
             try:
                 await self.client.subscribe(name, timeout=5)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue  # a fault got in the way; the subscription is retried on reconnect
 
     async def _edit_loop(self) -> None:
         window = Path(self.config.window_file)
-        while not window.exists():
+        # The harness (another process) writes the file: nothing here to await; a stat and a read of a few bytes.
+        while not window.exists():  # noqa: ASYNC110, ASYNC240
             await asyncio.sleep(0.05)
-        self.edit_until = float(json.loads(window.read_text())["until"])
+        self.edit_until = float(json.loads(window.read_text())["until"])  # noqa: ASYNC240
         while time.time() < self.edit_until:
             await asyncio.sleep(self.rng.expovariate(1 / self.config.edit_interval))
             if time.time() >= self.edit_until:
@@ -162,6 +175,7 @@ class Workload:
         last = text.find(self.last_token) if self.last_token else -1
         draw = self.rng.random()
         if last >= 0 and draw < 0.1:
+            assert self.last_token is not None  # found in the text above
             end = last + len(self.last_token)
             crdt.delete_text(ydoc, end - 3, 3)
             self.last_token = None
@@ -198,21 +212,38 @@ class Workload:
 
     def _write_status(self, ready: bool) -> None:
         docs = {
-            name: {"sha": hashlib.sha256(doc.text.encode()).hexdigest(), "length": len(doc.text), "offset": doc.offset,
-                   "synced": doc.synced.is_set()}
+            name: {
+                "sha": hashlib.sha256(doc.text.encode()).hexdigest(),
+                "length": len(doc.text),
+                "offset": doc.offset,
+                "synced": doc.synced.is_set(),
+            }
             for name, doc in self.client.docs.items()
         }
-        write_atomically(self.dir / "status.json", {
-            "incarnation": self.incarnation, "pid": os.getpid(), "ready": ready,
-            "connected": self.client.connected.is_set(), "pending": self.client.pending,
-            "session": self.client.session, "editing": self.edit_until is None or time.time() < self.edit_until,
-            "docs": docs, "counters": self.counters(), "written": time.time(),
-        })
+        write_atomically(
+            self.dir / "status.json",
+            {
+                "incarnation": self.incarnation,
+                "pid": os.getpid(),
+                "ready": ready,
+                "connected": self.client.connected.is_set(),
+                "pending": self.client.pending,
+                "session": self.client.session,
+                "editing": self.edit_until is None or time.time() < self.edit_until,
+                "docs": docs,
+                "counters": self.counters(),
+                "written": time.time(),
+            },
+        )
 
     def _write_final(self) -> None:
-        states = {name: base64.b64encode(crdt.encode_state(doc.ydoc)).decode() for name, doc in self.client.docs.items()}
+        states = {
+            name: base64.b64encode(crdt.encode_state(doc.ydoc)).decode() for name, doc in self.client.docs.items()
+        }
         self._write_status(ready=True)
-        write_atomically(self.dir / "final.json", {"docs": states, "counters": self.counters(), "pending": self.client.pending})
+        write_atomically(
+            self.dir / "final.json", {"docs": states, "counters": self.counters(), "pending": self.client.pending}
+        )
 
 
 def main() -> None:

@@ -81,15 +81,26 @@ class HandshakeRefused(OSError):
         self.status = status
 
 
-def open_websocket(host: str, port: int, path: str, protocols: Iterable[str] = (), timeout: float = 10.0,
-                   ) -> tuple[socket.socket, bytes]:
+def open_websocket(
+    host: str,
+    port: int,
+    path: str,
+    protocols: Iterable[str] = (),
+    timeout: float = 10.0,
+) -> tuple[socket.socket, bytes]:
     """A websocket upgrade on a plain blocking socket: the socket (no
     timeout) and whatever bytes came after the 101 response's head."""
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
         key = base64.b64encode(os.urandom(16)).decode()
-        lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
-                 f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
+        lines = [
+            f"GET {path} HTTP/1.1",
+            f"Host: {host}:{port}",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Key: {key}",
+            "Sec-WebSocket-Version: 13",
+        ]
         offered = list(protocols)
         if offered:
             lines.append("Sec-WebSocket-Protocol: " + ", ".join(offered))
@@ -180,7 +191,7 @@ class FrameStream:
             if self._collect is not None:
                 opcode, length = self._collect
                 take = min(length - len(self._payload), n - i)
-                self._payload += data[i:i + take]
+                self._payload += data[i : i + take]
                 i += take
                 if len(self._payload) == length:
                     self._collect = None
@@ -188,7 +199,7 @@ class FrameStream:
                     self._frame(opcode, length, payload)
                 continue
             take = min(14 - len(self._head), n - i)
-            self._head += data[i:i + take]
+            self._head += data[i : i + take]
             i += take
             parsed = self._parse_head()
             if parsed is None:
@@ -314,7 +325,7 @@ def _read_until(sock: socket.socket, stream: FrameStream, done: Callable[[], boo
         sock.settimeout(remaining)
         try:
             data = sock.recv(65536)
-        except (socket.timeout, OSError):
+        except (TimeoutError, OSError):
             return False
         finally:
             with contextlib.suppress(OSError):
@@ -343,20 +354,39 @@ class FloodTotals:
     def add(self, stream: FrameStream, ended: str) -> None:
         self.bytes_received += stream.bytes
         for opcode, count in stream.frames.items():
-            self.frames_received[{1: "text", 2: "binary", 8: "close", 9: "ping", 10: "pong"}.get(opcode, str(opcode))] += count
+            self.frames_received[
+                {1: "text", 2: "binary", 8: "close", 9: "ping", 10: "pong"}.get(opcode, str(opcode))
+            ] += count
         self.replies.update(stream.kinds)
         self.ended[ended] += 1
 
     def as_dict(self) -> dict[str, Any]:
-        return {"connections": self.connections, "refused": dict(self.refused), "ended": dict(self.ended),
-                "frames_sent": self.frames_sent, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-                "frames_received": dict(self.frames_received), "replies": dict(self.replies),
-                "seconds": round(self.seconds, 3), **self.extra}
+        return {
+            "connections": self.connections,
+            "refused": dict(self.refused),
+            "ended": dict(self.ended),
+            "frames_sent": self.frames_sent,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "frames_received": dict(self.frames_received),
+            "replies": dict(self.replies),
+            "seconds": round(self.seconds, 3),
+            **self.extra,
+        }
 
 
-def _flood(host: str, port: int, path: str, protocols: list[str], duration: float, batch: bytes, frames_per_batch: int,
-           first: Callable[[socket.socket, FrameStream], bool] | None, totals: FloodTotals,
-           answers_quiet: float | None = None) -> None:
+def _flood(
+    host: str,
+    port: int,
+    path: str,
+    protocols: list[str],
+    duration: float,
+    batch: bytes,
+    frames_per_batch: int,
+    first: Callable[[socket.socket, FrameStream], bool] | None,
+    totals: FloodTotals,
+    answers_quiet: float | None = None,
+) -> None:
     """Open, (``first``), write ``batch`` again and again until the deadline
     or the server closes (with ``answers_quiet``: each time once nothing
     arrived for that many seconds); reconnect; until the deadline."""
@@ -365,7 +395,9 @@ def _flood(host: str, port: int, path: str, protocols: list[str], duration: floa
     try:
         while not watchdog.over:
             try:
-                sock, rest = open_websocket(host, port, path, protocols, timeout=max(0.5, watchdog.deadline - time.monotonic()))
+                sock, rest = open_websocket(
+                    host, port, path, protocols, timeout=max(0.5, watchdog.deadline - time.monotonic())
+                )
             except HandshakeRefused as exc:
                 totals.refused[str(exc.status)] += 1
                 time.sleep(0.01)
@@ -401,7 +433,9 @@ def _flood(host: str, port: int, path: str, protocols: list[str], duration: floa
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 reader.join(5)
-                ended = reader.ended if not watchdog.over or reader.ended.startswith("close") else "open at the deadline"
+                ended = (
+                    reader.ended if not watchdog.over or reader.ended.startswith("close") else "open at the deadline"
+                )
             finally:
                 watchdog.sock = None
                 sock.close()
@@ -433,8 +467,9 @@ def _hello_first(token: str) -> Callable[[socket.socket, FrameStream], bool]:
     return first
 
 
-def ping_flood(host: str, port: int, duration: float, *, token: str | None = None, batch: int = 2000,
-               on_event: OnEvent = _no_event) -> dict[str, Any]:
+def ping_flood(
+    host: str, port: int, duration: float, *, token: str | None = None, batch: int = 2000, on_event: OnEvent = _no_event
+) -> dict[str, Any]:
     """``{"op":"ping"}`` on ``/ws`` as fast as the socket takes them, ``batch``
     pre-masked frames per write, reconnecting whenever the server closes the
     socket, for ``duration`` seconds. With ``token``: after a ``hello`` with
@@ -443,17 +478,27 @@ def ping_flood(host: str, port: int, duration: float, *, token: str | None = Non
     frame = client_frame(OP_TEXT, b'{"op":"ping"}', os.urandom(4))
     totals = FloodTotals()
     on_event("attack_start", {})
-    _flood(host, port, "/ws", ["yrelay.v1"], duration, frame * batch, batch,
-           _hello_first(token) if token else None, totals)
+    _flood(
+        host, port, "/ws", ["yrelay.v1"], duration, frame * batch, batch, _hello_first(token) if token else None, totals
+    )
     on_event("attack_end", {})
     result = totals.as_dict()
     result["frames_per_second"] = round(totals.frames_sent / totals.seconds) if totals.seconds else None
     return result
 
 
-def query_awareness_flood(host: str, port: int, doc: str, token: str, duration: float, *, queries: int = 2000,
-                          token_in: str = "param", answers_quiet: float | None = 1.0,
-                          on_event: OnEvent = _no_event) -> dict[str, Any]:
+def query_awareness_flood(
+    host: str,
+    port: int,
+    doc: str,
+    token: str,
+    duration: float,
+    *,
+    queries: int = 2000,
+    token_in: str = "param",
+    answers_quiet: float | None = 1.0,
+    on_event: OnEvent = _no_event,
+) -> dict[str, Any]:
     """Rounds of ``queries`` one-byte query-awareness messages (y-protocols
     type 3) on ``/yws/<doc>``, each round in one write, reconnecting when
     closed, for ``duration`` seconds. A round follows the previous one once
@@ -501,9 +546,19 @@ def awareness_greeting(host: str, port: int, doc: str, token: str, timeout: floa
     return {"bytes": len(stream.first_binary), "entries": len(decode_update(message.update, max_entries=10**6))}
 
 
-def half_frames(host: str, port: int, *, waves: int = 3, per_wave: int = 64, declared: int = 16 * MiB,
-                payload: int = 8 * MiB, hold: float = 0.0, wave_timeout: float = 20.0,
-                yws_doc: str = "x", on_event: OnEvent = _no_event) -> dict[str, Any]:
+def half_frames(
+    host: str,
+    port: int,
+    *,
+    waves: int = 3,
+    per_wave: int = 64,
+    declared: int = 16 * MiB,
+    payload: int = 8 * MiB,
+    hold: float = 0.0,
+    wave_timeout: float = 20.0,
+    yws_doc: str = "x",
+    on_event: OnEvent = _no_event,
+) -> dict[str, Any]:
     """``waves`` waves of ``per_wave`` websockets (half on ``/ws`` without a
     ``hello``, half on ``/yws/<yws_doc>`` without a token), each declaring a
     ``declared``-byte frame (text on /ws, binary on /yws), sending
@@ -518,17 +573,25 @@ def half_frames(host: str, port: int, *, waves: int = 3, per_wave: int = 64, dec
     started = time.monotonic()
     on_event("attack_start", {})
     for wave in range(waves):
-        batch = [_HalfFrame(host, port, "/ws" if i % 2 == 0 else f"/yws/{yws_doc}", declared, payload, stop)
-                 for i in range(per_wave)]
+        batch = [
+            _HalfFrame(host, port, "/ws" if i % 2 == 0 else f"/yws/{yws_doc}", declared, payload, stop)
+            for i in range(per_wave)
+        ]
         for one in batch:
             one.start()
         deadline = time.monotonic() + wave_timeout
         for one in batch:
             one.sent_all.wait(max(0.0, deadline - time.monotonic()))
         sockets += batch
-        on_event("wave", {"wave": wave + 1, "seconds": round(time.monotonic() - started, 3),
-                          "sent_mib": round(sum(one.sent for one in batch) / MiB, 1),
-                          "ended": dict(Counter(one.state for one in batch))})
+        on_event(
+            "wave",
+            {
+                "wave": wave + 1,
+                "seconds": round(time.monotonic() - started, 3),
+                "sent_mib": round(sum(one.sent for one in batch) / MiB, 1),
+                "ended": dict(Counter(one.state for one in batch)),
+            },
+        )
     while time.monotonic() < started + hold:
         time.sleep(0.05)
     states_before_close = Counter(one.state for one in sockets)
@@ -540,12 +603,17 @@ def half_frames(host: str, port: int, *, waves: int = 3, per_wave: int = 64, dec
     by_path: dict[str, Counter[str]] = {}
     for one in sockets:
         by_path.setdefault("/ws" if one.path == "/ws" else "/yws", Counter())[one.state] += 1
-    return {"sockets": len(sockets), "declared_bytes": declared, "payload_bytes": payload,
-            "sent_mib": round(sum(one.sent for one in sockets) / MiB, 1),
-            "sent_all": sum(one.sent >= payload for one in sockets),
-            "ended": dict(states_before_close), "ended_by_path": {p: dict(c) for p, c in by_path.items()},
-            "end_seconds_max": max((one.ended_at - started for one in sockets if one.ended_at), default=None),
-            "seconds": round(time.monotonic() - started, 3)}
+    return {
+        "sockets": len(sockets),
+        "declared_bytes": declared,
+        "payload_bytes": payload,
+        "sent_mib": round(sum(one.sent for one in sockets) / MiB, 1),
+        "sent_all": sum(one.sent >= payload for one in sockets),
+        "ended": dict(states_before_close),
+        "ended_by_path": {p: dict(c) for p, c in by_path.items()},
+        "end_seconds_max": max((one.ended_at - started for one in sockets if one.ended_at), default=None),
+        "seconds": round(time.monotonic() - started, 3),
+    }
 
 
 class _HalfFrame(threading.Thread):
@@ -555,7 +623,14 @@ class _HalfFrame(threading.Thread):
 
     def __init__(self, host: str, port: int, path: str, declared: int, payload: int, stop: threading.Event):
         super().__init__(daemon=True)
-        self.host, self.port, self.path, self.declared, self.payload, self.stop = host, port, path, declared, payload, stop
+        self.host, self.port, self.path, self.declared, self.payload, self.stop = (
+            host,
+            port,
+            path,
+            declared,
+            payload,
+            stop,
+        )
         self.sent = 0
         self.state = "connecting"
         self.ended_at: float | None = None
@@ -607,7 +682,7 @@ class _HalfFrame(threading.Thread):
                         stream.feed(data)
                 if writable:
                     if not pending:
-                        pending = chunk[:min(self.CHUNK, self.payload - self.sent)]
+                        pending = chunk[: min(self.CHUNK, self.payload - self.sent)]
                     try:
                         written = sock.send(pending)
                     except BlockingIOError:
@@ -626,20 +701,29 @@ class _HalfFrame(threading.Thread):
 def _body_chunks(size: int, malformed: bool, chunk: int) -> Iterator[bytes]:
     """A JSON-looking body of ``size`` bytes: ``{"doc": "aaa...a"}``, or
     without its closing (malformed)."""
-    head, tail = b'{"doc": "', (b'' if malformed else b'"}')
+    head, tail = b'{"doc": "', (b"" if malformed else b'"}')
     filler = size - len(head) - len(tail)
     yield head
     block = b"a" * chunk
     while filler > 0:
-        part = block[:min(chunk, filler)]
+        part = block[: min(chunk, filler)]
         filler -= len(part)
         yield part
     if tail:
         yield tail
 
 
-def ops_body(host: str, port: int, *, size: int = 128 * MiB, malformed: bool = False, path: str = "/ops/gc",
-             chunk: int = MiB, timeout: float = 60.0, on_event: OnEvent = _no_event) -> dict[str, Any]:
+def ops_body(
+    host: str,
+    port: int,
+    *,
+    size: int = 128 * MiB,
+    malformed: bool = False,
+    path: str = "/ops/gc",
+    chunk: int = MiB,
+    timeout: float = 60.0,
+    on_event: OnEvent = _no_event,
+) -> dict[str, Any]:
     """``POST path`` without an Authorization header, its body (``size``
     bytes, JSON-looking or malformed) streamed in ``chunk``-byte chunks with
     ``Transfer-Encoding: chunked``, stopping once the response arrives.
@@ -674,8 +758,12 @@ def ops_body(host: str, port: int, *, size: int = 128 * MiB, malformed: bool = F
     watchdog = _Watchdog(started + timeout)
     watchdog.sock = sock
     try:
-        sock.sendall((f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                      "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode())
+        sock.sendall(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            ).encode()
+        )
         for part in _body_chunks(size, malformed, chunk):
             if got_response.is_set():
                 break
@@ -702,8 +790,9 @@ def ops_body(host: str, port: int, *, size: int = 128 * MiB, malformed: bool = F
     return result
 
 
-def ops_flood(host: str, port: int, duration: float, *, size: int = 128 * MiB, every: float = 1.0,
-              on_event: OnEvent = _no_event) -> dict[str, Any]:
+def ops_flood(
+    host: str, port: int, duration: float, *, size: int = 128 * MiB, every: float = 1.0, on_event: OnEvent = _no_event
+) -> dict[str, Any]:
     """:func:`ops_body` with a valid-JSON body, a malformed one and a small
     malformed one, one after the other; the three again every ``every``
     seconds (or as soon as the last ended, if later) until ``duration``
@@ -720,13 +809,26 @@ def ops_flood(host: str, port: int, duration: float, *, size: int = 128 * MiB, e
         if pause > 0:
             time.sleep(pause)
     on_event("attack_end", {})
-    return {"requests": requests, "seconds": round(time.monotonic() - started, 3),
-            "statuses": {name: dict(Counter(str(r["status"]) for r in requests if r["kind"] == name))
-                         for name, _, _ in kinds}}
+    return {
+        "requests": requests,
+        "seconds": round(time.monotonic() - started, 3),
+        "statuses": {
+            name: dict(Counter(str(r["status"]) for r in requests if r["kind"] == name)) for name, _, _ in kinds
+        },
+    }
 
 
-async def burst(url: str, token: str, doc: str, *, clients: int = 3, updates: int = 1000, timeout: float = 60.0,
-                check_token: str | None = None, on_event: OnEvent = _no_event) -> dict[str, Any]:
+async def burst(
+    url: str,
+    token: str,
+    doc: str,
+    *,
+    clients: int = 3,
+    updates: int = 1000,
+    timeout: float = 60.0,
+    check_token: str | None = None,
+    on_event: OnEvent = _no_event,
+) -> dict[str, Any]:
     """``clients`` :class:`~yrelay.client.YrelayClient` with the same token
     (one subject), each making ``updates`` one-character edits to ``doc`` at
     once; how long until every edit was stored (nothing pending in any
@@ -855,7 +957,7 @@ class Victim:
         #: The ``auth`` of the writer's first ``welcome`` (``mode``, ``subject``, ``permission``).
         self.welcome_auth: dict[str, Any] | None = None
 
-    async def start(self, timeout: float = 20.0) -> "Victim":
+    async def start(self, timeout: float = 20.0) -> Victim:
         from yrelay import crdt
 
         self._ydoc = crdt.new_doc(random.randrange(1, 2**31))
@@ -890,12 +992,17 @@ class Victim:
         clocks = [clock for clock, (_, name) in self.sent.items() if name == phase]
         latencies = [(self.delivered[c] - self.sent[c][0]) * 1000 for c in clocks if c in self.delivered]
         in_time = [c for c in clocks if c in self.delivered and self.delivered[c] <= until]
-        return {"sent": len(clocks), "delivered": len(latencies), "undelivered": len(clocks) - len(in_time),
-                "never_delivered": len(clocks) - len(latencies),
-                "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99),
-                "max_ms": max(latencies) if latencies else None,
-                "errors": dict(self.errors_by_phase.get(phase, {})),
-                "latencies_ms": [round(x, 3) for x in latencies]}
+        return {
+            "sent": len(clocks),
+            "delivered": len(latencies),
+            "undelivered": len(clocks) - len(in_time),
+            "never_delivered": len(clocks) - len(latencies),
+            "p50_ms": percentile(latencies, 50),
+            "p99_ms": percentile(latencies, 99),
+            "max_ms": max(latencies) if latencies else None,
+            "errors": dict(self.errors_by_phase.get(phase, {})),
+            "latencies_ms": [round(x, 3) for x in latencies],
+        }
 
     # -- the sockets
 
@@ -1038,8 +1145,9 @@ class PresenceCrowd:
     PER_CONNECTION = 4
     ENTRY_BYTES = 7500
 
-    def __init__(self, url: str, doc: str, token_for: Callable[[int], str], total_bytes: int = 237 * 1024,
-                 renew: float = 10.0):
+    def __init__(
+        self, url: str, doc: str, token_for: Callable[[int], str], total_bytes: int = 237 * 1024, renew: float = 10.0
+    ):
         self.url, self.doc, self.token_for, self.total_bytes, self.renew = url, doc, token_for, total_bytes, renew
         self.entries = max(1, math.ceil(total_bytes / self.ENTRY_BYTES))
         self.state_bytes = total_bytes // self.entries - 8  # a clientID, clock and length around each state
@@ -1060,7 +1168,7 @@ class PresenceCrowd:
             entries.append(AwarenessEntry(100_000 + k, clock, json.dumps({"user": {"name": name, "pad": pad}})))
         return encode_update(entries)
 
-    async def start(self) -> "PresenceCrowd":
+    async def start(self) -> PresenceCrowd:
         from websockets.asyncio.client import connect
 
         for index in range(self.connections):
@@ -1147,9 +1255,14 @@ class HealthProbe(threading.Thread):
     def summary(self, start: float, end: float) -> dict[str, Any]:
         window = [took for at, took in self.samples if start <= at < end]
         ok = [took * 1000 for took in window if took is not None]
-        return {"probes": len(window), "failures": len(window) - len(ok), "p50_ms": percentile(ok, 50),
-                "p99_ms": percentile(ok, 99), "max_ms": max(ok) if ok else None,
-                "samples_ms": [None if t is None else round(t * 1000, 2) for t in window]}
+        return {
+            "probes": len(window),
+            "failures": len(window) - len(ok),
+            "p50_ms": percentile(ok, 50),
+            "p99_ms": percentile(ok, 99),
+            "max_ms": max(ok) if ok else None,
+            "samples_ms": [None if t is None else round(t * 1000, 2) for t in window],
+        }
 
 
 class ProcessSampler(threading.Thread):
@@ -1207,8 +1320,11 @@ class ProcessSampler(threading.Thread):
         import psutil
 
         try:
-            return sum(1 for c in self.process.net_connections(kind="tcp")
-                       if c.laddr and c.laddr.port == port and c.status != psutil.CONN_LISTEN)
+            return sum(
+                1
+                for c in self.process.net_connections(kind="tcp")
+                if c.laddr and c.laddr.port == port and c.status != psutil.CONN_LISTEN
+            )
         except psutil.Error:
             return -1
 
@@ -1219,10 +1335,14 @@ class ProcessSampler(threading.Thread):
         if not window:
             return {}
         first = before[-1] if before else window[0]
-        return {"rss_start_mib": round(first[1], 1), "rss_max_mib": round(max(s[1] for s in [first, *window]), 1),
-                "rss_end_mib": round(window[-1][1], 1), "cpu_s": round(window[-1][2] - first[2], 3),
-                "children_cpu_s": round(window[-1][3] - first[3], 3),
-                "rss_series_mib": [(round(s[0] - start, 3), round(s[1], 1)) for s in window]}
+        return {
+            "rss_start_mib": round(first[1], 1),
+            "rss_max_mib": round(max(s[1] for s in [first, *window]), 1),
+            "rss_end_mib": round(window[-1][1], 1),
+            "cpu_s": round(window[-1][2] - first[2], 3),
+            "children_cpu_s": round(window[-1][3] - first[3], 3),
+            "rss_series_mib": [(round(s[0] - start, 3), round(s[1], 1)) for s in window],
+        }
 
 
 def count_log_lines(path: str | os.PathLike[str], patterns: Iterable[str]) -> dict[str, int]:
@@ -1239,7 +1359,25 @@ def count_log_lines(path: str | os.PathLike[str], patterns: Iterable[str]) -> di
     return counts
 
 
-__all__ = ["FloodTotals", "FrameStream", "HandshakeRefused", "HealthProbe", "PresenceCrowd", "ProcessSampler", "Victim",
-           "awareness_greeting", "burst", "client_frame", "count_log_lines", "frame_header", "half_frames",
-           "mint_token", "open_websocket", "ops_body", "ops_flood", "percentile", "ping_flood",
-           "query_awareness_flood"]
+__all__ = [
+    "FloodTotals",
+    "FrameStream",
+    "HandshakeRefused",
+    "HealthProbe",
+    "PresenceCrowd",
+    "ProcessSampler",
+    "Victim",
+    "awareness_greeting",
+    "burst",
+    "client_frame",
+    "count_log_lines",
+    "frame_header",
+    "half_frames",
+    "mint_token",
+    "open_websocket",
+    "ops_body",
+    "ops_flood",
+    "percentile",
+    "ping_flood",
+    "query_awareness_flood",
+]

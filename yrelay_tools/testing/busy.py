@@ -24,12 +24,12 @@ from yrelay.redis_server import _die_with_parent
 SPIN = "while True: pass"
 
 
-def start_hogs(count: int) -> list[subprocess.Popen]:
+def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
     """``count`` spinning processes; each dies with this one, even by SIGKILL."""
     return [subprocess.Popen([sys.executable, "-c", SPIN], preexec_fn=_die_with_parent) for _ in range(count)]
 
 
-def stop_hogs(hogs: list[subprocess.Popen]) -> None:
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
     for hog in hogs:
         hog.kill()
     for hog in hogs:
@@ -38,7 +38,9 @@ def stop_hogs(hogs: list[subprocess.Popen]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m yrelay_tools.testing.busy", description=__doc__.split("\n")[0])
-    parser.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="spinning processes (default: one per core)")
+    parser.add_argument(
+        "--hogs", type=int, default=os.cpu_count() or 2, help="spinning processes (default: one per core)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -8,17 +8,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from yrelay.redis_server import _die_with_parent, free_port
 
-
 #: Defaults of harness servers, under whatever the environment says.
 HARNESS_ENV = {"YRELAY_INSECURE_NO_AUTH": "1"}
 
 
-def wait_ready(port: int, process: subprocess.Popen, timeout: float = 20.0, log_path: Path | None = None) -> None:
+def wait_ready(port: int, process: subprocess.Popen[Any], timeout: float = 20.0, log_path: Path | None = None) -> None:
     """Poll a server's ``/readyz`` until it answers 200; fail if ``process`` exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -40,8 +40,15 @@ class ServerProcess:
     without authentication unless the environment or ``env`` sets
     ``YRELAY_INSECURE_NO_AUTH=0`` and an auth secret."""
 
-    def __init__(self, redis_url: str, log_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
-                 module: str = "yrelay", cwd: Path | None = None):
+    def __init__(
+        self,
+        redis_url: str,
+        log_dir: Path,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        module: str = "yrelay",
+        cwd: Path | None = None,
+    ):
         """``module``: what ``python -m`` runs; tests name a deliberately
         broken build (:mod:`yrelay_tools.testing.broken_server`) here. ``cwd``:
         where it runs; ``python -m`` imports from there first, ahead of
@@ -58,14 +65,30 @@ class ServerProcess:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
 
-    def start(self, timeout: float = 20.0) -> "ServerProcess":
+    def start(self, timeout: float = 20.0) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        command = [sys.executable, "-m", self.module, "serve", "--port", str(self.port),
-                   "--redis-url", self.redis_url, "--log-level", "warning"]
+        command = [
+            sys.executable,
+            "-m",
+            self.module,
+            "serve",
+            "--port",
+            str(self.port),
+            "--redis-url",
+            self.redis_url,
+            "--log-level",
+            "warning",
+        ]
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**HARNESS_ENV, **os.environ, **self.env},
-                                        preexec_fn=preexec, cwd=self.cwd)
+        self.process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**HARNESS_ENV, **os.environ, **self.env},
+            preexec_fn=preexec,
+            cwd=self.cwd,
+        )
         self._wait_ready(timeout)
         return self
 

@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -33,13 +34,18 @@ def cluster_port() -> int:
 
 
 def cluster_node(data_dir: Path) -> RedisProcess:
-    return RedisProcess(data_dir, cluster_port(), fsync="everysec", extra_config={
-        "cluster-enabled": "yes",
-        "cluster-config-file": str(data_dir / "nodes.conf"),
-        "cluster-node-timeout": "2000",
-        # A replica of a lost master may take over even if it lagged a while.
-        "cluster-replica-validity-factor": "0",
-    })
+    return RedisProcess(
+        data_dir,
+        cluster_port(),
+        fsync="everysec",
+        extra_config={
+            "cluster-enabled": "yes",
+            "cluster-config-file": str(data_dir / "nodes.conf"),
+            "cluster-node-timeout": "2000",
+            # A replica of a lost master may take over even if it lagged a while.
+            "cluster-replica-validity-factor": "0",
+        },
+    )
 
 
 def start_node(data_dir: Path, attempts: int = 5) -> RedisProcess:
@@ -68,13 +74,24 @@ class LocalCluster:
         """A seed node's URL (what ``--redis-url`` gets with ``--redis-cluster``)."""
         return self.nodes[0].url
 
-    def start(self, timeout: float = 30.0) -> "LocalCluster":
+    def start(self, timeout: float = 30.0) -> LocalCluster:
         self.nodes = [start_node(self.data_dir / f"node{i}") for i in range(2 * self.masters)]
         if self.masters >= 3:
             cli = str(Path(find_redis_server()).with_name("redis-cli"))
-            subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{node.port}" for node in self.nodes),
-                            "--cluster-replicas", "1", "--cluster-yes"],
-                           check=True, capture_output=True, timeout=timeout)
+            subprocess.run(
+                [
+                    cli,
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=timeout,
+            )
         else:
             self._create_by_hand(timeout)
         self.wait_healthy(timeout)
@@ -83,7 +100,7 @@ class LocalCluster:
     def _create_by_hand(self, timeout: float) -> None:
         """What ``redis-cli --cluster create`` does, for fewer than the three
         masters it insists on (a 1-shard cluster to compare against)."""
-        masters, replicas = self.nodes[:self.masters], self.nodes[self.masters:]
+        masters, replicas = self.nodes[: self.masters], self.nodes[self.masters :]
         share = 16384 // self.masters
         for index, node in enumerate(masters):
             end = 16384 if index == self.masters - 1 else (index + 1) * share
@@ -93,7 +110,7 @@ class LocalCluster:
             for node in self.nodes[1:]:
                 client.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
         deadline = time.monotonic() + timeout
-        for replica, master in zip(replicas, masters):
+        for replica, master in zip(replicas, masters, strict=True):
             master_id = self.node_id(master.port)
             while True:
                 try:
@@ -144,6 +161,8 @@ class LocalCluster:
 
     def _replicas_linked(self, topology: dict[int, int | None]) -> bool:
         for replica in topology.values():
+            if replica is None:
+                return False
             with redis.Redis(port=replica, socket_timeout=5) as client:
                 if client.info("replication").get("master_link_status") != "up":
                     return False
@@ -162,7 +181,8 @@ class LocalCluster:
 
     def node_id(self, port: int) -> str:
         with redis.Redis(port=port, socket_timeout=5) as client:
-            return client.execute_command("CLUSTER MYID").decode()
+            reply: bytes = client.execute_command("CLUSTER MYID")
+            return reply.decode()
 
     def failover(self, master: int, timeout: float = 30.0) -> int:
         """``CLUSTER FAILOVER`` on ``master``'s replica (a coordinated
@@ -269,8 +289,10 @@ class LocalCluster:
         half of them moved), then the slot's new owner told to every node."""
         source = self.master_of_slot(slot)
         source_id, target_id = self.node_id(source), self.node_id(target)
-        with redis.Redis(port=source, socket_timeout=timeout) as src, \
-                redis.Redis(port=target, socket_timeout=timeout) as dst:
+        with (
+            redis.Redis(port=source, socket_timeout=timeout) as src,
+            redis.Redis(port=target, socket_timeout=timeout) as dst,
+        ):
             dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
             src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
             while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000):
@@ -289,7 +311,7 @@ class LocalCluster:
             node.stop()
 
 
-def parse_nodes(nodes: dict[str, dict]) -> dict[int, int | None]:
+def parse_nodes(nodes: dict[str, dict[str, Any]]) -> dict[int, int | None]:
     """CLUSTER NODES (as redis-py parses it) -> master port (of masters
     with slots) -> replica port."""
     ports = {info["node_id"]: int(address.rsplit(":", 1)[1]) for address, info in nodes.items()}

@@ -61,11 +61,13 @@ TIMEOUT = 20.0  # seconds a child may take for one batch (a loaded machine)
 
 def _apply_ypy(update: bytes) -> None:
     import y_py
+
     y_py.apply_update(y_py.YDoc(), update)
 
 
 def _apply_pycrdt(update: bytes) -> None:
     import pycrdt
+
     pycrdt.Doc().apply_update(update)
 
 
@@ -83,7 +85,7 @@ def _child(engine: str) -> None:
             try:
                 apply(update)
                 verdicts.append(OK)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the verdict is whether the engine refused the update, whatever it raises
                 verdicts.append(ERROR)
             except BaseException as exc:  # pyo3's PanicException derives from BaseException
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -102,8 +104,12 @@ class Engine:
         self.process: subprocess.Popen[bytes] | None = None
 
     def _start(self) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen([sys.executable, "-m", "yrelay_tools.testing.update_fuzz", "--child", self.name],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "yrelay_tools.testing.update_fuzz", "--child", self.name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         assert process.stdout is not None
         if process.stdout.read(1) != b"R":
             raise RuntimeError(f"the {self.name} child did not start")
@@ -162,14 +168,58 @@ class Engine:
 
 # ------------------------------------------------------------------ generators
 
-_TEXTS: list[bytes] = [s.encode() for s in ["", "a", "hello", "wörld", "😀", "\u2028x", "a" * 300, "p", "bold",
-                                            "text", "m", "k", "ü😀ok"]]
-_TEXTS += [b"\xff", b"\xed\xa0\x80", b"\xed\xb0\x80x", b"\xf4\x31\x32", b"\xc3", b"\x00", b"\xf4\x90\x80\x80",
-           b"\xc0\x80", b"a\xe2\x82"]
-_JSON = ["null", "true", "false", "1", "-1", "0", "1.5", "-0", "1e400", "NaN", "12345678901234567890", "2147483648",
-         '"x"', '""', "[]", "{}", "[1,2]", '{"a":1}', '{"a":1,"a":2}', '{"href":"https://x.y/z"}', '"\\ud800"',
-         '"\\u0000"', '{"a":{"b":[1,"x"]}}', "[" * 40 + "]" * 40, "[" * 9 + "]" * 9, "{", '"a', "undefined", " 1",
-         "1 ", '{"a":1}x', '"\u2028"', '"😀"', '{"😀":null}', "9007199254740993", '{"x":-2147483647}']
+_TEXTS: list[bytes] = [
+    s.encode() for s in ["", "a", "hello", "wörld", "😀", "\u2028x", "a" * 300, "p", "bold", "text", "m", "k", "ü😀ok"]
+]
+_TEXTS += [
+    b"\xff",
+    b"\xed\xa0\x80",
+    b"\xed\xb0\x80x",
+    b"\xf4\x31\x32",
+    b"\xc3",
+    b"\x00",
+    b"\xf4\x90\x80\x80",
+    b"\xc0\x80",
+    b"a\xe2\x82",
+]
+_JSON = [
+    "null",
+    "true",
+    "false",
+    "1",
+    "-1",
+    "0",
+    "1.5",
+    "-0",
+    "1e400",
+    "NaN",
+    "12345678901234567890",
+    "2147483648",
+    '"x"',
+    '""',
+    "[]",
+    "{}",
+    "[1,2]",
+    '{"a":1}',
+    '{"a":1,"a":2}',
+    '{"href":"https://x.y/z"}',
+    '"\\ud800"',
+    '"\\u0000"',
+    '{"a":{"b":[1,"x"]}}',
+    "[" * 40 + "]" * 40,
+    "[" * 9 + "]" * 9,
+    "{",
+    '"a',
+    "undefined",
+    " 1",
+    "1 ",
+    '{"a":1}x',
+    '"\u2028"',
+    '"😀"',
+    '{"😀":null}',
+    "9007199254740993",
+    '{"x":-2147483647}',
+]
 #: Updates Yjs itself wrote (yjs 13.6, in Node: typing, deletes, bold and
 #: italic, links, embeds, a ProseMirror paragraph, maps, arrays, binary),
 #: one per mix of content kinds: seeds for mutation and known shapes in tests.
@@ -195,8 +245,25 @@ YJS_UPDATES = [
     "08fa01027469a8e1cd8efe08d602017d0101e1cd8efe0802d60201df0201",
 ]
 _ANY_TAGS = [127, 126, 125, 124, 123, 122, 121, 120, 119, 118, 117, 116, 115, 0, 255]
-_BOUNDARY = [0, 1, 2, 3, 7, 127, 128, 2**31 - 2, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**33, 3 * 2**32,
-             2**40, 2**53 - 1]
+_BOUNDARY = [
+    0,
+    1,
+    2,
+    3,
+    7,
+    127,
+    128,
+    2**31 - 2,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**32 + 1,
+    2**33,
+    3 * 2**32,
+    2**40,
+    2**53 - 1,
+]
 
 
 def _number(rng: random.Random, small: int = 16) -> int:
@@ -205,7 +272,7 @@ def _number(rng: random.Random, small: int = 16) -> int:
         return rng.randrange(small)
     if roll < 0.9:
         return rng.choice(_BOUNDARY)
-    return rng.randrange(2**rng.randrange(1, 54))
+    return rng.randrange(2 ** rng.randrange(1, 54))
 
 
 def _text(rng: random.Random) -> bytes:
@@ -220,8 +287,9 @@ def _write_any(rng: random.Random, out: bytearray, depth: int) -> None:
     tag = rng.choice(_ANY_TAGS) if depth < 12 and rng.random() < 0.97 else rng.choice([126, 125, 119])
     out.append(tag)
     if tag == 125:
-        lib0.write_varint(out, rng.choice([0, 1, -1, 63, 64, -64, 2**31 - 1, -(2**31), 2**31, 2**53 - 1,
-                                           rng.randrange(-1000, 1000)]))
+        lib0.write_varint(
+            out, rng.choice([0, 1, -1, 63, 64, -64, 2**31 - 1, -(2**31), 2**31, 2**53 - 1, rng.randrange(-1000, 1000)])
+        )
     elif tag == 124:
         out += bytes(rng.randrange(256) for _ in range(4))
     elif tag in (123, 122):
@@ -326,7 +394,11 @@ def synthesised(rng: random.Random) -> bytes:
         _put(out, clock)
         for _ in range(count):
             start = len(out)
-            kind = rng.choice([1, 2, 3, 4, 4, 4, 5, 6, 7, 7, 8, 8, 9]) if rng.random() < 0.9 else rng.choice([0, 10, 11, 31])
+            kind = (
+                rng.choice([1, 2, 3, 4, 4, 4, 5, 6, 7, 7, 8, 8, 9])
+                if rng.random() < 0.9
+                else rng.choice([0, 10, 11, 31])
+            )
             info = kind | (rng.random() < 0.5) * 128 | (rng.random() < 0.3) * 64 | (rng.random() < 0.25) * 32
             out.append(info)
             if kind in (0, 10):
@@ -350,15 +422,18 @@ def synthesised(rng: random.Random) -> bytes:
                         _put_bytes(out, _text(rng))
                 _content(rng, out, kind)
             try:  # advance the clock as a decoder will
-                clock += read_layout(bytes([1, 1]) + lib0.varuint(client) + lib0.varuint(clock)
-                                     + out[start:] + b"\x00").sections[0].structs[0].length
+                clock += (
+                    read_layout(bytes([1, 1]) + lib0.varuint(client) + lib0.varuint(clock) + out[start:] + b"\x00")
+                    .sections[0]
+                    .structs[0]
+                    .length
+                )
             except (MalformedUpdate, ValueError):
                 clock += 1
     deletes = rng.choice([0, 0, 1, 1, 2])
     _put(out, deletes)
     for _ in range(deletes):
-        _put(out, rng.choice([c for c, _ in plan.sections] or [0]) if rng.random() < 0.6
-                           else _number(rng, 4))
+        _put(out, rng.choice([c for c, _ in plan.sections] or [0]) if rng.random() < 0.6 else _number(rng, 4))
         ranges = rng.choice([0, 1, 1, 2])
         _put(out, ranges)
         for _ in range(ranges):
@@ -414,8 +489,11 @@ def _pycrdt_edit(rng: random.Random, index: int, text, array, mapping, xml) -> N
 
     roll = rng.random()
     if roll < 0.4:
-        text.insert(rng.randrange(len(text) + 1), rng.choice(["x", "ü", "😀", "yy"]),
-                    attrs=rng.choice([None, {"bold": True}, {"link": "https://a.b/c"}, {"c": None}]))
+        text.insert(
+            rng.randrange(len(text) + 1),
+            rng.choice(["x", "ü", "😀", "yy"]),
+            attrs=rng.choice([None, {"bold": True}, {"link": "https://a.b/c"}, {"c": None}]),
+        )
     elif roll < 0.5 and len(text):
         start = rng.randrange(len(text))
         text.format(start, min(len(text), start + 2), rng.choice([{"bold": True}, {"bold": None}, {"i": {}}]))
@@ -424,8 +502,9 @@ def _pycrdt_edit(rng: random.Random, index: int, text, array, mapping, xml) -> N
     elif roll < 0.6 and len(text):
         del text[rng.randrange(len(text))]
     elif roll < 0.7:
-        array.append(rng.choice([1, 1.5, "s", None, True, [1, "x"], {"k": 2}, pycrdt.Map({"q": 1}),
-                                 pycrdt.Text("t"), b"bin"]))
+        array.append(
+            rng.choice([1, 1.5, "s", None, True, [1, "x"], {"k": 2}, pycrdt.Map({"q": 1}), pycrdt.Text("t"), b"bin"])
+        )
     elif roll < 0.8:
         mapping[f"k{index % 5}"] = rng.choice([1, "v", None, {"n": [1, 2]}, pycrdt.Array([1])])
     else:
@@ -446,7 +525,7 @@ def mutated(rng: random.Random, data: bytes) -> bytes:
         elif kind == 3:
             out.insert(position, rng.choice([0, 1, 127, 128, 255, rng.randrange(256)]))
         elif kind == 4 and out:
-            out[position:position + 1] = lib0.varuint(rng.choice(_BOUNDARY))
+            out[position : position + 1] = lib0.varuint(rng.choice(_BOUNDARY))
         else:
             out = out[:position]
     return bytes(out)
@@ -502,22 +581,29 @@ class Report:
     seconds: float = 0.0
 
     def summary(self) -> dict[str, object]:
-        return {"generated": self.generated, "layout_refused": self.layout_refused,
-                "refused by the write path's strict read": self.strict_refused,
-                "stored without length-0 structs or empty delete ranges": self.normalized,
-                "known_safe": self.known_safe,
-                "outside_known_shapes": {f"ypy={VERDICTS[a]} pycrdt={VERDICTS[b]}": n
-                                         for (a, b), n in sorted(self.others.items())},
-                "counterexamples": len(self.counterexamples),
-                "stored": {"pycrdt alone": self.stored_pycrdt_alone,
-                           "pycrdt alone, y-py did not read": self.stored_pycrdt_alone_ypy_failed,
-                           "with y-py's check": self.stored_with_ypy,
-                           "both read, client id past 32 bits (refused with y-py's check)": self.ypy_id_refused},
-                "seconds": round(self.seconds, 1)}
+        return {
+            "generated": self.generated,
+            "layout_refused": self.layout_refused,
+            "refused by the write path's strict read": self.strict_refused,
+            "stored without length-0 structs or empty delete ranges": self.normalized,
+            "known_safe": self.known_safe,
+            "outside_known_shapes": {
+                f"ypy={VERDICTS[a]} pycrdt={VERDICTS[b]}": n for (a, b), n in sorted(self.others.items())
+            },
+            "counterexamples": len(self.counterexamples),
+            "stored": {
+                "pycrdt alone": self.stored_pycrdt_alone,
+                "pycrdt alone, y-py did not read": self.stored_pycrdt_alone_ypy_failed,
+                "with y-py's check": self.stored_with_ypy,
+                "both read, client id past 32 bits (refused with y-py's check)": self.ypy_id_refused,
+            },
+            "seconds": round(self.seconds, 1),
+        }
 
 
-def run(count: int, seed: int = 1, progress: Callable[[Report], None] | None = None,
-        keep_survivors: bool = False) -> Report:
+def run(
+    count: int, seed: int = 1, progress: Callable[[Report], None] | None = None, keep_survivors: bool = False
+) -> Report:
     report = Report(survivors=[] if keep_survivors else None, survivors_with_ypy=[] if keep_survivors else None)
     engines = [Engine("ypy"), Engine("pycrdt")]
     started = time.monotonic()
@@ -562,7 +648,7 @@ def _judge(engines: list[Engine], batch: list[tuple[bytes, bool]], report: Repor
     for engine in engines:
         engine.send(updates)
     ypy, pycrdt = (engine.receive(updates) for engine in engines)
-    for (update, safe), a, b in zip(batch, ypy, pycrdt):
+    for (update, safe), a, b in zip(batch, ypy, pycrdt, strict=True):
         stored_alone = safe or b == OK
         report.stored_pycrdt_alone += stored_alone
         report.stored_pycrdt_alone_ypy_failed += stored_alone and a != OK
@@ -607,10 +693,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--survivors", help="write what validation on pycrdt alone stores here, one hex per line "
-                                            "(what it stores with y-py's check to FILE.with-ypy, and those "
-                                            "admitted into an empty document to FILE.admitted and "
-                                            "FILE.with-ypy.admitted)")
+    parser.add_argument(
+        "--survivors",
+        help="write what validation on pycrdt alone stores here, one hex per line "
+        "(what it stores with y-py's check to FILE.with-ypy, and those "
+        "admitted into an empty document to FILE.admitted and "
+        "FILE.with-ypy.admitted)",
+    )
     parser.add_argument("--child", choices=["ypy", "pycrdt"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -625,7 +714,10 @@ def main() -> None:
 
     report = run(args.count, args.seed, progress, keep_survivors=bool(args.survivors))
     if args.survivors:
-        for path, kept in ((args.survivors, report.survivors), (args.survivors + ".with-ypy", report.survivors_with_ypy)):
+        for path, kept in (
+            (args.survivors, report.survivors),
+            (args.survivors + ".with-ypy", report.survivors_with_ypy),
+        ):
             with open(path, "w") as out, open(path + ".admitted", "w") as admitted:
                 for update in kept or []:
                     out.write(update.hex() + "\n")

@@ -25,9 +25,10 @@ from websockets.exceptions import ConnectionClosed
 
 from yrelay import crdt, protocol
 from yrelay.offsets import StreamId
+from yrelay.reconciliation import ReconciliationError
 from yrelay.reconciliation.digest import Digest
 from yrelay.reconciliation.held_entries import HeldEntries
-from yrelay.reconciliation import ReconciliationError
+
 from .backoff import Backoff
 from .persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
 from .sendbuffer import SendBuffer
@@ -36,8 +37,14 @@ from .subscription_check import SubscriptionCheck, compare_subscriptions
 log = logging.getLogger(__name__)
 
 #: Errors after which resending the same update can never succeed.
-FATAL_UPDATE_ERRORS = {"invalid_update", "update_too_large", "malformed_frame", "invalid_doc_id", "frame_too_large",
-                       "forbidden"}
+FATAL_UPDATE_ERRORS = {
+    "invalid_update",
+    "update_too_large",
+    "malformed_frame",
+    "invalid_doc_id",
+    "frame_too_large",
+    "forbidden",
+}
 
 
 class RetryLater(ConnectionError):
@@ -92,7 +99,7 @@ class YrelayClient:
         url: str | list[str],
         *,
         session: str | None = None,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = Backoff(),  # noqa: B008 - a frozen dataclass: one shared default is safe
         batch_delay: float = 0.0,
         subscription_check_interval: float | None = 300.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
@@ -142,7 +149,7 @@ class YrelayClient:
 
     # ------------------------------------------------------------- public API
 
-    async def connect(self, timeout: float = 10.0) -> "YrelayClient":
+    async def connect(self, timeout: float = 10.0) -> YrelayClient:
         self._runner = asyncio.create_task(self._run(), name="yrelay-client")
         if self.state_file is not None:
             self._persister = asyncio.create_task(self._persist_loop(), name="yrelay-client-persist")
@@ -161,7 +168,7 @@ class YrelayClient:
             self.persist()
             self.state_file.close()
 
-    async def __aenter__(self) -> "YrelayClient":
+    async def __aenter__(self) -> YrelayClient:
         return await self.connect()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -192,9 +199,11 @@ class YrelayClient:
 
     async def wait_idle(self, timeout: float = 30.0) -> None:
         """Wait until every local change is acked."""
+
         async def idle() -> None:
             while self.pending:
                 await asyncio.sleep(0.02)
+
         await asyncio.wait_for(idle(), timeout)
 
     async def check_subscriptions(self, timeout: float = 30.0) -> SubscriptionCheck:
@@ -249,7 +258,7 @@ class YrelayClient:
             await asyncio.sleep(self.subscription_check_interval)
             try:
                 await self.check_subscriptions()
-            except (ConnectionError, ConnectionClosed, asyncio.TimeoutError, ReconciliationError) as exc:
+            except (TimeoutError, ConnectionError, ConnectionClosed, ReconciliationError) as exc:
                 log.info("subscription check did not finish: %r", exc)
 
     async def drop_connection(self) -> None:
@@ -307,7 +316,7 @@ class YrelayClient:
                             helper.cancel()
             except asyncio.CancelledError:
                 raise
-            except (OSError, ConnectionClosed, asyncio.TimeoutError, websockets.InvalidHandshake) as exc:
+            except (TimeoutError, OSError, ConnectionClosed, websockets.InvalidHandshake) as exc:
                 log.debug("connection lost: %r", exc)
                 retry_after = getattr(exc, "delay", 0.0)  # RetryLater: the server said when
             finally:
@@ -350,7 +359,9 @@ class YrelayClient:
         while True:
             await asyncio.sleep(0.05)
             if self.buffer.exhausted():
-                log.warning("updates unacked after %d attempts: reconnecting for a full resync", self.backoff.max_attempts)
+                log.warning(
+                    "updates unacked after %d attempts: reconnecting for a full resync", self.backoff.max_attempts
+                )
                 for doc in self.docs.values():
                     doc.needs_sync = True
                 if self._ws is not None:
@@ -491,9 +502,15 @@ class YrelayClient:
             return
         self._dirty = False
         documents = [
-            PersistedDocument(doc.name, crdt.encode_state(doc.ydoc), doc.offset, str(doc.held.since),
-                              [str(entry_id) for entry_id in doc.held.ids()],
-                              doc._replica.suspects if doc._replica else [], doc.needs_sync)
+            PersistedDocument(
+                doc.name,
+                crdt.encode_state(doc.ydoc),
+                doc.offset,
+                str(doc.held.since),
+                [str(entry_id) for entry_id in doc.held.ids()],
+                doc._replica.suspects if doc._replica else [],
+                doc.needs_sync,
+            )
             for doc in self.docs.values()
         ]
         pending = [PersistedUpdate(item.clock, item.doc, item.update) for item in self.buffer.all()]
@@ -518,8 +535,13 @@ class YrelayClient:
             return
         self.session = state.session
         for saved in state.documents:
-            doc = ClientDocument(saved.name, crdt.new_doc(), offset=saved.offset, needs_sync=saved.needs_sync,
-                                 held=HeldEntries(StreamId.parse(saved.since)))
+            doc = ClientDocument(
+                saved.name,
+                crdt.new_doc(),
+                offset=saved.offset,
+                needs_sync=saved.needs_sync,
+                held=HeldEntries(StreamId.parse(saved.since)),
+            )
             crdt.apply_update(doc.ydoc, saved.state)
             for update in saved.suspects:
                 doc.replica.apply(update)

@@ -6,7 +6,14 @@ ceiling)."""
 from __future__ import annotations
 
 from .base import Target
-from .servers import (BroadcastTarget, NodeYWebsocketTarget, PycrdtTarget, TARGETS, YrelayTarget, make_target)
+from .servers import TARGETS, BroadcastTarget, NodeYWebsocketTarget, PycrdtTarget, YrelayTarget, make_target
 
-__all__ = ["BroadcastTarget", "NodeYWebsocketTarget", "PycrdtTarget", "TARGETS", "Target", "YrelayTarget",
-           "make_target"]
+__all__ = [
+    "BroadcastTarget",
+    "NodeYWebsocketTarget",
+    "PycrdtTarget",
+    "TARGETS",
+    "Target",
+    "YrelayTarget",
+    "make_target",
+]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from yrelay.redis_server import _die_with_parent, free_port
+
 from ...testing.processes import terminate
 
 
@@ -30,7 +31,7 @@ class Target:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "Target":
+    def start(self) -> Target:
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -50,8 +51,13 @@ class Target:
     def _spawn(self, command: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = (self.work_dir / f"{self.name.split()[0]}-{self.port}.log").open("ab")
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            preexec_fn=_die_with_parent,
+        )
         wait_for_port(self.host, self.port, timeout, self.process)
 
 

@@ -38,8 +38,9 @@ def main() -> None:
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args()
     relay = Relay(Settings.from_env(), redis_url=args.redis_url)
-    uvicorn.run(host_app(relay), host="127.0.0.1", port=args.port, log_level=args.log_level,
-                **relay.settings.uvicorn_options())  # type: ignore[arg-type]
+    # uvicorn.run types each keyword; the options come as one dict[str, object] (yrelay.config)
+    options = relay.settings.uvicorn_options()
+    uvicorn.run(host_app(relay), host="127.0.0.1", port=args.port, log_level=args.log_level, **options)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ from pycrdt.websocket import ASGIServer, WebsocketServer
 
 async def serve(port: int) -> None:
     websocket_server = WebsocketServer()
-    config = uvicorn.Config(ASGIServer(websocket_server), host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="off")
+    config = uvicorn.Config(
+        ASGIServer(websocket_server), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
     async with websocket_server:
         await uvicorn.Server(config).serve()
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from yrelay.redis_server import RedisProcess
+
 from ...testing.processes import ServerProcess
 from ...testing.redis_cluster import LocalCluster
 from ..drivers import Y_WEBSOCKET, YRELAY, YWS
@@ -22,12 +23,19 @@ IN_MEMORY = "in memory, at most once"
 #: The generator is one address sending far past any person's rate, so the
 #: per-client limits (docs/operations.md#limits, tested in test_limits.py)
 #: would measure themselves; they are off (0) unless a target sets them.
-PER_CLIENT_LIMITS_OFF = {"YRELAY_UPDATES_PER_SECOND": "0", "YRELAY_ADMISSION_RATE": "0",
-                         "YRELAY_MAX_CONNECTIONS_PER_ADDRESS": "0", "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
-                         "YRELAY_MAX_SUBSCRIPTIONS_PER_SUBJECT": "0", "YRELAY_SUBJECT_PRESENCE_PER_SECOND": "0",
-                         "YRELAY_PRESENCE_PER_SECOND": "0", "YRELAY_FRAMES_PER_SECOND": "0",
-                         "YRELAY_CONTROL_PER_SECOND": "0", "YRELAY_ANSWER_BYTES_PER_SECOND": "0",
-                         "YRELAY_SUBJECT_ANSWER_BYTES_PER_SECOND": "0"}
+PER_CLIENT_LIMITS_OFF = {
+    "YRELAY_UPDATES_PER_SECOND": "0",
+    "YRELAY_ADMISSION_RATE": "0",
+    "YRELAY_MAX_CONNECTIONS_PER_ADDRESS": "0",
+    "YRELAY_SUBJECT_UPDATES_PER_SECOND": "0",
+    "YRELAY_MAX_SUBSCRIPTIONS_PER_SUBJECT": "0",
+    "YRELAY_SUBJECT_PRESENCE_PER_SECOND": "0",
+    "YRELAY_PRESENCE_PER_SECOND": "0",
+    "YRELAY_FRAMES_PER_SECOND": "0",
+    "YRELAY_CONTROL_PER_SECOND": "0",
+    "YRELAY_ANSWER_BYTES_PER_SECOND": "0",
+    "YRELAY_SUBJECT_ANSWER_BYTES_PER_SECOND": "0",
+}
 
 
 class YrelayTarget(Target):
@@ -40,8 +48,9 @@ class YrelayTarget(Target):
     #: What ``python -m`` runs with ``serve --port ... --redis-url ...``.
     module = "yrelay"
 
-    def __init__(self, work_dir: Path, env: dict[str, str] | None = None, tree: str | None = None,
-                 fsync: str = "always"):
+    def __init__(
+        self, work_dir: Path, env: dict[str, str] | None = None, tree: str | None = None, fsync: str = "always"
+    ):
         """``tree``: run the server from another checkout (PYTHONPATH), to
         compare two builds in one run (``--targets yrelay,yrelay@../main``);
         ``fsync``: Redis's ``appendfsync``."""
@@ -56,14 +65,19 @@ class YrelayTarget(Target):
         self.redis: RedisProcess | None = None
         self.server: ServerProcess | None = None
 
-    def start(self) -> "YrelayTarget":
+    def start(self) -> YrelayTarget:
         self.redis = RedisProcess(self.work_dir / f"redis-{self.port}", fsync=self.fsync).start()
         return self._serve(self.redis.url)
 
-    def _serve(self, redis_url: str) -> "YrelayTarget":
-        self.server = ServerProcess(redis_url, self.work_dir, port=self.port,
-                                    env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"),
-                                         **PER_CLIENT_LIMITS_OFF, **self.env}, cwd=self.cwd, module=self.module)
+    def _serve(self, redis_url: str) -> YrelayTarget:
+        self.server = ServerProcess(
+            redis_url,
+            self.work_dir,
+            port=self.port,
+            env={"YRELAY_DATA_DIR": str(self.work_dir / f"data-{self.port}"), **PER_CLIENT_LIMITS_OFF, **self.env},
+            cwd=self.cwd,
+            module=self.module,
+        )
         self.server.start(timeout=60)
         self.process = self.server.process
         return self
@@ -85,8 +99,11 @@ class YrelayTarget(Target):
         assert self.server is not None and self.server.process and self.redis is not None and self.redis.process
         workers = self.env.get("YRELAY_WORKERS", os.environ.get("YRELAY_WORKERS", "1")) not in ("", "1")
         children = _children(self.server.process.pid) if workers else []
-        return {"server": self.server.process.pid, **{f"worker{i}": pid for i, pid in enumerate(children)},
-                "redis": self.redis.process.pid}
+        return {
+            "server": self.server.process.pid,
+            **{f"worker{i}": pid for i, pid in enumerate(children)},
+            "redis": self.redis.process.pid,
+        }
 
     def helper_pids(self) -> tuple[int, ...]:
         """A single server's validator and engine worker processes (the
@@ -112,7 +129,7 @@ class PycrdtTarget(Target):
     note = IN_MEMORY + "; fresh per run, connections one at a time"
     parallel_connects = 1
 
-    def start(self) -> "PycrdtTarget":
+    def start(self) -> PycrdtTarget:
         self._spawn([sys.executable, "-m", "yrelay_tools.bench.targets.pycrdt_server", "--port", str(self.port)])
         return self
 
@@ -124,7 +141,7 @@ class NodeYWebsocketTarget(Target):
     protocol = Y_WEBSOCKET
     note = IN_MEMORY
 
-    def start(self) -> "NodeYWebsocketTarget":
+    def start(self) -> NodeYWebsocketTarget:
         script = NODE_DIR / "node_modules" / "y-websocket" / "bin" / "server.js"
         node = shutil.which("node")
         if node is None or not script.is_file():
@@ -141,7 +158,7 @@ class BroadcastTarget(Target):
     protocol = Y_WEBSOCKET
     note = "relays bytes, keeps nothing (ceiling of the web stack)"
 
-    def start(self) -> "BroadcastTarget":
+    def start(self) -> BroadcastTarget:
         self._spawn([sys.executable, "-m", "yrelay_tools.bench.targets.broadcast", "--port", str(self.port)])
         return self
 
@@ -177,7 +194,7 @@ class YrelayClusterTarget(YrelayTarget):
         self.name = f"yrelay, {masters}-shard cluster"
         self.cluster: LocalCluster | None = None
 
-    def start(self) -> "YrelayClusterTarget":
+    def start(self) -> YrelayClusterTarget:
         self.cluster = LocalCluster(self.work_dir / f"cluster-{self.port}", masters=self.masters).start()
         self._serve(self.cluster.url)
         return self
@@ -191,8 +208,10 @@ class YrelayClusterTarget(YrelayTarget):
         topology = self.cluster.topology()
         masters = {f"redis{i}": self.cluster.node(port) for i, port in enumerate(topology)}
         replicas = {f"replica{i}": self.cluster.node(port) for i, port in enumerate(topology.values()) if port}
-        return {"server": self.server.process.pid,
-                **{name: node.process.pid for name, node in {**masters, **replicas}.items() if node.process}}
+        return {
+            "server": self.server.process.pid,
+            **{name: node.process.pid for name, node in {**masters, **replicas}.items() if node.process},
+        }
 
     @property
     def redis_url(self) -> str | None:
@@ -221,11 +240,13 @@ def make_target(key: str, work_dir: Path) -> Target:
     """``yrelay``, ``yrelay-yws``, ``yrelay-embedded``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
     ``yrelay+<SETTING>=<value>`` or ``yrelay-cluster<N>`` (N shards)."""
     if key.startswith("yrelay-cluster"):
-        return YrelayClusterTarget(work_dir, masters=int(key[len("yrelay-cluster"):] or 3))
+        return YrelayClusterTarget(work_dir, masters=int(key[len("yrelay-cluster") :] or 3))
     if key.startswith("yrelay@"):
         return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
-    if key.startswith("yrelay+"):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0), or Redis's appendfsync
-        name, value = key[len("yrelay+"):].split("=", 1)
+    if key.startswith(
+        "yrelay+"
+    ):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0), or Redis's appendfsync
+        name, value = key[len("yrelay+") :].split("=", 1)
         if name == "appendfsync":  # Redis's, not the server's
             target = YrelayTarget(work_dir, fsync=value)
             target.note = f"acks after a write to the AOF (appendfsync {value})"
