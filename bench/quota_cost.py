@@ -26,12 +26,12 @@ from redis.asyncio import Redis
 
 from yrelay import crdt
 from yrelay.app import create_app
-from yrelay.app.buckets import TokenBucket
 from yrelay.app.quotas import SubjectQuotas
 from yrelay.config import Settings
 from yrelay.keys import subject_bucket_key
 from yrelay.redis_server import RedisProcess, free_port
 from yrelay.scripts import Scripts
+from yrelay.transport.buckets import TokenBucket
 
 
 async def take_costs(url: str, takes: int) -> None:

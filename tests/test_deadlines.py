@@ -24,8 +24,8 @@ from websockets.exceptions import ConnectionClosed
 
 from conftest import FAST_BACKOFF, running_server
 from yrelay import crdt
-from yrelay.app.http_guard import EVICT_AFTER
 from yrelay.client import YrelayClient
+from yrelay.transport.http_guard import EVICT_AFTER
 from yrelay_tools.testing.processes import ServerProcess
 
 

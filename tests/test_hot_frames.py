@@ -104,7 +104,7 @@ def test_a_prepared_frame_is_the_frame_websockets_would_send() -> None:
     encoding (7-bit, 16-bit, 64-bit)."""
     from websockets.frames import Frame, Opcode
 
-    from yrelay.app.prepared_frames import text_frame
+    from yrelay.transport.prepared_frames import text_frame
 
     for size in (0, 5, 125, 126, 65_535, 65_536, 70_000):
         text = "é" * (size // 2) + "x" * (size % 2)
@@ -115,7 +115,7 @@ def test_a_prepared_frame_is_the_frame_websockets_would_send() -> None:
 def test_prepared_frames_are_used_only_when_nothing_wraps_send() -> None:
     """Middleware that wraps ``send`` (an embedding app's telemetry) would not
     see a prepared frame: then there is no writer, and every frame goes through ``send``."""
-    from yrelay.app.prepared_frames import PREPARED_FRAMES, prepared_writer
+    from yrelay.transport.prepared_frames import PREPARED_FRAMES, prepared_writer
 
     class Protocol:
         def write_prepared(self, frame: bytes) -> bool:

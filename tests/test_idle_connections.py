@@ -12,8 +12,8 @@ import pytest
 
 from conftest import running_server
 from yrelay import logs
-from yrelay.app.lean import Flag, Inbox
 from yrelay.app.ticker import SLOTS, Ticker
+from yrelay.transport.lean import Flag, Inbox
 from yrelay_tools.bench.wsclient import WsClient
 
 
@@ -196,8 +196,8 @@ async def test_an_inbox_getter_cancelled_after_its_wake_passes_the_item_on() -> 
 
 
 def test_uvicorn_options_carry_the_compression_choice_and_refuse_an_unknown_implementation() -> None:
-    from yrelay.app.ws_protocol import YrelayWebSocketProtocol
     from yrelay.config import Settings
+    from yrelay.transport.ws_protocol import YrelayWebSocketProtocol
 
     options = Settings().uvicorn_options()
     assert options["ws_per_message_deflate"] is False and issubclass(options["ws"], YrelayWebSocketProtocol)

@@ -14,9 +14,9 @@ from conftest import FAST_BACKOFF, eventually, running_server
 from test_validation import good_update
 from wsraw import RawPeer
 from yrelay import crdt
-from yrelay.app.buckets import TokenBucket
 from yrelay.app.limits import AddressCounts, Admission, DeliveryBudget, SessionRates
 from yrelay.client import YrelayClient
+from yrelay.transport.buckets import TokenBucket
 
 
 def b64(data: bytes) -> str:

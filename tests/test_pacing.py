@@ -12,9 +12,9 @@ import pytest
 
 from test_floods import masked
 from yrelay.app.answer_cache import MAX_KEY_BYTES, AnswerCache
-from yrelay.app.frame_walker import FrameWalker
 from yrelay.app.pacing import Flooded, Pacer
 from yrelay.config import Settings
+from yrelay.transport.frame_walker import FrameWalker
 
 
 async def held_until_flooded(bound: float) -> float:

@@ -12,6 +12,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .eventlog import SUBJECT_MODES
+from .transport.http_guard import guarded_protocol
+from .transport.ws_protocol import uvicorn_ws_options
 
 #: Upper bound of ``auth_leeway``: a token's expiry may be stretched, not ignored.
 MAX_AUTH_LEEWAY = 60.0
@@ -45,7 +47,7 @@ class Settings:
     #: permessage-deflate, when a client offers it (browsers do): off, as a
     #: deflate context per connection was half of an idle connection's
     #: memory; on, without context takeover and with small windows
-    #: (yrelay/app/ws_protocol.py; BENCHMARKS.md "Issue 20: idle memory").
+    #: (yrelay/transport/ws_protocol.py; BENCHMARKS.md "Issue 20: idle memory").
     ws_compression: bool = False
     #: uvicorn's websocket implementation: websockets-sansio, websockets or wsproto.
     ws_implementation: str = "websockets-sansio"
@@ -364,10 +366,7 @@ class Settings:
         compression bomb costs at most this much memory. Frames between
         ``max_frame_bytes`` and it are answered with ``frame_too_large``.
         ``http`` is uvicorn's httptools protocol with the request-head
-        deadline and caps (:mod:`yrelay.app.http_guard`)."""
-        from .app.http_guard import guarded_protocol  # the app imports this module
-        from .app.ws_protocol import uvicorn_ws_options
-
+        deadline and caps (:mod:`yrelay.transport.http_guard`)."""
         # /yws takes one update per message (stock clients cannot split), up to max_update_bytes.
         return {
             "ws_max_size": max(self.max_frame_bytes * 4, self.max_update_bytes + 64),

@@ -3,7 +3,7 @@
 Each worker is a whole ``yrelay serve`` of its own (a child process run with
 ``--workers 1 --reuse-port``): its own uvicorn server, built exactly as a
 single-process one (every option of ``Settings.uvicorn_options()``, the
-guarded HTTP protocol of :mod:`yrelay.app.http_guard` included), its own
+guarded HTTP protocol of :mod:`yrelay.transport.http_guard` included), its own
 fan-out, GC loop, validator and engine workers. Workers never talk to each
 other; several processes on one Redis is how the server always scaled.
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..auth import NoAuthenticator, Principal
 from ..keys import subject_id
 from ..protocol import AnyUpdate, ErrorCode, ProtocolError
-from .buckets import TokenBucket
+from ..transport.buckets import TokenBucket
 from .context import ServerContext
 from .pacing import Pacer
 from .quotas import SharedBucket, SubjectBuckets

@@ -47,6 +47,8 @@ from ..protocol import (
 )
 from ..redis_client import lost_redis
 from ..tasks import TaskSet
+from ..transport.prepared_frames import WritePrepared
+from ..transport.ws_protocol import trust
 from . import subscription_set
 from .allowance import Allowance
 from .connection_documents import ConnectionDocuments
@@ -55,10 +57,8 @@ from .context import ServerContext
 from .handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened, refuse
 from .pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
 from .payloads import decode_b64
-from .prepared_frames import WritePrepared
 from .update_parts import frame_identity
 from .write_path import WritePath
-from .ws_protocol import trust
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ConnectionState(enum.Enum):
 class Connection:
     def __init__(self, websocket: WebSocket, ctx: ServerContext, write_prepared: WritePrepared | None = None):
         """``write_prepared``: the server's writer of prepared frames
-        (:func:`.prepared_frames.prepared_writer`), for the fan-out's inline deliveries."""
+        (:func:`yrelay.transport.prepared_frames.prepared_writer`), for the fan-out's inline deliveries."""
         self.websocket = websocket
         self.ctx = ctx
         self.state = ConnectionState.AWAITING_HELLO

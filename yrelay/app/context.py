@@ -34,6 +34,7 @@ from ..scripts import NAMES as SCRIPT_NAMES
 from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
+from ..transport.receiving import RECEIVING, Receiving
 from .acks import SubscriptionRegistry
 from .answer_cache import AnswerCache
 from .appender import Appender
@@ -44,7 +45,6 @@ from .inflight import ByteBudget
 from .limits import Limits
 from .presence import Presence
 from .quotas import SubjectQuotas
-from .receiving import RECEIVING, Receiving
 from .replicas import ReplicaWait
 from .sessions import SessionRegistry
 from .ticker import Ticker

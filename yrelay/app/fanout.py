@@ -75,7 +75,7 @@ class Batch:
     after: StreamId
     entries: list[Entry]
     frames: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False, repr=False)
-    #: The same frames as websocket frames (:func:`.prepared_frames.text_frame`), by the same keys.
+    #: The same frames as websocket frames (:func:`yrelay.transport.prepared_frames.text_frame`), by the same keys.
     prepared: dict[tuple[object, ...], bytes] = field(default_factory=dict, compare=False, repr=False)
 
     @property

@@ -3,7 +3,7 @@
 Everything here is in-process arithmetic, never a Redis call: a limit must
 hold when Redis is slow, and must cost nothing on the hot path.
 
-- token buckets (:mod:`.buckets`) for new connections per second and
+- token buckets (:mod:`yrelay.transport.buckets`) for new connections per second and
   updates per session.
 - :class:`Admission`: new connections per second of this process.
 - :class:`AddressCounts`: open websockets per client address.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..protocol import ErrorCode, ProtocolError
-from .buckets import TokenBucket
+from ..transport.buckets import TokenBucket
 
 if TYPE_CHECKING:
     from ..config import Settings

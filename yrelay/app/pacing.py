@@ -18,7 +18,7 @@ of every websocket endpoint (``/ws``, ``/yws``) therefore passes
   bucket is in debt (:meth:`charge` books an answer's bytes once it is
   sent). Over a rate the connection simply stops reading: its unread
   frames stay in the socket and TCP slows the sender down
-  (the websocket protocol, :mod:`.ws_protocol`, parses no more than a few
+  (the websocket protocol, :mod:`yrelay.transport.ws_protocol`, parses no more than a few
   frames ahead). Nothing is refused, so nothing cascades: the updates behind
   a slowed one are not turned into ``missing_dependency``;
 - **a hard bound** for frames and control frames, which a well-behaved
@@ -32,7 +32,7 @@ of every websocket endpoint (``/ws``, ``/yws``) therefore passes
   the default 10) :class:`Flooded` is raised, and the endpoint closes the
   connection with **4429** after saying when to come back. (The server's
   keepalive does not take a held-back connection for dead while frames it
-  sent wait unread: :mod:`.ws_protocol`.)
+  sent wait unread: :mod:`yrelay.transport.ws_protocol`.)
 
 Before authentication a connection has tiny buckets of its own: a client
 has exactly one frame to send then (``hello``), and the ``hello`` deadline
@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .buckets import DebtBucket, TokenBucket
+from ..transport.buckets import DebtBucket, TokenBucket
 
 if TYPE_CHECKING:
     from ..config import Settings

@@ -34,6 +34,7 @@ from .. import logs, pygc
 from ..auth import Authenticator
 from ..auth.host import AuthenticateFn, HostAuthenticator, current_connection
 from ..config import Settings
+from ..transport.prepared_frames import prepared_writer
 from .binding import binder
 from .connection import Connection
 from .context import ServerContext
@@ -41,7 +42,6 @@ from .health import router as health_router
 from .ops import router as ops_router
 from .ops_groups import router as ops_groups_router
 from .paths import DOC_PARAM
-from .prepared_frames import prepared_writer
 from .scrape import router as scrape_router
 from .yws_endpoint import YWS_PREFIX, YwsEndpoint
 

@@ -20,10 +20,10 @@ from .. import protocol
 from ..deletion import DocumentDeleted, is_deletion
 from ..offsets import StreamId
 from ..store import Entry
+from ..transport.prepared_frames import text_frame
 from . import sizing
 from .acks import AckWindow
 from .fanout import Batch
-from .prepared_frames import text_frame
 
 if TYPE_CHECKING:
     from .context import ServerContext
@@ -39,7 +39,7 @@ MAX_PREPARED_CHARS = 16 * 1024
 Send = Callable[[dict[str, Any] | str], Awaitable[None]]
 #: Deliver frames of one fan-out batch, encoded once (see :meth:`Sender.deliver_frame`).
 Shared = dict[tuple[object, ...], str]
-#: Writes a frame framed once for many sockets now; False when it cannot (:mod:`.prepared_frames`).
+#: Writes a frame framed once for many sockets now; False when it cannot (:mod:`yrelay.transport.prepared_frames`).
 SendPrepared = Callable[[bytes], bool]
 
 

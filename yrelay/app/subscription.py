@@ -36,10 +36,10 @@ from ..reconciliation.stream_digest import WindowDigest
 from ..redis_client import lost_redis
 from ..store import HistoryTrimmed
 from ..tasks import BackgroundTask
+from ..transport.lean import Kick
 from .acks import AckWindow
 from .engine_pool import EngineFailed
 from .fanout import Batch
-from .lean import Kick
 from .limits import DeliveryBudget
 from .resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point
 from .rewind import find_rewound

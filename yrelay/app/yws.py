@@ -46,6 +46,7 @@ from ..crdt import InvalidUpdate
 from ..keys import InvalidDocumentId, room_doc_id
 from ..protocol import ProtocolError, Update
 from ..tasks import TaskSet
+from ..transport.ws_protocol import trust
 from ..yprotocol import AwarenessMessage, QueryAwarenessMessage, SyncMessage, SyncStep, YProtocolError
 from .allowance import Allowance
 from .connection_presence import ConnectionPresence
@@ -55,7 +56,6 @@ from .handshake import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, Handshake
 from .pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
 from .resync import sync_answer
 from .write_path import WritePath
-from .ws_protocol import trust
 from .yws_feed import YwsFeed
 
 log = logging.getLogger(__name__)
