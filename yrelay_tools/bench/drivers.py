@@ -26,7 +26,8 @@ try:  # the bench extra; the standard library otherwise
     _loads: Callable[[str | bytes], Any] = orjson.loads
 
     def _dumps(frame: object) -> str:
-        return orjson.dumps(frame).decode()
+        text: str = orjson.dumps(frame).decode()  # typed here whether or not orjson is installed
+        return text
 except ImportError:  # pragma: no cover
     import json
 
