@@ -12,6 +12,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import eventually
 from test_consumers import write
 from yrelay.consumers import ConsumerGroup
@@ -68,7 +70,15 @@ async def test_the_cli_pipes_every_entry_restarts_a_crashed_command_and_leaves_o
         assert await redis_client.zcard(group_members_key("pipe")) == 1
     finally:
         process.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(process.communicate(), 15)
+        try:
+            # Its stop (the command's 5 s grace, leaving the group) took more
+            # than 15 s under make test-busy; a stop that hangs still fails,
+            # now with the command's log.
+            _, stderr = await asyncio.wait_for(process.communicate(), 60)
+        except TimeoutError:
+            process.kill()
+            _, stderr = await process.communicate()
+            pytest.fail(f"consume did not stop within 60 s of SIGTERM; its log:\n{stderr.decode()[-4000:]}")
     log = stderr.decode()
     assert process.returncode == 0, log
     # The crash: the batch written second was received, not acked, and sent again to the new script.
