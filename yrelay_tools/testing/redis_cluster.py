@@ -17,13 +17,16 @@ from typing import Any
 
 import redis
 
-from yrelay.redis_server import RedisProcess, find_redis_server
+from yrelay.redis_server import RedisProcess, ephemeral_low, find_redis_server
 
 
 def cluster_port() -> int:
-    """A free port whose cluster bus port (+10,000) is free too."""
+    """A free port whose cluster bus port (+10,000) is free too, both below
+    the kernel's ephemeral range (:func:`yrelay.redis_server.free_port`
+    says why)."""
+    top = max(ephemeral_low() - 10_000, 12_000)
     while True:
-        port = random.randrange(20_000, 55_000)
+        port = random.randrange(10_000, top)
         try:
             for candidate in (port, port + 10_000):
                 with socket.socket() as sock:
