@@ -115,7 +115,7 @@ class WritePath:
                 layout=reading.layout if reading is not None else None,
             )
         except crdt.InvalidUpdate as exc:
-            raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
+            raise ProtocolError.about(frame, ErrorCode.INVALID_UPDATE, str(exc)) from None
         await self._inflight.acquire(len(update))
         previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
         self._spawn(self._append_when_valid(frame, update, verdict, reading, previous, self._turn, received))
@@ -220,8 +220,7 @@ class WritePath:
 
     async def _refuse(self, frame: AnyUpdate, code: ErrorCode, message: str, **fields: Any) -> None:
         """Answer ``frame``'s update with an error naming its doc and clock."""
-        error = ProtocolError(code, message, doc=frame.doc, clock=frame.clock, **fields)
-        await self._safe_send(protocol.error(error))
+        await self._safe_send(protocol.error(ProtocolError.about(frame, code, message, **fields)))
 
     async def _safe_send(self, frame: dict[str, Any]) -> None:
         try:
