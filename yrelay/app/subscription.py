@@ -104,7 +104,6 @@ class Subscription:
         self._pump = BackgroundTask(f"yrelay-sub-{doc}", self._run, kind="yrelay-subscription")
         #: The fan-out offered a batch since the pump last parked (it parks only then).
         self._offered = False
-        self.drift_detected = 0
         #: Called once the client was told the document was deleted (the subscription then ends).
         self._on_deleted = on_deleted
         #: Writes a prepared deliver frame now (None: the server offers no such writer).
@@ -293,8 +292,6 @@ class Subscription:
         if isinstance(point, Resume):
             await self._go_live(point)
         else:
-            if point is ResyncReason.DRIFT:
-                self.drift_detected += 1
             await self._require_resync(point)
 
     async def _go_live(self, point: Resume) -> None:
