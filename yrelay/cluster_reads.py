@@ -22,7 +22,7 @@ documents this way:
   round, not at the next sweep.
 - **A sweep every ``block_ms``** (:meth:`BucketWakeups.next_round`) reads
   every followed document: what no wake-up announced (an append by
-  ``DocumentStore.append``, a wake-up lost to a failover) is read within
+  ``append_one``, a wake-up lost to a failover) is read within
   ``block_ms``.
 
 Why this and not the other designs: docs/architecture.md#redis-cluster, with

@@ -32,14 +32,13 @@ from ..admission import Reading, read_for_storing
 from ..deletion import is_deleted_error
 from ..offsets import StreamId
 from ..protocol import AnyUpdate, ErrorCode, ProtocolError
-from ..store import NotAdmitted
+from ..storage.append import AppendResult, NotAdmitted
+from ..storage.replicas import ReplicationTimeout
 from ..update_format import MalformedUpdate
 from .allowance import Allowance
-from .appender import AppendResult
 from .context import ServerContext
 from .inflight import InflightUpdates
 from .payloads import decode_limited
-from .replicas import ReplicationTimeout
 from .update_parts import Reject, UpdateParts
 from .validator import ValidatorUnavailable
 
