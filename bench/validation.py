@@ -4,7 +4,7 @@ validation now runs too; then the same checks in validator processes
 (yrelay.app.validator), awaited one at a time and from many connections at
 once (batched per round trip); and (issue 20) the server's path as it is
 now: the write path's layout read given, an update of a known-safe shape
-(yrelay.safe_updates) passes without a worker. Prints microseconds per update.
+(decided by that read: Layout.known_safe) passes without a worker. Prints microseconds per update.
 
     .venv/bin/python bench/validation.py [--updates 20000] [--workers 2]
 """
@@ -19,7 +19,6 @@ import y_py
 
 from yrelay import crdt, update_format
 from yrelay.app.validator import Validator
-from yrelay.safe_updates import known_safe
 
 
 def sample_updates(count: int) -> list[bytes]:
@@ -62,7 +61,7 @@ async def pool_us(
     the clock starts: the write path reads it anyway, for causal admission),
     as the server submits them, so known-safe shapes skip the workers."""
     validator = Validator(workers, timeout=5.0)
-    layouts = [update_format.read_layout(u) if with_layout else None for u in updates]
+    layouts = [update_format.read_layout(u, decide=True) if with_layout else None for u in updates]
     await validator.start()
     try:
         queue = iter(zip(updates, layouts, strict=True))
@@ -101,12 +100,12 @@ def main() -> None:
     print(
         f"| crdt.validate_update (pycrdt and y-py: YRELAY_VALIDATE_WITH_YPY), in-loop | {both[0]:.1f} | {both[1]:.1f} |"
     )
-    layouts = [update_format.read_layout(u) for u in updates]
-    pairs = iter(layouts)
-    shape = per_update_us(lambda u: known_safe(u, next(pairs)), updates)
-    read = per_update_us(update_format.read_layout, updates)
-    print(f"| update_format.read_layout (the write path's causal read) | {read[0]:.1f} | {read[1]:.1f} |")
-    print(f"| safe_updates.known_safe, given that read | {shape[0]:.1f} | {shape[1]:.1f} |")
+    layouts = [update_format.read_layout(u, decide=True) for u in updates]
+    read = per_update_us(lambda u: update_format.read_layout(u, decide=True), updates)
+    print(
+        f"| update_format.read_layout (the write path's causal read, deciding the known shapes) "
+        f"| {read[0]:.1f} | {read[1]:.1f} |"
+    )
     for concurrency in (1, 16, 256):
         us, cpu = asyncio.run(pool_us(updates, args.workers, concurrency))
         print(f"| {args.workers} validator processes, {concurrency} connections at once | {us:.1f} | {cpu:.1f} |")
@@ -116,7 +115,7 @@ def main() -> None:
             f"| the server's path (known shapes in-loop, {args.workers} processes for the rest), "
             f"{concurrency} connections | {us:.1f} | {cpu:.1f} |"
         )
-    known = sum(known_safe(u, layout) for u, layout in zip(updates, layouts, strict=True))
+    known = sum(layout.known_safe for layout in layouts)
     print(f"known-safe shapes: {known} of {len(updates)}")
     print(f"\n64 KiB pastes, {len(big)}:")
     print("| check | us per update (wall) | us of server CPU per update |")

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 
 from yrelay import crdt, validation
-from yrelay.safe_updates import known_safe
 from yrelay.update_format import read_layout
 from yrelay_tools.testing.update_fuzz import OK, Engine, real_updates
 
@@ -50,7 +49,7 @@ def ms_per_1000(check: Callable[[bytes], str], updates: list[bytes], rounds: int
 
 
 def report(name: str, updates: list[bytes]) -> None:
-    outside = [u for u in updates if not known_safe(u, read_layout(u))]
+    outside = [u for u in updates if not read_layout(u, decide=True).known_safe]
     alone = ms_per_1000(validation.check, outside)
     both = ms_per_1000(lambda u: validation.check(u, True), outside)
     print(
@@ -73,7 +72,7 @@ def main() -> None:
     if args.survivors:
         lines = open(args.survivors).read().split()
         random.Random(1).shuffle(lines)
-        sample = [u for u in map(bytes.fromhex, lines) if not known_safe(u, read_layout(u))][: args.sample]
+        sample = [u for u in map(bytes.fromhex, lines) if not read_layout(u, decide=True).known_safe][: args.sample]
         report("fuzz survivors both engines read", read_by_both(sample))
 
 

@@ -13,7 +13,6 @@ from engines import needs_ypy
 from test_validation import good_update
 from yrelay import crdt, validation
 from yrelay.app.validator import Validator
-from yrelay.safe_updates import known_safe
 from yrelay.update_format import read_layout
 from yrelay_tools.testing import update_fuzz
 
@@ -45,7 +44,7 @@ HOSTILE = {
 
 
 def _known(update: bytes) -> bool:
-    return known_safe(update, read_layout(update))
+    return read_layout(update, decide=True).known_safe
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -144,11 +143,11 @@ async def test_a_known_shape_passes_without_a_worker():
     await validator.start()
     try:
         hang = good_update("HANG")
-        future = validator.submit(hang, layout_checked=True, layout=read_layout(hang))
+        future = validator.submit(hang, layout_checked=True, layout=read_layout(hang, decide=True))
         assert future.done() and future.result() is None and validator.known_safe == 1
         result = await validator.submit(hang)
         assert isinstance(result, crdt.InvalidUpdate) and "0.5s" in str(result)
         aborts = bytes.fromhex(HOSTILE["aborts y-py"])
-        assert not validator.submit(aborts, layout_checked=True, layout=read_layout(aborts)).done()
+        assert not validator.submit(aborts, layout_checked=True, layout=read_layout(aborts, decide=True)).done()
     finally:
         await validator.stop()

@@ -110,12 +110,12 @@ def read_for_storing(update: bytes) -> Reading:
     (``read_layout(strict=True)``: nothing Yjs cannot decode), in the form
     it is stored (without the structs of length 0 and empty delete ranges
     Yjs throws on: :func:`update_format.stored_form`), with that form's
-    layout and needs. Raises :class:`MalformedUpdate`
+    layout (its known-safe shape decided) and needs. Raises :class:`MalformedUpdate`
     (:class:`InconsistentUpdate` included)."""
-    layout = update_format.read_layout(update, strict=True)
+    layout = update_format.read_layout(update, strict=True, decide=True)
     stored = update_format.stored_form(update, layout)
     if stored is not update:
-        layout = update_format.read_layout(stored)
+        layout = update_format.read_layout(stored, decide=True)
     return Reading(stored, layout, needs_of(layout))
 
 

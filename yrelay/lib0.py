@@ -18,7 +18,8 @@ keeps its own error type and no IndexError or bare ValueError leaks. A
 number takes at most 8 bytes and must be at most 2**53 - 1: JavaScript
 numbers are exact only that far, so no lib0 encoder writes more, and
 anything larger is hostile. lib0 itself accepts non-minimal encodings (a
-zero written as ``80 00``), and so does this reader, within the 8 bytes.
+zero written as ``80 00``), and so does this reader, within the 8 bytes
+(noting that it read one: engines other than lib0 differ on them).
 """
 
 from __future__ import annotations
@@ -91,12 +92,14 @@ class Reader:
     common, costs one index and one comparison.
     """
 
-    __slots__ = ("data", "pos", "error")
+    __slots__ = ("data", "pos", "error", "padded")
 
     def __init__(self, data: bytes, error: type[Exception] = DecodeError, pos: int = 0):
         self.data = data
         self.pos = pos
         self.error = error
+        #: A number was written in more bytes than it needs (``80 00``).
+        self.padded = False
 
     def done(self) -> bool:
         return self.pos >= len(self.data)
@@ -140,6 +143,8 @@ class Reader:
             if value > MAX_SAFE_INTEGER:
                 raise self.error("number larger than 2^53 - 1")
             if byte < 0x80:
+                if not byte:
+                    self.padded = True
                 self.pos = pos
                 return value
             shift += 7

@@ -15,11 +15,47 @@ The layout, per the Yjs source (``encoding.js``, ``UpdateDecoderV1``):
   (length), 10 Skip (length, covers nothing), else an Item whose origins,
   parent and content follow and whose length is its content's length;
 * the delete set: ``n`` clients, each ``client, count`` then ``clock, length``.
+
+The same read decides whether the update has a shape both engines (y-py,
+the Python client's, and pycrdt, the server's) are known to read
+(:attr:`Layout.known_safe`). Every update must be readable by both before
+it is stored, and y-py 0.6.2 can abort its process on a hostile one, so
+the engines run in validator processes (:mod:`yrelay.app.validator`): a
+pipe round trip per batch (~4 ms of p50 at 500 updates/s, issue 20) and
+the workers' CPU. Most updates are a few structs typed by a browser; an
+update of a known shape skips the workers. The shapes were shown to be
+read by both engines by a differential fuzz over millions of generated and
+mutated updates (``python -m yrelay_tools.testing.update_fuzz``; figures
+in BENCHMARKS.md#validation). The decision never refuses anything: False
+means "ask the engines". Each rule closes a door the fuzz showed open or
+one no live edit needs:
+
+- at most ``KNOWN_SAFE_BYTES``;
+- each client at most once, with at least one struct; every client id
+  below 2**32 (y-py panics on some above: 2**32, 2**33, ...) and every
+  clock, length and delete range below 2**31 (both engines count in u32);
+  every number written in as few bytes as it needs (as every encoder does);
+- only Items (no GC, no Skip: live edits carry neither), with content
+  Deleted, String, Binary, Any, Type (refs 0..6 but XmlHook) or
+  Format/Embed whose JSON is canonical and simple; at least one clock long;
+- every string (content, root names, map keys, type names, Any strings)
+  strict UTF-8 (no encoded surrogates); a parent named, or given by id;
+- Any values: undefined, null, booleans, integers within 32 bits, floats,
+  strings, and arrays and objects of those, nested at most ``MAX_DEPTH``
+  deep;
+- no origin, right origin or delete cuts a String of the update that holds
+  a surrogate pair (y-py panics cutting inside one);
+- a reference to the item's own client names an earlier clock; a parent
+  reference into the update's own structs names a Type item.
+
+The 21-byte update that aborts y-py (docs/security.md#validation) is an
+Embed whose text is not UTF-8: not a known shape, so it goes to a worker.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import heapq
 import json
 import re
@@ -32,56 +68,242 @@ Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
 
 _BIT6, _BIT7, _BIT8, _BITS5 = 32, 64, 128, 31
 _GC, _SKIP = 0, 10
+_STRING, _TYPE = 4, 7
 _TYPE_NEEDS_KEY = {3, 5}  # YXmlElement, YXmlHook carry a node name
 #: Type refs Yjs 13 reads: YArray .. YXmlText (0-6). pycrdt reads 9 and 15
 #: too (yrs's sub-document and "undefined" branches); Yjs throws on them.
 YJS_TYPE_REFS = 7
 _NO_END = float("inf")
 
+#: Larger updates are never known safe: they go to the validator processes
+#: (their batches amortise the round trip, and the fuzz covered updates up
+#: to this size).
+KNOWN_SAFE_BYTES = 4096
+#: Nesting of a known shape's Any values, arrays and objects included.
+MAX_DEPTH = 8
+_MAX_CLOCK = _MAX_INT = 2**31 - 1
+#: Client ids are 32-bit, as Yjs writes them: y-py panics on an item whose
+#: parent is named by id when the item's or the parent's client is 2**32,
+#: 2**33, 3 * 2**32, ... (found by the fuzz; pycrdt's own ids take 53 bits).
+_MAX_CLIENT = 2**32 - 1
+#: Array, Map, Text, XmlElement, XmlFragment, XmlText (not XmlHook: pycrdt
+#: reads its name differently from y-py and refused every one the fuzz made).
+_KNOWN_TYPE_REFS = {0, 1, 2, 3, 4, 6}
+#: JSON text with no escapes and no control characters.
+_PLAIN_JSON = re.compile(r"[^\\\x00-\x1f]*")
+
 
 class MalformedUpdate(ValueError):
     """The bytes do not follow the Yjs v1 update layout."""
 
 
-def _reader(data: bytes) -> lib0.Reader:
-    return lib0.Reader(data, MalformedUpdate)
+class _Walk(lib0.Reader):
+    """One read of an update's structs. ``strict``: what Yjs cannot decode is
+    refused (see :func:`read_layout`). ``decide``: ``known`` stays True while
+    the update has one of the shapes both engines are known to read (see the
+    module doc), and the walk gathers what is decided once every struct is
+    read (:meth:`decided`)."""
+
+    __slots__ = ("strict", "known", "pairs", "cuts", "strings", "parents")
+
+    def __init__(self, data: bytes, strict: bool = False, decide: bool = False) -> None:
+        super().__init__(data, MalformedUpdate)
+        self.strict = strict
+        self.known = decide and len(data) <= KNOWN_SAFE_BYTES
+        #: Whether the last ContentString read holds a surrogate pair.
+        self.pairs = False
+        #: (client, clock) where an engine may cut a struct: after an
+        #: origin, at a right origin, at both ends of each delete range.
+        self.cuts: list[tuple[int, int]] = []
+        #: Strings of the update holding surrogate pairs: (client, start, end).
+        self.strings: list[tuple[int, int, int]] = []
+        #: Parent ids items name.
+        self.parents: list[tuple[int, int]] = []
+
+    def text(self, what: str, lone_surrogates: bool = False) -> str:
+        """A string Yjs decodes (lib0's TextDecoder is fatal: invalid UTF-8,
+        encoded surrogates included, throws): refused when ``strict``, not a
+        known shape otherwise; '' unless one of them needs it read, or
+        ``lone_surrogates`` (a ContentString: they pass, their UTF-16 length
+        counts)."""
+        data = self.varuint8array()
+        if self.strict or self.known:
+            try:
+                return data.decode()
+            except UnicodeDecodeError:
+                if self.strict:
+                    raise MalformedUpdate(f"{what} is not UTF-8: {_YJS}") from None
+                self.known = False
+        if not lone_surrogates:
+            return ""
+        try:
+            return data.decode("utf-8", errors="surrogatepass")
+        except UnicodeDecodeError:
+            raise MalformedUpdate("string is not UTF-8") from None
+
+    def json(self, what: str, undefined: bool = False) -> None:
+        """JSON text Yjs parses (``JSON.parse``: no NaN, no Infinity, unlike
+        Python's); ``undefined``: the word itself passes (ContentJSON's).
+        A known shape holds only JSON both engines' parsers read alike."""
+        text = self.text(what)
+        if self.known:
+            self.known = _plain_json(text)
+        if self.strict and not self.known and not (undefined and text == "undefined") and not _is_json(text):
+            raise MalformedUpdate(f"{what} is not JSON: {_YJS}")
+
+    def value(self) -> None:
+        """One value of lib0's ``writeAny`` (ContentAny's)."""
+        start = self.pos
+        if self.known:
+            with contextlib.suppress(MalformedUpdate):
+                if self._plain_value(0):
+                    return
+            self.known = False
+            self.pos = start  # read again as any value (or refused as before)
+        self.skip_any(strict=self.strict)
+
+    def _plain_value(self, depth: int) -> bool:
+        """A value of the known shapes: undefined, null, booleans, integers
+        within 32 bits (not -0), floats, strict UTF-8 strings, and arrays and
+        objects of those nested at most ``MAX_DEPTH`` deep (not bigint, not
+        binary: rare, left to the engines)."""
+        if depth > MAX_DEPTH:
+            return False
+        kind = self.uint8()
+        if kind in (127, 126, 121, 120):  # undefined, null, false, true
+            return True
+        if kind == 125:  # integer (a padded one is caught by ``padded``)
+            start = self.pos
+            return abs(self.varint()) <= _MAX_INT and not (self.pos == start + 1 and self.data[start] == 0x40)
+        if kind in (124, 123):  # float32, float64
+            self.uint8array(4 if kind == 124 else 8)
+            return True
+        if kind == 119:  # string
+            return _utf8(self.varuint8array())
+        if kind == 118:  # object
+            return all(_utf8(self.varuint8array()) and self._plain_value(depth + 1) for _ in range(self.varuint()))
+        if kind == 117:  # array
+            return all(self._plain_value(depth + 1) for _ in range(self.varuint()))
+        return False
+
+    def content_length(self, ref: int) -> int:
+        """Consume an Item's content and return how many clocks it spans."""
+        if ref == 1:  # ContentDeleted
+            return self.varuint()
+        if ref == 3:  # ContentBinary
+            self.varuint8array()
+            return 1
+        if ref == 4:  # ContentString
+            text = self.text("a string", lone_surrogates=True)
+            length = _utf16_length(text)
+            self.pairs = length != len(text)
+            return length
+        if ref == 5:  # ContentEmbed: JSON text
+            self.json("an embed")
+            return 1
+        if ref == 6:  # ContentFormat: key, JSON text
+            self.text("a format's key")
+            self.json("a format's value")
+            return 1
+        if ref == 7:  # ContentType
+            type_ref = self.varuint()
+            if self.strict and type_ref >= YJS_TYPE_REFS:
+                raise MalformedUpdate(f"type ref {type_ref} is not one of Yjs's (0-6): {_YJS}")
+            self.known = self.known and type_ref in _KNOWN_TYPE_REFS
+            if type_ref in _TYPE_NEEDS_KEY:
+                self.text("a node name")
+            return 1
+        if ref == 8:  # ContentAny
+            count = self.varuint()
+            for _ in range(count):
+                self.value()
+            return count
+        self.known = False  # ContentJSON (legacy), ContentDoc: not seen in live edits
+        if ref == 2:  # ContentJSON: strings
+            count = self.varuint()
+            for _ in range(count):
+                self.json("a JSON item", undefined=True)
+            return count
+        if ref == 9:  # ContentDoc: guid, options
+            self.text("a sub-document's guid")
+            if self.strict and self.data[self.pos : self.pos + 1] in (b"\x7f", b"\x7e"):
+                raise MalformedUpdate(f"a sub-document's options are undefined or null: {_YJS}")
+            self.skip_any(strict=self.strict)
+            return 1
+        raise MalformedUpdate(f"unknown content type {ref}")
+
+    def item(self, info: int, refs: list[tuple[int, int]] | None = None) -> int:
+        """Consume one Item (after its info byte) and return its length; the
+        ids it refers to (origin, right origin, parent) go to ``refs`` when given."""
+        if info & _BIT8:
+            self._ref(refs)  # origin id
+        if info & _BIT7:
+            self._ref(refs)  # right origin id
+        if not info & (_BIT7 | _BIT8):  # the parent cannot be copied from an origin
+            named = self.varuint()
+            if named == 1:
+                self.text("a root type's name")
+            else:  # lib0 reads any value but 1 as "an id", the engines as a u32 (2**32 + 1 is a name)
+                self.known = self.known and named == 0
+                self._ref(refs)  # the parent item's id
+            if info & _BIT6:
+                self.text("a map key")  # parentSub
+        return self.content_length(info & _BITS5)
+
+    def _ref(self, refs: list[tuple[int, int]] | None) -> None:
+        client, clock = self.varuint(), self.varuint()
+        if refs is not None:
+            refs.append((client, clock))
+
+    def decide_item(self, client: int, clock: int, length: int, info: int, refs: list[tuple[int, int]]) -> None:
+        """Keep ``known`` for an Item of the known shapes (its content was
+        read): at least one clock long, below 2**31; ids of 32-bit clients
+        and 31-bit clocks, one of its own client naming an earlier clock."""
+        if not 1 <= length <= clock + length <= _MAX_CLOCK:
+            self.known = False
+        if self.pairs and info & _BITS5 == _STRING:
+            self.strings.append((client, clock, clock + length))
+        origin = info & _BIT8
+        for ref_client, ref_clock in refs:
+            if ref_clock > _MAX_CLOCK or ref_client > _MAX_CLIENT or (ref_client == client and ref_clock >= clock):
+                self.known = False
+            if not info & (_BIT7 | _BIT8):
+                self.parents.append((ref_client, ref_clock))
+            else:  # an origin (first): the item goes after that clock; a right origin: before it
+                self.cuts.append((ref_client, ref_clock + 1 if origin else ref_clock))
+                origin = 0
+
+    def decided(self, sections: Sequence[Section]) -> bool:
+        """The decision, once the whole update is read: its strings with
+        surrogate pairs are cut nowhere inside one (y-py panics cutting
+        inside one: an origin or a delete naming half an emoji of the same
+        update, found by the fuzz), and a parent it carries itself is a
+        Type item (else the engines keep the item pending)."""
+        if not self.known or self.padded:  # every number as few bytes as it needs
+            return False
+        carried = {section.client: section.structs for section in sections} if self.parents else {}
+        for client, clock in self.parents:
+            structs = carried.get(client, ())
+            if structs and structs[0].clock <= clock < structs[-1].clock + structs[-1].length:
+                if not any(s.clock == clock and self.data[s.start] & _BITS5 == _TYPE for s in structs):
+                    return False
+        return not any(
+            cut_client == client and start < cut < end
+            for client, start, end in self.strings
+            for cut_client, cut in self.cuts
+        )
 
 
-def _string(reader: lib0.Reader, strict: bool = False) -> str:
-    """A ContentString's text; lone surrogates pass (their UTF-16 length
-    counts), unless ``strict``."""
-    if strict:
-        return _text(reader, True, "a string")
+def _utf8(data: bytes) -> bool:
+    """Whether ``data`` is strict UTF-8 (no encoded surrogates)."""
     try:
-        return reader.varuint8array().decode("utf-8", errors="surrogatepass")
+        data.decode()
     except UnicodeDecodeError:
-        raise MalformedUpdate("string is not UTF-8") from None
+        return False
+    return True
 
 
 _YJS = "Yjs cannot apply it"
-
-
-def _text(reader: lib0.Reader, strict: bool, what: str) -> str:
-    """A string Yjs decodes (lib0's TextDecoder is fatal: invalid UTF-8,
-    encoded surrogates included, throws); '' unless ``strict``, where it is
-    only skipped."""
-    data = reader.varuint8array()
-    if not strict:
-        return ""
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        raise MalformedUpdate(f"{what} is not UTF-8: {_YJS}") from None
-
-
-def _json(reader: lib0.Reader, strict: bool, what: str, undefined: bool = False) -> None:
-    """JSON text Yjs parses (``JSON.parse``: no NaN, no Infinity, unlike
-    Python's); ``undefined``: the word itself passes (ContentJSON's)."""
-    text = _text(reader, strict, what)
-    if not strict or (undefined and text == "undefined"):
-        return
-    if not _is_json(text):
-        raise MalformedUpdate(f"{what} is not JSON: {_YJS}")
 
 
 def _not_json(word: str) -> None:
@@ -115,79 +337,39 @@ def _past_space(text: str, start: int) -> int:
     return space.end()
 
 
+def _plain_json(text: str) -> bool:
+    """Format and Embed values of the known shapes: JSON both engines'
+    parsers read alike (canonical, no escapes, no control characters:
+    parsers differ on escapes and lone surrogates), of null, booleans,
+    strings and 32-bit integers (and arrays and objects of those)."""
+    if len(text) > 1024 or not _PLAIN_JSON.fullmatch(text):
+        return False
+    try:
+        value = json.loads(text)
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False) == text and _plain(value, 0)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _plain(value: object, depth: int) -> bool:
+    if depth > MAX_DEPTH:
+        return False
+    if value is None or isinstance(value, (bool, str)):
+        return True
+    if isinstance(value, int):
+        return abs(value) <= _MAX_INT
+    if isinstance(value, list):
+        return all(_plain(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(_plain(item, depth + 1) for item in value.values())
+    return False
+
+
 def _utf16_length(text: str) -> int:
     """Yjs counts string clocks in UTF-16 code units, as JavaScript does."""
     if text.isascii():
         return len(text)
     return len(text.encode("utf-16-le", errors="surrogatepass")) // 2
-
-
-def _content_length(reader: lib0.Reader, ref: int, strict: bool = False) -> int:
-    """Consume an Item's content and return how many clocks it spans
-    (``strict``: what Yjs cannot read is refused, see :func:`read_layout`)."""
-    if ref == 1:  # ContentDeleted
-        return reader.varuint()
-    if ref == 2:  # ContentJSON: strings
-        count = reader.varuint()
-        for _ in range(count):
-            _json(reader, strict, "a JSON item", undefined=True)
-        return count
-    if ref == 3:  # ContentBinary
-        reader.varuint8array()
-        return 1
-    if ref == 4:  # ContentString
-        return _utf16_length(_string(reader, strict))
-    if ref == 5:  # ContentEmbed: JSON text
-        _json(reader, strict, "an embed")
-        return 1
-    if ref == 6:  # ContentFormat: key, JSON text
-        _text(reader, strict, "a format's key")
-        _json(reader, strict, "a format's value")
-        return 1
-    if ref == 7:  # ContentType
-        type_ref = reader.varuint()
-        if strict and type_ref >= YJS_TYPE_REFS:
-            raise MalformedUpdate(f"type ref {type_ref} is not one of Yjs's (0-6): {_YJS}")
-        if type_ref in _TYPE_NEEDS_KEY:
-            _text(reader, strict, "a node name")
-        return 1
-    if ref == 8:  # ContentAny
-        count = reader.varuint()
-        for _ in range(count):
-            reader.skip_any(strict=strict)
-        return count
-    if ref == 9:  # ContentDoc: guid, options
-        _text(reader, strict, "a sub-document's guid")
-        if strict and reader.data[reader.pos : reader.pos + 1] in (b"\x7f", b"\x7e"):
-            raise MalformedUpdate(f"a sub-document's options are undefined or null: {_YJS}")
-        reader.skip_any(strict=strict)
-        return 1
-    raise MalformedUpdate(f"unknown content type {ref}")
-
-
-def _struct_length(
-    reader: lib0.Reader, info: int, refs: list[tuple[int, int]] | None = None, strict: bool = False
-) -> int:
-    """Consume one Item (after its info byte) and return its length; the ids
-    it refers to (origin, right origin, parent) go to ``refs`` when given."""
-    if info & _BIT8:
-        _ref(reader, refs)  # origin id
-    if info & _BIT7:
-        _ref(reader, refs)  # right origin id
-    if not info & (_BIT7 | _BIT8):  # the parent cannot be copied from an origin
-        if reader.varuint() == 1:
-            _text(reader, strict, "a root type's name")
-        else:
-            _ref(reader, refs)  # the parent item's id
-        if info & _BIT6:
-            _text(reader, strict, "a map key")  # parentSub
-    return _content_length(reader, info & _BITS5, strict)
-
-
-def _ref(reader: lib0.Reader, refs: list[tuple[int, int]] | None) -> None:
-    client, clock = reader.varuint(), reader.varuint()
-    if refs is not None:
-        refs.append((client, clock))
 
 
 @dataclass
@@ -198,7 +380,7 @@ class Coverage:
     deletes: Ranges = field(default_factory=dict)
 
 
-def _read_structs(reader: lib0.Reader) -> Ranges:
+def _read_structs(reader: _Walk) -> Ranges:
     structs: Ranges = {}
     for _ in range(reader.varuint()):
         count, client, clock = reader.varuint(), reader.varuint(), reader.varuint()
@@ -206,20 +388,24 @@ def _read_structs(reader: lib0.Reader) -> Ranges:
         for _ in range(count):
             info = reader.uint8()
             ref = info & _BITS5
-            length = reader.varuint() if ref in (_GC, _SKIP) else _struct_length(reader, info)
+            length = reader.varuint() if ref in (_GC, _SKIP) else reader.item(info)
             if ref != _SKIP and length:
                 ranges.append((clock, clock + length))
             clock += length
     return {client: merge_ranges(ranges) for client, ranges in structs.items() if ranges}
 
 
-def _read_deletes(reader: lib0.Reader) -> Ranges:
+def _read_deletes(reader: _Walk) -> Ranges:
     deletes: Ranges = {}
     for _ in range(reader.varuint()):
         client, count = reader.varuint(), reader.varuint()
         ranges = deletes.setdefault(client, [])
+        reader.known = reader.known and client <= _MAX_CLIENT
         for _ in range(count):
             clock, length = reader.varuint(), reader.varuint()
+            if reader.known:
+                reader.cuts += ((client, clock), (client, clock + length))
+                reader.known = clock + length <= _MAX_CLOCK
             if length:  # y-py writes empty deletes; they cover nothing
                 ranges.append((clock, clock + length))
     return {client: merge_ranges(ranges) for client, ranges in deletes.items() if ranges}
@@ -227,7 +413,7 @@ def _read_deletes(reader: lib0.Reader) -> Ranges:
 
 def decode(update: bytes) -> Coverage:
     """The ranges ``update`` inserts and deletes; raises :class:`MalformedUpdate`."""
-    reader = _reader(update)
+    reader = _Walk(update)
     coverage = Coverage(_read_structs(reader), _read_deletes(reader))
     if reader.pos != len(update):
         raise MalformedUpdate("trailing bytes after the delete set")
@@ -319,7 +505,7 @@ def with_deletes(update: bytes, extra: Ranges) -> bytes:
     """``update`` with ``extra`` added to its delete set."""
     if not extra:
         return update
-    reader = _reader(update)
+    reader = _Walk(update)
     _read_structs(reader)
     start = reader.pos
     merged = union([Coverage(deletes=_read_deletes(reader)), Coverage(deletes=extra)]).deletes
@@ -379,7 +565,7 @@ def decode_state_vector(data: bytes) -> dict[int, int]:
     count is bounded by the bytes present (a pair takes at least two), each
     varint by eight bytes, and no bytes may trail.
     """
-    reader = _reader(data)
+    reader = lib0.Reader(data, MalformedUpdate)
     count = reader.varuint()
     if count > (len(data) - reader.pos) // 2:
         raise MalformedUpdate(f"state vector claims {count} clients in {len(data)} bytes")
@@ -477,9 +663,13 @@ class Layout:
     #: Byte offset where the delete set starts (it runs to the end).
     delete_start: int
     deletes: Ranges
+    #: A shape both engines are known to read (see the module doc): it
+    #: needs no validator process. False: ask the engines (or not decided:
+    #: ``read_layout(decide=True)`` decides).
+    known_safe: bool = False
 
 
-def read_layout(update: bytes, strict: bool = False) -> Layout:
+def read_layout(update: bytes, strict: bool = False, decide: bool = False) -> Layout:
     """Every struct of ``update`` with its refs and byte span, and its delete
     set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1).
 
@@ -493,17 +683,21 @@ def read_layout(update: bytes, strict: bool = False) -> Layout:
     decodes but throws on integrating, and
     which carries nothing, is left out of what is stored instead:
     :func:`stored_form`.) Entries stored before are read leniently (a
-    rebuilt state vector must count what the append script counted)."""
-    reader = _reader(update)
+    rebuilt state vector must count what the append script counted).
+
+    ``decide``: the same walk decides :attr:`Layout.known_safe` (else False)."""
+    reader = _Walk(update, strict, decide)
     sections = []
     seen: set[int] = set()
     total = 0
     for _ in range(reader.varuint()):
         count, client, clock = reader.varuint(), reader.varuint(), reader.varuint()
-        if strict:
-            if client in seen:
+        if client in seen:
+            if strict:
                 raise MalformedUpdate(f"client {client} has two sections (Yjs reads only the last): {_YJS}")
-            seen.add(client)
+            reader.known = False
+        seen.add(client)
+        reader.known = reader.known and count > 0 and client <= _MAX_CLIENT
         total += count + 1  # an empty section costs an object too
         if total > MAX_STRUCTS:
             raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs and sections in one update")
@@ -515,12 +709,15 @@ def read_layout(update: bytes, strict: bool = False) -> Layout:
             ref = info & _BITS5
             if ref == _GC or ref == _SKIP:
                 length = reader.varuint()
+                reader.known = False  # live edits carry neither
                 structs.append(Struct(clock, length, ref == _SKIP, (), start, reader.pos))
             else:
                 refs: list[tuple[int, int]] = []
-                length = _struct_length(reader, info, refs, strict)
+                length = reader.item(info, refs)
                 for pair in refs:
                     highest = max(highest, *pair)
+                if reader.known:
+                    reader.decide_item(client, clock, length, info, refs)
                 structs.append(Struct(clock, length, False, tuple(refs), start, reader.pos))
             clock += length
         _check_safe(client, clock, highest)
@@ -530,7 +727,7 @@ def read_layout(update: bytes, strict: bool = False) -> Layout:
     if reader.pos != len(update):
         raise MalformedUpdate("trailing bytes after the delete set")
     _check_safe(*(value for ranges in deletes.values() for pair in ranges for value in pair), *deletes)
-    return Layout(tuple(sections), delete_start, deletes)
+    return Layout(tuple(sections), delete_start, deletes, reader.decided(sections))
 
 
 def _check_safe(*values: int) -> None:

@@ -10,8 +10,9 @@ never here, unless its shape alone shows both engines read it.
 
 - In-loop, only yrelay's pure-Python layout check, for updates up to
   ``PREFILTER_BYTES``: garbage is refused without a round trip; and an
-  update of a shape both engines are known to read (:mod:`yrelay.safe_updates`:
-  most typing) passes without one. No engine ever runs here.
+  update of a shape both engines are known to read (decided by the same
+  read: :attr:`yrelay.update_format.Layout.known_safe`; most typing) passes
+  without one. No engine ever runs here.
 - Everything queued while a worker is busy goes to it as one batch, so the
   pipe round trip is paid once per batch, not per update (group commit,
   like the appender). Figures: BENCHMARKS.md#validation.
@@ -36,7 +37,6 @@ from typing import TypeVar
 
 from .. import crdt
 from ..engine import READY, WITH_YPY_FLAG
-from ..safe_updates import known_safe
 from ..tasks import BackgroundTask
 from ..update_format import Layout
 from ..validation import encode_request
@@ -187,13 +187,13 @@ class Validator:
         ``layout_checked``: the caller already read the whole layout (the
         connection's causal read), so that check is not done twice;
         ``layout``: that read, given, lets an update of a shape both engines
-        are known to read (:mod:`yrelay.safe_updates`) pass without a worker."""
+        are known to read (``layout.known_safe``) pass without a worker."""
         future: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         if not self._workers:
             crdt.validate_update(update, self.with_ypy)
             future.set_result(None)
             return future
-        if layout is not None and known_safe(update, layout):
+        if layout is not None and layout.known_safe:
             self.known_safe += 1
             future.set_result(None)
             return future

@@ -1,50 +1,30 @@
-"""Which small updates are known to be safe without asking a CRDT engine.
-
-Every update must be readable by y-py (the Python client) and pycrdt (the
-server's engine) before it is stored, and y-py 0.6.2 can abort its process
-on a hostile one, so the engines run in validator processes
-(:mod:`yrelay.app.validator`): a pipe round trip per batch (~4 ms of p50
-at 500 updates/s, issue 20) and the workers' CPU. Most updates are a few structs typed by a
-browser. This module recognises a narrow set of shapes that both engines
-were shown to accept (a differential fuzz over millions of generated and
-mutated updates, ``python -m yrelay_tools.testing.update_fuzz``; figures
-in BENCHMARKS.md#validation); an update of that shape needs no engine.
-
-It never refuses anything: :func:`known_safe` answers True (store it, both
-engines read it) or False (undecided: the validator processes check it as
-before). The shapes, each rule closing a door the fuzz showed open or
-one no live edit needs:
-
-- at most ``MAX_BYTES``, already read by :func:`update_format.read_layout`;
-- each client at most once, with at least one struct; every client id
-  below 2**32 (y-py panics on some above: 2**32, 2**33, ...) and every
-  clock, length and delete range below 2**31 (both engines count in u32);
-- only Items (no GC, no Skip: live edits carry neither), with content
-  Deleted, String, Binary, Any, Type (refs 0..6) or Format/Embed whose JSON
-  is canonical and simple; at least one clock long;
-- every string (content, root names, map keys, type names, Any strings)
-  strict UTF-8 (no encoded surrogates);
-- Any values: undefined, null, booleans, integers within 32 bits, floats,
-  strings, and arrays and objects of those, nested at most ``MAX_DEPTH``
-  deep;
-- no origin, right origin or delete cuts a String of the update that holds
-  a surrogate pair (y-py panics cutting inside one);
-- a reference to the item's own client names an earlier clock; a reference
-  into the update's own structs names an Item, and a parent reference
-  names a Type item (else it names content a fresh document lacks, and
-  the engines keep the item pending).
-
-The 21-byte update that aborts y-py (docs/security.md#validation) is an
-Embed whose text is not UTF-8: not a known shape, so it goes to a worker.
-"""
+"""The known-safe decision, now made by ``read_layout``'s one walk, is
+exactly the one of the two walks it replaced (``safe_updates.known_safe``,
+a strict re-read of the layout, kept here verbatim as the oracle) on many
+generated updates: the fuzz's synthesised and mutated ones, real edits of
+y-py and pycrdt documents (deletes, embeds, formats, XML, sub-documents,
+unicode), and every one-byte change of updates editors send. A shape the
+old check refused must still go to the validator; one it accepted must
+still skip it."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import random
 import re
+from collections.abc import Callable
 
-from . import lib0
-from .update_format import Layout
+import pycrdt
+
+from yrelay import crdt, lib0
+from yrelay.admission import read_for_storing
+from yrelay.update_format import Layout, MalformedUpdate, read_layout
+from yrelay_tools.testing import update_fuzz
+
+# ---------------------------------------------------------------- the oracle
+# yrelay/safe_updates.py as of ca9f426 (issue 34 folded it into read_layout).
 
 #: Larger updates go to the validator processes (their batches amortise the
 #: round trip, and the fuzz covered updates up to this size).
@@ -276,4 +256,135 @@ def _plain(value: object, depth: int) -> bool:
     return False
 
 
-__all__ = ["MAX_BYTES", "known_safe"]
+# ---------------------------------------------------------------- the comparison
+
+
+def _compare(update: bytes, counts: dict[str, int]) -> None:
+    """Both decisions agree on ``update`` read leniently, read strictly, and
+    in its stored form (what the write path hands the validator)."""
+    try:
+        layout = read_layout(update, decide=True)
+    except MalformedUpdate:
+        counts["refused"] += 1
+        return
+    assert layout.known_safe == known_safe(update, layout), update.hex()
+    counts[str(layout.known_safe)] += 1
+    try:
+        strict = read_layout(update, strict=True, decide=True)
+    except MalformedUpdate:
+        return
+    assert strict.known_safe == layout.known_safe, update.hex()
+    assert not read_layout(update).known_safe  # decided only when asked
+    try:
+        reading = read_for_storing(update)
+    except MalformedUpdate:
+        return
+    assert reading.layout.known_safe == known_safe(reading.update, reading.layout), update.hex()
+
+
+def _edits(seed: int) -> list[bytes]:
+    """Updates of edits the fuzz's real ones lack: sub-documents, unicode
+    keys and names, deletes across emoji, formats and embeds, by pycrdt and y-py."""
+    rng = random.Random(seed)
+    found: list[bytes] = []
+    doc = pycrdt.Doc(client_id=rng.randrange(2**32))
+    doc.observe(lambda event: found.append(event.update))
+    text = doc.get("tëxt😀", type=pycrdt.Text)
+    docs = doc.get("docs", type=pycrdt.Map)
+    for index in range(300):
+        _tolerating_panics(functools.partial(_pycrdt_edit, rng, index, text, docs))
+    for depth in range(5, 12):  # Any values nested about as deep as a known shape may be
+        nested: object = [1]
+        for level in range(depth):
+            nested = [nested] if level % 2 else {"k": nested}
+        docs["deep"] = nested
+    ypy: list[bytes] = []
+    ydoc = crdt.new_doc(rng.randrange(2**32))
+    crdt.observe_updates(ydoc, ypy.append)
+    for _ in range(200):
+        _tolerating_panics(lambda: _ypy_edit(rng, ydoc))
+    return found + ypy + [doc.get_update(), crdt.encode_state(ydoc)]
+
+
+def _pycrdt_edit(rng: random.Random, index: int, text: pycrdt.Text, docs: pycrdt.Map) -> None:
+    roll = rng.random()
+    if roll < 0.4:
+        text.insert(
+            rng.randrange(len(text) + 1),
+            rng.choice(["a", "é", "😀", "👍🏽x", "\u2028", "漢字"]),
+            attrs=rng.choice([None, {"bold": True}, {"ü": "ß"}]),
+        )
+    elif roll < 0.55 and len(text):
+        start = rng.randrange(len(text))
+        del text[start : min(len(text), start + rng.randrange(1, 4))]
+    elif roll < 0.65 and len(text):
+        start = rng.randrange(len(text))
+        text.format(start, min(len(text), start + 3), {"color": rng.choice(["#f00", None, 7])})
+    elif roll < 0.75:
+        text.insert_embed(rng.randrange(len(text) + 1), rng.choice([{"img": "😀.png"}, {"n": [1, 2.5]}]))
+    elif roll < 0.85:
+        docs[f"d{index % 4}"] = pycrdt.Doc()  # a sub-document
+    else:
+        docs[rng.choice(["ключ", "k", "😀"])] = rng.choice(["v", 2**40, -1, [None, True], {"a": "b"}])
+
+
+def _ypy_edit(rng: random.Random, ydoc: object) -> None:
+    length = len(crdt.text_of(ydoc))
+    if length and rng.random() < 0.4:
+        crdt.delete_text(ydoc, rng.randrange(length), rng.randrange(1, 3))
+    else:
+        crdt.insert_text(ydoc, rng.randrange(length + 1), rng.choice(["x", "ñ", "😀", "ab"]))
+
+
+def _tolerating_panics(edit: Callable[[], None]) -> None:
+    """y-py and yrs panic on some offsets inside an emoji or next to an
+    embed (a PanicException): that edit is left out."""
+    try:
+        edit()
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+
+
+def test_one_walk_decides_as_the_two_walks_did_on_generated_updates():
+    counts = {"refused": 0, "True": 0, "False": 0}
+    for update in itertools.islice(update_fuzz.candidates(seed=34), 30_000):
+        _compare(update, counts)
+    for update in _edits(seed=34):
+        _compare(update, counts)
+    # every kind of answer is reached, often (the comparison means something)
+    assert counts["True"] > 2_000 and counts["False"] > 2_000 and counts["refused"] > 1_000, counts
+
+
+def test_one_walk_decides_as_the_two_walks_did_on_every_byte_changed():
+    """Each byte of updates editors send, set to values that break a rule
+    (a padded number, a high client id, invalid UTF-8, another content or
+    Any kind): the decisions near the known shapes' edges."""
+    counts = {"refused": 0, "True": 0, "False": 0}
+    updates = [bytes.fromhex(text) for text in update_fuzz.YJS_UPDATES] + _edits(seed=7)[:60]
+    for update in updates:
+        for position, value in itertools.product(range(len(update)), (0, 1, 0x40, 0x7F, 0x80, 0xC3, 0xF0, 0xFF)):
+            changed = bytearray(update)
+            changed[position] = value
+            _compare(bytes(changed), counts)
+            _compare(update[:position] + bytes([value]) + update[position:], counts)
+    assert counts["True"] > 500 and counts["False"] > 500, counts
+
+
+def test_the_cuts_of_an_origin_and_a_right_origin_are_told_apart():
+    """An item after (origin) and before (right origin) clocks of its own
+    update's "😀😀": the origin cuts after its clock, the right origin at it."""
+    counts = {"refused": 0, "True": 0, "False": 0}
+    emoji = "😀😀".encode()
+    for origin, right in itertools.product(range(4), range(4)):
+        out = bytearray()
+        for value in (1, 2, 5, 0):  # one section: two structs of client 5 from clock 0
+            lib0.write_varuint(out, value)
+        out += b"\x04\x01\x01t"  # a String in the root type "t"
+        lib0.write_varuint8array(out, emoji)
+        out.append(0x84 | 0x40)  # a String with an origin and a right origin
+        for value in (5, origin, 5, right):
+            lib0.write_varuint(out, value)
+        lib0.write_varuint8array(out, b"x")
+        _compare(bytes(out) + b"\x00", counts)
+    assert counts["True"] and counts["False"], counts
