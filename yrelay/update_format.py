@@ -196,7 +196,8 @@ class _Walk(lib0.Reader):
         if ref == 4:  # ContentString
             text = self.text("a string", lone_surrogates=True)
             length = _utf16_length(text)
-            self.pairs = length != len(text)
+            if self.known:
+                self.pairs = length != len(text)
             return length
         if ref == 5:  # ContentEmbed: JSON text
             self.json("an embed")
