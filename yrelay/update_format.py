@@ -105,20 +105,22 @@ class _Walk(lib0.Reader):
     read (:meth:`decided`)."""
 
     __slots__ = ("strict", "known", "pairs", "cuts", "strings", "parents")
+    #: (client, clock) where an engine may cut a struct: after an origin,
+    #: at a right origin, at both ends of each delete range.
+    cuts: list[tuple[int, int]]
+    #: Strings of the update holding surrogate pairs: (client, start, end).
+    strings: list[tuple[int, int, int]]
+    #: Parent ids items name.
+    parents: list[tuple[int, int]]
 
     def __init__(self, data: bytes, strict: bool = False, decide: bool = False) -> None:
-        super().__init__(data, MalformedUpdate)
+        lib0.Reader.__init__(self, data, MalformedUpdate)
         self.strict = strict
         self.known = decide and len(data) <= KNOWN_SAFE_BYTES
         #: Whether the last ContentString read holds a surrogate pair.
         self.pairs = False
-        #: (client, clock) where an engine may cut a struct: after an
-        #: origin, at a right origin, at both ends of each delete range.
-        self.cuts: list[tuple[int, int]] = []
-        #: Strings of the update holding surrogate pairs: (client, start, end).
-        self.strings: list[tuple[int, int, int]] = []
-        #: Parent ids items name.
-        self.parents: list[tuple[int, int]] = []
+        if self.known:  # (only a walk that decides reads them)
+            self.cuts, self.strings, self.parents = [], [], []
 
     def text(self, what: str, lone_surrogates: bool = False) -> str:
         """A string Yjs decodes (lib0's TextDecoder is fatal: invalid UTF-8,
@@ -275,12 +277,13 @@ class _Walk(lib0.Reader):
                 origin = 0
 
     def decided(self, sections: Sequence[Section]) -> bool:
-        """The decision, once the whole update is read: its strings with
+        """The decision, once the whole update is read (``known`` held
+        struct by struct): its strings with
         surrogate pairs are cut nowhere inside one (y-py panics cutting
         inside one: an origin or a delete naming half an emoji of the same
         update, found by the fuzz), and a parent it carries itself is a
         Type item (else the engines keep the item pending)."""
-        if not self.known or self.padded:  # every number as few bytes as it needs
+        if self.padded:  # every number as few bytes as it needs
             return False
         carried = {section.client: section.structs for section in sections} if self.parents else {}
         for client, clock in self.parents:
@@ -693,12 +696,11 @@ def read_layout(update: bytes, strict: bool = False, decide: bool = False) -> La
     total = 0
     for _ in range(reader.varuint()):
         count, client, clock = reader.varuint(), reader.varuint(), reader.varuint()
-        if client in seen:
-            if strict:
+        if strict or reader.known:
+            if strict and client in seen:
                 raise MalformedUpdate(f"client {client} has two sections (Yjs reads only the last): {_YJS}")
-            reader.known = False
-        seen.add(client)
-        reader.known = reader.known and count > 0 and client <= _MAX_CLIENT
+            reader.known = reader.known and count > 0 and client <= _MAX_CLIENT and client not in seen
+            seen.add(client)
         total += count + 1  # an empty section costs an object too
         if total > MAX_STRUCTS:
             raise MalformedUpdate(f"more than {MAX_STRUCTS:,} structs and sections in one update")
@@ -728,7 +730,7 @@ def read_layout(update: bytes, strict: bool = False, decide: bool = False) -> La
     if reader.pos != len(update):
         raise MalformedUpdate("trailing bytes after the delete set")
     _check_safe(*(value for ranges in deletes.values() for pair in ranges for value in pair), *deletes)
-    return Layout(tuple(sections), delete_start, deletes, reader.decided(sections))
+    return Layout(tuple(sections), delete_start, deletes, reader.known and reader.decided(sections))
 
 
 def _check_safe(*values: int) -> None:
