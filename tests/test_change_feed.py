@@ -1,5 +1,5 @@
 """The fan-out and the consumer groups' reader on one Redis read the
-documents the change stream names (yrelay/change_feed.py), and every
+documents the change stream names (yrelay/storage/reader.py), and every
 followed document at each sweep: an edit reaches the other clients (a
 group's member) long before a sweep, an append nobody announced arrives
 with the next sweep, and a change stream that cannot be read costs nothing
@@ -14,10 +14,10 @@ from redis.asyncio import Redis
 
 from conftest import eventually, running_server
 from yrelay import crdt
-from yrelay.app.fanout import Fanout
 from yrelay.change_feed import announce
 from yrelay.consumers import ConsumerGroup
 from yrelay.keys import changes_key, stream_key
+from yrelay.storage.reader import DocumentReader
 from yrelay.store import DocumentStore, append_args, append_keys, needs_or_nothing
 
 #: A sweep so rare that a test waiting for a delivery never sees one.
@@ -26,13 +26,13 @@ NO_SWEEP_MS = 120_000
 
 async def test_an_edit_reaches_the_reader_without_waiting_for_a_sweep(redis_url, make_client, monkeypatch):
     reads: list[int] = []
-    xread = Fanout._xread
+    xread = DocumentReader._xread
 
     async def counting(self, readable, count, block_ms, listening):  # type: ignore[no-untyped-def]
         reads.append(len(readable))
         return await xread(self, readable, count, block_ms, listening)
 
-    monkeypatch.setattr(Fanout, "_xread", counting)
+    monkeypatch.setattr(DocumentReader, "_xread", counting)
     async with running_server(redis_url, block_ms=NO_SWEEP_MS) as url:
         writer, reader = await make_client(url), await make_client(url)
         for i in range(30):  # documents followed, untouched
@@ -142,13 +142,13 @@ async def test_a_group_member_is_woken_by_the_change_stream(redis_client, monkey
     docs = [f"cf-woken-{i}" for i in range(30)]
     first = {(doc, await _append(store, doc, 1, "a")) for doc in docs}
     reads: list[int] = []
-    xread = redis_client.xread
+    xread = DocumentReader._xread
 
-    async def counting(streams, *args, **kwargs):  # type: ignore[no-untyped-def]
-        reads.append(sum(1 for key in streams if key != changes_key()))
-        return await xread(streams, *args, **kwargs)
+    async def counting(self, readable, count, block_ms, listening):  # type: ignore[no-untyped-def]
+        reads.append(len(readable))  # the documents' streams, not the change stream
+        return await xread(self, readable, count, block_ms, listening)
 
-    monkeypatch.setattr(redis_client, "xread", counting)
+    monkeypatch.setattr(DocumentReader, "_xread", counting)
     # A lease of 300 s: the member's sweep (every lease / 3) never comes in this test.
     member, task, got = await _member(redis_client, "cf-woken", "cf-woken-", lease=300.0)
     try:

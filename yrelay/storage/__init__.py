@@ -1,0 +1,1 @@
+"""Redis storage: key layout, scripts, reads, the one append, the reader loop."""
