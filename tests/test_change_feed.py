@@ -17,6 +17,7 @@ from yrelay import crdt
 from yrelay.change_feed import announce
 from yrelay.consumers import ConsumerGroup
 from yrelay.keys import changes_key, stream_key
+from yrelay.storage import reader as storage_reader
 from yrelay.storage.reader import DocumentReader
 from yrelay.store import DocumentStore, append_args, append_keys, needs_or_nothing
 
@@ -285,3 +286,37 @@ async def test_a_busy_redis_sets_no_document_aside_for_the_fan_out(redis_url, re
         await eventually(lambda: "after" in doc.text, timeout=8)
     assert "cannot be read" not in caplog.text  # nor its subscribers told it is unavailable
     assert "fan-out reader failed" not in caplog.text  # a warning, not a traceback as for a bug
+
+
+async def test_a_document_set_aside_is_read_again_once_repaired_by_the_fan_out_and_a_member(
+    redis_url, redis_client, make_client, monkeypatch, caplog
+):
+    """One set-aside rule for both users of the reader loop: a stream of the
+    wrong type is set aside by each (logged; the fan-out's subscribers told),
+    and once the key is repaired and the set-aside over, both read it on."""
+    monkeypatch.setattr(storage_reader, "SET_ASIDE_SECONDS", 1.0)
+    store, doc, key = DocumentStore(redis_client), "cf-repair-doc", stream_key("cf-repair-doc")
+    member, task, got = await _member(redis_client, "cf-repair", "cf-repair-", lease=1.2)
+    try:
+        async with running_server(redis_url, block_ms=300) as url:
+            client = await make_client(url)
+            subscribed = await client.subscribe(doc)
+            first = await _append(store, doc, 1, "a")
+            await eventually(lambda: (doc, first) in got and subscribed.text == "a", timeout=10)
+            await redis_client.rename(key, "cf-repair-kept")
+            await redis_client.set(key, "not a stream")
+            await eventually(
+                lambda: (
+                    f"fan-out: document {doc} cannot be read" in caplog.text
+                    and f"consumer group cf-repair: document {doc} cannot be read" in caplog.text
+                ),
+                timeout=10,
+            )
+            await eventually(lambda: any(e.get("code") == "document_unavailable" for e in client.errors), timeout=10)
+            await redis_client.delete(key)
+            await redis_client.rename("cf-repair-kept", key)
+            second = await _append(store, doc, 2, "b")
+            await eventually(lambda: (doc, second) in got and sorted(subscribed.text) == ["a", "b"], timeout=15)
+    finally:
+        await redis_client.delete("cf-repair-kept")
+        await _stop(member, task)
