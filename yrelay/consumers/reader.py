@@ -141,6 +141,7 @@ class Reader:
         those of them it is to release."""
         for doc in [doc for doc in self.held if doc not in mine]:
             del self.held[doc]
+            self.documents.removed(doc)
         for doc, version in mine.items():
             if doc not in self.held or self.held[doc].version != version:
                 self.held[doc] = Held(version)

@@ -150,7 +150,7 @@ class DocumentReader:
     ):
         self.redis = redis
         self.follower = follower
-        self.label = label  # who reads, in the logs
+        self.name, self.label = name, label  # its tasks' names; who reads, in the logs
         self.blocking = blocking
         self.rewinds = rewinds
         #: On a Redis Cluster: the per-bucket wake-ups and the sweep (else None).
@@ -206,7 +206,7 @@ class DocumentReader:
         self._generation += 1
         self.changed.set()
         if self.blocking is not None and (self._interrupting is None or self._interrupting.done()):
-            self._interrupting = spawn(self._interrupt_read(), name="yrelay-fanout-interrupt")
+            self._interrupting = spawn(self._interrupt_read(), name=f"{self.name}-interrupt")
 
     def removed(self, doc: str) -> None:
         """``doc`` is followed no more."""
