@@ -56,7 +56,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import NamedTuple, Protocol, TypeVar, cast
+from typing import NamedTuple, Protocol, cast
 
 import redis.exceptions
 from redis.asyncio import Redis, RedisCluster
@@ -73,8 +73,6 @@ from ..tasks import BackgroundTask, spawn, wait_event
 from .rewind import find_rewound
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: How long a stream Redis refuses to read (a key of the wrong type) is set
 #: aside: a document (the others read on meanwhile), or the change stream
@@ -248,8 +246,8 @@ class DocumentReader:
         changes = self.changes
         await changes.follow(self.redis, self.label)
         now = time.monotonic()
-        due = changes.due(now, self._cursors, self._cursor)
-        listening = changes.listening(now)
+        listening = changes.listening(now)  # not: every round sweeps
+        due = changes.due(now, self._cursors, self._cursor, sweep=not listening)
         if not due and not listening:  # nothing to read now (set aside, held back)
             await self.idle(changes.block_ms_left(now) / 1000)
             return []
@@ -497,8 +495,13 @@ class Rounds:
         self.next_sweep = 0.0
 
     def due(
-        self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None], *, sweep: bool = False
-    ) -> dict[str, T]:
+        self,
+        now: float,
+        every: Callable[[], Mapping[str, StreamId]],
+        one: Callable[[str], StreamId | None],
+        *,
+        sweep: bool = False,
+    ) -> dict[str, StreamId]:
         """The documents (-> cursor) to read now: all of ``every()`` on a
         sweep (or when ``sweep``), else those woken that ``one`` gives a
         cursor (so a round costs what was woken, not what is followed)."""
@@ -528,12 +531,6 @@ class ChangeFeed(Rounds):
 
     def listening(self, now: float) -> bool:
         return self.cursor is not None and self.broken_until <= now
-
-    def due(
-        self, now: float, every: Callable[[], Mapping[str, T]], one: Callable[[str], T | None], *, sweep: bool = False
-    ) -> dict[str, T]:
-        """:meth:`Rounds.due`; every round is a sweep while the change stream is not listened to."""
-        return super().due(now, every, one, sweep=sweep or not self.listening(now))
 
     async def follow(self, client: Redis, label: str) -> None:
         """Before a round: when not following the change stream (at the
