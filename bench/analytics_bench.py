@@ -4,7 +4,7 @@ markdown tables.
 
     .venv/bin/python bench/analytics_bench.py [--events 1000000 10000000] [--dir /tmp/yrelay-bench]
 
-The logs come from yrelay.spark_analytics.generator (100 documents, 4
+The logs come from yrelay_tools.analytics_data (100 documents, 4
 readers each, plus the special readers of document 0). Per size it times:
 
 1. the whole Spark job (every table, Parquet written, the dashboard);
@@ -39,11 +39,11 @@ from pyspark.sql import functions as F
 
 from yrelay.spark_analytics.documents import document_figures
 from yrelay.spark_analytics.events import read_events
-from yrelay.spark_analytics.generator import Scenario, generate
 from yrelay.spark_analytics.job import JobConfig, run
 from yrelay.spark_analytics.lag import ack_lag, lag_over_time
 from yrelay.spark_analytics.latency import delivery_latency, latency_summary
 from yrelay.spark_analytics.session import spark_session
+from yrelay_tools.analytics_data import Scenario, generate
 
 DOCS, READERS, TICK_MS = 100, 4, 500
 #: Events per document and tick: 2 appends, and a deliver and an ack per reader.

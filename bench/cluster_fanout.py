@@ -26,11 +26,11 @@ from pathlib import Path
 
 from yrelay.admission import Needs
 from yrelay.app.acks import SubscriptionRegistry
-from yrelay.app.appender import Appender
 from yrelay.app.fanout import Fanout
 from yrelay.change_feed import announce_buckets as announce
 from yrelay.keys import stream_key
 from yrelay.redis_client import YrelayCluster, xread_one
+from yrelay.storage.append import Appender, append_one
 from yrelay.store import DocumentStore
 from yrelay_tools.testing.redis_cluster import LocalCluster
 
@@ -81,7 +81,7 @@ async def run(args: argparse.Namespace) -> None:
         await store.load_scripts()
         docs = [f"bench/doc-{i:05d}" for i in range(args.docs)]
         for doc in docs:
-            await store.append(doc, "seed", 0, b"\x00\x00")
+            await append_one(store, doc, "seed", 0, b"\x00\x00")
         sweep = await sweep_ms(redis, docs)
         print(
             f"one pipelined XREAD of each of {len(docs)} documents: {sweep:.1f} ms "

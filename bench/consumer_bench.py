@@ -52,6 +52,7 @@ from yrelay.consumers.membership import Membership
 from yrelay.keys import group_leader_key, group_leases_key, group_progress_key, stream_key
 from yrelay.redis_server import RedisProcess
 from yrelay.replies import text
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 
 GO_KEY = "bench:go"
@@ -63,7 +64,7 @@ async def seed(store: DocumentStore, docs: list[str], entries: int) -> dict[str,
 
     async def one(doc: str) -> None:
         for clock in range(entries):
-            await store.append(doc, "seed", clock, update)
+            await append_one(store, doc, "seed", clock, update)
 
     for start in range(0, len(docs), 100):
         await asyncio.gather(*(one(doc) for doc in docs[start : start + 100]))
@@ -241,7 +242,7 @@ async def follow(
             due = int(elapsed * rate) - sent
             if due > 0:
                 await asyncio.gather(
-                    *(store.append(random.choice(docs), "follow", clock + i, update) for i in range(due))
+                    *(append_one(store, random.choice(docs), "follow", clock + i, update) for i in range(due))
                 )
                 clock, sent = clock + due, sent + due
             await asyncio.sleep(0.005)

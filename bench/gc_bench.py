@@ -26,13 +26,13 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from yrelay import crdt
-from yrelay.app.appender import Appender
 from yrelay.gc import Collector, DueSet, GcPolicy, run_due_pass
 from yrelay.keys import snapshot_key, stream_key, tracker_key
 from yrelay.listing import registry_counts
 from yrelay.offsets import StreamId
 from yrelay.redis_server import RedisProcess
-from yrelay.store import DocumentStore, needs_or_nothing
+from yrelay.storage.append import Appender, needs_or_nothing
+from yrelay.store import DocumentStore
 
 
 def edits(count: int, client_id: int) -> list[bytes]:
@@ -112,8 +112,8 @@ class Load:
 
     async def edit(self, doc: str, update: bytes) -> None:
         clock, self.clock = self.clock, self.clock + 1  # before awaiting: edits run concurrently
-        entry_id, _ = await self.appender.submit(doc, "writer", clock, update, needs_or_nothing(update))
-        score = StreamId.parse(entry_id).score()
+        appended = await self.appender.submit(doc, "writer", clock, update, needs_or_nothing(update))
+        score = StreamId.parse(str(appended.entry_id)).score()
         # Readers ack what they get; the stalled one never does.
         await self.redis.zadd(tracker_key(doc), {f"reader-{r}": score for r in range(3)}, xx=True, gt=True)
 

@@ -8,8 +8,10 @@ from redis.asyncio import Redis
 
 from yrelay import crdt
 from yrelay.keys import dedup_key, document_keys, meta_key, stream_key, tracker_key
+from yrelay.listing import mark_changed
 from yrelay.offsets import StreamId
-from yrelay.store import DocumentStore, mark_changed
+from yrelay.storage.append import append_one
+from yrelay.store import DocumentStore
 
 #: Server settings under which GC folds and trims within about a second.
 FAST_GC = {"gc_interval": 0.2, "gc_relative_delta": 1.0, "gc_absolute_delta": 5.0}
@@ -36,7 +38,7 @@ async def append_all(
         return await append_at(store.redis, doc, [start + i for i in range(len(updates))], updates, session)
     ids = []
     for clock, update in enumerate(updates):
-        entry_id, _ = await store.append(doc, session, clock, update)
+        entry_id, _ = await append_one(store, doc, session, clock, update)
         ids.append(StreamId.parse(entry_id))
     return ids
 

@@ -101,7 +101,7 @@ async def test_a_probe_waits_for_writes_of_other_connections(master_and_replica)
     nothing, the probe's WAIT covers an entry another connection wrote."""
     from redis.asyncio import Redis
 
-    from yrelay.app.replicas import ReplicaWait
+    from yrelay.storage.replicas import ReplicaWait
 
     master, replica = master_and_replica
     wait = ReplicaWait(replicas=1, timeout=0.3)

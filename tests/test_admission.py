@@ -19,7 +19,8 @@ from wsraw import RawPeer
 from yrelay import admission, crdt, update_format
 from yrelay.keys import clocks_key, meta_key, stream_key
 from yrelay.lib0 import write_varuint as _write_uint
-from yrelay.store import DocumentStore, NotAdmitted
+from yrelay.storage.append import NotAdmitted, append_one
+from yrelay.store import DocumentStore
 
 
 def typed(client_id: int, words: list[str]) -> tuple[crdt.Doc, list[bytes]]:
@@ -219,10 +220,10 @@ async def test_store_append_refuses_too(redis_client):
     await store.load_scripts()
     _, updates = typed(9, ["a", "b"])
     with pytest.raises(NotAdmitted) as refused:
-        await store.append("s", "session", 1, updates[1])
+        await append_one(store, "s", "session", 1, updates[1])
     assert refused.value.lacking == {9: 0}
-    await store.append("s", "session", 0, updates[0])
-    await store.append("s", "session", 1, updates[1])
+    await append_one(store, "s", "session", 0, updates[0])
+    await append_one(store, "s", "session", 1, updates[1])
 
 
 def test_an_update_of_more_structs_than_any_document_encodes_to_is_refused():

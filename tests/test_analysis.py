@@ -1,5 +1,5 @@
 """Known-answer tests of the analysis: a generated log whose lags, statuses and
-latency percentiles are known by construction (yrelay.spark_analytics.generator),
+latency percentiles are known by construction (yrelay_tools.analytics_data),
 analysed by the real job on the shared local SparkSession."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from conftest import edit_then_evict_reader
 from yrelay.spark_analytics.analysis import Options
 from yrelay.spark_analytics.dashboard import read_table
 from yrelay.spark_analytics.events import read_events
-from yrelay.spark_analytics.generator import Behaviour, Expected, Scenario, generate
 from yrelay.spark_analytics.job import JobConfig, run
 from yrelay.spark_analytics.latency import HISTOGRAM_EDGES, delivery_latency
 from yrelay.spark_analytics.tables import Status, Table
+from yrelay_tools.analytics_data import Behaviour, Expected, Scenario, generate
 
 BUCKET_S = 10
 SCENARIO = Scenario(docs=2, readers=3, seconds=60)

@@ -302,9 +302,13 @@ async def test_a_5_mb_paste_arrives_intact_and_a_20_mb_one_is_refused_without_co
         assert error["code"] == "update_too_large" and error["doc"] == doc, error
         assert isinstance(error["clock"], int) and error["size"] > twenty, error
         assert await writer.evaluate("window.yrelay.provider.pending") == 0
-        started = await writer.evaluate("window.other.doc.getText('text').insert(0, 'still syncing'), Date.now()")
-        await reader.wait_for_function("window.other.doc.getText('text').toString() === 'still syncing'", timeout=5_000)
-        elapsed = await reader.evaluate("Date.now()") - started
-        assert elapsed < 1000, f"{elapsed} ms"
+        # The refusal costs the connection nothing: another document's edit
+        # still syncs, over the same socket (no reconnect, no backoff). Its
+        # time is not the check (it was "< 1 s", a figure of a quiet machine
+        # that Chromium on a busy one misses, issue 31); the socket is.
+        await writer.evaluate("window.other.doc.getText('text').insert(0, 'still syncing')")
+        await reader.wait_for_function(
+            "window.other.doc.getText('text').toString() === 'still syncing'", timeout=30_000
+        )
         assert await writer.evaluate("window.yrelay.provider.client._ws === window.socketBefore")
         assert writer.errors == [] and reader.errors == []  # type: ignore[attr-defined]

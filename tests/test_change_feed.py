@@ -18,8 +18,9 @@ from yrelay.change_feed import announce
 from yrelay.consumers import ConsumerGroup
 from yrelay.keys import changes_key, stream_key
 from yrelay.storage import reader as storage_reader
+from yrelay.storage.append import append_args, append_keys, append_one, needs_or_nothing
 from yrelay.storage.reader import DocumentReader
-from yrelay.store import DocumentStore, append_args, append_keys, needs_or_nothing
+from yrelay.store import DocumentStore
 
 #: A sweep so rare that a test waiting for a delivery never sees one.
 NO_SWEEP_MS = 120_000
@@ -89,7 +90,7 @@ async def test_a_direct_append_announces_its_document(redis_client):
     source = crdt.new_doc()
     crdt.insert_text(source, 0, "x")
     last = await redis_client.xrevrange(changes_key(), count=1)
-    await store.append("announced", "tool-session-0001", 1, crdt.encode_state(source))
+    await append_one(store, "announced", "tool-session-0001", 1, crdt.encode_state(source))
     [(_, fields)] = await redis_client.xrange(changes_key(), min=f"({last[0][0].decode()}" if last else "-")
     assert fields[b"d"] == b"announced"
 
@@ -134,7 +135,7 @@ async def _stop(member: ConsumerGroup, task: asyncio.Task) -> None:
 async def _append(store: DocumentStore, doc: str, clock: int, text: str) -> str:
     source = crdt.new_doc()
     crdt.insert_text(source, 0, text)
-    entry_id, _ = await store.append(doc, "feed-writer-session", clock, crdt.encode_state(source))
+    entry_id, _ = await append_one(store, doc, "feed-writer-session", clock, crdt.encode_state(source))
     return str(entry_id)
 
 

@@ -9,6 +9,7 @@ from gcutil import append_all
 from wsraw import RawPeer
 from yrelay import crdt, protocol
 from yrelay.offsets import StreamId
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 
 
@@ -57,11 +58,11 @@ def dependent_updates() -> list[bytes]:
 async def test_a_loaded_document_stops_its_offset_before_an_entry_it_cannot_hold_yet(redis_client):
     store = DocumentStore(redis_client)
     first, second = dependent_updates()
-    [early] = [StreamId.parse((await store.append("d", "other", 1, b"\x00\x00"))[0])]
+    [early] = [StreamId.parse((await append_one(store, "d", "other", 1, b"\x00\x00"))[0])]
     await append_all(store, "d", [second], unchecked=True)  # stored ahead of its dependency, before admission
     ydoc, offset = await store.load_document("d")
     assert crdt.text_of(ydoc) == "" and offset == early
-    last, _ = await store.append("d", "writer", 1, first)
+    last, _ = await append_one(store, "d", "writer", 1, first)
     ydoc, offset = await store.load_document("d")
     assert crdt.text_of(ydoc) == "<first><second>" and str(offset) == last
 
@@ -74,7 +75,7 @@ async def test_a_resync_between_an_update_and_its_late_dependency_misses_nothing
     store = DocumentStore(redis_client)
     first, second = dependent_updates()
     async with running_server(redis_url, gc_interval=0) as url:
-        await store.append("doc", "other", 1, b"\x00\x00")
+        await append_one(store, "doc", "other", 1, b"\x00\x00")
         [entry] = map(str, await append_all(store, "doc", [second], unchecked=True))  # stored before admission
         peer = await RawPeer.connect(url)
         await peer.send({"op": "subscribe", "doc": "doc", "offset": "9999999999999-0"})  # ahead: no deliveries

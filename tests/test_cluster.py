@@ -21,6 +21,7 @@ from yrelay.keys import snapshot_key, stream_key
 from yrelay.listing import all_documents
 from yrelay.redis_client import YrelayCluster
 from yrelay.redis_server import free_port
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 from yrelay_tools.testing.checker import check_delivery
 
@@ -155,7 +156,7 @@ async def fill(url: str, entries: int) -> None:
     store = DocumentStore(client)
     for doc in DOCS:
         for clock in range(entries):
-            await store.append(doc, "filler", clock, crdt.encode_state(_doc_with(doc, clock)))
+            await append_one(store, doc, "filler", clock, crdt.encode_state(_doc_with(doc, clock)))
     await client.aclose()
 
 

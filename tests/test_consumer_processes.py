@@ -16,6 +16,7 @@ from pathlib import Path
 from conftest import eventually
 from yrelay.keys import group_leader_key, group_leases_key, group_meta_key, group_progress_key
 from yrelay.offsets import StreamId
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 
 LEASE = 1.5
@@ -97,7 +98,7 @@ class Writer:
         clock = 0
         while not self._stop.is_set():
             doc = self.docs[clock % len(self.docs)]
-            entry_id, _ = await self.store.append(doc, "writer", clock, b"not a yjs update: consumers do not care")
+            entry_id, _ = await append_one(self.store, doc, "writer", clock, b"not a yjs update: consumers do not care")
             self.appended.append((doc, entry_id, asyncio.get_running_loop().time()))
             clock += 1
             await asyncio.sleep(0.002)
@@ -173,7 +174,7 @@ async def test_kill_9_and_sigstop_under_steady_edits(redis_url, store, tmp_path)
     docs = [f"doc-{i:03d}" for i in range(200)]
     writer = Writer(store, docs)
     for doc in docs:  # every document exists before the members start
-        await store.append(doc, "seed", 0, b"seed")
+        await append_one(store, doc, "seed", 0, b"seed")
     members = [Member(redis_url, f"m{i}", tmp_path) for i in range(3)]
     try:
         writer.start()

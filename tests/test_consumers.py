@@ -18,6 +18,7 @@ from test_metrics import scrape, scrape_until, served
 from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.assignment import assign, changes
 from yrelay.consumers.batch import Batch
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 
 #: A dead member's documents move within its lease, plus one beat of the
@@ -136,7 +137,7 @@ async def steady_edits(
     clock = 0
     while not stop.is_set():
         doc = docs[clock % len(docs)]
-        entry_id, _ = await store.append(doc, "steady", clock, b"consumers do not parse updates")
+        entry_id, _ = await append_one(store, doc, "steady", clock, b"consumers do not parse updates")
         appended.append((doc, str(entry_id)))
         clock += 1
         await asyncio.sleep(0.002)

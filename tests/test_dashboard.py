@@ -15,9 +15,9 @@ from playwright.sync_api import sync_playwright
 from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 from yrelay.spark_analytics.analysis import Options
 from yrelay.spark_analytics.dashboard import DASHBOARD, read_table
-from yrelay.spark_analytics.generator import Scenario, generate
 from yrelay.spark_analytics.job import JobConfig, run
 from yrelay.spark_analytics.tables import SEVERITY, Status, Table
+from yrelay_tools.analytics_data import Scenario, generate
 
 
 @pytest.fixture(scope="module")

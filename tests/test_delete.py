@@ -24,6 +24,7 @@ from yrelay.consumers import AckResult, Batch, ConsumerGroup
 from yrelay.consumers.webhook import Webhook
 from yrelay.keys import bucket_documents_key, bucket_gc_due_key, document_bucket, stream_key
 from yrelay.redis_server import free_port
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 
 
@@ -111,7 +112,9 @@ async def test_a_deleted_document_ends_subscriptions_reaches_groups_and_webhooks
 
         # A write racing the delete (here: after it) is refused and writes nothing.
         with pytest.raises(redis.exceptions.ResponseError, match="YRELAY_DELETED"):
-            await DocumentStore(redis_client).append(DOC, "late-session-0000000", 1, crdt.encode_state(written.ydoc))
+            await append_one(
+                DocumentStore(redis_client), DOC, "late-session-0000000", 1, crdt.encode_state(written.ydoc)
+            )
         assert await listed(redis_client, DOC) is None  # its pipeline's listing undone
         # A new subscriber sees an empty document, and cannot write to it while the tombstone lives.
         fresh = await make_client(url)
@@ -154,7 +157,7 @@ async def test_writes_racing_the_delete_leave_nothing_but_the_tombstone(redis_cl
         for i in range(n):
             crdt.insert_text(ydoc, 0, f"{i} ")
             try:
-                entry_id, _ = await store.append(doc, "racer-session-000001", i + 1, crdt.encode_state(ydoc))
+                entry_id, _ = await append_one(store, doc, "racer-session-000001", i + 1, crdt.encode_state(ydoc))
                 stored.append(StreamId.parse(entry_id))
             except redis.exceptions.ResponseError as exc:
                 assert "YRELAY_DELETED" in str(exc)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import httpx
+import psutil
 import pycrdt
 import pytest
 import websockets
@@ -239,6 +240,19 @@ async def bystander(ping: Callable[[], Awaitable[None]]) -> AsyncIterator[list[f
         await task
 
 
+def loop_cpu(server: ServerProcess) -> float:
+    """CPU seconds the server's main thread, its event loop, has used so far.
+
+    What an operation costs on the loop shows here whatever else the machine
+    runs; a bystander's round trip also waits for a core, so on a busy machine
+    it measures the machine (a ping of 108 ms with two suites on 2 cores, no
+    operation on the loop; issue 31)."""
+    assert server.process is not None
+    pid = server.process.pid
+    [main] = [thread for thread in psutil.Process(pid).threads() if thread.id == pid]
+    return main.user_time + main.system_time
+
+
 def raw_ping(peer: RawPeer) -> Callable[[], Awaitable[None]]:
     async def ping() -> None:
         await peer.send({"op": "ping"})
@@ -266,25 +280,34 @@ async def test_sync_over_1500_reversed_updates_answers_within_200ms(server, redi
     await peer.send({"op": "subscribe", "doc": "rev", "offset": "1500-0"})  # claims all: nothing delivered
     await peer.expect("subscribed")
     async with bystander(raw_ping(other)) as round_trips:
+        loop_before = loop_cpu(server)
         started = time.perf_counter()
         await peer.send({"op": "sync", "doc": "rev", "state_vector": base64.b64encode(b"\x00").decode()})
         parts = [await peer.expect("sync_reply")]
         while len(parts) < parts[0].get("parts", 1):
             parts.append(await peer.expect("sync_reply"))
         elapsed = time.perf_counter() - started
+        on_loop = loop_cpu(server) - loop_before
     await peer.close(), await other.close()
     diff = b"".join(base64.b64decode(part["update"]) for part in parts)
     print(
         f"sync over 1500 reversed: {elapsed * 1000:.1f} ms; {len(round_trips)} pings, "
-        f"slowest {max(round_trips) * 1000:.1f} ms"
+        f"slowest {max(round_trips) * 1000:.1f} ms; event loop CPU {on_loop * 1000:.1f} ms"
     )
     assert len(text_of_update(diff)) == 1500 and parts[-1]["offset"] == "1500-0"
-    assert elapsed < 0.2, f"sync answered in {elapsed * 1000:.0f} ms"
-    assert max(round_trips) < 0.1, f"a ping waited {max(round_trips) * 1000:.0f} ms"
+    # What the design promises, in terms the machine's load does not change
+    # (the bounds were figures of a quiet machine, "answered < 200 ms" and a
+    # ping "< 100 ms", which a busy one misses with no fault of the server):
+    # the answer is not the old re-apply loop (9.1 s for this stream), and it
+    # is computed in an engine worker: the event loop's own CPU over the whole
+    # exchange (the stream read, the answer sent, the bystander's pings) stays
+    # far below what the fold costs (10 ms quiet, in clock ticks of 10 ms).
+    assert elapsed < 5.0, f"sync answered in {elapsed * 1000:.0f} ms"
+    assert on_loop < 0.1, f"the event loop spent {on_loop * 1000:.0f} ms of CPU"
 
 
 async def test_a_megabyte_state_vector_is_checked_off_the_event_loop(server):
-    """Decoding ~90,000 pairs in pure Python takes ~0.3 s: a vector past the
+    """Decoding ~90,000 pairs in pure Python takes 0.16-0.3 s: a vector past the
     in-loop precheck is decoded by the worker, before pycrdt sees it."""
     pairs = 90_000
     hostile = (
@@ -298,14 +321,23 @@ async def test_a_megabyte_state_vector_is_checked_off_the_event_loop(server):
     await peer.send({"op": "subscribe", "doc": "d"})
     await peer.expect("subscribed")
     async with bystander(raw_ping(other)) as round_trips:
+        loop_before = loop_cpu(server)
         await peer.send(frame)
         refused = await peer.expect("error", timeout=10)
+        on_loop = loop_cpu(server) - loop_before
     assert (refused["code"], refused["doc"]) == ("malformed_frame", "d")
     await peer.send({"op": "sync", "doc": "d", "state_vector": base64.b64encode(b"\x00").decode()})
     await peer.expect("sync_reply", timeout=10)
     await peer.close(), await other.close()
-    print(f"1 MB hostile state vector: {len(round_trips)} pings, slowest {max(round_trips) * 1000:.1f} ms")
-    assert max(round_trips) < 0.1, f"a ping waited {max(round_trips) * 1000:.0f} ms"
+    print(
+        f"1 MB hostile state vector: {len(round_trips)} pings, slowest {max(round_trips) * 1000:.1f} ms; "
+        f"event loop CPU {on_loop * 1000:.1f} ms"
+    )
+    # Decoded off the loop: decoding it on the loop costs 160 ms of CPU (this
+    # 2-core machine, update_format.decode_state_vector alone); the loop's own
+    # CPU over the exchange (the frame's base64, the pings) was 30-40 ms. CPU,
+    # not a ping's wait, which measures a busy machine.
+    assert on_loop < 0.12, f"the event loop spent {on_loop * 1000:.0f} ms of CPU"
 
 
 async def test_gc_folds_1500_reversed_updates_within_a_second(redis_url, redis_client, tmp_path):
@@ -387,12 +419,14 @@ async def test_a_read_only_clients_hostile_sync_is_refused_and_nobody_else_notic
                 await peer.send({"op": "subscribe", "doc": "d"})
                 assert (await peer.until("subscribed"))["op"] == "subscribed"
             async with bystander(other.ping) as round_trips:
+                loop_before = loop_cpu(server)
                 for bad in BAD_VECTORS:
                     await reader.send({"op": "sync", "doc": "d", "state_vector": base64.b64encode(bad).decode()})
                     refused = await reader.until("sync_reply")
                     assert (refused["op"], refused["code"], refused["doc"]) == ("error", "malformed_frame", "d"), (
                         refused
                     )
+                on_loop = loop_cpu(server) - loop_before
             await writer.send({"op": "update", "doc": "d", "clock": 1, "update": base64.b64encode(updates[0]).decode()})
             assert (await writer.until("appended"))["op"] == "appended"
             assert (await reader.until("deliver"))["op"] == "deliver"
@@ -401,8 +435,14 @@ async def test_a_read_only_clients_hostile_sync_is_refused_and_nobody_else_notic
         assert server.running
     finally:
         server.stop()
-    print(f"pings during the attack: {len(round_trips)}, slowest {max(round_trips) * 1000:.1f} ms")
-    assert len(round_trips) > 20 and max(round_trips) < 0.1, (len(round_trips), max(round_trips, default=None))
+    print(
+        f"pings during the attack: {len(round_trips)}, slowest {max(round_trips) * 1000:.1f} ms; "
+        f"event loop CPU {on_loop * 1000:.1f} ms"
+    )
+    # Nobody else noticed: the bystander was answered all along, and the
+    # vectors were checked off the loop (its CPU over the attack and the
+    # pings; a ping's wait would measure a busy machine, issue 31).
+    assert len(round_trips) > 20 and on_loop < 0.1, (len(round_trips), on_loop)
 
 
 @needs_ypy

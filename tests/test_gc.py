@@ -15,6 +15,7 @@ from yrelay import crdt
 from yrelay.gc import Collector, GcPolicy, Step
 from yrelay.keys import dedup_key, meta_key, stream_key
 from yrelay.offsets import ZERO, StreamId
+from yrelay.storage.append import append_one
 from yrelay.store import HistoryTrimmed
 from yrelay.tracker.lag import document_status
 
@@ -201,7 +202,7 @@ async def test_overlapping_collectors_never_lose_an_update(redis_client, store):
     async def write(doc: str) -> None:
         updates, _ = writers[doc]
         for clock, update in enumerate(updates):
-            entry_id, _ = await store.append(doc, "writer", clock, update)
+            entry_id, _ = await append_one(store, doc, "writer", clock, update)
             await track(redis_client, doc, {"writer": StreamId.parse(entry_id)})
             await asyncio.sleep(0)
 

@@ -18,6 +18,7 @@ from yrelay.keys import (
     gc_due_key,
 )
 from yrelay.listing import all_documents, documents_page, fold_unbucketed, mark_changed, registry_counts
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 
 DOCS = sorted(f"team-{i % 7}/doc-{i:03d}" for i in range(150))
@@ -30,7 +31,7 @@ async def register(redis, docs: list[str]) -> None:
 
 
 async def test_an_append_writes_its_bucket_only(redis_client):
-    await DocumentStore(redis_client).append("solo", "s", 1, b"\x00\x00")
+    await append_one(DocumentStore(redis_client), "solo", "s", 1, b"\x00\x00")
     bucket = document_bucket("solo")
     assert await redis_client.zrange(bucket_documents_key(bucket), 0, -1) == [b"solo"]
     assert await redis_client.zscore(bucket_gc_due_key(bucket), "solo") == 0

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from yrelay.admission import Needs
 from yrelay.offsets import MAX_EXACT_SCORE, MAX_SEQ, InvalidOffset, StreamId, next_stream_id
-from yrelay.store import DocumentStore, append_args, append_keys
+from yrelay.storage.append import append_args, append_keys
+from yrelay.store import DocumentStore
 
 NOW = st.integers(min_value=0, max_value=2**41)  # ms timestamps until year ~2039 and beyond
 

@@ -10,10 +10,10 @@ from redis.exceptions import ResponseError
 
 from yrelay import redis_packed
 from yrelay.admission import Needs
-from yrelay.app.appender import Appender
 from yrelay.keys import bucket_gc_due_key, document_bucket, tracker_key
 from yrelay.listing import all_documents
 from yrelay.offsets import StreamId
+from yrelay.storage.append import Appender
 from yrelay.store import DocumentStore
 from yrelay.tracker import AckWriter
 

@@ -20,6 +20,7 @@ from yrelay.spark_analytics.redis_options import SourceOptionError
 from yrelay.spark_analytics.redis_pages import registered_documents, stream_pages, tracker_pages
 from yrelay.spark_analytics.redis_rows import TRACKER_SCHEMA, arrow_batches, tracker_rows
 from yrelay.spark_analytics.redis_source import redis_tables, register
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 from yrelay.tracker.lag import document_status
 
@@ -110,7 +111,7 @@ async def append_documents(redis_client: Redis, count: int) -> list[str]:
     await store.load_scripts()
     docs = [f"doc-{index:02d}" for index in range(count)]
     for doc in docs:
-        await store.append(doc, "writer-session-0001", 1, b"\x00\x01\x02")
+        await append_one(store, doc, "writer-session-0001", 1, b"\x00\x01\x02")
     return docs
 
 
@@ -200,7 +201,7 @@ async def test_pages_cover_every_key_exactly_once(redis_url, redis_client):
     store = DocumentStore(redis_client)
     await store.load_scripts()
     for clock in range(23):
-        await store.append("long", "writer-session-0001", clock, bytes(clock))
+        await append_one(store, "long", "writer-session-0001", clock, bytes(clock))
     await redis_client.zadd(tracker_key("long"), {f"session-{n:02d}": n * 1000 for n in range(9)})
     docs = await append_documents(redis_client, 5)
     with redis.Redis.from_url(redis_url) as client:
@@ -215,7 +216,9 @@ async def test_pages_cover_every_key_exactly_once(redis_url, redis_client):
 async def test_capped_lag_is_the_ops_lower_bound(redis_url, redis_client):
     store = DocumentStore(redis_client)
     await store.load_scripts()
-    ids = [StreamId.parse((await store.append("doc", "writer-session-0001", clock, b"u"))[0]) for clock in range(30)]
+    ids = [
+        StreamId.parse((await append_one(store, "doc", "writer-session-0001", clock, b"u"))[0]) for clock in range(30)
+    ]
     await redis_client.zadd(tracker_key("doc"), {"behind": ids[2].score(), "middle": ids[20].score()})
     status = await document_status(redis_client, "doc", with_sessions=True, count_cap=10)
     want = {lag.session: lag.lag_entries for lag in status.sessions or []}

@@ -25,6 +25,7 @@ from yrelay.config import Settings
 from yrelay.deletion import delete_document
 from yrelay.keys import meta_key, stream_key
 from yrelay.offsets import StreamId
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore, StreamRewound
 from ywspeer import recorded_feed_io
 
@@ -41,8 +42,8 @@ class Source:
     async def write(self, word: str) -> StreamId:
         state = self.ydoc.get_state()
         self.text += word
-        entry_id, _ = await self.store.append(
-            self.doc, f"writer-{self.ydoc.client_id}", self.clock, self.ydoc.get_update(state)
+        entry_id, _ = await append_one(
+            self.store, self.doc, f"writer-{self.ydoc.client_id}", self.clock, self.ydoc.get_update(state)
         )
         self.clock += 1
         return StreamId.parse(entry_id)

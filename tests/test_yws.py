@@ -12,6 +12,7 @@ import websockets
 from conftest import eventually, running_server
 from yrelay import crdt, yprotocol
 from yrelay.auth import issue_token
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 from ywspeer import REFUSED_AFTER_ACCEPT, YwsPeer, recorded_feed_io
 
@@ -239,7 +240,7 @@ async def test_a_trim_past_the_feeds_cursor_closes_the_connection(redis_url):
         for word in ("a", "b", "c"):
             state = source.get_state()
             text += word
-            ids.append((await ctx.store.append("trimmed", "writer", len(ids), source.get_update(state)))[0])
+            ids.append((await append_one(ctx.store, "trimmed", "writer", len(ids), source.get_update(state)))[0])
         sent, closed, send, close = recorded_feed_io()
 
         await ctx.redis.hset(meta_key("trimmed"), "trimmed_through", ids[1])  # as GC's trim leaves it

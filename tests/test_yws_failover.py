@@ -36,6 +36,7 @@ from yrelay import crdt
 from yrelay.keys import stream_key
 from yrelay.redis_client import YrelayCluster
 from yrelay.redis_server import free_port
+from yrelay.storage.append import append_one
 from yrelay.store import DocumentStore
 from ywspeer import ReconnectingPeer
 
@@ -96,7 +97,7 @@ async def test_a_yws_reader_of_a_restarted_server_ends_equal_or_resyncs_after_a_
                     crdt.insert_text(gone, 0, f"<gone{round_}>")
                     store_client = YrelayCluster.from_url(cluster_url)  # a fresh one: the last round killed a node
                     try:
-                        await DocumentStore(store_client).append(DOC, f"gone-{round_}", 0, crdt.encode_state(gone))
+                        await append_one(DocumentStore(store_client), DOC, f"gone-{round_}", 0, crdt.encode_state(gone))
                     finally:
                         await store_client.aclose()
                     closes, connects = len(reader.closes), reader.connects

@@ -7,8 +7,10 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,19 @@ from .supervisor import Supervisor, reuse_port_socket
 
 cli = typer.Typer(help="yrelay: reliable Yjs sync over Redis streams.", no_args_is_help=True)
 
+# Options of the commands that join a running deployment's Redis (one
+# definition each, so their names, variables and help cannot drift apart).
+_REDIS_URL = typer.Option(
+    None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."
+)
+_DATA_DIR = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis.")
+_REDIS_CLUSTER = typer.Option(
+    False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER", help="--redis-url is one seed node of a Redis Cluster."
+)
+_PREFIX = typer.Option("", "--prefix", help="Only documents whose id starts with this.")
+_LEASE = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another.")
+_LOG_LEVEL = typer.Option("info", help="debug, info, warning or error.")
+
 
 @cli.callback()
 def main() -> None:
@@ -58,7 +73,7 @@ def serve(
         "--redis-cluster",
         help="--redis-url is one seed node of a Redis Cluster (default: YRELAY_REDIS_CLUSTER).",
     ),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = _LOG_LEVEL,
     log_format: str = typer.Option("text", envvar="YRELAY_LOG_FORMAT", help="text or json (one object a line)."),
     verify_digests: bool = typer.Option(
         False, "--verify-digests", help="Recompute every drift digest from the streams at start-up; fix wrong ones."
@@ -242,27 +257,11 @@ def _worker_commands(
     data dir, the command-line switches given (the environment, inherited,
     says the rest; the Redis URL goes there too, out of the process list).
     Only the first worker verifies the digests: once is enough."""
-    base = [
-        sys.executable,
-        "-m",
-        "yrelay",
-        "serve",
-        "--workers",
-        "1",
-        "--reuse-port",
-        "--host",
-        settings.host,
-        "--port",
-        str(settings.port),
-        "--data-dir",
-        str(settings.data_dir),
-        "--log-level",
-        log_level,
-        "--log-format",
-        log_format,
-        *(["--insecure-no-auth"] if insecure_no_auth else []),
-        *(["--auth-hook", auth_hook] if auth_hook else []),
-    ]
+    base = [sys.executable, "-m", "yrelay", "serve", "--workers", "1", "--reuse-port"]
+    base += ["--host", settings.host, "--port", str(settings.port), "--data-dir", str(settings.data_dir)]
+    base += ["--log-level", log_level, "--log-format", log_format]
+    base += ["--insecure-no-auth"] if insecure_no_auth else []
+    base += ["--auth-hook", auth_hook] if auth_hook else []
     count = settings.worker_count()
     return [base + (["--verify-digests"] if verify_digests and index == 0 else []) for index in range(count)]
 
@@ -302,12 +301,8 @@ def gc(
     redis_url: str | None = typer.Option(
         None, envvar="YRELAY_REDIS_URL", help="Redis to collect. Default: the embedded one of `yrelay serve`."
     ),
-    data_dir: Path = typer.Option(
-        Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."
-    ),
-    redis_cluster: bool = typer.Option(
-        False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER", help="--redis-url is one seed node of a Redis Cluster."
-    ),
+    data_dir: Path = _DATA_DIR,
+    redis_cluster: bool = _REDIS_CLUSTER,
     batch_size: int = typer.Option(500, min=1, help="Documents per round trip."),
     rows: int = typer.Option(20, min=0, help="Documents listed in the table (those with most work)."),
 ) -> None:
@@ -612,17 +607,11 @@ def webhook(
         "--secret-env",
         help="The environment variable holding the signing secret (never on the command line).",
     ),
-    prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
-    redis_url: str | None = typer.Option(
-        None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."
-    ),
-    data_dir: Path = typer.Option(
-        Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."
-    ),
-    lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
-    redis_cluster: bool = typer.Option(
-        False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER", help="--redis-url is one seed node of a Redis Cluster."
-    ),
+    prefix: str = _PREFIX,
+    redis_url: str | None = _REDIS_URL,
+    data_dir: Path = _DATA_DIR,
+    lease: float = _LEASE,
+    redis_cluster: bool = _REDIS_CLUSTER,
     concurrency: int = typer.Option(16, min=1, help="Requests in flight at once (one per document at most)."),
     max_attempts: int = typer.Option(
         8,
@@ -643,7 +632,7 @@ def webhook(
         help="Unpark every dead letter of --group (delivered again from their last ack "
         "by the running members), then exit.",
     ),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = _LOG_LEVEL,
 ) -> None:
     """POST every change of every document (or of --prefix) to --url, signed, in order per document, at least once.
 
@@ -662,13 +651,20 @@ def webhook(
         raise typer.Exit(2)
     logs.configure(log_level)
     logs.add_secret(secret)
-    url_of_redis = _redis_url(redis_url, data_dir)
-    logs.add_url_secrets(url_of_redis)
-    asyncio.run(
-        _webhook(
-            url_of_redis, redis_cluster, group, url, secret, prefix, lease, concurrency, max_attempts or None, text
-        )
+    from .consumers.webhook import serve as serve_webhook
+
+    member = partial(
+        serve_webhook,
+        group=group,
+        url=url,
+        secret=secret,
+        prefix=prefix,
+        lease=lease,
+        concurrency=concurrency,
+        max_attempts=max_attempts or None,
+        text=text,
     )
+    _run_member("webhook", _redis_url(redis_url, data_dir), redis_cluster, group, member)
 
 
 async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
@@ -682,60 +678,38 @@ async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
     typer.echo(f"retried {retried} dead letter(s) of group {group}")
 
 
-async def _webhook(
-    redis_url: str,
-    cluster: bool,
-    group: str,
-    url: str,
-    secret: str,
-    prefix: str,
-    lease: float,
-    concurrency: int,
-    max_attempts: int | None,
-    text: str | None,
-) -> None:
-    from .consumers.webhook import serve as serve_webhook
+def _run_member(kind: str, redis_url: str, cluster: bool, group: str, serve: Callable[..., Awaitable[object]]) -> None:
+    """Run ``serve(redis, stop=...)``, one member of ``group``, until SIGTERM
+    or SIGINT; it leaves the group, and its counts are logged. The Redis URL
+    is redacted from every log line first."""
+    logs.add_url_secrets(redis_url)
 
-    stop = _stop_on_signals()
-    redis = open_redis(redis_url, cluster)
-    try:
-        stats = await serve_webhook(
-            redis,
-            group,
-            url,
-            secret,
-            prefix=prefix,
-            lease=lease,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            text=text,
-            stop=stop,
-        )
-    finally:
-        await redis.aclose()
-    logging.getLogger("yrelay.webhook").info("left group %s: %s", group, stats)
+    async def run() -> None:
+        stop = _stop_on_signals()
+        redis = open_redis(redis_url, cluster)
+        try:
+            stats = await serve(redis, stop=stop)
+        finally:
+            await redis.aclose()
+        logging.getLogger(f"yrelay.{kind}").info("left group %s: %s", group, stats)
+
+    asyncio.run(run())
 
 
 @cli.command(context_settings={"allow_interspersed_args": False})
 def consume(
     command: list[str] = typer.Argument(..., help="The command and its arguments, after --."),
     group: str = typer.Option(..., "--group", help="The consumer group's name (shared by every member of it)."),
-    prefix: str = typer.Option("", "--prefix", help="Only documents whose id starts with this."),
+    prefix: str = _PREFIX,
     ack_on_write: bool = typer.Option(
         False, "--ack-on-write", help="Ack each batch once written to the pipe, without waiting for 'ack <id>'."
     ),
     window: int = typer.Option(16, min=1, help="Batches written and not yet acked, at most."),
-    redis_url: str | None = typer.Option(
-        None, envvar="YRELAY_REDIS_URL", help="Redis of the servers. Default: the embedded one of `yrelay serve`."
-    ),
-    data_dir: Path = typer.Option(
-        Path("data"), envvar="YRELAY_DATA_DIR", help="Where `yrelay serve` keeps its embedded Redis."
-    ),
-    lease: float = typer.Option(3.0, min=0.3, help="Seconds after which a silent member's documents move to another."),
-    redis_cluster: bool = typer.Option(
-        False, "--redis-cluster", envvar="YRELAY_REDIS_CLUSTER", help="--redis-url is one seed node of a Redis Cluster."
-    ),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    redis_url: str | None = _REDIS_URL,
+    data_dir: Path = _DATA_DIR,
+    lease: float = _LEASE,
+    redis_cluster: bool = _REDIS_CLUSTER,
+    log_level: str = _LOG_LEVEL,
 ) -> None:
     """Pipe every change (of --prefix) to COMMAND's stdin, one JSON line per batch; it acks with 'ack <delivery id>'.
 
@@ -743,32 +717,12 @@ def consume(
     restarted when it exits; SIGTERM stops it and leaves the group. See
     docs/consumers.md, "yrelay consume"."""
     logs.configure(log_level)
-    url_of_redis = _redis_url(redis_url, data_dir)
-    logs.add_url_secrets(url_of_redis)
-    asyncio.run(_consume(url_of_redis, redis_cluster, group, command, prefix, lease, ack_on_write, window))
-
-
-async def _consume(
-    redis_url: str,
-    cluster: bool,
-    group: str,
-    command: list[str],
-    prefix: str,
-    lease: float,
-    ack_on_write: bool,
-    window: int,
-) -> None:
     from .consumers.pipe import serve as serve_pipe
 
-    stop = _stop_on_signals()
-    redis = open_redis(redis_url, cluster)
-    try:
-        stats = await serve_pipe(
-            redis, group, command, prefix=prefix, lease=lease, ack_on_write=ack_on_write, window=window, stop=stop
-        )
-    finally:
-        await redis.aclose()
-    logging.getLogger("yrelay.consume").info("left group %s: %s", group, stats)
+    member = partial(
+        serve_pipe, group=group, command=command, prefix=prefix, lease=lease, ack_on_write=ack_on_write, window=window
+    )
+    _run_member("consume", _redis_url(redis_url, data_dir), redis_cluster, group, member)
 
 
 def _stop_on_signals() -> asyncio.Event:

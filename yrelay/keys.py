@@ -264,7 +264,7 @@ def subject_subscriptions_key(subject: str) -> str:
 def replication_probe_key(doc: str) -> str:
     """String, short TTL: written only so that a ``WAIT`` after a resend
     answered from the dedup (a batch that wrote nothing) covers every write
-    before it (:mod:`yrelay.app.replicas`); on the document's slot."""
+    before it (:mod:`yrelay.storage.replicas`); on the document's slot."""
     return f"{PREFIX}:{{{doc}}}:replication-probe"
 
 

@@ -132,6 +132,12 @@ class ProtocolError(Exception):
         #: ``missing_dependency``: Yjs client id -> the clock the document holds up to.
         self.missing = missing
 
+    @classmethod
+    def about(cls, update: AnyUpdate, code: ErrorCode, message: str, **fields: Any) -> ProtocolError:
+        """A refusal of one update frame, naming its doc and clock (how the
+        client knows which of its updates it is about)."""
+        return cls(code, message, doc=update.doc, clock=update.clock, **fields)
+
 
 def b64encode(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import AbstractStrategy, ClusterNode, PipelineCommand, RedisCluster
+from redis.asyncio.cluster import AbstractStrategy, PipelineCommand, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline as _ClusterPipeline
 from redis.commands.core import AsyncScript
 from redis.event import EventDispatcherInterface
@@ -209,11 +209,6 @@ class YrelayCluster(RedisCluster):
         if shard_hint:
             raise ValueError("shard_hint is not supported in cluster mode")
         return ClusterPipeline(self, transaction)
-
-    def node_of(self, key: str) -> ClusterNode | None:
-        """The master serving ``key``'s slot (as this client last saw the map;
-        None when no node serves it)."""
-        return self.get_node_from_key(key)
 
     async def load_known_scripts(self) -> None:
         """Load every script registered here on every master (``SCRIPT

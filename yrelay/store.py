@@ -1,49 +1,28 @@
-"""Reading and writing one document's Redis keys: stream pages, snapshot, meta.
+"""Reads of one document's Redis keys: stream pages, snapshot, meta.
 
-Appends go through the ``append`` Lua script (see :mod:`yrelay.app.appender`
-for the batching); everything else a server needs to read lives here, so the
-rest of the code never spells a Redis command against document keys.
+Appends go through the ``append`` Lua script, only from
+:mod:`yrelay.storage.append`; everything else a server needs to read lives
+here, so the rest of the code never spells a Redis command against document keys.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import redis.exceptions
 from redis.asyncio import Redis
-from redis.typing import EncodableT
 
 from . import crdt
-from .admission import Needs, needs_of
-from .change_feed import announce_in
-from .clocks import bring_clocks_up_to_date
 from .entries import Entry, HistoryTrimmed, Snapshot, StreamRewound, to_entry
-from .keys import clocks_key, dedup_key, meta_key, snapshot_key, stream_key
-from .listing import mark_changed
+from .keys import meta_key, snapshot_key, stream_key
 from .offsets import ZERO, StreamId
-from .replies import stream_id, text
+from .replies import stream_id
 from .scripts import Scripts
-from .tombstones import is_deleted_error, is_deletion, unlist
-from .update_format import MalformedUpdate, read_layout
+from .tombstones import is_deletion
 
 #: Entries, snapshots and the trimmed/rewound errors are defined in
 #: :mod:`yrelay.entries` (below the clocks rebuild, which reads them); their
 #: names stay importable here.
-__all__ = [
-    "LAYOUT",
-    "DocumentStore",
-    "Entry",
-    "HistoryTrimmed",
-    "NotAdmitted",
-    "Snapshot",
-    "StreamRewound",
-    "append_args",
-    "append_keys",
-    "flat_clocks",
-    "held_offset",
-    "needs_or_nothing",
-    "to_entry",
-]
+__all__ = ["DocumentStore", "Entry", "HistoryTrimmed", "Snapshot", "StreamRewound", "held_offset", "to_entry"]
 
 
 class DocumentStore:
@@ -55,34 +34,6 @@ class DocumentStore:
 
     async def load_scripts(self) -> None:
         await self.scripts.load(self.redis)
-
-    async def append(
-        self, doc: str, session: str, clock: int, update: bytes, needs: Needs | None = None
-    ) -> tuple[str, bool]:
-        """Append one update, unbatched and unvalidated (servers validate and
-        use the Appender; tools and tests use this). ``needs`` defaults to
-        what the update needs when it decodes, to nothing when it does not.
-        Raises :class:`NotAdmitted` when the document cannot apply it."""
-        if needs is None:
-            needs = needs_or_nothing(update)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            await self.scripts.append(
-                keys=append_keys(doc), args=append_args([(session, clock, update, needs)]), client=pipe
-            )
-            mark_changed(pipe, [doc])
-            announce_in(pipe, [doc])
-            [reply, *_] = await pipe.execute(raise_on_error=False)  # the bookkeeping's errors are not the append's
-        if isinstance(reply, redis.exceptions.ResponseError):
-            if is_deleted_error(reply):  # refused, but mark_changed listed it again
-                await unlist(self.redis, doc)
-            raise reply
-        if reply == [b"stale"]:
-            await bring_clocks_up_to_date(self, doc)
-            return await self.append(doc, session, clock, update, needs)
-        [(entry_id, code, *rest)] = reply
-        if code == 2:
-            raise NotAdmitted(flat_clocks(rest[0]), flat_clocks(rest[1]))
-        return text(entry_id), bool(code)
 
     async def last_id(self, doc: str) -> StreamId:
         """The last id ever appended to ``doc`` (``0-0`` for a new document)."""
@@ -184,46 +135,3 @@ class DocumentStore:
 def held_offset(snapshot: Snapshot, entries: list[Entry], held: int) -> StreamId:
     """The offset of a document holding ``snapshot`` and the first ``held`` of ``entries``."""
     return entries[held - 1].id if held else snapshot.offset
-
-
-def append_keys(doc: str) -> list[str]:
-    """KEYS of the append script, in its order."""
-    return [stream_key(doc), meta_key(doc), dedup_key(doc), clocks_key(doc)]
-
-
-#: The key layout this server writes (``meta.layout``); the append script
-#: refuses a document written by a newer one (rolling upgrades).
-LAYOUT = 2
-
-
-def append_args(items: list[tuple[str, int, bytes, Needs]]) -> list[EncodableT]:
-    """ARGV of the append script for ``(session, clock, update, needs)`` items."""
-    args: list[EncodableT] = [LAYOUT]
-    for session, clock, update, needs in items:
-        args += [session, clock, update, *needs.script_args()]
-    return args
-
-
-class NotAdmitted(Exception):
-    """The document cannot apply the update (causal admission refused it)."""
-
-    def __init__(self, lacking: dict[int, int], state: dict[int, int]):
-        super().__init__(f"missing content of Yjs clients {sorted(lacking)}")
-        #: Clients whose content the update lacks -> the document's clock.
-        self.lacking = lacking
-        #: Every client the update involves -> the document's clock.
-        self.state = state
-
-
-def flat_clocks(flat: list[bytes]) -> dict[int, int]:
-    """``[client, clock, client, clock, ...]`` from the script -> a dict."""
-    return {int(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-def needs_or_nothing(update: bytes) -> Needs:
-    """What ``update`` needs to apply; nothing when it does not decode (for
-    tools that append without the server's validation: benches, seeding)."""
-    try:
-        return needs_of(read_layout(update))
-    except MalformedUpdate:
-        return Needs()

@@ -170,6 +170,17 @@ def _spawned_done(task: asyncio.Task[Any]) -> None:
         log.error("task %s failed", task.get_name(), exc_info=exc)
 
 
+async def run_until(work: Coroutine[Any, Any, None], stop: asyncio.Event | None) -> None:
+    """Run ``work`` until ``stop`` is set (never without one: until the
+    caller is cancelled), then cancel it and wait for it to end."""
+    task = asyncio.create_task(work)
+    try:
+        await (stop or asyncio.Event()).wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     """Wait until ``event`` is set or ``timeout`` seconds have passed;
     whether it was set.

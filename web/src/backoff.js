@@ -1,6 +1,6 @@
 /**
  * Exponential backoff with jitter and a maximum, shared by resends and
- * reconnects (the twin of yrelay/client/backoff.py): delay(n) =
+ * reconnects (the twin of yrelay/backoff.py): delay(n) =
  * min(base * factor^n, maxDelay), scaled by a random factor in
  * [1 - jitter, 1] so that clients cut off together do not come back together.
  */

@@ -36,9 +36,6 @@ class AnswerCache(Generic[A]):
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple[str, bytes], tuple[str, A, int]] = OrderedDict()
         self._bytes = 0
-        #: Answers served from here, and computed (for tests and metrics).
-        self.hits = 0
-        self.misses = 0
 
     def get(self, doc: str, state_vector: bytes, last: str | None) -> A | None:
         """The answer kept for this state vector, if ``last`` (the stream's
@@ -46,10 +43,8 @@ class AnswerCache(Generic[A]):
         key = (doc, state_vector)
         kept = self._entries.get(key)
         if kept is None or last is None or kept[0] != last:
-            self.misses += 1
             return None
         self._entries.move_to_end(key)
-        self.hits += 1
         return kept[1]
 
     def put(self, doc: str, state_vector: bytes, last: str | None, answer: A, size: int) -> None:

@@ -291,12 +291,7 @@ class Connection:
     async def _update(self, frame: AnyUpdate) -> None:
         assert self.principal is not None
         if not self.principal.can_write(frame.doc):
-            raise ProtocolError(
-                ErrorCode.FORBIDDEN,
-                "read-only: this token may not change this document",
-                doc=frame.doc,
-                clock=frame.clock,
-            )
+            raise ProtocolError.about(frame, ErrorCode.FORBIDDEN, "read-only: this token may not change this document")
         self.documents.get(frame.doc, frame.clock)
         await self.writes.receive(frame, self._received)
 

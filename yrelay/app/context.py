@@ -32,20 +32,20 @@ from ..redis_client import ensure_reachable, open_redis
 from ..redis_server import check_durability
 from ..replies import text
 from ..scripts import NAMES as SCRIPT_NAMES
+from ..storage.append import Appender
+from ..storage.replicas import ReplicaWait
 from ..store import DocumentStore
 from ..tracker import AckWriter, Tracker
 from ..tracker.tracker import session_documents
 from ..transport.receiving import RECEIVING, Receiving
 from .acks import SubscriptionRegistry
 from .answer_cache import AnswerCache
-from .appender import Appender
 from .engine_pool import EnginePool
 from .fanout import Fanout, Subscriber
 from .inflight import ByteBudget
 from .limits import Limits
 from .presence import Presence
 from .quotas import SubjectQuotas
-from .replicas import ReplicaWait
 from .sessions import SessionRegistry
 from .ticker import Ticker
 from .validator import Validator

@@ -35,6 +35,3 @@ class SessionRegistry:
         session = secrets.token_urlsafe(18)
         await self.redis.set(session_key(session), owner.encode(), ex=self.ttl)
         return session, False
-
-    async def touch(self, session: str) -> None:
-        await self.redis.expire(session_key(session), self.ttl)

@@ -96,7 +96,7 @@ class Subscription:
         self._sync_vector: bytes | None = None
         self._failure: str | None = None
         self._evicted = False
-        #: The stream lost entries this process had seen (:mod:`.rewind`).
+        #: The stream lost entries this process had seen (:mod:`yrelay.storage.rewind`).
         self._rewound = False
         #: Work to do: setting it starts the pump, which runs while there is
         #: work and then ends; an idle subscription has no task (issue 20).
@@ -104,7 +104,6 @@ class Subscription:
         self._pump = BackgroundTask(f"yrelay-sub-{doc}", self._run, kind="yrelay-subscription")
         #: The fan-out offered a batch since the pump last parked (it parks only then).
         self._offered = False
-        self.drift_detected = 0
         #: Called once the client was told the document was deleted (the subscription then ends).
         self._on_deleted = on_deleted
         #: Writes a prepared deliver frame now (None: the server offers no such writer).
@@ -293,8 +292,6 @@ class Subscription:
         if isinstance(point, Resume):
             await self._go_live(point)
         else:
-            if point is ResyncReason.DRIFT:
-                self.drift_detected += 1
             await self._require_resync(point)
 
     async def _go_live(self, point: Resume) -> None:

@@ -97,29 +97,22 @@ class UpdateParts:
         elif current is not None and not (current.same_update(frame) and frame.part == current.received):
             self._drop()  # out of order, or changed mid-way: this frame's error says so
             if frame.part != 0 or frame.parts is None:
-                raise ProtocolError(
+                raise ProtocolError.about(
+                    frame,
                     ErrorCode.MALFORMED_FRAME,
                     f"part {frame.part} (of {frame.parts}) arrived "
                     f"instead of part {current.received} of {current.parts}; the parts received "
                     "were discarded: send the update again from part 0",
-                    doc=frame.doc,
-                    clock=frame.clock,
                 )
             # part 0 again: the client starts this update over (e.g. after rate_limited)
         if frame.part is None or frame.parts is None or frame.part >= frame.parts:
-            raise ProtocolError(
-                ErrorCode.MALFORMED_FRAME,
-                "part and parts go together, with 0 <= part < parts",
-                doc=frame.doc,
-                clock=frame.clock,
+            raise ProtocolError.about(
+                frame, ErrorCode.MALFORMED_FRAME, "part and parts go together, with 0 <= part < parts"
             )
         if self._open is None:
             if frame.part != 0:
-                raise ProtocolError(
-                    ErrorCode.MALFORMED_FRAME,
-                    f"part {frame.part} without part 0 before it",
-                    doc=frame.doc,
-                    clock=frame.clock,
+                raise ProtocolError.about(
+                    frame, ErrorCode.MALFORMED_FRAME, f"part {frame.part} without part 0 before it"
                 )
             self._open = _Open(frame.doc, frame.clock, frame.parts, frame.sync)
         return self._keep(self._open, frame, data)
@@ -127,19 +120,13 @@ class UpdateParts:
     def _keep(self, current: _Open, frame: AnyUpdate, data: bytes) -> bytes | None:
         if current.size + len(data) > self.max_update_bytes:  # refused before it is kept
             self._drop()
-            raise ProtocolError(
-                ErrorCode.UPDATE_TOO_LARGE,
-                f"update exceeds {self.max_update_bytes} bytes",
-                doc=frame.doc,
-                clock=frame.clock,
+            raise ProtocolError.about(
+                frame, ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {self.max_update_bytes} bytes"
             )
         if not self._budget.take(len(data)):
             self._drop()
-            raise ProtocolError(
-                ErrorCode.UNAVAILABLE,
-                "the server holds too many updates in parts; resend later",
-                doc=frame.doc,
-                clock=frame.clock,
+            raise ProtocolError.about(
+                frame, ErrorCode.UNAVAILABLE, "the server holds too many updates in parts; resend later"
             )
         current.slices.append(data)
         current.size += len(data)

@@ -32,14 +32,13 @@ from ..admission import Reading, read_for_storing
 from ..deletion import is_deleted_error
 from ..offsets import StreamId
 from ..protocol import AnyUpdate, ErrorCode, ProtocolError
-from ..store import NotAdmitted
+from ..storage.append import AppendResult, NotAdmitted
+from ..storage.replicas import ReplicationTimeout
 from ..update_format import MalformedUpdate
 from .allowance import Allowance
-from .appender import AppendResult
 from .context import ServerContext
 from .inflight import InflightUpdates
 from .payloads import decode_limited
-from .replicas import ReplicationTimeout
 from .update_parts import Reject, UpdateParts
 from .validator import ValidatorUnavailable
 
@@ -115,7 +114,7 @@ class WritePath:
                 layout=reading.layout if reading is not None else None,
             )
         except crdt.InvalidUpdate as exc:
-            raise ProtocolError(ErrorCode.INVALID_UPDATE, str(exc), doc=frame.doc, clock=frame.clock) from None
+            raise ProtocolError.about(frame, ErrorCode.INVALID_UPDATE, str(exc)) from None
         await self._inflight.acquire(len(update))
         previous, self._turn = self._turn, asyncio.get_running_loop().create_future()
         self._spawn(self._append_when_valid(frame, update, verdict, reading, previous, self._turn, received))
@@ -165,12 +164,9 @@ class WritePath:
             return
         self._inflight.release(len(update))
         if isinstance(error, ValidatorUnavailable):
-            error = ProtocolError(
-                ErrorCode.UNAVAILABLE, "the update could not be checked; resend it", doc=frame.doc, clock=frame.clock
-            )
+            await self._refuse(frame, ErrorCode.UNAVAILABLE, "the update could not be checked; resend it")
         else:
-            error = ProtocolError(ErrorCode.INVALID_UPDATE, str(error), doc=frame.doc, clock=frame.clock)
-        await self._safe_send(protocol.error(error))
+            await self._refuse(frame, ErrorCode.INVALID_UPDATE, str(error))
 
     async def _confirm(
         self, frame: AnyUpdate, future: asyncio.Future[AppendResult], size: int, received: float
@@ -182,16 +178,11 @@ class WritePath:
         except asyncio.CancelledError:
             raise
         except NotAdmitted as refused:
-            await self._safe_send(
-                protocol.error(
-                    ProtocolError(
-                        ErrorCode.MISSING_DEPENDENCY,
-                        "not stored: the document lacks content this update builds on; send earlier updates first",
-                        doc=frame.doc,
-                        clock=frame.clock,
-                        missing=refused.lacking,
-                    )
-                )
+            await self._refuse(
+                frame,
+                ErrorCode.MISSING_DEPENDENCY,
+                "not stored: the document lacks content this update builds on; send earlier updates first",
+                missing=refused.lacking,
             )
             self.ctx.events.emit(
                 "refuse",
@@ -202,38 +193,16 @@ class WritePath:
             )
             return
         except ReplicationTimeout:  # stored on the master; the resend waits for the replicas again
-            await self._safe_send(
-                protocol.error(
-                    ProtocolError(
-                        ErrorCode.REPLICATION_TIMEOUT,
-                        "stored, but not confirmed by enough replicas in time; resend it",
-                        doc=frame.doc,
-                        clock=frame.clock,
-                    )
-                )
+            await self._refuse(
+                frame, ErrorCode.REPLICATION_TIMEOUT, "stored, but not confirmed by enough replicas in time; resend it"
             )
             return
         except Exception as exc:  # noqa: BLE001 - every update is answered: deleted, else unavailable (resend)
             if is_deleted_error(exc):
-                await self._safe_send(
-                    protocol.error(
-                        ProtocolError(
-                            ErrorCode.DOCUMENT_DELETED,
-                            "not stored: the document was deleted",
-                            doc=frame.doc,
-                            clock=frame.clock,
-                        )
-                    )
-                )
+                await self._refuse(frame, ErrorCode.DOCUMENT_DELETED, "not stored: the document was deleted")
                 return
             log.warning("append of %s clock %s failed: %s", frame.doc, frame.clock, exc)
-            await self._safe_send(
-                protocol.error(
-                    ProtocolError(
-                        ErrorCode.UNAVAILABLE, "the update was not stored; resend it", doc=frame.doc, clock=frame.clock
-                    )
-                )
-            )
+            await self._refuse(frame, ErrorCode.UNAVAILABLE, "the update was not stored; resend it")
             return
         finally:
             self._inflight.release(size)
@@ -247,6 +216,10 @@ class WritePath:
         self.ctx.events.emit(
             "append", frame.doc, self.session, offset=entry_id, clock=frame.clock, bytes=size, duplicate=duplicate
         )
+
+    async def _refuse(self, frame: AnyUpdate, code: ErrorCode, message: str, **fields: Any) -> None:
+        """Answer ``frame``'s update with an error naming its doc and clock."""
+        await self._safe_send(protocol.error(ProtocolError.about(frame, code, message, **fields)))
 
     async def _safe_send(self, frame: dict[str, Any]) -> None:
         try:

@@ -1,6 +1,7 @@
 """The asyncio Python client (binds pycrdt or y-py documents to a yrelay
 server), and what it raises when the server says no (docs/protocol.md)."""
 
+from ..backoff import Backoff
 from ..exceptions import (
     ClientError,
     Forbidden,
@@ -10,7 +11,6 @@ from ..exceptions import (
     Unauthorized,
     UpdatesRefused,
 )
-from .backoff import Backoff
 from .client import AckedUpdate, ClientDocument, YrelayClient
 
 __all__ = [

@@ -44,6 +44,7 @@ from websockets.exceptions import ConnectionClosed
 
 from .. import crdt, protocol
 from ..awareness import AwarenessError
+from ..backoff import Backoff
 from ..exceptions import ClientError, Forbidden, ServerUnreachable, SubscribeRefused, Unauthorized, UpdatesRefused
 from ..keys import validate_doc_id
 from ..logs import WireFilter
@@ -51,7 +52,6 @@ from ..offsets import StreamId
 from ..reconciliation import ReconciliationError
 from ..reconciliation.digest import Digest
 from ..reconciliation.held_entries import HeldEntries
-from .backoff import Backoff
 from .persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
 from .presence import RemotePresence
 from .sendbuffer import PendingUpdate, SendBuffer

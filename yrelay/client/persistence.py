@@ -82,7 +82,6 @@ class ClientStateFile:
         self.path = Path(path)
         self.journal_path = self.path.with_name(self.path.name + ".journal")
         self.fsync = fsync
-        self.saves = 0
         self._seq = 0
         self._journal: BinaryIO | None = None
 
@@ -138,7 +137,6 @@ class ClientStateFile:
             self._journal.truncate(0)  # append mode: the next write starts at the new end
         elif self.journal_path.exists():
             self.journal_path.write_bytes(b"")
-        self.saves += 1
 
     def close(self) -> None:
         if self._journal is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from ..backoff import Backoff, Reconnect
+from ..tasks import run_until
 from .batch import Batch
 from .group import ConsumerGroup
 from .progress import AckResult
@@ -208,10 +209,5 @@ async def serve(
     stop the command and leave the group (its documents move at once)."""
     async with ConsumerGroup(redis, group, prefix=prefix, lease=lease) as member:
         pipe = Pipe(member, command, ack_on_write=ack_on_write, window=window)
-        task = asyncio.create_task(pipe.run())
-        try:
-            await (stop or asyncio.Event()).wait()
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await run_until(pipe.run(), stop)
     return pipe.stats

@@ -37,7 +37,7 @@ from redis.asyncio import Redis
 
 from ..backoff import Backoff, Reconnect
 from ..redis_client import lost_redis
-from ..tasks import BackgroundTask, spawn
+from ..tasks import BackgroundTask, run_until, spawn
 from .batch import Batch
 from .dead_letters import DeadLetter, DeadLetters, now
 from .group import ConsumerGroup
@@ -454,12 +454,7 @@ async def serve(
     other members at once, from their last ack."""
     async with ConsumerGroup(redis, group, prefix=prefix, lease=lease) as member:
         webhook = Webhook(member, url, secret, concurrency=concurrency, max_attempts=max_attempts, text=text)
-        task = asyncio.create_task(webhook.run())
-        try:
-            await (stop or asyncio.Event()).wait()
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await run_until(webhook.run(), stop)
     return webhook.stats
 
 

@@ -19,7 +19,6 @@ from redis.asyncio import Redis
 from ..admission import StateBuilder
 from ..events import EventSink
 from ..keys import dropped_key
-from ..replies import text
 from ..store import DocumentStore, HistoryTrimmed
 
 
@@ -47,7 +46,3 @@ async def drop_blocked(redis: Redis, doc: str, events: EventSink) -> list[str]:
         await redis.sadd(dropped_key(doc), *ids)
         events.emit("drop_blocked", doc, entries=len(ids), first=ids[0], last=ids[-1])
     return ids
-
-
-async def dropped_ids(redis: Redis, doc: str) -> set[str]:
-    return {text(member) for member in await redis.smembers(dropped_key(doc))}

@@ -83,11 +83,6 @@ def cut_ranks(count: int, parts: int) -> list[int]:
     return [count * index // parts for index in range(1, parts)]
 
 
-def in_range(item: str, span: Range) -> bool:
-    lower, upper = span
-    return lower <= item and (upper is None or item < upper)
-
-
 def cut(
     ids: Sequence[str], start: int, end: int, span: Range, parts: int, digest: Callable[[int, int], Digest]
 ) -> list[Part]:

@@ -157,8 +157,6 @@ def lag_over_time(lag: DataFrame, bucket_ms: int) -> DataFrame:
     )
 
 
-#: Columns of the lag timeline (one row per doc, session and bucket it was there).
-TIMELINE_COLUMNS = ["doc", "session", "bucket", "lag_entries", "lag_ms", "acks"]
 #: Row kinds of the timeline's walks: in a bucket, a document's head, a
 #: session's own appends and its acks come before its sample.
 _HEAD, _OWN, _ACKED, _SAMPLE = 0, 1, 2, 3

@@ -35,7 +35,6 @@ from .schema import EventType
 PERCENTILES = (0.5, 0.95, 0.99)
 #: Lower bounds (ms) of the latency histogram's bins.
 HISTOGRAM_EDGES = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000)
-LATENCY_COLUMNS = ["doc", "deliveries", "acked", "p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms"]
 
 _DELIVER, _ACK = 0, 1
 

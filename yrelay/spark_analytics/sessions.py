@@ -19,9 +19,6 @@ from pyspark.sql import functions as F
 
 from .schema import EventType
 
-#: Columns of :func:`session_presence`.
-PRESENCE_COLUMNS = ["session", "subject", "left_ts"]
-
 
 def session_presence(events: DataFrame) -> DataFrame:
     """One row per session with a ``connect`` or ``disconnect``: its subject

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 
 class Tracker:
-    """Reads and writes of the per-document tracker sorted sets."""
+    """Reads and writes of the per-document tracker sorted sets (an ack's
+    write is :class:`AckWriter`'s, the one path that moves a session on)."""
 
     def __init__(self, redis: Redis, scripts: Scripts | None = None):
         self.redis = redis
@@ -49,15 +50,6 @@ class Tracker:
         """
         await self.redis.zadd(tracker_key(doc), {session: offset.score()})
         await self.session_documents(session).add([doc])
-
-    async def advance(self, doc: str, session: str, offset: StreamId) -> bool:
-        """Move a tracked session forward only (``ZADD XX GT``).
-
-        ``XX``: an ack from a session GC evicted must not re-add it and pin the
-        stream. ``GT``: a late, reordered ack never moves it back.
-        """
-        changed = await self.redis.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True, ch=True)
-        return bool(changed)
 
     async def untrack(self, doc: str, session: str) -> bool:
         """Drop a session (unsubscribe, or eviction by hand); True if it was tracked."""
@@ -91,6 +83,10 @@ class AckWriter:
     written asynchronously in batches. An ack for a session that is no longer
     in the tracker (GC or an operator evicted it) is reported to
     ``on_evicted``: that session must resync, and its ack must not re-add it.
+
+    Each ack is ``ZADD XX GT CH``: ``XX``, an ack of an evicted session does
+    not re-add it and pin the stream; ``GT``, a late, reordered ack never
+    moves a session back; ``CH``, an ack that moved nothing is looked at.
     """
 
     def __init__(self, redis: Redis, on_evicted: Callable[[str, str], None] | None = None):

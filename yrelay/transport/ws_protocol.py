@@ -64,8 +64,6 @@ DISCARD_AFTER_CLOSE = 256 * 1024
 #: Close code of a connection closed for the process's ``max_receiving_bytes``.
 CLOSE_TRY_AGAIN_LATER = 1013
 
-#: uvicorn's ``ws`` choices a deployment may pick (``ws_implementation``).
-IMPLEMENTATIONS = ("websockets-sansio", "websockets", "wsproto")
 #: zlib window (2**bits bytes) and memLevel of the per-message compressor:
 #: a frame of yrelay is mostly base64, which gains little from a longer window.
 WINDOW_BITS = 12

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from yrelay import protocol
-from yrelay.app.appender import Appender
-from yrelay.store import DocumentStore, needs_or_nothing
+from yrelay.storage.append import Appender, needs_or_nothing
+from yrelay.store import DocumentStore
 
 from . import ceilings, load, metrics
 from .drivers import _dumps, _loads

@@ -31,7 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
-from .tables import Status
+from yrelay.spark_analytics.tables import Status
 
 
 class Behaviour(StrEnum):

@@ -1,4 +1,8 @@
-"""Group commit for appends: everything submitted during one Redis round trip
+"""The one append: every write to a document's stream goes through the
+:class:`Appender` and its ``append`` Lua script (:func:`append_one` is the
+same path for one update, for tools, benches and tests).
+
+Group commit: everything submitted during one Redis round trip
 goes out together, one append-script call per document, in one pipeline.
 
 On this machine batching is the difference between ~10k and ~60k XADD/s. Order
@@ -24,21 +28,38 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.exceptions import NoScriptError
+from redis.typing import EncodableT
 
 from .. import redis_packed
-from ..admission import Needs, ready_part
+from ..admission import Needs, needs_of, ready_part
 from ..change_feed import announce, announce_in
 from ..clocks import bring_clocks_up_to_date
-from ..deletion import is_deleted_error, unlist
+from ..keys import clocks_key, dedup_key, meta_key, stream_key
 from ..listing import mark_changed
 from ..redis_client import UNREACHABLE
 from ..replies import text
-from ..store import DocumentStore, NotAdmitted, append_args, append_keys, flat_clocks
+from ..store import DocumentStore
 from ..tasks import BackgroundTask, TaskSet
-from ..update_format import Layout, Ranges
+from ..tombstones import is_deleted_error, unlist
+from ..update_format import Layout, MalformedUpdate, Ranges, read_layout
 from .replicas import ReplicationTimeout, ReplicaWait
 
 log = logging.getLogger(__name__)
+
+#: The key layout this server writes (``meta.layout``); the append script
+#: refuses a document written by a newer one (rolling upgrades).
+LAYOUT = 2
+
+
+class NotAdmitted(Exception):
+    """The document cannot apply the update (causal admission refused it)."""
+
+    def __init__(self, lacking: dict[int, int], state: dict[int, int]):
+        super().__init__(f"missing content of Yjs clients {sorted(lacking)}")
+        #: Clients whose content the update lacks -> the document's clock.
+        self.lacking = lacking
+        #: Every client the update involves -> the document's clock.
+        self.state = state
 
 
 @dataclass(frozen=True)
@@ -66,6 +87,9 @@ class _Item:
 
 
 class Appender:
+    """The process's group commit (module doc); ``submit`` queues, a
+    background loop sends each round trip's queue as one batch."""
+
     def __init__(
         self,
         store: DocumentStore,
@@ -87,6 +111,12 @@ class Appender:
 
     def start(self) -> None:
         self._loop.start()
+
+    async def settle(self) -> None:
+        """Wait for the side work under way (a refused document's unlisting,
+        state-vector rebuilds): :func:`append_one` stops its appender right
+        after its update's answer, and must not cancel what goes with it."""
+        await self._side_tasks.wait()
 
     async def stop(self) -> None:
         await self._loop.stop()  # first: nothing spawns side tasks after their cancel
@@ -263,3 +293,53 @@ def _succeed(item: _Item, result: AppendResult) -> None:
 def _fail(item: _Item, exc: BaseException) -> None:
     if not item.future.done():
         item.future.set_exception(exc)
+
+
+async def append_one(
+    store: DocumentStore, doc: str, session: str, clock: int, update: bytes, needs: Needs | None = None
+) -> tuple[str, bool]:
+    """Append one update, unvalidated, through an :class:`Appender` of its
+    own (servers validate and keep one; tools, benches and tests use this).
+    ``needs`` defaults to :func:`needs_or_nothing`. The entry id and whether
+    it was a resend answered from the dedup; raises :class:`NotAdmitted`
+    when the document cannot apply it."""
+    # Loaded first, as a pipeline of redis-py did: not refused NOSCRIPT, run again and announced twice.
+    await store.redis.script_load(store.scripts.append.script)
+    appender = Appender(store)
+    appender.start()
+    future = appender.submit(doc, session, clock, update, needs_or_nothing(update) if needs is None else needs)
+    try:
+        await asyncio.wait({future})  # a refusal too: the side work it leaves ends before it is raised
+        await appender.settle()
+    finally:
+        await appender.stop()
+    result = future.result()
+    assert result.entry_id is not None  # None only for a sync push
+    return result.entry_id, result.duplicate
+
+
+def append_keys(doc: str) -> list[str]:
+    """KEYS of the append script, in its order."""
+    return [stream_key(doc), meta_key(doc), dedup_key(doc), clocks_key(doc)]
+
+
+def append_args(items: list[tuple[str, int, bytes, Needs]]) -> list[EncodableT]:
+    """ARGV of the append script for ``(session, clock, update, needs)`` items."""
+    args: list[EncodableT] = [LAYOUT]
+    for session, clock, update, needs in items:
+        args += [session, clock, update, *needs.script_args()]
+    return args
+
+
+def flat_clocks(flat: list[bytes]) -> dict[int, int]:
+    """``[client, clock, client, clock, ...]`` from the script -> a dict."""
+    return {int(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def needs_or_nothing(update: bytes) -> Needs:
+    """What ``update`` needs to apply; nothing when it does not decode (for
+    tools that append without the server's validation: benches, seeding)."""
+    try:
+        return needs_of(read_layout(update))
+    except MalformedUpdate:
+        return Needs()
