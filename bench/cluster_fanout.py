@@ -1,6 +1,6 @@
 """What the cluster fan-out costs, on a local 3-master Redis Cluster.
 
-Compares the read path yrelay uses on a cluster (yrelay/app/fanout_cluster.py:
+Compares the read path yrelay uses on a cluster (yrelay/storage/reader.py:
 a wake-up per bucket, then one XREAD per woken document pipelined per node)
 with polling every subscribed document (the per-document reads without the
 wake-up), and with the one-XREAD-over-everything of a single Redis (not
@@ -8,7 +8,7 @@ possible on a cluster: CROSSSLOT).
 
 Prints: the cost of one pipelined read of every subscribed document (what a
 poll or a sweep costs), and, with appends at a steady rate to random
-documents through the real Appender + ClusterFanout, the latency from submit
+documents through the real Appender + Fanout, the latency from submit
 to delivery and the Redis commands per append.
 
     PYTHONPATH=. python bench/cluster_fanout.py --docs 1000 --rate 500 --seconds 5
@@ -26,7 +26,8 @@ from pathlib import Path
 
 from yrelay.admission import Needs
 from yrelay.app.acks import SubscriptionRegistry
-from yrelay.app.fanout_cluster import ClusterFanout, announce
+from yrelay.app.fanout import Fanout
+from yrelay.change_feed import announce_buckets as announce
 from yrelay.keys import stream_key
 from yrelay.redis_client import YrelayCluster, xread_one
 from yrelay.storage.append import Appender, append_one
@@ -90,7 +91,7 @@ async def run(args: argparse.Namespace) -> None:
 
         arrivals: dict[str, float] = {}
         registry: SubscriptionRegistry = SubscriptionRegistry()
-        fanout = ClusterFanout(redis, store, registry, block_ms=1000, count=100)
+        fanout = Fanout(redis, store, registry, block_ms=1000, count=100)
         for doc in docs:
             await fanout.register(Probe(doc, arrivals))
         fanout.start()

@@ -1,5 +1,5 @@
 """The fan-out and the consumer groups' reader on one Redis read the
-documents the change stream names (yrelay/change_feed.py), and every
+documents the change stream names (yrelay/storage/reader.py), and every
 followed document at each sweep: an edit reaches the other clients (a
 group's member) long before a sweep, an append nobody announced arrives
 with the next sweep, and a change stream that cannot be read costs nothing
@@ -14,11 +14,12 @@ from redis.asyncio import Redis
 
 from conftest import eventually, running_server
 from yrelay import crdt
-from yrelay.app.fanout import Fanout
 from yrelay.change_feed import announce
 from yrelay.consumers import ConsumerGroup
 from yrelay.keys import changes_key, stream_key
+from yrelay.storage import reader as storage_reader
 from yrelay.storage.append import append_args, append_keys, append_one, needs_or_nothing
+from yrelay.storage.reader import DocumentReader
 from yrelay.store import DocumentStore
 
 #: A sweep so rare that a test waiting for a delivery never sees one.
@@ -27,13 +28,13 @@ NO_SWEEP_MS = 120_000
 
 async def test_an_edit_reaches_the_reader_without_waiting_for_a_sweep(redis_url, make_client, monkeypatch):
     reads: list[int] = []
-    xread = Fanout._xread
+    xread = DocumentReader._xread
 
     async def counting(self, readable, count, block_ms, listening):  # type: ignore[no-untyped-def]
         reads.append(len(readable))
         return await xread(self, readable, count, block_ms, listening)
 
-    monkeypatch.setattr(Fanout, "_xread", counting)
+    monkeypatch.setattr(DocumentReader, "_xread", counting)
     async with running_server(redis_url, block_ms=NO_SWEEP_MS) as url:
         writer, reader = await make_client(url), await make_client(url)
         for i in range(30):  # documents followed, untouched
@@ -143,13 +144,13 @@ async def test_a_group_member_is_woken_by_the_change_stream(redis_client, monkey
     docs = [f"cf-woken-{i}" for i in range(30)]
     first = {(doc, await _append(store, doc, 1, "a")) for doc in docs}
     reads: list[int] = []
-    xread = redis_client.xread
+    xread = DocumentReader._xread
 
-    async def counting(streams, *args, **kwargs):  # type: ignore[no-untyped-def]
-        reads.append(sum(1 for key in streams if key != changes_key()))
-        return await xread(streams, *args, **kwargs)
+    async def counting(self, readable, count, block_ms, listening):  # type: ignore[no-untyped-def]
+        reads.append(len(readable))  # the documents' streams, not the change stream
+        return await xread(self, readable, count, block_ms, listening)
 
-    monkeypatch.setattr(redis_client, "xread", counting)
+    monkeypatch.setattr(DocumentReader, "_xread", counting)
     # A lease of 300 s: the member's sweep (every lease / 3) never comes in this test.
     member, task, got = await _member(redis_client, "cf-woken", "cf-woken-", lease=300.0)
     try:
@@ -286,3 +287,37 @@ async def test_a_busy_redis_sets_no_document_aside_for_the_fan_out(redis_url, re
         await eventually(lambda: "after" in doc.text, timeout=8)
     assert "cannot be read" not in caplog.text  # nor its subscribers told it is unavailable
     assert "fan-out reader failed" not in caplog.text  # a warning, not a traceback as for a bug
+
+
+async def test_a_document_set_aside_is_read_again_once_repaired_by_the_fan_out_and_a_member(
+    redis_url, redis_client, make_client, monkeypatch, caplog
+):
+    """One set-aside rule for both users of the reader loop: a stream of the
+    wrong type is set aside by each (logged; the fan-out's subscribers told),
+    and once the key is repaired and the set-aside over, both read it on."""
+    monkeypatch.setattr(storage_reader, "SET_ASIDE_SECONDS", 1.0)
+    store, doc, key = DocumentStore(redis_client), "cf-repair-doc", stream_key("cf-repair-doc")
+    member, task, got = await _member(redis_client, "cf-repair", "cf-repair-", lease=1.2)
+    try:
+        async with running_server(redis_url, block_ms=300) as url:
+            client = await make_client(url)
+            subscribed = await client.subscribe(doc)
+            first = await _append(store, doc, 1, "a")
+            await eventually(lambda: (doc, first) in got and subscribed.text == "a", timeout=10)
+            await redis_client.rename(key, "cf-repair-kept")
+            await redis_client.set(key, "not a stream")
+            await eventually(
+                lambda: (
+                    f"fan-out: document {doc} cannot be read" in caplog.text
+                    and f"consumer group cf-repair: document {doc} cannot be read" in caplog.text
+                ),
+                timeout=10,
+            )
+            await eventually(lambda: any(e.get("code") == "document_unavailable" for e in client.errors), timeout=10)
+            await redis_client.delete(key)
+            await redis_client.rename("cf-repair-kept", key)
+            second = await _append(store, doc, 2, "b")
+            await eventually(lambda: (doc, second) in got and sorted(subscribed.text) == ["a", "b"], timeout=15)
+    finally:
+        await redis_client.delete("cf-repair-kept")
+        await _stop(member, task)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Connection, Redis
 
-from yrelay.app.fanout_cluster import announce
 from yrelay.app.quotas import SharedBucket
+from yrelay.change_feed import announce_buckets as announce
 from yrelay.redis_server import free_port
 from yrelay_tools.chaos.nemesis import SHARD_FAULTS, Fault, all_faults, parse_faults, schedule
 from yrelay_tools.chaos.report import RunReport

@@ -13,7 +13,6 @@ from redis.asyncio import Redis
 from conftest import eventually, running_server
 from gcutil import append_all, dump_document, text_updates
 from yrelay import crdt
-from yrelay.app.rewind import find_rewound
 from yrelay.gc import Collector, GcPolicy
 from yrelay.keys import meta_key, stream_key
 from yrelay.offsets import ZERO, StreamId
@@ -22,6 +21,7 @@ from yrelay.reconciliation.held_entries import HeldEntries
 from yrelay.reconciliation.stream_digest import StreamDigests
 from yrelay.redis_server import RedisProcess, free_port
 from yrelay.replies import text
+from yrelay.storage.rewind import find_rewound
 from yrelay.store import DocumentStore
 from yrelay.tracker.tracker import session_documents
 

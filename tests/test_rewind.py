@@ -99,8 +99,8 @@ async def test_the_check_after_a_failure_looks_for_what_each_subscriber_was_sent
     ahead.cursor, _ = await lose_tail(redis_client, store, "ahead")  # sent to it, never read by the fan-out
     await lose_tail(redis_client, store, "behind")  # lost too, but nobody here had it
 
-    fanout._suspect_all()  # the reader saw Redis fail
-    await fanout._check_rewound()
+    fanout.documents.failed()  # the reader saw Redis fail
+    await fanout.documents._check_rewound()
     assert (ahead.rewound, behind.rewound) == (1, 0)
 
 

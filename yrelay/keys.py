@@ -192,15 +192,15 @@ def bucket_documents_key(bucket: int) -> str:
 def changes_key() -> str:
     """Stream (capped): on one Redis, one entry per append batch naming the
     documents it appended to (field ``d``, newline-separated): what wakes the
-    fan-out (yrelay/change_feed.py)."""
+    reader loop (yrelay/storage/reader.py)."""
     return f"{PREFIX}:changes"
 
 
 def bucket_changes_key(bucket: int) -> str:
     """Stream (capped): on a Redis Cluster only, one entry per append batch
     naming the documents of this bucket it appended to (field ``d``,
-    newline-separated): what wakes the fan-out there
-    (yrelay/app/fanout_cluster.py)."""
+    newline-separated): what wakes the reader loop there
+    (yrelay/storage/reader.py)."""
     return f"{PREFIX}:{{bucket:{bucket:02d}}}:changes"
 
 

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript as Script
 
 from ..auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
+from ..change_feed import announce_buckets
 from ..config import Settings
 from ..eventlog import EventLog, NullEventLog, process_name
 from ..events import Events
@@ -41,7 +42,6 @@ from .acks import SubscriptionRegistry
 from .answer_cache import AnswerCache
 from .engine_pool import EnginePool
 from .fanout import Fanout, Subscriber
-from .fanout_cluster import ClusterFanout, announce
 from .inflight import ByteBudget
 from .limits import Limits
 from .presence import Presence
@@ -172,7 +172,7 @@ class ServerContext:
             appender=Appender(
                 store,
                 ReplicaWait.from_settings(settings),
-                announce=partial(announce, redis) if settings.redis_cluster else None,
+                announce=partial(announce_buckets, redis) if settings.redis_cluster else None,
             ),
             fanout=open_fanout(settings, redis_url, store, subscriptions),
             subscriptions=subscriptions,
@@ -235,13 +235,13 @@ class ServerContext:
 def open_fanout(
     settings: Settings, redis_url: str, store: DocumentStore, subscriptions: SubscriptionRegistry[Subscriber]
 ) -> Fanout:
-    """The single-Redis fan-out (its own connection, blocking in XREAD), or
-    the cluster's (woken per bucket), on a client of its own: redis-py closes
-    every connection of a cluster client when one node fails, and the
-    appender's should not go down with the fan-out's blocked reads."""
+    """The fan-out, on a client of its own: one Redis, a single connection
+    blocking in XREAD; a cluster, a cluster client (redis-py closes every
+    connection of a cluster client when one node fails, and the appender's
+    should not go down with the fan-out's blocked reads)."""
     options = dict(block_ms=settings.block_ms, count=settings.page_size, max_bytes=settings.max_page_bytes)
     if settings.redis_cluster:
-        return ClusterFanout(open_redis(redis_url, True, socket_timeout=10), store, subscriptions, **options)
+        return Fanout(open_redis(redis_url, True, socket_timeout=10), store, subscriptions, **options)
     reader = Redis.from_url(redis_url, single_connection_client=True, socket_timeout=None)
     return Fanout(reader, store, subscriptions, **options)
 

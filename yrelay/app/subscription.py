@@ -34,6 +34,7 @@ from ..protocol import ErrorCode, ProtocolError, ResyncReason
 from ..reconciliation.digest import Digest
 from ..reconciliation.stream_digest import WindowDigest
 from ..redis_client import lost_redis
+from ..storage.rewind import find_rewound
 from ..store import HistoryTrimmed
 from ..tasks import BackgroundTask
 from ..transport.lean import Kick
@@ -42,7 +43,6 @@ from .engine_pool import EngineFailed
 from .fanout import Batch
 from .limits import DeliveryBudget
 from .resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point
-from .rewind import find_rewound
 from .sending import Send, Sender, SendPrepared
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class Subscription:
         self._sync_vector: bytes | None = None
         self._failure: str | None = None
         self._evicted = False
-        #: The stream lost entries this process had seen (:mod:`.rewind`).
+        #: The stream lost entries this process had seen (:mod:`yrelay.storage.rewind`).
         self._rewound = False
         #: Work to do: setting it starts the pump, which runs while there is
         #: work and then ends; an idle subscription has no task (issue 20).

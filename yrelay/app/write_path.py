@@ -207,7 +207,7 @@ class WritePath:
         finally:
             self._inflight.release(size)
         entry_id, duplicate = result.entry_id, result.duplicate
-        if entry_id is not None:  # the writer will hold it: checked after a failover (app/rewind.py)
+        if entry_id is not None:  # the writer will hold it: checked after a failover (yrelay/storage/rewind.py)
             self.ctx.fanout.stored(frame.doc, StreamId.parse(entry_id))
         await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
         if entry_id is None:

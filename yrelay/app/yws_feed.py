@@ -95,7 +95,7 @@ class YwsFeed:
         """Never tracked, so never evicted."""
 
     def stream_rewound(self) -> None:
-        """The stream lost entries (a failover, :mod:`.rewind`) that the
+        """The stream lost entries (a failover, :mod:`yrelay.storage.rewind`) that the
         client may hold: the connection closes, and the stock client's
         reconnect sync (step 1 / step 2 both ways) gives them back, as after
         any other close."""
@@ -137,7 +137,7 @@ class YwsFeed:
         read also checks that the cursor's entry is still there (or
         trimmed): this feed reads ahead of the fan-out (the sync answer and
         its catch-up read the stream itself), so the fan-out's check after a
-        failover (:mod:`.rewind`) may never have seen what it holds."""
+        failover (:mod:`yrelay.storage.rewind`) may never have seen what it holds."""
         assert self.cursor is not None
         async for page in self.ctx.store.iter_entries(
             self.doc, self.cursor, until, self.ctx.settings.page_size, held=True

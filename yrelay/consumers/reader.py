@@ -1,12 +1,12 @@
-"""One member's read loop: the documents it holds, woken by the change stream.
+"""One member's read loop: the documents it holds, handed out in batches.
 
-A member holds a handful to thousands of documents; most are quiet. The
-loop therefore never polls a document, nor names every one of them in
-every read: like the server's fan-out (:mod:`yrelay.app.fanout`), it blocks
-in one ``XREAD`` over the change stream and the documents the announcements
-read the round before named (and those with more to read), and a sweep
-every ``block_ms`` reads every document held, for what nothing announced
-(:mod:`yrelay.change_feed`). Documents newly assigned
+A member holds a handful to thousands of documents; most are quiet. Which
+have something new, and reading them, is the reader loop's, shared with
+the server's fan-out (:mod:`yrelay.storage.reader`: the change stream on
+one Redis, per-bucket wake-ups on a cluster, a sweep every ``block_ms``, a
+document Redis cannot read set aside); this module is its
+:class:`~yrelay.storage.reader.Follower` and keeps the group's part.
+Documents newly assigned
 are claimed first (:mod:`yrelay.consumers.progress`): read from the group's
 last ack, or from the snapshot when the group has none. After each read the
 trim marks of the documents read are checked in one round trip: a stream
@@ -14,56 +14,32 @@ trimmed past a cursor (GC evicted the group) is never read across silently,
 the document starts again from its snapshot. A document being handed
 over (:mod:`yrelay.consumers.handover`) is read no more; it is released
 once every batch handed out of it was acked.
-
-On a Redis Cluster one XREAD over documents of different slots is refused
-(``CROSSSLOT``): there the reader is woken per bucket and reads per document,
-the way the server's fan-out does (:mod:`yrelay.cluster_reads`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import redis.exceptions
 from redis.asyncio import Redis
-from redis.typing import KeyT, StreamIdT
 
 from .. import redis_packed
 from ..backoff import Reconnect
-from ..change_feed import ChangeFeed
-from ..cluster_reads import BucketWakeups, read_each
 from ..deletion import is_deletion
 from ..events import EventSink
-from ..keys import changes_key, stream_key
 from ..offsets import MAX_SEQ, StreamId
-from ..redis_client import is_cluster, lost_redis
-from ..replies import RawEntry, is_wrong_type, stream_id, text
+from ..redis_client import lost_redis
+from ..replies import stream_id, text
+from ..storage.reader import DocEntries, DocumentReader
 from ..store import DocumentStore, Entry, to_entry
-from ..tasks import raise_lost_cancel, wait_event
+from ..tasks import raise_lost_cancel
 from .batch import Batch
 from .progress import AckResult, Progress, StaleClaim
 
 log = logging.getLogger(__name__)
-
-_STREAM_PREFIX, _STREAM_SUFFIX = stream_key("\0").split("\0")
-
-
-#: How long a change stream that cannot be read (a key of the wrong type)
-#: is left aside, every round sweeping meanwhile; and a document whose
-#: stream cannot be read, the others read on meanwhile.
-SET_ASIDE_SECONDS = 30.0
-
-
-def _doc_of_stream(key: bytes | str) -> str:
-    name = text(key)
-    return name[len(_STREAM_PREFIX) : -len(_STREAM_SUFFIX)]
-
 
 #: Hand-outs are recorded (``<group>:out``) this many batches at a time, in
 #: one round trip before the first of them is handed out: a takeover's
@@ -76,10 +52,6 @@ MARK_AHEAD = 1
 def _before(entry_id: StreamId) -> StreamId:
     """The greatest id below ``entry_id``: XREAD from it reads ``entry_id`` again."""
     return StreamId(entry_id.ms, entry_id.seq - 1) if entry_id.seq else StreamId(entry_id.ms - 1, MAX_SEQ)
-
-
-#: An XREAD reply (``(stream key, entries)`` per stream), or what stands for one.
-StreamReads = list[tuple[bytes, list[RawEntry]]]
 
 
 @dataclass
@@ -98,9 +70,6 @@ class Held:
     #: The leader is handing the document to another member: read no more,
     #: release it once ``unacked`` is empty.
     releasing: bool = False
-    #: Redis refused to read the document's stream (a key of the wrong
-    #: type): not read until then (``time.monotonic()``).
-    set_aside_until: float = 0.0
     #: After a takeover: entries up to here were handed out by the previous
     #: owner and not acked; handing them out again counts as redelivery.
     redeliver_through: StreamId | None = None
@@ -138,7 +107,6 @@ class Reader:
         #: Held documents to claim (no cursor yet: new, resumed, restarted);
         #: a round looks at these, not at every document held.
         self._unclaimed: set[str] = set()
-        self._changed = asyncio.Event()
         #: The group was deleted: ``batches()`` ends.
         self.closed = False
         #: Documents were assigned to us since the last claims: claim them
@@ -151,25 +119,20 @@ class Reader:
         #: (since start; ``unreported_redelivered`` not yet in the group's meta).
         self.redelivered = 0
         self.unreported_redelivered = 0
-        #: On a Redis Cluster: the per-bucket wake-ups and the sweep (else None).
-        self.wakeups = (
-            BucketWakeups(
-                redis, block_ms=block_ms, wanted=lambda doc: doc in self.held, name=f"yrelay-consumer-{progress.group}"
-            )
-            if is_cluster(redis)
-            else None
+        #: Which held documents have something new, and reading them.
+        self.documents = DocumentReader(
+            redis,
+            self,
+            block_ms=block_ms,
+            name=f"yrelay-consumer-{progress.group}",
+            label=f"consumer group {progress.group}",
         )
-        #: On one Redis: the change stream's announcements and the sweep.
-        self.changes = ChangeFeed(block_ms)
 
     def start(self) -> None:
-        """Start the wake-up watchers (a Redis Cluster only)."""
-        if self.wakeups is not None:
-            self.wakeups.start()
+        self.documents.start()
 
     async def stop(self) -> None:
-        if self.wakeups is not None:
-            await self.wakeups.stop()
+        await self.documents.stop()
 
     # ------------------------------------------------ the assignment's side
 
@@ -178,17 +141,18 @@ class Reader:
         those of them it is to release."""
         for doc in [doc for doc in self.held if doc not in mine]:
             del self.held[doc]
+            self.documents.removed(doc)
         for doc, version in mine.items():
             if doc not in self.held or self.held[doc].version != version:
                 self.held[doc] = Held(version)
                 self._unclaimed.add(doc)
                 self._to_claim = True
             elif self.held[doc].releasing and doc not in releasing:
-                self._read_soon(doc)  # the handover was cancelled: what was announced meanwhile was not read
+                self.documents.wake(doc)  # the handover was cancelled: what was announced meanwhile was not read
             self.held[doc].releasing = doc in releasing
         self._releasing = set(releasing) & mine.keys()
         self.paused &= mine.keys()
-        self._changed.set()
+        self.documents.changed.set()
 
     def pause(self, doc: str) -> None:
         """Read nothing more of ``doc`` (its position stays at the last ack)."""
@@ -202,13 +166,13 @@ class Reader:
             self._unclaimed.add(doc)
             self.held[doc].releasing = held.releasing
             self._to_claim = True
-        self._changed.set()
+        self.documents.changed.set()
 
     def close(self) -> None:
         """Hold nothing and end :meth:`batches` (the group was deleted)."""
         self.closed = True
         self.held.clear()
-        self._changed.set()
+        self.documents.changed.set()
 
     async def release_finished(self) -> None:
         """Release every document being handed over that has nothing unacked
@@ -303,7 +267,7 @@ class Reader:
                 log.warning(
                     "consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc, reconnect.delay
                 )
-                self.changes.lost()  # what was read and woken may not have been handed out: sweep next
+                self.documents.failed()  # what was read and woken may not have been handed out: sweep next
                 await reconnect.wait()
                 continue
             reconnect.succeeded()
@@ -372,7 +336,7 @@ class Reader:
         snapshot batch: the document is claimed again from its snapshot)."""
         if held.unacked and held.unacked[-1][1] == batch.offset:
             first, _, _ = held.unacked.pop()
-            self._read_soon(batch.doc)
+            self.documents.wake(batch.doc)
             if batch.entries:
                 held.cursor = _before(first)
             else:
@@ -387,7 +351,7 @@ class Reader:
 
     async def _step(self) -> list[Batch]:
         """Claim the documents new to us (their snapshot batches, if any),
-        else one blocking read over the documents due (:meth:`_xread`)."""
+        else one round of the reader loop over the documents due."""
         if not self.valid():  # our lease lapsed (a pause, Redis unreachable): hold nothing
             self.held.clear()
         starts = []
@@ -408,36 +372,30 @@ class Reader:
         if starts:
             return starts
         if not self.held:
-            self._changed.clear()
-            await wait_event(self._changed, self.block_ms / 1000)
+            await self.documents.idle(self.block_ms / 1000)
             return []
-        due, reply = await self._xread()
-        return await self._read(due, reply) if reply else []
+        reads = await self.documents.read(self.batch_size)
+        return await self._read(reads) if reads else []
 
-    def _cursor(self, doc: str) -> StreamId | None:
+    def cursor(self, doc: str) -> StreamId | None:
         """Where ``doc`` is read from; None when it is not read now (not
         held, not claimed yet, paused, being handed over)."""
         held = self.held.get(doc)
         if held is None or held.cursor is None or held.releasing or doc in self.paused:
             return None
-        if held.set_aside_until and held.set_aside_until > time.monotonic():
-            return None
         return held.cursor
 
-    def _cursors(self) -> dict[str, StreamId]:
-        """:meth:`_cursor` of every document held (for a sweep)."""
-        return {doc: cursor for doc in self.held if (cursor := self._cursor(doc)) is not None}
+    def cursors(self) -> dict[str, StreamId]:
+        """:meth:`cursor` of every document held (for a sweep)."""
+        return {doc: cursor for doc in self.held if (cursor := self.cursor(doc)) is not None}
 
-    def _read_soon(self, doc: str) -> None:
-        """Read ``doc`` in the next round, not at the next sweep."""
-        if self.wakeups is not None:
-            self.wakeups.wake(doc)
-        else:
-            self.changes.wake(doc)
+    def set_aside(self, doc: str, reason: str) -> None:
+        """Nobody to tell: the reader loop logged it (an operator repairs the key)."""
 
     async def _start(self, doc: str, held: Held) -> Batch | None:
-        """Claim ``doc``; the snapshot batch when the group starts from it."""
-        self._read_soon(doc)
+        """Claim ``doc``; the snapshot batch when the group starts from it
+        (read at once, nothing of it set aside)."""
+        self.documents.added(doc)
         try:
             start = await self.progress.claim(doc, held.version)
         except StaleClaim:
@@ -464,99 +422,22 @@ class Reader:
         held.unacked.append((snapshot.offset, snapshot.offset, 0))
         return Batch(doc, [], held.version, snapshot.offset, snapshot.update, reason, self.ack)
 
-    async def _xread(self) -> tuple[dict[str, StreamId], StreamReads]:
-        """The documents due (-> the cursor read from), and their new
-        entries as ``(stream key, entries)``, within ``block_ms``: those
-        woken, all of them on a sweep; one blocking XREAD with the change
-        stream on one Redis, per-document reads on a cluster."""
-        if self.wakeups is None:
-            return await self._xread_announced()
-        due = await self.wakeups.next_round(self._cursors, self._cursor)
-        if not due:
-            return due, []
-        reads = await self.wakeups.read(due, self.batch_size)
-        for doc, exc in reads.refused.items():  # the others go on
-            self._set_aside(doc, exc)
-        return due, reads.pairs
-
-    async def _xread_announced(self) -> tuple[dict[str, StreamId], StreamReads]:
-        """One Redis: XREAD BLOCK over the change stream and the documents
-        due (:class:`~yrelay.change_feed.ChangeFeed`); a Redis failure
-        loses our place in the change stream (the round after sweeps)."""
-        changes = self.changes
-        await changes.follow(self.redis, SET_ASIDE_SECONDS)
-        now = time.monotonic()
-        due = changes.due(now, self._cursors, self._cursor)
-        streams: dict[KeyT, StreamIdT] = {stream_key(doc): str(cursor) for doc, cursor in due.items()}
-        if changes.listening(now):
-            assert changes.cursor is not None
-            streams = {changes_key(): changes.cursor, **streams}
-        if not streams:  # nothing to read now (paused, being handed over)
-            self._changed.clear()
-            await wait_event(self._changed, changes.block_ms_left(now) / 1000)
-            return due, []
-        try:
-            # RESP2 (ConsumerGroup refuses a RESP3 client): a list of (key, entries)
-            reply = cast(
-                StreamReads,
-                await self.redis.xread(streams, count=self.batch_size, block=changes.block_ms_left(now)) or [],
-            )
-        except redis.exceptions.ResponseError as exc:
-            changes.lost()  # a change stream of the wrong type is set aside at the next follow()
-            if not is_wrong_type(exc):  # BUSY, MASTERDOWN...: Redis's passing state, retried
-                raise
-            reads = await read_each(self.redis, due, self.batch_size)  # each on its own: whose key is it?
-            for doc, refused in reads.refused.items():
-                self._set_aside(doc, refused)
-            reply = reads.pairs
-        except Exception as exc:
-            if not lost_redis(exc):
-                raise
-            changes.lost()
-            raise
-        documents: StreamReads = []
-        for key, entries in reply:  # RESP2: ConsumerGroup refuses a RESP3 client
-            if text(key) == changes_key():
-                changes.take(entries, self.held.__contains__, self.batch_size)
-                continue
-            documents.append((key, entries))
-            if len(entries) >= self.batch_size:  # there may be more
-                changes.wake(_doc_of_stream(key))
-        return due, documents
-
-    def _set_aside(self, doc: str, exc: Exception) -> None:
-        """Redis refused to read ``doc`` (a key of the wrong type): read it
-        no more for :data:`SET_ASIDE_SECONDS` (then again, at a sweep:
-        someone may have repaired the key). Without this, on one Redis, one
-        broken stream stopped the member for every document it holds."""
-        if (held := self.held.get(doc)) is not None:
-            held.set_aside_until = time.monotonic() + SET_ASIDE_SECONDS
-            log.error(
-                "consumer group %s: document %s cannot be read (%s); set aside for %ss",
-                self.progress.group,
-                doc,
-                exc,
-                SET_ASIDE_SECONDS,
-                extra={"doc": doc},
-            )
-
-    async def _read(self, cursors: dict[str, StreamId], reply: StreamReads) -> list[Batch]:
-        """Batches of ``reply``, read from ``cursors``: each document's fence
-        and trim mark checked in one round trip first."""
-        read = [(_doc_of_stream(key), entries) for key, entries in reply if entries]
-        versions = {doc: self.held[doc].version for doc, _ in read if doc in self.held}
-        read = [(doc, entries) for doc, entries in read if doc in versions]
-        marks = await self._marks([(doc, versions[doc], None) for doc, _ in read])
+    async def _read(self, reads: list[DocEntries]) -> list[Batch]:
+        """Batches of ``reads``: each document's fence and trim mark checked
+        in one round trip first."""
+        versions = {read.doc: self.held[read.doc].version for read in reads if read.doc in self.held}
+        reads = [read for read in reads if read.entries and read.doc in versions]
+        marks = await self._marks([(read.doc, versions[read.doc], None) for read in reads])
         batches = []
-        for (doc, raw_entries), (fence, mark, head) in zip(read, marks, strict=True):
+        for (doc, after, raw_entries), (fence, mark, head) in zip(reads, marks, strict=True):
             held = self.held.get(doc)
-            if held is None or held.cursor != cursors[doc] or held.version != versions[doc]:
+            if held is None or held.cursor != after or held.version != versions[doc]:
                 continue  # taken from us, or restarted, while we read
             if text(fence) == "stale":  # another member claimed it: hand nothing out
                 del self.held[doc]
                 continue
             trimmed = stream_id(mark or None)
-            if trimmed is not None and cursors[doc] < trimmed:
+            if trimmed is not None and after < trimmed:
                 held.cursor, held.restart = None, "trimmed"
                 self._unclaimed.add(doc)
                 continue

@@ -100,7 +100,7 @@ class Appender:
         #: ``ack_replicas``: each batch ends with a WAIT (:mod:`.replicas`).
         self.replicas = replicas
         #: Told of each batch's documents once it is stored (the cluster
-        #: fan-out's wake-up: :mod:`yrelay.app.fanout_cluster`).
+        #: wake-up: :func:`yrelay.change_feed.announce_buckets`).
         self.announce = announce
         self._pending: list[_Item] = []
         self._wake = asyncio.Event()

@@ -5,7 +5,7 @@ replication), or a restart from an AOF or a backup that lacks them.
 The entries lost were delivered to clients, or acked to their writers, who
 still hold them; the clients whose websocket stayed open never resubscribe,
 so the drift check of a subscribe (:func:`.resync.resume_point`) never runs
-for them. The fan-out (:mod:`.fanout`) therefore asks, after its reader saw
+for them. The reader loop (:mod:`.reader`) therefore asks, after it saw
 Redis fail and before it reads again, whether the ids it had seen, and those
 its subscribers were sent, are still there (:func:`find_rewound`: a
 subscriber may have read ahead of the fan-out, e.g. a sync answer, issue
