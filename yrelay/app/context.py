@@ -171,7 +171,7 @@ class ServerContext:
             ack_writer=AckWriter(redis, on_evicted=subscriptions.session_evicted),
             appender=Appender(
                 store,
-                ReplicaWait.from_settings(settings),
+                ReplicaWait.of(settings.ack_replicas, settings.ack_replicas_timeout),
                 announce=partial(announce_buckets, redis) if settings.redis_cluster else None,
             ),
             fanout=open_fanout(settings, redis_url, store, subscriptions),

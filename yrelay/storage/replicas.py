@@ -33,7 +33,6 @@ from typing import cast
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline
 
-from ..config import Settings
 from ..keys import replication_probe_key
 from ..redis_client import is_cluster
 from ..redis_packed import CommandQueue
@@ -59,9 +58,11 @@ class ReplicaWait:
     timeout: float
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ReplicaWait | None:
-        """None when acks need no replica (``ack_replicas`` 0)."""
-        return cls(settings.ack_replicas, settings.ack_replicas_timeout) if settings.ack_replicas > 0 else None
+    def of(cls, replicas: int, timeout: float) -> ReplicaWait | None:
+        """None when acks need no replica (the setting ``ack_replicas`` 0).
+        Given the two settings, not the settings object: storage knows
+        nothing of the server's configuration (or of uvicorn, which it loads)."""
+        return cls(replicas, timeout) if replicas > 0 else None
 
     def queue(self, pipe: CommandQueue, keys: dict[str, str]) -> dict[str, int]:
         """The ``WAIT`` at the end of a pipeline, after its writes to
