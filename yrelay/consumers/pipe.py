@@ -136,7 +136,9 @@ class Pipe:
                 for delivery, batch in list(self._unacked.items()):
                     if delivery in written:
                         continue
-                    if not self._holds(batch):  # moved to another member: it delivers from the last ack
+                    if (
+                        self.group.reader.holding(batch) is None
+                    ):  # moved to another member: it delivers from the last ack
                         self._forget(delivery)
                         continue
                     process.stdin.write(payload(self.group.name, batch) + b"\n")
@@ -158,10 +160,6 @@ class Pipe:
                 await self._ack(delivery.strip())
             else:
                 sys.stderr.write(line + "\n")
-
-    def _holds(self, batch: Batch) -> bool:
-        held = self.group.reader.held.get(batch.doc)
-        return held is not None and held.version == batch.version
 
     def _forget(self, delivery: str) -> Batch | None:
         batch = self._unacked.pop(delivery, None)

@@ -228,10 +228,6 @@ class Webhook:
             if not queue:
                 self._queues.pop(doc, None)
 
-    def _holds(self, batch: Batch) -> bool:
-        held = self.group.reader.held.get(batch.doc)
-        return held is not None and held.version == batch.version
-
     async def _deliver(self, batch: Batch) -> Outcome:
         """POST ``batch`` until a 2xx, then ack it; park its document when
         it keeps failing."""
@@ -242,7 +238,7 @@ class Webhook:
         attempts = Reconnect(self.backoff)
         sent = counted = 0
         while True:
-            if not self._holds(batch):
+            if self.group.reader.holding(batch) is None:
                 self.stats.dropped += 1
                 return Outcome.DROPPED
             self.stats.retries += int(sent > 0)
@@ -259,7 +255,9 @@ class Webhook:
                 await asyncio.sleep(failure.wait)
             else:
                 await attempts.wait()
-        result = await self._ack(batch)
+        # Ack, retrying while Redis fails: the receiver has the batch, and
+        # giving up would leave the document waiting with nothing to wake it.
+        result = await self._redis_retried(batch.ack, "ack", batch)
         if result is not AckResult.ACKED:
             self.stats.refused_acks += 1
             return Outcome.DROPPED
@@ -340,11 +338,6 @@ class Webhook:
             if not lost_redis(exc):
                 raise
             log.warning("webhook %s: last counters lost (%s)", self.group.name, exc)
-
-    async def _ack(self, batch: Batch) -> AckResult:
-        """Ack, retrying while Redis fails: the receiver has the batch, and
-        giving up would leave the document waiting with nothing to wake it."""
-        return await self._redis_retried(batch.ack, "ack", batch)
 
     async def _redis_retried(self, call: Callable[[], Awaitable[T]], what: str, batch: Batch) -> T:
         """``call()`` until Redis answers (0.1 s doubling to 5 s)."""

@@ -110,12 +110,11 @@ async def webhook_stats(redis: Redis, groups: list[str]) -> list[GroupWebhookSta
 
 
 def _totals(raw: dict[str, str]) -> WebhookStats:
-    totals = WebhookStats()
-    for name in _COUNTERS:
-        setattr(totals, name, int(float(raw.get(name, 0))))
-    totals.latency_sum = float(raw.get("latency_sum", 0))
-    totals.latency_counts = [int(raw.get(f"latency_{i}", 0)) for i in range(len(LATENCY_BUCKETS) + 1)]
-    return totals
+    return WebhookStats(
+        **{name: int(float(raw.get(name, 0))) for name in _COUNTERS},
+        latency_sum=float(raw.get("latency_sum", 0)),
+        latency_counts=[int(raw.get(f"latency_{i}", 0)) for i in range(len(LATENCY_BUCKETS) + 1)],
+    )
 
 
 class WebhookCollector(Collector):

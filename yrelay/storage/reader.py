@@ -54,9 +54,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
-from typing import NamedTuple, Protocol, cast
+from typing import NamedTuple, Protocol, TypeVar, cast
 
 import redis.exceptions
 from redis.asyncio import Redis, RedisCluster
@@ -69,7 +69,7 @@ from ..offsets import StreamId
 from ..redis_client import CLUSTER_TRANSIENT, UNREACHABLE, is_cluster, lost_redis, xread_one
 from ..redis_packed import bulk
 from ..replies import RawEntry, is_wrong_type, text
-from ..tasks import BackgroundTask, spawn, wait_event
+from ..tasks import BackgroundTask, raise_lost_cancel, spawn, wait_event
 from .rewind import find_rewound
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 #: aside: a document (the others read on meanwhile), or the change stream
 #: (every round sweeping meanwhile).
 SET_ASIDE_SECONDS = 30.0
+T = TypeVar("T")
 #: The longest a wake-up read blocks (ms), whatever ``block_ms`` says: it
 #: must end well within the client's socket timeout.
 MAX_WATCH_BLOCK_MS = 5_000
@@ -229,6 +230,40 @@ class DocumentReader:
             self.failures += 1
             for doc in self.follower.cursors():
                 self._unverified.setdefault(doc, set()).update(self.rewinds.marks(doc))
+
+    async def rounds(
+        self,
+        step: Callable[[], Awaitable[T]],
+        *,
+        lost: str,
+        bug: str | None = None,
+        until: Callable[[], bool] = lambda: False,
+    ) -> AsyncIterator[T]:
+        """The user's loop: what each ``step()`` (a round, and what the user
+        makes of it) returns, until ``until()``. Redis lost (or refusing for
+        a while: BUSY, MASTERDOWN, :func:`~yrelay.redis_client.lost_redis`)
+        is logged (``lost``, a warning), then :meth:`failed` and a backoff of
+        0.1 s doubling to 5 s, from 0.1 s again after a step that succeeded.
+        Anything else is raised, or, with ``bug``, logged with its traceback
+        and retried the same way (the fan-out: its subscribers should not
+        wait for a restart of its task, a minute at worst)."""
+        reconnect = Reconnect()
+        while not until():
+            raise_lost_cancel()
+            try:
+                result = await step()
+            except Exception as exc:
+                if lost_redis(exc):
+                    log.warning("%s (%r); retrying in %.1fs", lost, exc, reconnect.delay)
+                elif bug is not None:
+                    log.exception("%s; retrying in %.1fs", bug, reconnect.delay)
+                else:
+                    raise
+                self.failed()  # what was read and woken may not have been handed on: sweep next
+                await reconnect.wait()
+                continue
+            reconnect.succeeded()
+            yield result
 
     # ------------------------------------------------------------ a round
 
