@@ -38,7 +38,7 @@ from redis.asyncio import Redis
 
 from ..offsets import ZERO, StreamId
 from ..redis_client import is_cluster
-from ..storage.reader import DocEntries, DocumentReader
+from ..storage.reader import DocEntries, DocumentReader, retrying
 from ..store import DocumentStore, Entry, to_entry
 from ..tasks import BackgroundTask
 from . import sizing
@@ -189,9 +189,10 @@ class Fanout:
             self.documents.removed(subscriber.doc)
 
     async def _run(self) -> None:
-        async for _ in self.documents.rounds(
-            self._round, lost="fan-out reader: Redis failed", bug="fan-out reader failed"
-        ):
+        rounds = retrying(
+            self._round, lost="fan-out reader: Redis failed", bug="fan-out reader failed", failed=self.documents.failed
+        )
+        async for _ in rounds:
             pass
 
     async def _round(self) -> None:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -82,15 +83,14 @@ class Pipe:
         """Until cancelled: read batches, run the command, restart it when it exits."""
         feed = asyncio.create_task(self._feed())
         restarts = Reconnect(self.backoff)
-        loop = asyncio.get_running_loop()
         try:
             while True:
-                started = loop.time()
+                started = time.monotonic()
                 try:
                     code: int | str = await self._run_once()
                 except OSError as exc:  # not found, not executable: say so and try again (it may be deployed yet)
                     code = f"an error ({exc})"
-                if loop.time() - started > HEALTHY_RUN:
+                if time.monotonic() - started > HEALTHY_RUN:
                     restarts.succeeded()
                 log.warning(
                     "consume %s: %s exited with %s; restarting in %.1fs (%d batches not acked)",

@@ -32,7 +32,7 @@ from ..events import EventSink
 from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import lost_redis
 from ..replies import stream_id, text
-from ..storage.reader import DocEntries, DocumentReader
+from ..storage.reader import DocEntries, DocumentReader, retrying
 from ..store import DocumentStore, Entry, to_entry
 from .batch import Batch
 from .progress import AckResult, Progress, StaleClaim
@@ -253,9 +253,13 @@ class Reader:
         """Batches for as long as the caller iterates. Redis failing does not
         end it: the loop waits (0.1 s doubling to 5 s) and reads on; past the
         lease the member holds nothing until its heartbeat is back."""
-        async for ready in self.documents.rounds(
-            self._step, lost=f"consumer group {self.progress.group}: read failed", until=lambda: self.closed
-        ):
+        rounds = retrying(
+            self._step,
+            lost=f"consumer group {self.progress.group}: read failed",
+            until=lambda: self.closed,
+            failed=self.documents.failed,  # what was read and woken may not have been handed out: sweep next
+        )
+        async for ready in rounds:
             for index, batch in enumerate(ready):
                 if self._to_claim:  # claim the new documents first; these are read again after
                     for rest in ready[index:]:

@@ -101,12 +101,12 @@ async def webhook_stats(redis: Redis, groups: list[str]) -> list[GroupWebhookSta
             pipe.hgetall(group_webhook_stats_key(group))
             pipe.hlen(group_dead_letters_key(group))
         replies = await pipe.execute()
-    out = []
-    for i, group in enumerate(groups):
-        raw, parked = {text(k): text(v) for k, v in replies[2 * i].items()}, replies[2 * i + 1]
-        if raw or parked:
-            out.append(GroupWebhookStats(group, _totals(raw), parked))
-    return out
+    raws = [{text(k): text(v) for k, v in raw.items()} for raw in replies[::2]]
+    return [
+        GroupWebhookStats(group, _totals(raw), parked)
+        for group, raw, parked in zip(groups, raws, replies[1::2], strict=True)
+        if raw or parked
+    ]
 
 
 def _totals(raw: dict[str, str]) -> WebhookStats:
