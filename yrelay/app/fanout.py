@@ -29,8 +29,6 @@ what it lost.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -38,16 +36,13 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from ..backoff import Reconnect
 from ..offsets import ZERO, StreamId
-from ..redis_client import is_cluster, lost_redis
-from ..storage.reader import DocEntries, DocumentReader
+from ..redis_client import is_cluster
+from ..storage.reader import DocEntries, DocumentReader, retrying
 from ..store import DocumentStore, Entry, to_entry
 from ..tasks import BackgroundTask
 from . import sizing
 from .acks import Member, SubscriptionRegistry
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -194,23 +189,17 @@ class Fanout:
             self.documents.removed(subscriber.doc)
 
     async def _run(self) -> None:
-        reconnect = Reconnect()
-        while True:
-            try:
-                if not self.feeds:
-                    await self.documents.idle(self.block_ms / 1000)
-                    continue
-                self._dispatch(await self.documents.read(self.count))
-                reconnect.succeeded()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # lost, or refused for its own reasons (BUSY, MASTERDOWN), or a bug
-                if lost_redis(exc):
-                    log.warning("fan-out reader: Redis failed (%r); retrying in %.1fs", exc, reconnect.delay)
-                else:
-                    log.exception("fan-out reader failed; retrying in %.1fs", reconnect.delay)
-                self.documents.failed()
-                await reconnect.wait()
+        rounds = retrying(
+            self._round, lost="fan-out reader: Redis failed", bug="fan-out reader failed", failed=self.documents.failed
+        )
+        async for _ in rounds:
+            pass
+
+    async def _round(self) -> None:
+        if self.feeds:
+            self._dispatch(await self.documents.read(self.count))
+        else:
+            await self.documents.idle(self.block_ms / 1000)
 
     def marks(self, doc: str) -> set[StreamId]:
         """The ids ``doc``'s stream must still hold: what the reader read,

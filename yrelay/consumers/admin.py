@@ -55,18 +55,15 @@ async def list_groups(redis: Redis) -> list[dict[str, Any]]:
             pipe.get(group_leader_key(item.group))
             pipe.hlen(group_assignment_key(item.group))
         replies = await pipe.execute()
-    result = []
-    for index, item in enumerate(stats):
-        members, leader, assigned = replies[3 * index : 3 * index + 3]
-        result.append(
-            {
-                **asdict(item),
-                "members": sorted(text(m) for m in members),
-                "leader": text(leader) if leader else None,
-                "documents": assigned,
-            }
-        )
-    return result
+    return [
+        {
+            **asdict(item),
+            "members": sorted(text(m) for m in members),
+            "leader": text(leader) if leader else None,
+            "documents": assigned,
+        }
+        for item, members, leader, assigned in zip(stats, replies[::3], replies[1::3], replies[2::3], strict=True)
+    ]
 
 
 async def describe_group(redis: Redis, group: str) -> dict[str, Any] | None:
@@ -75,9 +72,8 @@ async def describe_group(redis: Redis, group: str) -> dict[str, Any] | None:
     the stream's newest entry. None for an unknown group."""
     if not await redis.sismember(groups_key(), group):
         return None
-    membership = Membership(redis, group, "", 0)
     now_ms = await redis_now_ms(redis)
-    assigned = await membership.assignment()
+    assigned = await Membership(redis, group, "", 0).assignment()
     moving = await pending_handovers(redis, group)
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrange(group_members_key(group), 0, -1, withscores=True)
@@ -123,10 +119,10 @@ async def _document_lags(redis: Redis, group: str, docs: list[str]) -> dict[str,
             pipe.zscore(group_progress_key(doc), group)
             pipe.hget(meta_key(doc), "last_id")
         replies = await pipe.execute()
-    positions = []
-    for index, doc in enumerate(docs):
-        score, last = replies[2 * index : 2 * index + 2]
-        positions.append((doc, None if score is None else StreamId.from_score(score), stream_id(last)))
+    positions = [
+        (doc, None if score is None else StreamId.from_score(score), stream_id(last))
+        for doc, score, last in zip(docs, replies[::2], replies[1::2], strict=True)
+    ]
     behind = [(doc, acked) for doc, acked, last in positions if last is not None and (acked is None or acked < last)]
     async with redis.pipeline(transaction=False) as pipe:
         for doc, acked in behind:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -82,15 +83,14 @@ class Pipe:
         """Until cancelled: read batches, run the command, restart it when it exits."""
         feed = asyncio.create_task(self._feed())
         restarts = Reconnect(self.backoff)
-        loop = asyncio.get_running_loop()
         try:
             while True:
-                started = loop.time()
+                started = time.monotonic()
                 try:
                     code: int | str = await self._run_once()
                 except OSError as exc:  # not found, not executable: say so and try again (it may be deployed yet)
                     code = f"an error ({exc})"
-                if loop.time() - started > HEALTHY_RUN:
+                if time.monotonic() - started > HEALTHY_RUN:
                     restarts.succeeded()
                 log.warning(
                     "consume %s: %s exited with %s; restarting in %.1fs (%d batches not acked)",
@@ -136,7 +136,9 @@ class Pipe:
                 for delivery, batch in list(self._unacked.items()):
                     if delivery in written:
                         continue
-                    if not self._holds(batch):  # moved to another member: it delivers from the last ack
+                    if (
+                        self.group.reader.holding(batch) is None
+                    ):  # moved to another member: it delivers from the last ack
                         self._forget(delivery)
                         continue
                     process.stdin.write(payload(self.group.name, batch) + b"\n")
@@ -158,10 +160,6 @@ class Pipe:
                 await self._ack(delivery.strip())
             else:
                 sys.stderr.write(line + "\n")
-
-    def _holds(self, batch: Batch) -> bool:
-        held = self.group.reader.held.get(batch.doc)
-        return held is not None and held.version == batch.version
 
     def _forget(self, delivery: str) -> Batch | None:
         batch = self._unacked.pop(delivery, None)

@@ -74,12 +74,9 @@ class Progress:
         if mode == "resume":
             offset, out = StreamId.from_score(float(reply[1])), text(reply[3])
             read_through = StreamId.from_score(float(out)) if out else None
-            return Start(
-                mode,
-                offset,
-                bool(int(reply[2])),
-                read_through if read_through is not None and read_through > offset else None,
-            )
+            if read_through is not None and read_through <= offset:
+                read_through = None  # nothing was handed out past the last ack
+            return Start(mode, offset, bool(int(reply[2])), read_through)
         return Start(mode, stream_id(reply[1]) or StreamId(0, 0), bool(int(reply[2])))
 
     async def ack(self, doc: str, version: int, offset: StreamId) -> AckResult:

@@ -27,15 +27,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from .. import redis_packed
-from ..backoff import Reconnect
 from ..deletion import is_deletion
 from ..events import EventSink
 from ..offsets import MAX_SEQ, StreamId
 from ..redis_client import lost_redis
 from ..replies import stream_id, text
-from ..storage.reader import DocEntries, DocumentReader
+from ..storage.reader import DocEntries, DocumentReader, retrying
 from ..store import DocumentStore, Entry, to_entry
-from ..tasks import raise_lost_cancel
 from .batch import Batch
 from .progress import AckResult, Progress, StaleClaim
 
@@ -216,9 +214,8 @@ class Reader:
 
     async def ack(self, batch: Batch) -> AckResult:
         result = await self.progress.ack(batch.doc, batch.version, batch.offset)
-        held = self.held.get(batch.doc)
-        mine = held is not None and held.version == batch.version
-        if result is AckResult.ACKED and held is not None and mine:
+        held = self.holding(batch)
+        if result is AckResult.ACKED and held is not None:
             head = max(held.head or batch.offset, batch.offset)
             self.events.emit(
                 "consumer_ack",
@@ -243,10 +240,10 @@ class Reader:
                 reason=result.value,
                 offset=str(batch.offset),
             )
-            if mine and result is AckResult.STALE:
+            if held is not None and result is AckResult.STALE:
                 del self.held[batch.doc]
-            elif mine:
-                self.held[batch.doc] = Held(batch.version, restart="evicted", releasing=self.held[batch.doc].releasing)
+            elif held is not None:
+                self.held[batch.doc] = Held(batch.version, restart="evicted", releasing=held.releasing)
                 self._unclaimed.add(batch.doc)
         return result
 
@@ -256,38 +253,27 @@ class Reader:
         """Batches for as long as the caller iterates. Redis failing does not
         end it: the loop waits (0.1 s doubling to 5 s) and reads on; past the
         lease the member holds nothing until its heartbeat is back."""
-        reconnect = Reconnect()
-        while not self.closed:
-            raise_lost_cancel()
-            try:
-                ready = await self._step()
-            except Exception as exc:
-                if not lost_redis(exc):
-                    raise
-                log.warning(
-                    "consumer group %s: read failed (%s); again in %.1fs", self.progress.group, exc, reconnect.delay
-                )
-                self.documents.failed()  # what was read and woken may not have been handed out: sweep next
-                await reconnect.wait()
-                continue
-            reconnect.succeeded()
+        rounds = retrying(
+            self._step,
+            lost=f"consumer group {self.progress.group}: read failed",
+            until=lambda: self.closed,
+            failed=self.documents.failed,  # what was read and woken may not have been handed out: sweep next
+        )
+        async for ready in rounds:
             for index, batch in enumerate(ready):
                 if self._to_claim:  # claim the new documents first; these are read again after
                     for rest in ready[index:]:
-                        if (held := self.held.get(rest.doc)) is not None and held.version == rest.version:
-                            self._unread(rest, held)
+                        self._unread(rest)
                     break
                 if index % MARK_AHEAD == 0 and not await self._mark_handed_out(ready[index : index + MARK_AHEAD]):
                     break  # Redis failed: read again (nothing was handed out of these)
                 if not self.valid():  # paused past our lease while reading: these may be another's now
                     self.held.clear()
                     break
-                held = self.held.get(batch.doc)
-                if held is not None and held.version == batch.version and held.releasing:
+                held = self.holding(batch)
+                if held is not None and held.releasing:
                     await self._drop(batch, held)  # read before the handover was seen: not handed out
-                elif (
-                    held is not None and held.version == batch.version and batch.doc not in self.paused
-                ):  # else moved away meanwhile
+                elif held is not None and batch.doc not in self.paused:  # else moved away meanwhile
                     self._count_redelivered(batch.doc, held, batch.entries)
                     yield batch
 
@@ -297,9 +283,7 @@ class Reader:
         up to there), and stop at once for documents another member claimed.
         False when Redis failed (the documents read again from their cursor)."""
         batches = [
-            batch
-            for batch in batches
-            if (held := self.held.get(batch.doc)) is not None and held.version == batch.version and not held.releasing
+            batch for batch in batches if (held := self.holding(batch)) is not None and not held.releasing
         ]  # the others are not handed out
         if not batches:
             return True
@@ -310,12 +294,10 @@ class Reader:
                 raise
             log.warning("consumer group %s: read failed (%s)", self.progress.group, exc)
             for batch in batches:
-                if (held := self.held.get(batch.doc)) is not None and held.version == batch.version:
-                    self._unread(batch, held)
+                self._unread(batch)
             return False
         for batch, (fence, _, _) in zip(batches, replies, strict=True):
-            held = self.held.get(batch.doc)
-            if text(fence) == "stale" and held is not None and held.version == batch.version:
+            if text(fence) == "stale" and self.holding(batch) is not None:
                 del self.held[batch.doc]  # claimed by another since we read: hand nothing out
         return True
 
@@ -331,10 +313,16 @@ class Reader:
                 return await pipe.execute(scripts=[self.progress.scripts.consumer_read])
             return await pipe.execute()
 
-    def _unread(self, batch: Batch, held: Held) -> None:
+    def holding(self, batch: Batch) -> Held | None:
+        """``batch``'s document, if still held at the version it was read at."""
+        held = self.held.get(batch.doc)
+        return held if held is not None and held.version == batch.version else None
+
+    def _unread(self, batch: Batch) -> None:
         """Forget a batch read and not handed out: it is read again (a
         snapshot batch: the document is claimed again from its snapshot)."""
-        if held.unacked and held.unacked[-1][1] == batch.offset:
+        held = self.holding(batch)
+        if held is not None and held.unacked and held.unacked[-1][1] == batch.offset:
             first, _, _ = held.unacked.pop()
             self.documents.wake(batch.doc)
             if batch.entries:
@@ -346,7 +334,7 @@ class Reader:
     async def _drop(self, batch: Batch, held: Held) -> None:
         """Forget a batch read and not handed out (the document is being
         handed over); the document's next owner reads it."""
-        self._unread(batch, held)  # read again should the handover be cancelled
+        self._unread(batch)  # read again should the handover be cancelled
         await self._release_if_finished(batch.doc, held)
 
     async def _step(self) -> list[Batch]:
@@ -366,8 +354,7 @@ class Reader:
                     starts.append(batch)
         except BaseException:  # the snapshot batches made so far are not handed out: claim them again
             for batch in starts:
-                if (held := self.held.get(batch.doc)) is not None and held.version == batch.version:
-                    self._unread(batch, held)
+                self._unread(batch)
             raise
         if starts:
             return starts

@@ -19,15 +19,15 @@ DELIVERY_HEADER = "X-Yrelay-Delivery"
 DEFAULT_TOLERANCE = 300.0
 
 
-def _digest(secret: bytes, timestamp: int, body: bytes) -> str:
-    return hmac.new(secret, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
+def _digest(secret: str | bytes, timestamp: int, body: bytes) -> str:
+    key = secret.encode() if isinstance(secret, str) else secret
+    return hmac.new(key, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
 def sign(secret: str | bytes, body: bytes, timestamp: int | None = None) -> str:
     """The signature header's value for ``body``, signed now (or at ``timestamp``)."""
-    key = secret.encode() if isinstance(secret, str) else secret
     stamp = int(time.time()) if timestamp is None else timestamp
-    return f"t={stamp},v1={_digest(key, stamp, body)}"
+    return f"t={stamp},v1={_digest(secret, stamp, body)}"
 
 
 def verify_signature(
@@ -52,8 +52,7 @@ def verify_signature(
         return False
     if abs((time.time() if now is None else now) - stamp) > tolerance:
         return False
-    secret_bytes = secret.encode() if isinstance(secret, str) else secret
-    expected = _digest(secret_bytes, stamp, body)
+    expected = _digest(secret, stamp, body)
     # As bytes: compare_digest raises on str with non-ASCII characters.
     return any(hmac.compare_digest(expected.encode(), candidate.encode(errors="replace")) for candidate in candidates)
 

@@ -54,14 +54,13 @@ class DocumentStates:
             self.forget(batch.doc)
             return pycrdt.Doc()
         doc = self.documents.get(batch.doc) if self.versions.get(batch.doc) == batch.version else None
+        updates = batch.updates
         if batch.snapshot is not None:
-            doc = pycrdt.Doc()
-            _apply_all(doc, [batch.snapshot])
+            doc, updates = pycrdt.Doc(), [batch.snapshot, *updates]
         elif doc is None:
             snapshot, entries = await self.store.load_entries(batch.doc)
-            doc = pycrdt.Doc()
-            _apply_all(doc, [snapshot.update, *(entry.update for entry in entries)])
-        _apply_all(doc, batch.updates)
+            doc, updates = pycrdt.Doc(), [snapshot.update, *(entry.update for entry in entries), *updates]
+        _apply_all(doc, updates)
         self.documents[batch.doc] = doc
         self.versions[batch.doc] = batch.version
         return doc

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import email.utils
 import json
 import logging
@@ -30,6 +31,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote
 
@@ -85,7 +87,7 @@ class Failure:
     error: str
     status: int | None
     #: Seconds to wait before the next attempt (0: the backoff's delay).
-    wait: float
+    wait: float = 0.0
     #: Counts towards ``max_attempts`` (not when the receiver could not be reached).
     counts: bool = True
     #: A 4xx other than 408/429: parks the document at once.
@@ -207,7 +209,12 @@ class Webhook:
                 task.cancel()
             await watch.stop()
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-            await self._flush_last()
+            try:
+                await self._flusher.flush()
+            except Exception as exc:
+                if not lost_redis(exc):
+                    raise
+                log.warning("webhook %s: last counters lost (%s)", self.group.name, exc)
             if self._own_client:
                 await self.client.aclose()
 
@@ -228,10 +235,6 @@ class Webhook:
             if not queue:
                 self._queues.pop(doc, None)
 
-    def _holds(self, batch: Batch) -> bool:
-        held = self.group.reader.held.get(batch.doc)
-        return held is not None and held.version == batch.version
-
     async def _deliver(self, batch: Batch) -> Outcome:
         """POST ``batch`` until a 2xx, then ack it; park its document when
         it keeps failing."""
@@ -242,14 +245,15 @@ class Webhook:
         attempts = Reconnect(self.backoff)
         sent = counted = 0
         while True:
-            if not self._holds(batch):
+            if self.group.reader.holding(batch) is None:
                 self.stats.dropped += 1
                 return Outcome.DROPPED
             self.stats.retries += int(sent > 0)
             sent += 1
-            failure = await self._attempt(delivery, body, attempts.attempt)
+            failure = await self._attempt(delivery, body)
             if failure is None:
                 break
+            self._failed(delivery, attempts.attempt, failure)
             counted += failure.counts
             if self.max_attempts is not None and (failure.permanent or counted >= self.max_attempts):
                 await self._park(batch, delivery, failure, sent)
@@ -259,7 +263,9 @@ class Webhook:
                 await asyncio.sleep(failure.wait)
             else:
                 await attempts.wait()
-        result = await self._ack(batch)
+        # Ack, retrying while Redis fails: the receiver has the batch, and
+        # giving up would leave the document waiting with nothing to wake it.
+        result = await self._redis_retried(batch.ack, "ack", batch)
         if result is not AckResult.ACKED:
             self.stats.refused_acks += 1
             return Outcome.DROPPED
@@ -271,9 +277,8 @@ class Webhook:
         computed once per batch (every attempt sends the same body)."""
         if self.states is None:
             return None
-        states = self.states
-        await self._redis_retried(lambda: states.apply(batch), "loading the document", batch)
-        return {"text": None if batch.deleted else states.text(batch.doc)}
+        await self._redis_retried(partial(self.states.apply, batch), "loading the document", batch)
+        return {"text": None if batch.deleted else self.states.text(batch.doc)}
 
     # --------------------------------------------------------- dead letters
 
@@ -333,19 +338,6 @@ class Webhook:
                 self._checked.pop(doc, None)
                 self.group.reader.resume(doc)
 
-    async def _flush_last(self) -> None:
-        try:
-            await self._flusher.flush()
-        except Exception as exc:
-            if not lost_redis(exc):
-                raise
-            log.warning("webhook %s: last counters lost (%s)", self.group.name, exc)
-
-    async def _ack(self, batch: Batch) -> AckResult:
-        """Ack, retrying while Redis fails: the receiver has the batch, and
-        giving up would leave the document waiting with nothing to wake it."""
-        return await self._redis_retried(batch.ack, "ack", batch)
-
     async def _redis_retried(self, call: Callable[[], Awaitable[T]], what: str, batch: Batch) -> T:
         """``call()`` until Redis answers (0.1 s doubling to 5 s)."""
         reconnect = Reconnect()
@@ -365,7 +357,7 @@ class Webhook:
                 )
                 await reconnect.wait()
 
-    async def _attempt(self, delivery: str, body: bytes, attempt: int) -> Failure | None:
+    async def _attempt(self, delivery: str, body: bytes) -> Failure | None:
         """One POST: None on 2xx, else what went wrong."""
         headers = {"Content-Type": "application/json", HEADER: sign(self.secret, body), DELIVERY_HEADER: delivery}
         connected = False
@@ -383,29 +375,17 @@ class Webhook:
         except TimeoutError:
             # The whole request took too long. Before it went out on a connection,
             # that is a connect timeout: the receiver could not be reached.
-            error = "TotalTimeout" if connected else "ConnectTimeout"
-            return self._failed(delivery, attempt, Failure(error, None, 0, counts=connected))
+            return Failure("TotalTimeout" if connected else "ConnectTimeout", None, counts=connected)
         except self._errors as exc:
-            return self._failed(
-                delivery, attempt, Failure(type(exc).__name__, None, 0, counts=not isinstance(exc, self._unreachable))
-            )
+            return Failure(type(exc).__name__, None, counts=not isinstance(exc, self._unreachable))
         status = response.status_code
         if too_large:
-            return self._failed(delivery, attempt, Failure("ResponseTooLarge", status, 0))
+            return Failure("ResponseTooLarge", status)
         if response.is_success:
             return None
         if 400 <= status < 500 and status not in _TRANSIENT:
-            self.stats.rejected += 1
-            log.error(
-                "webhook %s: %s rejected delivery %s with %d (attempt %d)",
-                self.group.name,
-                self.url,
-                delivery,
-                status,
-                attempt + 1,
-            )
-            return Failure(f"HTTP {status}", status, 0, permanent=True)
-        return self._failed(delivery, attempt, Failure(f"HTTP {status}", status, retry_after(response) or 0))
+            return Failure(f"HTTP {status}", status, permanent=True)
+        return Failure(f"HTTP {status}", status, retry_after(response) or 0)
 
     async def _post(
         self, body: bytes, headers: dict[str, str], trace: Callable[[str, object], Awaitable[None]]
@@ -416,11 +396,9 @@ class Webhook:
         async with self.client.stream(
             "POST", self.url, content=body, headers=headers, extensions={"trace": trace}
         ) as response:
-            try:
+            with contextlib.suppress(ValueError):  # h11 refuses a malformed or conflicting length first: a guard only
                 if int(response.headers.get("content-length", 0)) > self.max_response_bytes:
                     return response, True
-            except ValueError:  # h11 refuses a malformed or conflicting length first: a guard only
-                pass
             read = 0
             async for chunk in response.aiter_raw():  # raw: a compressed body is not inflated either
                 read += len(chunk)
@@ -428,12 +406,23 @@ class Webhook:
                     return response, True
         return response, False
 
-    def _failed(self, delivery: str, attempt: int, failure: Failure) -> Failure:
-        self.stats.failed += 1
-        log.warning(
-            "webhook %s: delivery %s failed (%s), attempt %d", self.group.name, delivery, failure.error, attempt + 1
-        )
-        return failure
+    def _failed(self, delivery: str, attempt: int, failure: Failure) -> None:
+        """Count and log a failed attempt (``attempt``: 0 for the first)."""
+        if failure.permanent:
+            self.stats.rejected += 1
+            log.error(
+                "webhook %s: %s rejected delivery %s with %d (attempt %d)",
+                self.group.name,
+                self.url,
+                delivery,
+                failure.status,
+                attempt + 1,
+            )
+        else:
+            self.stats.failed += 1
+            log.warning(
+                "webhook %s: delivery %s failed (%s), attempt %d", self.group.name, delivery, failure.error, attempt + 1
+            )
 
 
 async def serve(

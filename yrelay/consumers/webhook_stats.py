@@ -101,21 +101,20 @@ async def webhook_stats(redis: Redis, groups: list[str]) -> list[GroupWebhookSta
             pipe.hgetall(group_webhook_stats_key(group))
             pipe.hlen(group_dead_letters_key(group))
         replies = await pipe.execute()
-    out = []
-    for i, group in enumerate(groups):
-        raw, parked = {text(k): text(v) for k, v in replies[2 * i].items()}, replies[2 * i + 1]
-        if raw or parked:
-            out.append(GroupWebhookStats(group, _totals(raw), parked))
-    return out
+    raws = [{text(k): text(v) for k, v in raw.items()} for raw in replies[::2]]
+    return [
+        GroupWebhookStats(group, _totals(raw), parked)
+        for group, raw, parked in zip(groups, raws, replies[1::2], strict=True)
+        if raw or parked
+    ]
 
 
 def _totals(raw: dict[str, str]) -> WebhookStats:
-    totals = WebhookStats()
-    for name in _COUNTERS:
-        setattr(totals, name, int(float(raw.get(name, 0))))
-    totals.latency_sum = float(raw.get("latency_sum", 0))
-    totals.latency_counts = [int(raw.get(f"latency_{i}", 0)) for i in range(len(LATENCY_BUCKETS) + 1)]
-    return totals
+    return WebhookStats(
+        **{name: int(float(raw.get(name, 0))) for name in _COUNTERS},
+        latency_sum=float(raw.get("latency_sum", 0)),
+        latency_counts=[int(raw.get(f"latency_{i}", 0)) for i in range(len(LATENCY_BUCKETS) + 1)],
+    )
 
 
 class WebhookCollector(Collector):

@@ -54,9 +54,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
-from typing import NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 import redis.exceptions
 from redis.asyncio import Redis, RedisCluster
@@ -69,7 +69,7 @@ from ..offsets import StreamId
 from ..redis_client import CLUSTER_TRANSIENT, UNREACHABLE, is_cluster, lost_redis, xread_one
 from ..redis_packed import bulk
 from ..replies import RawEntry, is_wrong_type, text
-from ..tasks import BackgroundTask, spawn, wait_event
+from ..tasks import BackgroundTask, raise_lost_cancel, spawn, wait_event
 from .rewind import find_rewound
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 #: aside: a document (the others read on meanwhile), or the change stream
 #: (every round sweeping meanwhile).
 SET_ASIDE_SECONDS = 30.0
+T = TypeVar("T")
 #: The longest a wake-up read blocks (ms), whatever ``block_ms`` says: it
 #: must end well within the client's socket timeout.
 MAX_WATCH_BLOCK_MS = 5_000
@@ -126,6 +127,43 @@ class Rewinds(Protocol):
 
     def rewound(self, doc: str, last: StreamId) -> None:
         """``doc``'s stream lost one of :meth:`marks`; ``last`` is its last id now."""
+
+
+async def retrying(
+    step: Callable[[], Awaitable[T]],
+    *,
+    lost: str,
+    bug: str | None = None,
+    until: Callable[[], bool] = lambda: False,
+    failed: Callable[[], None] = lambda: None,
+) -> AsyncIterator[T]:
+    """A reading loop: what each ``step()`` (a round, and what its user
+    makes of it) returns, until ``until()``. Redis lost (or refusing for a
+    while: BUSY, MASTERDOWN, :func:`~yrelay.redis_client.lost_redis`) is
+    logged (``lost``, a warning), then ``failed()`` (a reader loop's user:
+    :meth:`DocumentReader.failed`) and a backoff of 0.1 s doubling to 5 s,
+    from 0.1 s again after a step that succeeded. Anything else is raised
+    (a :class:`~yrelay.tasks.BackgroundTask` logs its traceback and restarts
+    it after a second or more), or, with ``bug``, logged with its traceback
+    and retried the same way (the fan-out: its subscribers should not wait
+    for a restart of its task, a minute at worst)."""
+    reconnect = Reconnect()
+    while not until():
+        raise_lost_cancel()
+        try:
+            result = await step()
+        except Exception as exc:
+            if lost_redis(exc):
+                log.warning("%s (%r); retrying in %.1fs", lost, exc, reconnect.delay)
+            elif bug is not None:
+                log.exception("%s; retrying in %.1fs", bug, reconnect.delay)
+            else:
+                raise
+            failed()
+            await reconnect.wait()
+            continue
+        reconnect.succeeded()
+        yield result
 
 
 class DocumentReader:
@@ -541,7 +579,7 @@ class ChangeFeed(Rounds):
             return
         self.sweep_soon()
         try:
-            last = cast("list[tuple[bytes, object]]", await client.xrevrange(changes_key(), count=1))
+            self.cursor = await _end_of(client, changes_key())
         except redis.exceptions.ResponseError as exc:
             if not is_wrong_type(exc):
                 raise
@@ -553,8 +591,6 @@ class ChangeFeed(Rounds):
                 SET_ASIDE_SECONDS,
             )
             self.broken_until = time.monotonic() + SET_ASIDE_SECONDS
-            return
-        self.cursor = text(last[0][0]) if last else "0-0"
 
     def lost(self) -> None:
         """Redis failed: announcements may be lost (a failover); start again at the end."""
@@ -571,6 +607,12 @@ class ChangeFeed(Rounds):
             self.woken.update(doc for doc in announced(fields) if wanted(doc))
         if len(entries) >= count:
             self.lost()
+
+
+async def _end_of(client: Redis, key: str) -> str:
+    """The id of the last entry of the stream ``key`` (``0-0`` when empty): where to follow it from."""
+    last = cast("list[tuple[bytes, object]]", await client.xrevrange(key, count=1))
+    return text(last[0][0]) if last else "0-0"
 
 
 class BucketWakeups:
@@ -617,23 +659,15 @@ class BucketWakeups:
     async def _watch(self, bucket: int) -> None:
         """Block on ``bucket``'s change stream; collect the documents it names
         that are wanted, and wake :meth:`next_round`."""
-        key, cursor, reconnect = bucket_changes_key(bucket), None, Reconnect()
-        while True:
-            try:
-                if cursor is None:
-                    last = await self.redis.xrevrange(key, count=1)
-                    newest = last[0][0] if last else None
-                    cursor = text(newest) if newest is not None else "0-0"
-                reply = await xread_one(self.redis, key, cursor, 1000, min(self.block_ms, MAX_WATCH_BLOCK_MS))
-                reconnect.succeeded()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not lost_redis(exc):
-                    raise  # a bug: logged with its traceback, the watcher restarted (yrelay.tasks)
-                log.warning("wake-ups of bucket %d lost Redis (%r); retrying in %.1fs", bucket, exc, reconnect.delay)
-                await reconnect.wait()
-                continue
+        key, cursor = bucket_changes_key(bucket), None
+
+        async def read() -> Any:
+            nonlocal cursor
+            if cursor is None:
+                cursor = await _end_of(self.redis, key)
+            return await xread_one(self.redis, key, cursor, 1000, min(self.block_ms, MAX_WATCH_BLOCK_MS))
+
+        async for reply in retrying(read, lost=f"wake-ups of bucket {bucket} lost Redis"):
             for _, entries in reply.items() if isinstance(reply, dict) else reply or []:
                 for entry_id, fields in entries:
                     cursor = text(entry_id)
@@ -642,4 +676,13 @@ class BucketWakeups:
                 self._event.set()
 
 
-__all__ = ["SET_ASIDE_SECONDS", "DocEntries", "DocumentReader", "Follower", "Rewinds", "doc_of", "read_each"]
+__all__ = [
+    "SET_ASIDE_SECONDS",
+    "DocEntries",
+    "DocumentReader",
+    "Follower",
+    "Rewinds",
+    "doc_of",
+    "read_each",
+    "retrying",
+]
