@@ -58,6 +58,15 @@ class Assigned:
     version: int
 
 
+def parse_assignment(raw: dict[bytes, bytes]) -> dict[str, Assigned]:
+    """The assignment hash (document -> ``member|version``) as read from Redis."""
+    result = {}
+    for doc, value in raw.items():
+        member, _, version = text(value).rpartition("|")
+        result[text(doc)] = Assigned(member, int(version))
+    return result
+
+
 class Membership:
     """The Redis side of one member of one group."""
 
@@ -110,12 +119,7 @@ class Membership:
         return sorted(text(member) for member in members)
 
     async def assignment(self) -> dict[str, Assigned]:
-        raw = await self.redis.hgetall(group_assignment_key(self.group))
-        result = {}
-        for doc, value in raw.items():
-            member, _, version = text(value).rpartition("|")
-            result[text(doc)] = Assigned(member, int(version))
-        return result
+        return parse_assignment(await self.redis.hgetall(group_assignment_key(self.group)))
 
     async def prefix(self) -> str:
         return text(await self.redis.hget(group_meta_key(self.group), "prefix") or b"")
