@@ -20,6 +20,7 @@ again, and its late ack is refused by the version fence).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -39,7 +40,7 @@ class Handover:
     deadline_ms: int
 
 
-def _parse(raw: dict[bytes, bytes]) -> dict[str, Handover]:
+def _parse(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Handover]:
     """The handover hash (document -> ``target|version|deadline``) as read from Redis."""
     result = {}
     for doc, value in raw.items():

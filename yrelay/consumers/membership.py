@@ -11,6 +11,7 @@ last beat. The leader's writes are fenced by the same key
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -58,7 +59,7 @@ class Assigned:
     version: int
 
 
-def parse_assignment(raw: dict[bytes, bytes]) -> dict[str, Assigned]:
+def parse_assignment(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Assigned]:
     """The assignment hash (document -> ``member|version``) as read from Redis."""
     result = {}
     for doc, value in raw.items():
