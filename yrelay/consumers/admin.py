@@ -32,9 +32,9 @@ from ..keys import (
 )
 from ..offsets import StreamId
 from ..replies import stream_id, text
-from .handover import pending_handovers
+from .handover import assignment_and_handovers
 from .leader import documents
-from .membership import Membership, redis_now_ms
+from .membership import redis_now_ms
 from .stats import group_stats
 
 #: How long the deletion mark outlives the group: a member that was not
@@ -73,8 +73,7 @@ async def describe_group(redis: Redis, group: str) -> dict[str, Any] | None:
     if not await redis.sismember(groups_key(), group):
         return None
     now_ms = await redis_now_ms(redis)
-    assigned = await Membership(redis, group, "", 0).assignment()
-    moving = await pending_handovers(redis, group)
+    assigned, moving = await assignment_and_handovers(redis, group)
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrange(group_members_key(group), 0, -1, withscores=True)
         pipe.get(group_leader_key(group))

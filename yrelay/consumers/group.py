@@ -38,7 +38,7 @@ from ..redis_client import lost_redis
 from ..scripts import Scripts
 from ..tasks import BackgroundTask
 from .batch import Batch
-from .handover import pending_handovers, release
+from .handover import assignment_and_handovers, release
 from .leader import Leader
 from .membership import Membership, redis_now_ms
 from .progress import Progress
@@ -211,8 +211,7 @@ class ConsumerGroup:
             self.events.emit("consumer_deleted", group=self.name, member=self.member)
 
     async def _read_assignment(self, rev: int) -> None:
-        assigned = await self.membership.assignment()
-        leaving = await pending_handovers(self.redis, self.name)
+        assigned, leaving = await assignment_and_handovers(self.redis, self.name)  # one instant: see there
         mine = {doc: a.version for doc, a in assigned.items() if a.member == self.member}
         self.reader.assign(mine, releasing={doc for doc in mine if doc in leaving})
         self._rev = rev

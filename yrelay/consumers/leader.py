@@ -24,7 +24,7 @@ from ..listing import all_documents
 from ..replies import text
 from ..scripts import Scripts
 from .assignment import assign, changes
-from .handover import pending_handovers
+from .handover import assignment_and_handovers
 from .membership import Membership
 
 
@@ -67,8 +67,10 @@ class Leader:
         members = await self.membership.live_members(now_ms)
         await self._forget_lapsed_lag(members)
         docs = [doc async for page in documents(redis, prefix) for doc in page]
-        owners = {doc: assigned.member for doc, assigned in (await self.membership.assignment()).items()}
-        pending = await pending_handovers(redis, group)
+        # One instant: read apart, a release landing between the two reads
+        # counts the document at its old owner (a needless move).
+        assigned, pending = await assignment_and_handovers(redis, group)
+        owners = {doc: assignment.member for doc, assignment in assigned.items()}
         # A document on its way is the target's already: the balance counts it there.
         current = {**owners, **{doc: handover.target for doc, handover in pending.items()}}
         moved = changes(assign(docs, members, current), current)

@@ -11,6 +11,7 @@ last beat. The leader's writes are fenced by the same key
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -56,6 +57,15 @@ class Beat:
 class Assigned:
     member: str
     version: int
+
+
+def parse_assignment(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Assigned]:
+    """The assignment hash (document -> ``member|version``) as read from Redis."""
+    result = {}
+    for doc, value in raw.items():
+        member, _, version = text(value).rpartition("|")
+        result[text(doc)] = Assigned(member, int(version))
+    return result
 
 
 class Membership:
@@ -110,12 +120,7 @@ class Membership:
         return sorted(text(member) for member in members)
 
     async def assignment(self) -> dict[str, Assigned]:
-        raw = await self.redis.hgetall(group_assignment_key(self.group))
-        result = {}
-        for doc, value in raw.items():
-            member, _, version = text(value).rpartition("|")
-            result[text(doc)] = Assigned(member, int(version))
-        return result
+        return parse_assignment(await self.redis.hgetall(group_assignment_key(self.group)))
 
     async def prefix(self) -> str:
         return text(await self.redis.hget(group_meta_key(self.group), "prefix") or b"")
