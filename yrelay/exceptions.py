@@ -29,13 +29,18 @@ class Refused(ClientError):
     """The server refused something and said why (its ``error`` frame):
     resending the same thing cannot help."""
 
-    def __init__(self, frame: Mapping[str, Any], summary: str):
+    #: The message of a subclass that says one frame, from its ``code``,
+    #: ``message`` and ``doc`` (when no ``summary`` is given).
+    template = "{message} ({code})"
+
+    def __init__(self, frame: Mapping[str, Any], summary: str | None = None):
         self.frame = dict(frame)
         self.code = str(frame.get("code"))
         #: The server's message (plain words, never a stack trace).
         self.reason = str(frame.get("message") or "")
         self.doc: str | None = frame.get("doc")
-        super().__init__(summary)
+        fields = {"code": frame.get("code"), "message": frame.get("message"), "doc": frame.get("doc")}
+        super().__init__(summary if summary is not None else self.template.format(**fields))
 
 
 class Unauthorized(Refused):
@@ -46,11 +51,7 @@ class Unauthorized(Refused):
     documents and unacked updates are kept: set a new ``token`` and
     ``connect()`` again)."""
 
-    def __init__(self, frame: Mapping[str, Any]):
-        super().__init__(
-            frame,
-            f"the server refused the token: {frame.get('message')} (unauthorized; get a new token, then connect again)",
-        )
+    template = "the server refused the token: {message} (unauthorized; get a new token, then connect again)"
 
 
 class SubscribeRefused(Refused):
@@ -58,10 +59,7 @@ class SubscribeRefused(Refused):
     ``too_many_subscriptions``): ``subscribe()`` raises it, and the document
     is no longer bound (its edits are not sent)."""
 
-    def __init__(self, frame: Mapping[str, Any]):
-        super().__init__(
-            frame, f"subscribe to {frame.get('doc')!r} refused: {frame.get('message')} ({frame.get('code')})"
-        )
+    template = "subscribe to {doc!r} refused: {message} ({code})"
 
 
 class Forbidden(SubscribeRefused):

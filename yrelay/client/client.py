@@ -73,9 +73,10 @@ FATAL_UPDATE_ERRORS = {
     "forbidden",
     "document_deleted",
 }
-#: Errors that say the update was not stored for now: resent on its backoff.
-#: (Any other code about an update is treated the same, as the web client does.)
-RETRY_UPDATE_ERRORS = {"unavailable", "internal_error", "missing_dependency", "replication_timeout"}
+#: Errors that say the update was not stored for now (``unavailable``,
+#: ``internal_error``, ``missing_dependency``, ``replication_timeout``) are
+#: resent on its backoff; so is any other code about an update, as the web
+#: client does.
 #: Bytes of an update frame besides its base64 (op, doc id of at most 200
 #: characters, clock, sync, part, parts): a part's slice leaves room for them.
 FRAME_OVERHEAD = 512
@@ -98,6 +99,9 @@ FIRST_SUBSCRIBE_REFUSALS = {"too_many_subscriptions", "malformed_frame", "invali
 POLL = 0.02
 #: Server ops this client needs nothing from (answered elsewhere or informational).
 IGNORED_OPS = {"unsubscribed", "pong", "welcome"}
+#: Server ops about one document: their handler takes it too, and a frame
+#: about a document not subscribed (any more) is ignored.
+DOCUMENT_OPS = {"deliver", "subscribed", "snapshot", "resync_required", "sync_reply", "synced", "awareness"}
 #: Acks are cumulative: one per document per this many seconds says all the
 #: deliveries in between (an entry stays unacked at most this long after its
 #: delivery, far below the server's ``resend_after``; docs/protocol.md#acks).
@@ -163,7 +167,8 @@ class ClientDocument:
     _sync_pending: bool = False
     _batch: list[bytes] = field(default_factory=list)
     _batch_timer: asyncio.TimerHandle | None = None
-    _replica: crdt.Replica | None = None
+    #: Applies remote updates, keeping those that may stay pending (persisted).
+    replica: crdt.Replica = field(init=False)
     #: Other clients' presence on this document (docs/protocol.md#presence).
     presence: RemotePresence = field(default_factory=RemotePresence)
     #: Set when an operator deleted the document: the subscription ended and
@@ -180,11 +185,8 @@ class ClientDocument:
         self.presence.expire()
         return dict(self.presence.states)
 
-    @property
-    def replica(self) -> crdt.Replica:
-        if self._replica is None:
-            self._replica = crdt.Replica(self.ydoc)
-        return self._replica
+    def __post_init__(self) -> None:
+        self.replica = crdt.Replica(self.ydoc)
 
     @property
     def text(self) -> str:
@@ -357,10 +359,7 @@ class YrelayClient:
             crdt.observe_updates(doc.ydoc, lambda update: self._local_update(doc, update))
             await self._send_quietly(_subscribe_frame(doc))
         if not await self._until(doc.synced.is_set, lambda: doc.refused or self._stopped_by(), timeout):
-            raise TimeoutError(
-                f"{name!r} did not sync within {timeout:g} s "
-                f"({'connected' if self.connected.is_set() else 'not connected'}; it stays subscribed)"
-            )
+            raise self._timed_out(f"{name!r} did not sync", timeout, "it stays subscribed")
         return doc
 
     async def unsubscribe(self, name: str) -> None:
@@ -389,10 +388,7 @@ class YrelayClient:
         ``TimeoutError`` when updates are still unanswered after ``timeout``
         seconds (offline: they stay queued)."""
         if not await self._until(lambda: not self.pending or self._refusals_settled(), self._stopped_by, timeout):
-            raise TimeoutError(
-                f"{self.pending} local updates not acked within {timeout:g} s "
-                f"({'connected' if self.connected.is_set() else 'not connected'}; they stay queued)"
-            )
+            raise self._timed_out(f"{self.pending} local updates not acked", timeout, "they stay queued")
         if self._refused:
             refused, total = self._refused, self._refused_total
             self._refused, self._refused_total = [], 0
@@ -407,6 +403,12 @@ class YrelayClient:
             and all(item.waiting for item in self.buffer.all())
             and not any(doc._batch for doc in self.docs.values())
         )
+
+    def _timed_out(self, what: str, timeout: float, meanwhile: str) -> TimeoutError:
+        """A wait of the public API ended by its timeout: what did not happen,
+        whether the client is connected, and what becomes of it meanwhile."""
+        state = "connected" if self.connected.is_set() else "not connected"
+        return TimeoutError(f"{what} within {timeout:g} s ({state}; {meanwhile})")
 
     async def _until(self, done: Callable[[], bool], stopped: Callable[[], ClientError | None], timeout: float) -> bool:
         """Wait until ``done()`` (True), or ``timeout`` seconds (False);
@@ -427,15 +429,10 @@ class YrelayClient:
         or its connection loop failed (a bug: said, not hidden in a task
         nobody awaits); None while it runs, or after ``close()``."""
         runner = self._runner
-        if (
-            self.failure is None
-            and runner is not None
-            and runner.done()
-            and not runner.cancelled()
-            and runner.exception() is not None
-        ):
-            self.failure = ClientError(f"the client's connection loop failed: {runner.exception()!r}")
-            self.failure.__cause__ = runner.exception()
+        crash = runner.exception() if runner is not None and runner.done() and not runner.cancelled() else None
+        if self.failure is None and crash is not None:
+            self.failure = ClientError(f"the client's connection loop failed: {crash!r}")
+            self.failure.__cause__ = crash
         return self.failure
 
     def _raise_if_stopped(self) -> None:
@@ -528,8 +525,7 @@ class YrelayClient:
         doc._batch.append(update)
         self._journal(0, doc.name, update)
         if doc._batch_timer is None:
-            loop = asyncio.get_running_loop()
-            doc._batch_timer = loop.call_later(self.batch_delay, self._flush_batch, doc)
+            doc._batch_timer = asyncio.get_running_loop().call_later(self.batch_delay, self._flush_batch, doc)
 
     def _flush_batch(self, doc: ClientDocument) -> None:
         doc._batch_timer = None
@@ -607,16 +603,17 @@ class YrelayClient:
         the buffer (the local document keeps the change), and said as an
         ``error`` event; the other updates and documents go on."""
         self.buffer.pop(item.clock)
+        size = len(item.update)
+        message = f"update of {size} bytes to {item.doc!r} is over the server's limit of {limit} bytes: not sent"
         frame = {
             "op": "error",
             "code": "update_too_large",
             "doc": item.doc,
             "clock": item.clock,
-            "size": len(item.update),
+            "size": size,
             "limit": limit,
             "local": True,
-            "message": f"update of {len(item.update)} bytes to {item.doc!r} is over the server's limit of "
-            f"{limit} bytes: not sent",
+            "message": message,
         }
         log.warning("%s", frame["message"])
         self._record_error(frame)
@@ -652,16 +649,10 @@ class YrelayClient:
                     finally:
                         for helper in helpers:
                             helper.cancel()
-            except asyncio.CancelledError:
-                raise
             except Unauthorized as refused:  # a new connection with the same token gets the same answer
                 self.failure = refused
-                log.log(
-                    logging.WARNING if opened else logging.INFO,  # at connect() its exception says it
-                    "%s: the client stopped (%d unacked updates kept)",
-                    refused,
-                    self.pending,
-                )
+                level = logging.WARNING if opened else logging.INFO  # at connect() its exception says it
+                log.log(level, "%s: the client stopped (%d unacked updates kept)", refused, self.pending)
             except (TimeoutError, OSError, ConnectionClosed, websockets.InvalidHandshake) as exc:
                 log.debug("connection lost: %r", exc)
                 self._last_failure = _failure_of(url, exc)
@@ -688,10 +679,8 @@ class YrelayClient:
 
     async def _handshake(self, ws: Any) -> None:
         token = self.token() if callable(self.token) else self.token
-        try:
+        with contextlib.suppress(ConnectionClosed):  # refused: its error frame (read below) came before the close
             await ws.send(json.dumps({"op": "hello", "session": self.session, "token": token}))
-        except ConnectionClosed:
-            pass  # refused: its error frame (read below) came before the close
         welcome = _frame_or_none(await asyncio.wait_for(ws.recv(), 10))
         if welcome is None:
             raise ConnectionError("the server's first frame is not a yrelay frame (is the URL the server's /ws?)")
@@ -727,8 +716,7 @@ class YrelayClient:
                 )
                 for doc in self.docs.values():
                     doc.needs_sync = True
-                if self._ws is not None:
-                    await self._ws.close(code=4000)
+                await self.drop_connection()
                 return
             await self._flush()
 
@@ -736,10 +724,8 @@ class YrelayClient:
         ws = self._ws
         if ws is None:
             return  # sent again after the next handshake
-        try:
+        with contextlib.suppress(ConnectionClosed):
             await ws.send(json.dumps(frame))
-        except ConnectionClosed:
-            pass
 
     def _emit(self, event: str, data: dict[str, Any]) -> None:
         if self.on_event is not None:
@@ -754,7 +740,10 @@ class YrelayClient:
         if handler is None:
             log.warning("unexpected frame %s", str(frame)[:200])
             return
-        handler(frame)
+        if frame["op"] not in DOCUMENT_OPS:
+            handler(frame)
+        elif (doc := self.docs.get(frame.get("doc", ""))) is not None:
+            handler(doc, frame)
         self._dirty = True
 
     def _on_appended(self, frame: dict[str, Any]) -> None:
@@ -764,14 +753,15 @@ class YrelayClient:
         stored = frame["id"] is not None  # None: a sync push of which nothing could be stored
         if doc is not None and stored:
             doc.held.add(StreamId.parse(frame["id"]))  # also for a late or duplicate answer
-        if item is not None and item.sync:
+        if item is None:
+            return
+        if item.sync:
             self._pushed(item, frame)
-        if item is not None and stored:
+        if stored:
             _keep_newest(self.acked, AckedUpdate(item.doc, item.clock, frame["id"], item.update), KEEP_ACKED)
             self.acked_total += 1
-        if item is not None:
-            self._emit("appended", frame)
-        if item is not None and item.sync:
+        self._emit("appended", frame)
+        if item.sync:
             self._kick()  # the updates it held back
 
     def _pushed(self, push: PendingUpdate, frame: dict[str, Any]) -> None:
@@ -786,38 +776,28 @@ class YrelayClient:
         if frame["id"] is None:
             log.info("sync push of %s: nothing in it could be stored", push.doc)
         doc = self.docs.get(push.doc)
-        if doc is not None and str(doc.ydoc.client_id) in dropped:
-            log.warning(
-                "sync push of %s: own content %s not stored; its updates stay queued",
-                push.doc,
-                dropped[str(doc.ydoc.client_id)],
-            )
+        own = str(doc.ydoc.client_id) if doc is not None else None
+        if own in dropped:
+            log.warning("sync push of %s: own content %s not stored; its updates stay queued", push.doc, dropped[own])
             return
         covered = self.buffer.drop_covered(push)
         if covered:
             log.info("sync push of %s covers unacked updates %s", push.doc, [item.clock for item in covered])
 
-    def _on_deliver(self, frame: dict[str, Any]) -> None:
-        doc = self.docs.get(frame["doc"])
-        if doc is None:
-            return
+    def _on_deliver(self, doc: ClientDocument, frame: dict[str, Any]) -> None:
         for entry in frame["entries"]:
             self._apply_remote(doc, protocol.b64decode(entry["update"]))
             doc.offset = _max_offset(doc.offset, entry["id"])
             doc.held.add(StreamId.parse(entry["id"]))
         self._ack(doc)
 
-    def _on_subscribed(self, frame: dict[str, Any]) -> None:
-        doc = self.docs.get(frame["doc"])
-        if doc is None:
-            return
+    def _on_subscribed(self, doc: ClientDocument, frame: dict[str, Any]) -> None:
         doc.offset = _max_offset(doc.offset, frame["offset"])
-        if "digest" in frame and not self._digest_agrees(doc, frame):
-            doc.needs_sync = False  # the sync below covers it
+        drift = "digest" in frame and not self._digest_agrees(doc, frame)
+        if drift:
             self.drifts += 1
             self._emit("drift", {"doc": doc.name, "server": frame["digest"]})
-            self._request_sync(doc)
-        elif doc.needs_sync:
+        if drift or doc.needs_sync:  # a drift's sync covers a needed one
             doc.needs_sync = False
             self._request_sync(doc)
         elif "synced" not in self.features:  # else once the catch-up is in: the synced frame
@@ -832,19 +812,16 @@ class YrelayClient:
         ours = doc.held.digest(StreamId.parse(server.get("through", frame["offset"])))
         return ours == Digest(count=server["count"], hash=int(server["hash"], 16))
 
-    def _on_snapshot(self, frame: dict[str, Any]) -> None:
-        doc = self._apply_parts(frame)
-        if doc is not None:
+    def _on_snapshot(self, doc: ClientDocument, frame: dict[str, Any]) -> None:
+        if self._apply_parts(doc, frame):
             doc.offset = _max_offset(doc.offset, frame["offset"])
             self._ack(doc)
 
-    def _on_resync_required(self, frame: dict[str, Any]) -> None:
-        doc = self.docs.get(frame["doc"])
-        if doc is not None:
-            if frame.get("reason") == "drift":
-                self.drifts += 1
-            self._emit("resync_required", frame)
-            self._request_sync(doc)
+    def _on_resync_required(self, doc: ClientDocument, frame: dict[str, Any]) -> None:
+        if frame.get("reason") == "drift":
+            self.drifts += 1
+        self._emit("resync_required", frame)
+        self._request_sync(doc)
 
     def _request_sync(self, doc: ClientDocument) -> None:
         self.resyncs += 1
@@ -853,9 +830,8 @@ class YrelayClient:
         vector = protocol.b64encode(crdt.state_vector(doc.ydoc))
         asyncio.ensure_future(self._send_quietly({"op": "sync", "doc": doc.name, "state_vector": vector}))
 
-    def _on_sync_reply(self, frame: dict[str, Any]) -> None:
-        doc = self._apply_parts(frame)
-        if doc is None:
+    def _on_sync_reply(self, doc: ClientDocument, frame: dict[str, Any]) -> None:
+        if not self._apply_parts(doc, frame):
             return
         doc._sync_pending = False
         doc.offset = frame["offset"]  # may move back: the server's history is the reference
@@ -867,20 +843,17 @@ class YrelayClient:
         if "synced" not in self.features:  # else the synced frame follows
             self._mark_synced(doc)
 
-    def _on_synced(self, frame: dict[str, Any]) -> None:
+    def _on_synced(self, doc: ClientDocument, frame: dict[str, Any]) -> None:
         """The server sent everything it had when it answered: the document
         holds the server's state (unless a sync of ours is still unanswered:
-        its reply and its own synced come next)."""
-        doc = self.docs.get(frame.get("doc", ""))  # an older server path sends it too: harmless
-        if doc is not None and not doc._sync_pending:
+        its reply and its own synced come next). An older server path sends
+        it too: harmless."""
+        if not doc._sync_pending:
             self._mark_synced(doc)
 
-    def _on_awareness(self, frame: dict[str, Any]) -> None:
+    def _on_awareness(self, doc: ClientDocument, frame: dict[str, Any]) -> None:
         """Other clients' presence: kept per document, said as an
         ``awareness`` event with the clientIDs added, updated and removed."""
-        doc = self.docs.get(frame.get("doc", ""))
-        if doc is None:
-            return
         try:
             changes = doc.presence.apply(protocol.b64decode(frame["update"]))
         except (AwarenessError, KeyError, ValueError) as exc:
@@ -933,15 +906,8 @@ class YrelayClient:
         unsent updates are dropped (they would be refused; ``wait_idle()``
         says so); the local copy stays readable."""
         doc = self.docs.pop(name, None)
-        self._drop_updates(
-            name,
-            {
-                "op": "error",
-                "code": "document_deleted",
-                "doc": name,
-                "message": "the document was deleted before this update was stored",
-            },
-        )
+        message = "the document was deleted before this update was stored"
+        self._drop_updates(name, {"op": "error", "code": "document_deleted", "doc": name, "message": message})
         if doc is not None:
             doc.deleted.set()
             self._emit("deleted", {"doc": name})
@@ -967,11 +933,8 @@ class YrelayClient:
         for _ in doc._batch:
             self._refused_update(dict(frame))
         doc._batch.clear()
-        log.log(
-            logging.WARNING if doc.offset is not None else logging.INFO,  # a first one: subscribe() raises it
-            "%s",
-            doc.refused,
-        )
+        # A first one is said by subscribe() raising it.
+        log.log(logging.WARNING if doc.offset is not None else logging.INFO, "%s", doc.refused)
 
     def _drop_updates(self, name: str, frame: dict[str, Any]) -> None:
         """Drop the unacked updates of document ``name``: refused with ``frame``'s reason."""
@@ -1014,7 +977,7 @@ class YrelayClient:
                 doc.offset,
                 str(doc.held.since),
                 [str(entry_id) for entry_id in doc.held.ids()],
-                doc._replica.suspects if doc._replica else [],
+                doc.replica.suspects,
                 doc.needs_sync,
             )
             for doc in self.docs.values()
@@ -1041,13 +1004,9 @@ class YrelayClient:
             return
         self.session = state.session
         for saved in state.documents:
-            doc = ClientDocument(
-                saved.name,
-                crdt.new_doc(engine=self.engine),
-                offset=saved.offset,
-                needs_sync=saved.needs_sync,
-                held=HeldEntries(StreamId.parse(saved.since)),
-            )
+            ydoc = crdt.new_doc(engine=self.engine)
+            held = HeldEntries(StreamId.parse(saved.since))
+            doc = ClientDocument(saved.name, ydoc, offset=saved.offset, needs_sync=saved.needs_sync, held=held)
             crdt.apply_update(doc.ydoc, saved.state)
             for update in saved.suspects:
                 doc.replica.apply(update)
@@ -1069,21 +1028,17 @@ class YrelayClient:
 
     # ------------------------------------------------------------ helpers
 
-    def _apply_parts(self, frame: dict[str, Any]) -> ClientDocument | None:
+    def _apply_parts(self, doc: ClientDocument, frame: dict[str, Any]) -> bool:
         """Reassemble a chunked snapshot / sync reply and apply it once
-        complete; returns its document then (None before, or for a document
-        not subscribed)."""
-        doc = self.docs.get(frame["doc"])
-        if doc is None:
-            return None
+        complete; says whether it was (False before the last part)."""
         if frame["part"] == 0:
             doc._parts.clear()
         doc._parts.append(protocol.b64decode(frame["update"]))
         if frame["part"] + 1 < frame["parts"]:
-            return None
+            return False
         update, doc._parts = b"".join(doc._parts), []
         self._apply_remote(doc, update)
-        return doc
+        return True
 
     def _apply_remote(self, doc: ClientDocument, update: bytes) -> None:
         self._applying_remote = True
@@ -1164,6 +1119,4 @@ def _keep_newest(items: list[Any], item: Any, keep: int) -> None:
 
 
 def _max_offset(current: str | None, new: str) -> str:
-    if current is None or StreamId.parse(new) > StreamId.parse(current):
-        return new
-    return current
+    return new if current is None or StreamId.parse(new) > StreamId.parse(current) else current

@@ -29,12 +29,14 @@ Two files, so that the cost of an edit does not grow with the document:
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from .. import protocol
 
 #: Format of the file; a file of another version is ignored (the client starts fresh).
 VERSION = 1
@@ -90,12 +92,10 @@ class ClientStateFile:
         neither (a snapshot of another version counts as none)."""
         covered = 0
         state = None
-        try:
+        with contextlib.suppress(FileNotFoundError):
             raw = json.loads(self.path.read_text())
             if raw.get("version") == VERSION:
                 state, covered = _decode(raw), int(raw["journal_seq"])
-        except FileNotFoundError:
-            pass
         journal = [(seq, update) for seq, update in self._read_journal() if seq > covered]
         self._seq = max([covered, *(seq for seq, _ in journal)])
         if state is None and not journal:
@@ -110,8 +110,7 @@ class ClientStateFile:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._journal = open(self.journal_path, "ab")
         self._seq += 1
-        record = {"seq": self._seq, "clock": update.clock, "doc": update.doc, "update": _b64(update.update)}
-        self._journal.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        self._journal.write(_dumps({"seq": self._seq, **asdict(update)}) + b"\n")
         self._journal.flush()
         if self.fsync:
             os.fsync(self._journal.fileno())
@@ -120,7 +119,7 @@ class ClientStateFile:
         """Replace the snapshot; it covers every update journaled so far."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        data = json.dumps({**_encode(state), "journal_seq": self._seq}, separators=(",", ":")).encode()
+        data = _dumps({**_encode(state), "journal_seq": self._seq})
         with open(temporary, "wb") as handle:
             handle.write(data)
             if self.fsync:
@@ -152,56 +151,32 @@ class ClientStateFile:
         for line in lines:
             try:
                 raw = json.loads(line)
-                records.append((int(raw["seq"]), PersistedUpdate(int(raw["clock"]), raw["doc"], _unb64(raw["update"]))))
+                records.append((int(raw["seq"]), _update_of(raw)))
             except (ValueError, KeyError, TypeError):
                 continue  # a torn last line: never sent
         return records
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text.encode("ascii"))
+def _dumps(value: dict[str, Any]) -> bytes:
+    """Compact JSON; bytes (updates, states) as base64."""
+    return json.dumps(value, separators=(",", ":"), default=protocol.b64encode).encode()
 
 
 def _encode(state: PersistedState) -> dict[str, Any]:
-    return {
-        "version": VERSION,
-        "session": state.session,
-        "clock": state.clock,
-        "documents": [
-            {
-                "name": doc.name,
-                "state": _b64(doc.state),
-                "offset": doc.offset,
-                "since": doc.since,
-                "held": doc.held,
-                "suspects": [_b64(update) for update in doc.suspects],
-                "needs_sync": doc.needs_sync,
-            }
-            for doc in state.documents
-        ],
-        "pending": [{"clock": item.clock, "doc": item.doc, "update": _b64(item.update)} for item in state.pending],
-    }
+    wire = asdict(state)
+    del wire["journal"]  # on load only
+    return {"version": VERSION, **wire}
+
+
+def _update_of(raw: dict[str, Any]) -> PersistedUpdate:
+    return PersistedUpdate(int(raw["clock"]), raw["doc"], protocol.b64decode(raw["update"]))
+
+
+def _document_of(raw: dict[str, Any]) -> PersistedDocument:
+    suspects = [protocol.b64decode(update) for update in raw["suspects"]]
+    return PersistedDocument(**{**raw, "state": protocol.b64decode(raw["state"]), "suspects": suspects})
 
 
 def _decode(raw: dict[str, Any]) -> PersistedState:
-    return PersistedState(
-        session=raw["session"],
-        clock=int(raw["clock"]),
-        documents=[
-            PersistedDocument(
-                doc["name"],
-                _unb64(doc["state"]),
-                doc["offset"],
-                doc["since"],
-                list(doc["held"]),
-                [_unb64(update) for update in doc["suspects"]],
-                bool(doc["needs_sync"]),
-            )
-            for doc in raw["documents"]
-        ],
-        pending=[PersistedUpdate(int(item["clock"]), item["doc"], _unb64(item["update"])) for item in raw["pending"]],
-    )
+    documents = [_document_of(doc) for doc in raw["documents"]]
+    return PersistedState(raw["session"], int(raw["clock"]), documents, [_update_of(item) for item in raw["pending"]])

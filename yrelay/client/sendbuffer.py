@@ -52,7 +52,8 @@ class SendBuffer:
         self.backoff = backoff
         self._timer = timer
         self._items: OrderedDict[int, PendingUpdate] = OrderedDict()
-        self._clock = 0
+        #: The last clock issued.
+        self.clock = 0
         #: When the connection last answered an update (``appended``, or an
         #: ``error`` with a clock); -inf on a new connection.
         self.last_answer = float("-inf")
@@ -64,19 +65,14 @@ class SendBuffer:
         return len(self._items)
 
     def add(self, doc: str, update: bytes, sync: bool = False) -> PendingUpdate:
-        self._clock += 1
-        item = PendingUpdate(self._clock, doc, update, sync=sync)
+        self.clock += 1
+        item = PendingUpdate(self.clock, doc, update, sync=sync)
         self._items[item.clock] = item
         return item
 
-    @property
-    def clock(self) -> int:
-        """The last clock issued."""
-        return self._clock
-
     def restore(self, clock: int, items: list[tuple[int, str, bytes]]) -> None:
         """Take back a persisted buffer: its clock and its unacked updates."""
-        self._clock = max(self._clock, clock)
+        self.clock = max(self.clock, clock)
         for item_clock, doc, update in items:
             self._items[item_clock] = PendingUpdate(item_clock, doc, update, sent=True)
 

@@ -52,9 +52,8 @@ async def compare_subscriptions(documents: list[str], request: Request) -> Subsc
     while message is not None:
         check.round_trips += 1
         check.bytes_sent += len(message)
-        reply = protocol.b64decode(
-            (await request({"op": "reconcile", "payload": protocol.b64encode(message)}, "reconcile_reply"))["payload"]
-        )
+        replied = await request({"op": "reconcile", "payload": protocol.b64encode(message)}, "reconcile_reply")
+        reply = protocol.b64decode(replied["payload"])
         check.bytes_received += len(reply)
         message = await reconciler.step(reply)
     check.missing, check.extra = reconciler.only_local, reconciler.only_remote
