@@ -196,14 +196,7 @@ class Collector:
                     client=pipe,
                 )
             results = await pipe.execute(raise_on_error=False)
-        plans = []
-        for report, result in zip(reports, results, strict=True):
-            if isinstance(result, Exception):
-                report.error = str(result)[:200]
-                continue
-            plan = self._plan(report, result)
-            if plan is not None:
-                plans.append(plan)
+        plans = [plan for report, result in zip(reports, results, strict=True) if (plan := self._plan(report, result))]
         if not dry_run:
             await self._forget_evicted(reports)
         for report in reports:
@@ -244,7 +237,10 @@ class Collector:
                 self.events.emit("evict", report.doc, session, mode=report.eviction)
 
     @staticmethod
-    def _plan(report: DocReport, result: list[Any]) -> _Plan | None:
+    def _plan(report: DocReport, result: list[Any] | Exception) -> _Plan | None:
+        if isinstance(result, Exception):
+            report.error = str(result)[:200]
+            return None
         mode, evicted, names, min_score, _leader, last_id, snapshot_offset, trimmed = result
         report.eviction = text(mode)
         report.evicted = int(evicted)

@@ -102,10 +102,6 @@ class Encoder:
     def __len__(self) -> int:
         return len(self._out)
 
-    @property
-    def position(self) -> str | None:
-        return self._position
-
     def mark(self) -> tuple[int, str | None, bytes, int]:
         return len(self._out), self._position, self._last, self.entries
 
@@ -128,19 +124,19 @@ class Encoder:
         self._out += value[shared:]
         self._last = value
 
-    def _start(self, lower: str) -> None:
+    def _entry(self, mode: Mode, lower: str, upper: str | None) -> None:
+        """Open an entry of ``mode`` over ``[lower, upper)``, after a SKIP up to ``lower`` if needed."""
         if lower != self._position:
             self._bound(Mode.SKIP, lower)
+        self._bound(mode, upper)
 
     def fingerprint(self, lower: str, upper: str | None, count: int, hash_value: int) -> None:
-        self._start(lower)
-        self._bound(Mode.FINGERPRINT, upper)
+        self._entry(Mode.FINGERPRINT, lower, upper)
         write_varuint(self._out, count)
         self._out += fingerprint(hash_value).to_bytes(FINGERPRINT_BYTES, "big")
 
     def ids(self, lower: str, upper: str | None, ids: Sequence[str]) -> None:
-        self._start(lower)
-        self._bound(Mode.IDS, upper)
+        self._entry(Mode.IDS, lower, upper)
         write_varuint(self._out, len(ids))
         previous = lower.encode()
         for item in ids:
@@ -149,8 +145,7 @@ class Encoder:
             previous = value
 
     def list_request(self, lower: str, upper: str | None) -> None:
-        self._start(lower)
-        self._bound(Mode.LIST, upper)
+        self._entry(Mode.LIST, lower, upper)
 
     def finish(self) -> bytes:
         return bytes(self._out)

@@ -20,9 +20,11 @@ measurement: see docs/reconciliation.md), the client asks for its ids.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import reduce
 
 from .digest import Digest, xor_hashes
 from .messages import (
@@ -107,7 +109,7 @@ async def respond(store: IdSet, request: bytes, limits: Limits = DEFAULT_LIMITS)
             ours = ids[index]
             if not _matches(entry, Digest(len(ours), xor_hashes(ours))):
                 encoder.ids(entry.lower, entry.upper, ours)
-        elif not _matches(entry, _union(part.digest for part in parts[index])):
+        elif not _matches(entry, _union([part.digest for part in parts[index]])):
             for part in parts[index]:
                 encoder.fingerprint(part.lower, part.upper, part.digest.count, part.digest.hash)
         if len(encoder) > limits.max_reply_bytes:
@@ -129,12 +131,9 @@ def _affordable(entries: list[Entry], counts: list[int], max_bytes: int) -> int:
     return len(entries)
 
 
-def _union(digests: Iterable[Digest]) -> Digest:
+def _union(digests: list[Digest]) -> Digest:
     """The digest of the union of disjoint sets."""
-    count, value = 0, 0
-    for digest in digests:
-        count, value = count + digest.count, value ^ digest.hash
-    return Digest(count, value)
+    return Digest(sum(digest.count for digest in digests), reduce(operator.xor, (digest.hash for digest in digests), 0))
 
 
 def _matches(entry: Entry, ours: Digest) -> bool:
@@ -286,10 +285,8 @@ class Reconciler:
         return await self._next()
 
     async def _absorb(self, message: Message) -> None:
-        ids: list[Entry] = []
-        prints: list[Entry] = []
-        for entry in message.entries:
-            (ids if entry.mode == Mode.IDS else prints).append(entry)
+        ids = [entry for entry in message.entries if entry.mode == Mode.IDS]
+        prints = [entry for entry in message.entries if entry.mode != Mode.IDS]
         _check_inside(message.entries, self._pending)
         for entry, ours in zip(ids, await self.local.items([(e.lower, e.upper) for e in ids]), strict=True):
             theirs = set(entry.ids)

@@ -27,14 +27,7 @@ def read_redis(spark: SparkSession, url: str) -> tuple[DataFrame, DataFrame]:
 
 def current_lag(tracker: DataFrame) -> DataFrame:
     """Per doc and session: the tracked offset and its lag, as the tracker has it now."""
-    return tracker.select(
-        "doc",
-        "session",
-        "offset",
-        F.col("ms").alias("offset_ms"),
-        "lag_entries",
-        "lag_ms",
-    )
+    return tracker.select("doc", "session", "offset", F.col("ms").alias("offset_ms"), "lag_entries", "lag_ms")
 
 
 def stream_lengths(entries: DataFrame) -> DataFrame:

@@ -48,34 +48,27 @@ STATUS_COLOURS = {
 TROUBLED = [status for status in SEVERITY if status not in (Status.OK, Status.LEFT)]
 _CONFIG = {"displaylogo": False, "responsive": True}
 
-#: Human column titles (with units) of every table shown.
+#: Human column titles (with units) of the tables shown; a column named in
+#: plain words (``session``, ``acks``) is its own title.
 LABELS = {
     "rank": "#",
     "doc": "document",
-    "session": "session",
-    "subject": "subject",
-    "status": "status",
     "current_lag_entries": "lag now (entries)",
     "current_lag_s": "lag now (s)",
     "last_ack": "last ack (UTC)",
     "last_problem": "last problem",
-    "acks": "acks",
     "left": "left at (UTC)",
     "lag_entries": "lag at last ack (entries)",
     "lag_s": "lag at last ack (s)",
-    "appends": "appends",
     "appends_per_s": "appends/s",
     "bytes_per_s": "bytes/s",
-    "deliveries": "deliveries",
     "resend_ratio": "resends per delivery",
-    "evictions": "evictions",
-    "resyncs": "resyncs",
     "trim_efficiency": "trimmed per append",
     "stream_length": "stream length (entries, est.)",
-    "offset": "offset",
     "lag_ms": "lag (ms)",
 }
-#: The summary's figures, titled; times and durations are formatted by their suffix.
+#: The summary's figures, titled (a figure named in plain words, ``appends``,
+#: is its own title); times and durations are formatted by their suffix.
 SUMMARY_LABELS = {
     "start_ts": "log starts (UTC)",
     "end_ts": "log ends (UTC)",
@@ -85,15 +78,9 @@ SUMMARY_LABELS = {
     "corrupt_lines": "corrupt lines skipped",
     "other_version_lines": "lines of an unknown schema version skipped",
     "dropped_events": "events the servers lost (dropped)",
-    "documents": "documents",
-    "appends": "appends",
     "bytes": "bytes appended",
-    "deliveries": "deliveries",
     "acked_deliveries": "deliveries acked",
-    "resends": "resends",
     "resend_ratio": "resends per delivery",
-    "evictions": "evictions",
-    "resyncs": "resyncs",
     "trimmed": "entries trimmed",
     "trim_efficiency": "trimmed per append",
     "sessions": "sessions (document x session)",
@@ -206,25 +193,11 @@ def lag_figure(out_dir: Path, troubled: pd.DataFrame, bucket: str) -> go.Figure:
         ):
             line = lag[(lag["doc"] == doc) & (lag["session"] == session)].sort_values("bucket")
             name = f"{doc} / {_who(subject, session)} ({status})"
-            figure.add_trace(
-                go.Scatter(
-                    x=line["bucket"], y=line["lag_ms"] / 1000, name=name, legendgroup=name, mode="lines+markers"
-                ),
-                row=1,
-                col=1,
-            )
-            figure.add_trace(
-                go.Scatter(
-                    x=line["bucket"],
-                    y=line["lag_entries"],
-                    name=name,
-                    legendgroup=name,
-                    mode="lines+markers",
-                    showlegend=False,
-                ),
-                row=2,
-                col=1,
-            )
+            for row, values in enumerate((line["lag_ms"] / 1000, line["lag_entries"]), 1):
+                trace = go.Scatter(
+                    x=line["bucket"], y=values, name=name, legendgroup=name, mode="lines+markers", showlegend=row == 1
+                )
+                figure.add_trace(trace, row=row, col=1)
     figure.update_yaxes(title_text="s", row=1, col=1)
     figure.update_yaxes(title_text="entries", row=2, col=1)
     figure.update_xaxes(title_text="time (UTC)", row=2, col=1)

@@ -36,8 +36,6 @@ from .schema import EventType, score_ms, time_bucket
 LAG_COLUMNS = ["doc", "session", "ts", "time", "offset", "head", "lag_entries", "lag_ms"]
 #: Row kinds in the sorted list: appends sort before acks at the same score.
 _APPEND, _ACK = 0, 1
-#: An ack's fields an append row leaves null.
-_ACK_FIELDS = {"ts": "long", "offset": "string", "head": "string"}
 
 
 def is_new_entry() -> Column:
@@ -69,21 +67,19 @@ def ack_lag(events: DataFrame, ack: EventType = EventType.ACK, who: str = "sessi
         "head",
         "offset_score",
         "head_score",
-        F.lit(None).cast("long").alias("run_end_score"),
         F.lit(_ACK).alias("kind"),
     )
     authored = F.col("session") if own else F.lit(None).cast("string")
     entries = _with_run_ends(appends(events).select("doc", authored.alias("session"), "offset_score")).select(
         "doc",
         "session",
-        *[F.lit(None).cast(kind).alias(name) for name, kind in _ACK_FIELDS.items()],
         "offset_score",
         F.col("offset_score").alias("head_score"),
         "run_end_score",
         F.lit(_APPEND).alias("kind"),
     )
     ranked = (
-        entries.unionByName(acks)
+        entries.unionByName(acks, allowMissingColumns=True)  # an ack's fields are null in an append row
         .withColumn("offset_rank", _appends_up_to("offset_score"))
         .withColumn("head_rank", _appends_up_to("head_score"))
         .withColumn("own_offset_rank", _appends_up_to("offset_score", own=True))
@@ -160,7 +156,6 @@ def lag_over_time(lag: DataFrame, bucket_ms: int) -> DataFrame:
 #: Row kinds of the timeline's walks: in a bucket, a document's head, a
 #: session's own appends and its acks come before its sample.
 _HEAD, _OWN, _ACKED, _SAMPLE = 0, 1, 2, 3
-_HELD = "struct<offset_rank:bigint,own_offset_rank:bigint,effective_score:bigint>"
 
 
 def lag_timeline(lag: DataFrame, events: DataFrame, presence: DataFrame, end_ts: int, bucket_ms: int) -> DataFrame:
@@ -225,7 +220,6 @@ def lag_timeline(lag: DataFrame, events: DataFrame, presence: DataFrame, end_ts:
             "held",
             "own_so_far",
             "acks",
-            F.lit(None).cast("struct<rank:bigint,score:bigint>").alias("head"),
             "kind",
         )
     )
@@ -235,17 +229,13 @@ def lag_timeline(lag: DataFrame, events: DataFrame, presence: DataFrame, end_ts:
     )
     heads = per_bucket.select(
         "doc",
-        F.lit(None).cast("string").alias("session"),
         "b",
-        F.lit(None).cast(_HELD).alias("held"),
-        F.lit(None).cast("long").alias("own_so_far"),
-        F.lit(None).cast("long").alias("acks"),
         F.struct(F.sum("n").over(by_doc).alias("rank"), F.max("top").over(by_doc).alias("score")).alias("head"),
         F.lit(_HEAD).alias("kind"),
     )
     as_of = Window.partitionBy("doc").orderBy("b", "kind").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     joined = (
-        heads.unionByName(sampled, allowMissingColumns=False)
+        heads.unionByName(sampled, allowMissingColumns=True)
         .withColumn("head", F.last("head", ignorenulls=True).over(as_of))
         .filter(F.col("kind") == _SAMPLE)
     )

@@ -33,14 +33,6 @@ from .redis_rows import arrow_schema, table_batches
 NAME = "yrelay"
 
 
-class DocumentGroup(InputPartition):
-    """The documents one Spark task reads (pickled to the executor)."""
-
-    def __init__(self, docs: tuple[str, ...]):
-        super().__init__(docs)
-        self.docs = docs
-
-
 class YrelayDataSource(DataSource):
     """``spark.read.format("yrelay")``: options are checked on construction,
     which Spark does at ``load()``, so a bad option fails before any job runs."""
@@ -72,8 +64,9 @@ class YrelayReader(DataSourceReader):
     def __init__(self, source: SourceOptions):
         self.source = source
 
-    def partitions(self) -> list[DocumentGroup]:
-        """One group per ``docsPerPartition`` documents (one empty group for none).
+    def partitions(self) -> list[InputPartition]:
+        """One group per ``docsPerPartition`` documents (one empty group for
+        none): a partition's ``value`` is the tuple of ids its task reads.
 
         Connects even when the documents are given, so an unreachable Redis is
         reported while planning, not as a failed task.
@@ -81,12 +74,12 @@ class YrelayReader(DataSourceReader):
         with connected(self.source.url, self.source.cluster) as client:
             docs = list(self.source.docs if self.source.docs is not None else registered_documents(client))
         size = self.source.docs_per_partition
-        return [DocumentGroup(tuple(docs[start : start + size])) for start in range(0, len(docs), size)] or [
-            DocumentGroup(())
+        return [InputPartition(tuple(docs[start : start + size])) for start in range(0, len(docs), size)] or [
+            InputPartition(())
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        docs = getattr(partition, "docs", None)
+        docs = getattr(partition, "value", None)
         if not docs:
             return
         with connected(self.source.url, self.source.cluster) as client:

@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
+from .tables import SEVERITY
+
 if TYPE_CHECKING:  # pyspark is imported once the bar is on screen
     from pyspark import SparkContext
 
@@ -103,7 +105,7 @@ def stderr_to(path: Path) -> Iterator[None]:
 HEADLINE = [
     "sessions",
     "sessions_connected",
-    *[f"status_{s.lower()}" for s in ("ERR", "STOP", "STALL", "REWIND", "WARN", "LEFT_UNACKED", "LEFT", "OK")],
+    *[f"status_{status.value.lower()}" for status in SEVERITY],
     "worst_lag_entries",
     "worst_lag_ms",
     "p99_last_5min_ms",

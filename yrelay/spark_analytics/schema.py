@@ -82,10 +82,9 @@ def score(stream_id: Column | str) -> Column:
     ``try_cast`` because Spark 4 runs in ANSI mode, where a plain cast of a
     malformed id would fail the whole job instead of yielding null.
     """
-    text = F.col(stream_id) if isinstance(stream_id, str) else stream_id
-    ms = F.substring_index(text, "-", 1).try_cast("long")
-    seq = F.substring_index(text, "-", -1).try_cast("long")
-    well_formed = (F.instr(text, "-") > 1) & (seq >= 0) & (seq < SCORE_FACTOR) & (ms >= 0)
+    ms = F.substring_index(stream_id, "-", 1).try_cast("long")
+    seq = F.substring_index(stream_id, "-", -1).try_cast("long")
+    well_formed = (F.instr(stream_id, "-") > 1) & (seq >= 0) & (seq < SCORE_FACTOR) & (ms >= 0)
     return F.when(well_formed, ms * SCORE_FACTOR + seq)
 
 

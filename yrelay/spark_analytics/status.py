@@ -91,22 +91,31 @@ def session_status(
     return (
         both.withColumns(
             {
-                "acks": F.coalesce(F.col("acks"), F.lit(0)),
-                "evictions": F.coalesce(F.col("evictions"), F.lit(0)),
-                "resyncs": F.coalesce(F.col("resyncs"), F.lit(0)),
+                **{name: F.coalesce(F.col(name), F.lit(0)) for name in ("acks", "evictions", "resyncs")},
                 "unacked": left
                 & F.coalesce(F.col("delivered_score") > F.coalesce("offset_score", F.lit(-1)), F.lit(False)),
             }
         )
         .withColumn("status", _status())
-        .withColumns(
-            {
-                "current_lag_entries": F.when(~left, F.col("current_lag_entries")),
-                "current_lag_ms": F.when(~left, F.col("current_lag_ms")),
-            }
-        )
+        .withColumns({name: F.when(~left, F.col(name)) for name in ("current_lag_entries", "current_lag_ms")})
         .select(*STATUS_COLUMNS)
     )
+
+
+#: An ack's figures in a window, in the order the window sorts acks by
+#: (time, then offset and head); the rules read them, and the last ack's
+#: figures (all but ts and head) are the session's.
+_WINDOW_FIELDS = (
+    "ts",
+    "offset_score",
+    "head_score",
+    "lag_entries",
+    "lag_ms",
+    "offset",
+    "offset_rank",
+    "own_offset_rank",
+    "effective_score",
+)
 
 
 def _windows(lag: DataFrame, window: int) -> DataFrame:
@@ -114,17 +123,7 @@ def _windows(lag: DataFrame, window: int) -> DataFrame:
     newest_first = Window.partitionBy("doc", "session").orderBy(
         F.col("ts").desc(), F.col("offset_score").desc(), F.col("head_score").desc()
     )
-    point = F.struct(
-        "ts",
-        "offset_score",
-        "head_score",
-        "lag_entries",
-        "lag_ms",
-        "offset",
-        "offset_rank",
-        "own_offset_rank",
-        "effective_score",
-    )
+    point = F.struct(*_WINDOW_FIELDS)
     return (
         lag.withColumn("nth", F.row_number().over(newest_first))
         .groupBy("doc", "session")
@@ -144,18 +143,7 @@ def _with_rule_inputs(windows: DataFrame, end_ts: int) -> DataFrame:
         F.size("w").alias("window_acks"),
         (_last("ts") - F.expr("w[0].ts")).alias("window_ms"),
         _last("ts").alias("last_ack_ts"),
-        *[
-            _last(name).alias(name)
-            for name in (
-                "offset",
-                "offset_score",
-                "offset_rank",
-                "own_offset_rank",
-                "effective_score",
-                "lag_entries",
-                "lag_ms",
-            )
-        ],
+        *[_last(name).alias(name) for name in _WINDOW_FIELDS if name not in ("ts", "head_score")],
         (F.lit(end_ts) - _last("ts")).alias("idle_ms"),
         F.expr("exists(w, a -> a.lag_entries = 0)").alias("caught_up"),
         F.expr("size(w) >= 2 and forall(w, a -> a.offset_score = w[0].offset_score)").alias("stalled"),

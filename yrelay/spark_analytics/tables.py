@@ -45,19 +45,9 @@ class Status(StrEnum):
     LEFT_UNACKED = "LEFT_UNACKED"  # disconnected with deliveries it never acked, and never came back
 
 
-#: Worst first: failed, silent while behind, stuck, going back, not catching
-#: up; then sessions that left (with unacked entries first), then healthy ones.
-SEVERITY = [
-    Status.ERR,
-    Status.STOP,
-    Status.STALL,
-    Status.REWIND,
-    Status.WARN,
-    Status.LEFT_UNACKED,
-    Status.LEFT,
-    Status.OK,
-]
-#: What an operator reads for each status.
+#: What an operator reads for each status, worst first: failed, silent while
+#: behind, stuck, going back, not catching up; then sessions that left (with
+#: unacked entries first), then healthy ones.
 STATUS_LABELS = {
     Status.ERR: "ERR: evicted or told to resync, not acked since",
     Status.STOP: "STOP: connected, stopped acking while behind",
@@ -68,3 +58,5 @@ STATUS_LABELS = {
     Status.LEFT: "LEFT: left with everything acked",
     Status.OK: "OK",
 }
+#: The statuses, worst first (:data:`STATUS_LABELS`'s order).
+SEVERITY = list(STATUS_LABELS)

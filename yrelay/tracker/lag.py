@@ -107,16 +107,10 @@ async def document_status(
         blocked_since=int(blocked_since) if blocked_since else None,
     )
     if with_sessions:
-        status.sessions = [_session_lag(name, offset, last, ids, complete) for name, offset in offsets]
+        status.sessions = [
+            SessionLag(
+                name, str(offset), len(ids) - bisect.bisect_right(ids, offset), max(0, last.ms - offset.ms), complete
+            )
+            for name, offset in offsets
+        ]
     return status
-
-
-def _session_lag(name: str, offset: StreamId, last: StreamId, ids: list[StreamId], complete: bool) -> SessionLag:
-    behind = len(ids) - bisect.bisect_right(ids, offset)
-    return SessionLag(
-        session=name,
-        offset=str(offset),
-        lag_entries=behind,
-        lag_ms=max(0, last.ms - offset.ms),
-        exact=complete,
-    )
