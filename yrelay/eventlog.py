@@ -14,6 +14,7 @@ warned about once a minute), and the next successful write records a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -213,10 +214,8 @@ class EventLog:
 
     def _close(self) -> None:
         if self._file is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._file.close()
-            except OSError:
-                pass
             self._file = None
 
     def _warn(self, message: str) -> None:

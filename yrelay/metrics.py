@@ -72,13 +72,13 @@ class ServerFigures:
     #: Presence (awareness) updates received from clients.
     presence_updates: int
     #: Awareness frames queued to local connections.
-    presence_relayed: int
+    presence_frames_relayed: int
     #: Websockets closed (1013) at ``max_receiving_bytes``.
     receiving_closes: int
     #: Bytes of websocket messages being received.
     receiving_bytes: int
     #: Events the event log could not write.
-    event_log_dropped: int
+    event_log_dropped_events: int
 
 
 class ServerState(Protocol):
@@ -402,44 +402,25 @@ class _ServerState(Collector):
 
     def collect(self) -> Iterator[Any]:
         figures = self.server.scrape_figures()
-        yield GaugeMetricFamily(
-            "yrelay_documents_active", "Documents with a subscriber on this process.", value=figures.documents_active
-        )
-        yield GaugeMetricFamily(
-            "yrelay_subscriptions_open",
-            "Subscriptions (connection x document) on this process.",
-            value=figures.subscriptions_open,
-        )
-        yield GaugeMetricFamily(
-            "yrelay_unacked_entries",
-            "Entries sent to this process's subscribers, not acked yet.",
-            value=figures.unacked_entries,
-        )
-        yield GaugeMetricFamily(
-            "yrelay_presence_members",
-            "Presence members (connection x document) on this process.",
-            value=figures.presence_members,
-        )
-        yield CounterMetricFamily(
-            "yrelay_presence_updates",
-            "Presence (awareness) updates received from clients.",
-            value=figures.presence_updates,
-        )
-        yield CounterMetricFamily(
-            "yrelay_presence_frames_relayed",
-            "Awareness frames queued to local connections.",
-            value=figures.presence_relayed,
-        )
-        yield CounterMetricFamily(
-            "yrelay_receiving_closes",
-            "Websockets closed (1013) because the messages being received by the process reached max_receiving_bytes.",
-            value=figures.receiving_closes,
-        )
-        yield GaugeMetricFamily(
-            "yrelay_receiving_bytes",
-            "Bytes of websocket messages being received (partial frames, unparsed reads) on this process.",
-            value=figures.receiving_bytes,
-        )
-        yield CounterMetricFamily(
-            "yrelay_event_log_dropped_events", "Events the event log could not write.", value=figures.event_log_dropped
-        )
+        families = [  # each named yrelay_<the ServerFigures attribute>
+            (GaugeMetricFamily, "documents_active", "Documents with a subscriber on this process."),
+            (GaugeMetricFamily, "subscriptions_open", "Subscriptions (connection x document) on this process."),
+            (GaugeMetricFamily, "unacked_entries", "Entries sent to this process's subscribers, not acked yet."),
+            (GaugeMetricFamily, "presence_members", "Presence members (connection x document) on this process."),
+            (CounterMetricFamily, "presence_updates", "Presence (awareness) updates received from clients."),
+            (CounterMetricFamily, "presence_frames_relayed", "Awareness frames queued to local connections."),
+            (
+                CounterMetricFamily,
+                "receiving_closes",
+                "Websockets closed (1013) because the messages being received by the process "
+                "reached max_receiving_bytes.",
+            ),
+            (
+                GaugeMetricFamily,
+                "receiving_bytes",
+                "Bytes of websocket messages being received (partial frames, unparsed reads) on this process.",
+            ),
+            (CounterMetricFamily, "event_log_dropped_events", "Events the event log could not write."),
+        ]
+        for kind, attribute, doc in families:
+            yield kind(f"yrelay_{attribute}", doc, value=getattr(figures, attribute))

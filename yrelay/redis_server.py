@@ -8,6 +8,7 @@ reply) and ``maxmemory-policy noeviction`` (Redis may never drop a stream).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -93,11 +94,9 @@ def free_port() -> int:
 
 def _die_with_parent() -> None:
     """Ask Linux to SIGTERM the child when the parent dies, even by SIGKILL."""
-    try:
+    with contextlib.suppress(OSError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def serve_redis_url(data_dir: str | Path = "data") -> str | None:

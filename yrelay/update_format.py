@@ -569,10 +569,7 @@ def decode_state_vector(data: bytes) -> dict[int, int]:
     count = reader.varuint()
     if count > (len(data) - reader.pos) // 2:
         raise MalformedUpdate(f"state vector claims {count} clients in {len(data)} bytes")
-    clocks: dict[int, int] = {}
-    for _ in range(count):
-        client = reader.varuint()
-        clocks[client] = reader.varuint()
+    clocks = {reader.varuint(): reader.varuint() for _ in range(count)}  # (a key is read before its value)
     if reader.pos != len(data):
         raise MalformedUpdate("trailing bytes after the state vector")
     return clocks
