@@ -14,7 +14,6 @@ warned about once a minute), and the next successful write records a
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import logging
@@ -214,8 +213,10 @@ class EventLog:
 
     def _close(self) -> None:
         if self._file is not None:
-            with contextlib.suppress(OSError):
+            try:
                 self._file.close()
+            except OSError:
+                pass
             self._file = None
 
     def _warn(self, message: str) -> None:

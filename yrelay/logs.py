@@ -34,7 +34,6 @@ carry a secret.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import logging
@@ -111,8 +110,10 @@ def add_secret(value: str | None) -> None:
 def add_url_secrets(url: str | None) -> None:
     """Never log the password of ``url`` (e.g. a Redis URL)."""
     if url:
-        with contextlib.suppress(ValueError):
+        try:
             add_secret(urlsplit(url).password)
+        except ValueError:
+            pass
 
 
 def redact(text: str) -> str:

@@ -67,8 +67,24 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, *CLUSTER_TRANSIENT)
 #: Methods of a stream, transport or socket: one called on ``None`` is I/O on
 #: a connection that is gone.
 _IO_METHODS = frozenset(
-    "write writelines drain read readline readexactly readuntil close wait_closed is_closing at_eof "
-    "get_extra_info send recv feed_data set_exception".split()
+    {
+        "write",
+        "writelines",
+        "drain",
+        "read",
+        "readline",
+        "readexactly",
+        "readuntil",
+        "close",
+        "wait_closed",
+        "is_closing",
+        "at_eof",
+        "get_extra_info",
+        "send",
+        "recv",
+        "feed_data",
+        "set_exception",
+    }
 )
 #: What an event loop's transport says when asked to work after its close.
 _CLOSED_TRANSPORT = re.compile(r"handler is closed|[Tt]ransport is closed|closed=True|after write_eof")

@@ -132,20 +132,30 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def command(self) -> list[str]:
-        options = {
-            "port": str(self.port),
-            "bind": "127.0.0.1",
-            "dir": str(self.data_dir),
-            **DURABLE_CONFIG,
-            "appendfsync": self.fsync,
-            "save": "",
-            "daemonize": "no",
-            "protected-mode": "yes",
-            "logfile": str(self.data_dir / "redis.log"),
-        }
-        extra = {name: value.split() for name, value in self.extra_config.items()}
-        pairs = [(name, [value]) for name, value in options.items()] + list(extra.items())
-        return [find_redis_server(), *(part for name, values in pairs for part in (f"--{name}", *values))]
+        return [
+            find_redis_server(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            self.fsync,
+            "--maxmemory-policy",
+            "noeviction",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+            *(part for name, value in self.extra_config.items() for part in (f"--{name}", *value.split())),
+        ]
 
     def start(self, timeout: float = 15.0) -> RedisProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
