@@ -316,32 +316,17 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def _count_nothing(self: Metrics, *args: Any, **kwargs: Any) -> None:
+    """What each sink and direct call of :class:`NullMetrics` does."""
+
+
 class NullMetrics(Metrics):
     """Metrics switched off (``YRELAY_METRICS=0``, for benchmarks): counts nothing."""
 
     def __init__(self) -> None:
         super().__init__(process_metrics=False)
 
-    def emit(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> None:
-        pass
-
-    def appended(self, seconds: float) -> None:
-        pass
-
-    def rejected(self, code: str) -> None:
-        pass
-
-    def throttled(self, limit: str, seconds: float) -> None:
-        pass
-
-    def flooded(self, limit: str) -> None:
-        pass
-
-    def gc_pass(self, summary: PassSummary, trigger: str = "loop") -> None:
-        pass
-
-    def watch(self, server: ServerState) -> None:
-        pass
+    emit = appended = rejected = throttled = flooded = gc_pass = watch = _count_nothing
 
 
 class _TaskRestarts(Collector):
