@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -55,6 +55,20 @@ GC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.
 CONNECTION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 EVICTION_MODES = ("relative", "absolute", "operator")
 GC_TRIGGERS = ("loop", "ops")
+#: The events :class:`Metrics` counts, each by its method of the same name (``_connect``, ...).
+COUNTED_EVENTS = (
+    "connect",
+    "disconnect",
+    "append",
+    "deliver",
+    "ack",
+    "resend",
+    "resync",
+    "evict",
+    "snapshot",
+    "trim",
+    "consumer_evict",
+)
 
 
 @dataclass(frozen=True)
@@ -182,18 +196,8 @@ class Metrics:
         self.gc_due = gauge("yrelay_gc_due_documents", "Documents waiting for GC, at scrape time.")
         self.redis_up = gauge("yrelay_redis_up", "1 if Redis answered the last scrape's counts, else 0.")
 
-        self._handlers = {
-            "connect": self._connect,
-            "disconnect": self._disconnect,
-            "append": self._append,
-            "deliver": self._deliver,
-            "ack": self._ack,
-            "resend": self._resend,
-            "resync": self._resync,
-            "evict": self._evict,
-            "snapshot": self._snapshot,
-            "trim": self._trim,
-            "consumer_evict": self._group_evict,
+        self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+            event: getattr(self, f"_{event}") for event in COUNTED_EVENTS
         }
         group_evictions = counter(
             "yrelay_consumer_group_evictions", "Consumer groups GC evicted from a document, by rule.", ["mode"]
@@ -258,7 +262,7 @@ class Metrics:
     def _trim(self, fields: dict[str, Any]) -> None:
         self.gc_trimmed.inc(fields["entries"])
 
-    def _group_evict(self, fields: dict[str, Any]) -> None:
+    def _consumer_evict(self, fields: dict[str, Any]) -> None:
         self._group_evictions[fields["mode"]].inc()
 
     # ------------------------------------------------------- direct calls
