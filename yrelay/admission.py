@@ -23,6 +23,7 @@ hold yet as a pending delete set and applies it when the content arrives.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -58,15 +59,8 @@ class Needs:
 
     def script_args(self) -> list[int]:
         """``n, (client, start, end)*n, m, (client, max ref)*m`` for ``append.lua``."""
-        flat: list[int] = []
         ranges = [(client, start, end) for client, spans in self.ranges.items() for start, end in spans]
-        flat.append(len(ranges))
-        for triple in ranges:
-            flat.extend(triple)
-        flat.append(len(self.refs))
-        for pair in self.refs.items():
-            flat.extend(pair)
-        return flat
+        return [len(ranges), *itertools.chain(*ranges), len(self.refs), *itertools.chain(*self.refs.items())]
 
 
 def needs_of(layout: Layout) -> Needs:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import UTC
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 import uvicorn
@@ -108,18 +108,15 @@ def serve(
             redis_cluster=redis_cluster or None,
         )
     except ValueError as exc:  # a bad YRELAY_* value: one line naming it, no traceback
-        typer.echo(f"yrelay: {exc}", err=True)
-        raise typer.Exit(2) from None
+        _refuse(f"yrelay: {exc}")
     if settings.redis_url is None:  # before anything is logged: the refusal is one line
         if settings.redis_cluster:
-            typer.echo("yrelay: --redis-cluster needs --redis-url (a seed node of the cluster)", err=True)
-            raise typer.Exit(2)
+            _refuse("yrelay: --redis-cluster needs --redis-url (a seed node of the cluster)")
         extras.require_redis_server("serve without --redis-url")
     try:
         authenticator = authenticator_for(settings)  # refuse before anything starts
     except AuthConfigurationError as exc:
-        typer.echo(f"yrelay: {exc}", err=True)
-        raise typer.Exit(2) from None
+        _refuse(f"yrelay: {exc}")
     try:
         logs.configure(log_level, log_format)
     except ValueError as exc:
@@ -147,8 +144,7 @@ def serve(
         try:
             asyncio.run(_ensure_redis(url, settings.redis_cluster))
         except StartupError as exc:
-            typer.echo(f"yrelay: {exc}", err=True)
-            raise typer.Exit(1) from None
+            _refuse(f"yrelay: {exc}", code=1)
         logging.getLogger("yrelay").info("using Redis at %s", url)  # its password is redacted
     if not reuse_port:
         _signposts(settings)
@@ -182,6 +178,12 @@ def serve(
             embedded.stop()
 
 
+def _refuse(message: str, code: int = 2) -> NoReturn:
+    """``message`` as one line on stderr and exit ``code``: no traceback."""
+    typer.echo(message, err=True)
+    raise typer.Exit(code) from None
+
+
 def _refuse_if_port_taken(host: str, port: int) -> None:
     """One line and exit 1 when ``host:port`` is taken, before anything
     starts (uvicorn says so in the 5th of 11 log lines, after starting the
@@ -203,12 +205,11 @@ def _refuse_if_port_taken(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 continue  # not ours to judge (no IPv6 on this host, ...): uvicorn reports it
-            typer.echo(
+            _refuse(
                 f"yrelay: cannot listen on {host}:{port} ({exc.strerror}): another server uses it? "
                 "Stop it, or choose another port with --port / YRELAY_PORT",
-                err=True,
+                code=1,
             )
-            raise typer.Exit(1) from None
 
 
 async def _ensure_redis(url: str, cluster: bool) -> None:
@@ -223,15 +224,15 @@ async def _ensure_redis(url: str, cluster: bool) -> None:
 def _signposts(settings: Settings) -> None:
     """Where to go next, logged once at start-up."""
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    base = settings.public_url or f"http://{host}:{settings.port}"
+    base = (settings.public_url or f"http://{host}:{settings.port}").rstrip("/")
     command = sys.argv[0]
     if os.path.isabs(command) and not (relative := os.path.relpath(command)).startswith(".."):
         command = relative  # .venv/bin/yrelay, from a checkout
     logging.getLogger("yrelay").info(
         "the demo editor: %s/?doc=notes (open it in two tabs); health: %s/healthz; the command line: "
         "%s --help (e.g. %s gc --dry-run)",
-        base.rstrip("/"),
-        base.rstrip("/"),
+        base,
+        base,
         command,
         command,
     )
@@ -298,9 +299,7 @@ def gc(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Report what would be folded, trimmed and evicted; change nothing."
     ),
-    redis_url: str | None = typer.Option(
-        None, envvar="YRELAY_REDIS_URL", help="Redis to collect. Default: the embedded one of `yrelay serve`."
-    ),
+    redis_url: str | None = _REDIS_URL,
     data_dir: Path = _DATA_DIR,
     redis_cluster: bool = _REDIS_CLUSTER,
     batch_size: int = typer.Option(500, min=1, help="Documents per round trip."),
@@ -334,8 +333,7 @@ async def _gc(
     batch_size: int,
     events: EventLog,
 ) -> PassSummary:
-    redis = open_redis(url, cluster)
-    try:
+    async with contextlib.aclosing(open_redis(url, cluster)) as redis:
         if not dry_run:
             await fold_unbucketed(redis)
         total = len(docs) if docs is not None else (await registry_counts(redis))[0]
@@ -348,8 +346,6 @@ async def _gc(
                 batch_size=batch_size,
                 on_batch=lambda reports: progress.advance(task, len(reports)),
             )
-    finally:
-        await redis.aclose()
 
 
 def _print_summary(summary: PassSummary, dry_run: bool, rows: int) -> None:
@@ -362,27 +358,12 @@ def _print_summary(summary: PassSummary, dry_run: bool, rows: int) -> None:
         table.add_column(column, justify="right" if column in {"evicted", "folded", "trimmed", "stream"} else "left")
     busiest = sorted(summary.reports, key=lambda r: (r.error is None, -(r.evicted + r.folded + r.trimmed)))
     for report in busiest[:rows]:
-        table.add_row(
-            report.doc,
-            report.eviction,
-            str(report.evicted),
-            str(report.folded),
-            str(report.trimmed),
-            str(report.stream_length),
-            report.snapshot_offset,
-            _note(report),
-        )
+        counts = (report.evicted, report.folded, report.trimmed, report.stream_length)
+        table.add_row(report.doc, report.eviction, *map(str, counts), report.snapshot_offset, _note(report))
     table.add_section()
-    table.add_row(
-        "total",
-        "",
-        str(summary.evicted),
-        str(summary.folded),
-        str(summary.trimmed),
-        "",
-        "",
-        f"{summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors",
-    )
+    totals = (summary.evicted, summary.folded, summary.trimmed)
+    errors = f"{summary.blocked} blocked, {summary.conflicts} conflicts, {summary.errors} errors"
+    table.add_row("total", "", *map(str, totals), "", "", errors)
     console.print(table)
     console.print(
         f"{summary.evicted} sessions {verb} evicted, {summary.folded} entries {verb} folded, "
@@ -642,13 +623,11 @@ def webhook(
         asyncio.run(_retry_dead(_redis_url(redis_url, data_dir), redis_cluster, group))
         return
     if not url:
-        typer.echo("yrelay webhook: --url is required", err=True)
-        raise typer.Exit(2)
+        _refuse("yrelay webhook: --url is required")
     extras.require("webhooks", "webhook")
     secret = os.environ.get(secret_env, "")
     if not secret:
-        typer.echo(f"yrelay webhook: set the signing secret in ${secret_env}", err=True)
-        raise typer.Exit(2)
+        _refuse(f"yrelay webhook: set the signing secret in ${secret_env}")
     logs.configure(log_level)
     logs.add_secret(secret)
     from .consumers.webhook import serve as serve_webhook
@@ -670,11 +649,8 @@ def webhook(
 async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
     from .consumers.dead_letters import DeadLetters
 
-    redis = open_redis(redis_url, cluster)
-    try:
+    async with contextlib.aclosing(open_redis(redis_url, cluster)) as redis:
         retried = await DeadLetters(redis, group).retry_all()
-    finally:
-        await redis.aclose()
     typer.echo(f"retried {retried} dead letter(s) of group {group}")
 
 
@@ -686,11 +662,8 @@ def _run_member(kind: str, redis_url: str, cluster: bool, group: str, serve: Cal
 
     async def run() -> None:
         stop = _stop_on_signals()
-        redis = open_redis(redis_url, cluster)
-        try:
+        async with contextlib.aclosing(open_redis(redis_url, cluster)) as redis:
             stats = await serve(redis, stop=stop)
-        finally:
-            await redis.aclose()
         logging.getLogger(f"yrelay.{kind}").info("left group %s: %s", group, stats)
 
     asyncio.run(run())
@@ -759,17 +732,14 @@ def token_issue(
 def token_revoke(
     token_id: str = typer.Argument(..., help="The token's jti."),
     expires_at: float | None = typer.Option(None, help="When the token expires (Unix seconds); kept until then."),
-    redis_url: str | None = typer.Option(None, envvar="YRELAY_REDIS_URL"),
-    data_dir: Path = typer.Option(Path("data"), envvar="YRELAY_DATA_DIR"),
+    redis_url: str | None = _REDIS_URL,
+    data_dir: Path = _DATA_DIR,
 ) -> None:
     """Revoke a token everywhere: its connections are cut off within seconds."""
 
     async def revoke() -> None:
-        redis = Redis.from_url(_redis_url(redis_url, data_dir))
-        try:
+        async with contextlib.aclosing(Redis.from_url(_redis_url(redis_url, data_dir))) as redis:
             await Revocations(redis, leeway=Settings.from_env().auth_leeway).revoke(token_id, expires_at)
-        finally:
-            await redis.aclose()
 
     try:
         asyncio.run(revoke())

@@ -20,6 +20,19 @@ MAX_AUTH_LEEWAY = 60.0
 #: Upper bound of ``ack_replicas_timeout``: the WAIT must end well before
 #: the Redis connection's socket timeout (10 s) gives up on it.
 MAX_ACK_REPLICAS_TIMEOUT = 5.0
+#: The settings announced to clients in ``welcome`` (``limits``), in this order.
+CLIENT_LIMITS = (
+    "max_update_bytes",
+    "max_frame_bytes",
+    "max_docs_per_connection",
+    "max_awareness_bytes",
+    "updates_per_second",
+    "update_burst",
+    "max_connections_per_address",
+    "subject_updates_per_second",
+    "max_subscriptions_per_subject",
+    "presence_per_second",
+)
 
 
 @dataclass(frozen=True)
@@ -345,18 +358,7 @@ class Settings:
 
     def client_limits(self) -> dict[str, float]:
         """Limits announced to clients in ``welcome``."""
-        return {
-            "max_update_bytes": self.max_update_bytes,
-            "max_frame_bytes": self.max_frame_bytes,
-            "max_docs_per_connection": self.max_docs_per_connection,
-            "max_awareness_bytes": self.max_awareness_bytes,
-            "updates_per_second": self.updates_per_second,
-            "update_burst": self.update_burst,
-            "max_connections_per_address": self.max_connections_per_address,
-            "subject_updates_per_second": self.subject_updates_per_second,
-            "max_subscriptions_per_subject": self.max_subscriptions_per_subject,
-            "presence_per_second": self.presence_per_second,
-        }
+        return {name: getattr(self, name) for name in CLIENT_LIMITS}
 
     def uvicorn_options(self) -> dict[str, object]:
         """What ``yrelay serve`` and the tests' in-process servers give uvicorn.

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -54,6 +55,20 @@ GC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.
 CONNECTION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 EVICTION_MODES = ("relative", "absolute", "operator")
 GC_TRIGGERS = ("loop", "ops")
+#: The events :class:`Metrics` counts, each by its method of the same name (``_connect``, ...).
+COUNTED_EVENTS = (
+    "connect",
+    "disconnect",
+    "append",
+    "deliver",
+    "ack",
+    "resend",
+    "resync",
+    "evict",
+    "snapshot",
+    "trim",
+    "consumer_evict",
+)
 
 
 @dataclass(frozen=True)
@@ -71,13 +86,13 @@ class ServerFigures:
     #: Presence (awareness) updates received from clients.
     presence_updates: int
     #: Awareness frames queued to local connections.
-    presence_relayed: int
+    presence_frames_relayed: int
     #: Websockets closed (1013) at ``max_receiving_bytes``.
     receiving_closes: int
     #: Bytes of websocket messages being received.
     receiving_bytes: int
     #: Events the event log could not write.
-    event_log_dropped: int
+    event_log_dropped_events: int
 
 
 class ServerState(Protocol):
@@ -98,44 +113,32 @@ class Metrics:
 
     def __init__(self, *, process_metrics: bool = True):
         self.registry = registry = CollectorRegistry()
+        counter, gauge = partial(Counter, registry=registry), partial(Gauge, registry=registry)
+        histogram = partial(Histogram, registry=registry)
         if process_metrics:  # RSS, CPU, open fds; the Python version; Python's GC
             ProcessCollector(registry=registry)
             PlatformCollector(registry=registry)
             GCCollector(registry=registry)
-        Gauge("yrelay_build_info", "Version of the running server (always 1).", ["version"], registry=registry).labels(
-            __version__
-        ).set(1)
+        gauge("yrelay_build_info", "Version of the running server (always 1).", ["version"]).labels(__version__).set(1)
 
-        self.connections_open = Gauge("yrelay_connections_open", "Websockets past their hello.", registry=registry)
-        connections = Counter(
-            "yrelay_connections",
-            "Handshakes answered, by whether the session was resumed.",
-            ["resumed"],
-            registry=registry,
+        self.connections_open = gauge("yrelay_connections_open", "Websockets past their hello.")
+        connections = counter(
+            "yrelay_connections", "Handshakes answered, by whether the session was resumed.", ["resumed"]
         )
         self._connections = {flag: connections.labels(str(flag).lower()) for flag in (True, False)}
-        self.connection_seconds = Histogram(
-            "yrelay_connection_duration_seconds",
-            "How long websockets stayed open.",
-            buckets=CONNECTION_BUCKETS,
-            registry=registry,
+        self.connection_seconds = histogram(
+            "yrelay_connection_duration_seconds", "How long websockets stayed open.", buckets=CONNECTION_BUCKETS
         )
 
-        appends = Counter(
-            "yrelay_appends",
-            "Updates acked (appended sent), by whether they were duplicates.",
-            ["duplicate"],
-            registry=registry,
+        appends = counter(
+            "yrelay_appends", "Updates acked (appended sent), by whether they were duplicates.", ["duplicate"]
         )
         self._appends = {flag: appends.labels(str(flag).lower()) for flag in (True, False)}
-        self.appended_bytes = Counter(
-            "yrelay_appended_bytes", "Update bytes acked (duplicates too).", registry=registry
-        )
-        self._append_latency = Histogram(
+        self.appended_bytes = counter("yrelay_appended_bytes", "Update bytes acked (duplicates too).")
+        self._append_latency = histogram(
             "yrelay_append_latency_seconds",
             "From an update frame received to its appended frame sent.",
             buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
 
         # Moved per delivery and per ack: lock-free (yrelay/loop_metrics.py), same exposition.
@@ -154,83 +157,50 @@ class Metrics:
             "Per ack: the newest entry this process knows of the document minus the acked entry, in time.",
             LAG_BUCKETS,
         )
-        self.resends = Counter(
-            "yrelay_resends", "Rewinds: unacked entries sent again from the acked offset.", registry=registry
-        )
-        self.resent_entries = Counter(
-            "yrelay_resent_entries", "Entries unacked when a resend rewound.", registry=registry
-        )
-        resyncs = Counter("yrelay_resyncs", "resync_required frames sent, by reason.", ["reason"], registry=registry)
+        self.resends = counter("yrelay_resends", "Rewinds: unacked entries sent again from the acked offset.")
+        self.resent_entries = counter("yrelay_resent_entries", "Entries unacked when a resend rewound.")
+        resyncs = counter("yrelay_resyncs", "resync_required frames sent, by reason.", ["reason"])
         self._resyncs = {reason.value: resyncs.labels(reason.value) for reason in ResyncReason}
-        evictions = Counter(
-            "yrelay_evictions",
-            "Sessions dropped from a tracker, by rule (GC) or by an operator.",
-            ["mode"],
-            registry=registry,
+        evictions = counter(
+            "yrelay_evictions", "Sessions dropped from a tracker, by rule (GC) or by an operator.", ["mode"]
         )
         self._evictions = {mode: evictions.labels(mode) for mode in EVICTION_MODES}
-        rejected = Counter("yrelay_rejected_frames", "Error frames sent, by code.", ["code"], registry=registry)
+        rejected = counter("yrelay_rejected_frames", "Error frames sent, by code.", ["code"])
         self._rejected = {code.value: rejected.labels(code.value) for code in ErrorCode}
 
-        self._throttled = Counter(
+        self._throttled = counter(
             "yrelay_throttled_seconds",
             "Seconds websockets were held back (read more slowly) by a rate, by limit.",
             ["limit"],
-            registry=registry,
         )
-        self._flooded = Counter(
+        self._flooded = counter(
             "yrelay_flood_closes",
             "Websockets closed with 4429: held back by a rate for too long, by the limit that held them last.",
             ["limit"],
-            registry=registry,
         )
-        self.gc_runs = Counter(
-            "yrelay_gc_runs",
-            "GC passes completed, by trigger (the loop, or POST /ops/gc).",
-            ["trigger"],
-            registry=registry,
+        self.gc_runs = counter(
+            "yrelay_gc_runs", "GC passes completed, by trigger (the loop, or POST /ops/gc).", ["trigger"]
         )
-        self.gc_seconds = Histogram(
-            "yrelay_gc_pass_seconds", "Duration of GC passes.", ["trigger"], buckets=GC_BUCKETS, registry=registry
-        )
-        self.gc_documents = Counter("yrelay_gc_documents", "Documents collected by GC passes.", registry=registry)
-        self.gc_errors = Counter("yrelay_gc_errors", "Documents a GC pass failed to collect.", registry=registry)
-        self.gc_last = Gauge(
-            "yrelay_gc_last_pass_timestamp_seconds", "When the last GC pass ended (Unix time).", registry=registry
-        )
-        self.gc_snapshots = Counter("yrelay_gc_snapshots", "Snapshots GC stored.", registry=registry)
-        self.gc_folded = Counter("yrelay_gc_folded_entries", "Entries GC folded into snapshots.", registry=registry)
-        self.gc_trimmed = Counter("yrelay_gc_trimmed_entries", "Entries GC removed from streams.", registry=registry)
+        self.gc_seconds = histogram("yrelay_gc_pass_seconds", "Duration of GC passes.", ["trigger"], buckets=GC_BUCKETS)
+        self.gc_documents = counter("yrelay_gc_documents", "Documents collected by GC passes.")
+        self.gc_errors = counter("yrelay_gc_errors", "Documents a GC pass failed to collect.")
+        self.gc_last = gauge("yrelay_gc_last_pass_timestamp_seconds", "When the last GC pass ended (Unix time).")
+        self.gc_snapshots = counter("yrelay_gc_snapshots", "Snapshots GC stored.")
+        self.gc_folded = counter("yrelay_gc_folded_entries", "Entries GC folded into snapshots.")
+        self.gc_trimmed = counter("yrelay_gc_trimmed_entries", "Entries GC removed from streams.")
         for trigger in GC_TRIGGERS:
             self.gc_runs.labels(trigger)
             self.gc_seconds.labels(trigger)
 
-        self.documents = Gauge(
-            "yrelay_documents", "Documents ever appended to (the Redis registry), at scrape time.", registry=registry
-        )
-        self.gc_due = Gauge("yrelay_gc_due_documents", "Documents waiting for GC, at scrape time.", registry=registry)
-        self.redis_up = Gauge(
-            "yrelay_redis_up", "1 if Redis answered the last scrape's counts, else 0.", registry=registry
-        )
+        self.documents = gauge("yrelay_documents", "Documents ever appended to (the Redis registry), at scrape time.")
+        self.gc_due = gauge("yrelay_gc_due_documents", "Documents waiting for GC, at scrape time.")
+        self.redis_up = gauge("yrelay_redis_up", "1 if Redis answered the last scrape's counts, else 0.")
 
-        self._handlers = {
-            "connect": self._connect,
-            "disconnect": self._disconnect,
-            "append": self._append,
-            "deliver": self._deliver,
-            "ack": self._ack,
-            "resend": self._resend,
-            "resync": self._resync,
-            "evict": self._evict,
-            "snapshot": self._snapshot,
-            "trim": self._trim,
-            "consumer_evict": self._group_evict,
+        self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+            event: getattr(self, f"_{event}") for event in COUNTED_EVENTS
         }
-        group_evictions = Counter(
-            "yrelay_consumer_group_evictions",
-            "Consumer groups GC evicted from a document, by rule.",
-            ["mode"],
-            registry=registry,
+        group_evictions = counter(
+            "yrelay_consumer_group_evictions", "Consumer groups GC evicted from a document, by rule.", ["mode"]
         )
         self._group_evictions = {mode: group_evictions.labels(mode) for mode in ("abandoned", "live")}
         self._failed = False
@@ -292,7 +262,7 @@ class Metrics:
     def _trim(self, fields: dict[str, Any]) -> None:
         self.gc_trimmed.inc(fields["entries"])
 
-    def _group_evict(self, fields: dict[str, Any]) -> None:
+    def _consumer_evict(self, fields: dict[str, Any]) -> None:
         self._group_evictions[fields["mode"]].inc()
 
     # ------------------------------------------------------- direct calls
@@ -350,32 +320,17 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def _count_nothing(self: Metrics, *args: Any, **kwargs: Any) -> None:
+    """What each sink and direct call of :class:`NullMetrics` does."""
+
+
 class NullMetrics(Metrics):
     """Metrics switched off (``YRELAY_METRICS=0``, for benchmarks): counts nothing."""
 
     def __init__(self) -> None:
         super().__init__(process_metrics=False)
 
-    def emit(self, type: str, doc: str | None = None, session: str | None = None, **fields: Any) -> None:
-        pass
-
-    def appended(self, seconds: float) -> None:
-        pass
-
-    def rejected(self, code: str) -> None:
-        pass
-
-    def throttled(self, limit: str, seconds: float) -> None:
-        pass
-
-    def flooded(self, limit: str) -> None:
-        pass
-
-    def gc_pass(self, summary: PassSummary, trigger: str = "loop") -> None:
-        pass
-
-    def watch(self, server: ServerState) -> None:
-        pass
+    emit = appended = rejected = throttled = flooded = gc_pass = watch = _count_nothing
 
 
 class _TaskRestarts(Collector):
@@ -404,48 +359,22 @@ class _GroupState(Collector):
         return []
 
     def collect(self) -> Iterator[Any]:
-        families = [
-            (GaugeMetricFamily, "yrelay_consumer_group_members", "Live members of a consumer group.", "members"),
-            (
-                GaugeMetricFamily,
-                "yrelay_consumer_group_unacked_entries",
-                "Entries handed to a group's members and not acked yet.",
-                "unacked_entries",
-            ),
-            (
-                GaugeMetricFamily,
-                "yrelay_consumer_group_lag_seconds",
-                "Age of the oldest entry a group's members hold unacked.",
-                "lag_seconds",
-            ),
+        families = [  # each named yrelay_consumer_group_<the GroupStats attribute>
+            (GaugeMetricFamily, "members", "Live members of a consumer group."),
+            (GaugeMetricFamily, "unacked_entries", "Entries handed to a group's members and not acked yet."),
+            (GaugeMetricFamily, "lag_seconds", "Age of the oldest entry a group's members hold unacked."),
+            (CounterMetricFamily, "rebalances", "Assignments a group's leaders wrote."),
+            (CounterMetricFamily, "takeovers", "Documents moved from a member that lapsed or left."),
+            (CounterMetricFamily, "elections", "Leader leases taken."),
             (
                 CounterMetricFamily,
-                "yrelay_consumer_group_rebalances",
-                "Assignments a group's leaders wrote.",
-                "rebalances",
-            ),
-            (
-                CounterMetricFamily,
-                "yrelay_consumer_group_takeovers",
-                "Documents moved from a member that lapsed or left.",
-                "takeovers",
-            ),
-            (CounterMetricFamily, "yrelay_consumer_group_elections", "Leader leases taken.", "elections"),
-            (
-                CounterMetricFamily,
-                "yrelay_consumer_group_redelivered",
-                "Entries read again after a takeover that the previous owner had read and not acked.",
                 "redelivered",
+                "Entries read again after a takeover that the previous owner had read and not acked.",
             ),
-            (
-                CounterMetricFamily,
-                "yrelay_consumer_group_handovers",
-                "Documents moved in two steps between live members (no duplicates).",
-                "handovers",
-            ),
+            (CounterMetricFamily, "handovers", "Documents moved in two steps between live members (no duplicates)."),
         ]
-        for kind, name, doc, attribute in families:
-            family = kind(name, doc, labels=["group"])
+        for kind, attribute, doc in families:
+            family = kind(f"yrelay_consumer_group_{attribute}", doc, labels=["group"])
             for stats in self.stats:
                 family.add_metric([stats.group], getattr(stats, attribute))
             yield family
@@ -462,44 +391,25 @@ class _ServerState(Collector):
 
     def collect(self) -> Iterator[Any]:
         figures = self.server.scrape_figures()
-        yield GaugeMetricFamily(
-            "yrelay_documents_active", "Documents with a subscriber on this process.", value=figures.documents_active
-        )
-        yield GaugeMetricFamily(
-            "yrelay_subscriptions_open",
-            "Subscriptions (connection x document) on this process.",
-            value=figures.subscriptions_open,
-        )
-        yield GaugeMetricFamily(
-            "yrelay_unacked_entries",
-            "Entries sent to this process's subscribers, not acked yet.",
-            value=figures.unacked_entries,
-        )
-        yield GaugeMetricFamily(
-            "yrelay_presence_members",
-            "Presence members (connection x document) on this process.",
-            value=figures.presence_members,
-        )
-        yield CounterMetricFamily(
-            "yrelay_presence_updates",
-            "Presence (awareness) updates received from clients.",
-            value=figures.presence_updates,
-        )
-        yield CounterMetricFamily(
-            "yrelay_presence_frames_relayed",
-            "Awareness frames queued to local connections.",
-            value=figures.presence_relayed,
-        )
-        yield CounterMetricFamily(
-            "yrelay_receiving_closes",
-            "Websockets closed (1013) because the messages being received by the process reached max_receiving_bytes.",
-            value=figures.receiving_closes,
-        )
-        yield GaugeMetricFamily(
-            "yrelay_receiving_bytes",
-            "Bytes of websocket messages being received (partial frames, unparsed reads) on this process.",
-            value=figures.receiving_bytes,
-        )
-        yield CounterMetricFamily(
-            "yrelay_event_log_dropped_events", "Events the event log could not write.", value=figures.event_log_dropped
-        )
+        families = [  # each named yrelay_<the ServerFigures attribute>
+            (GaugeMetricFamily, "documents_active", "Documents with a subscriber on this process."),
+            (GaugeMetricFamily, "subscriptions_open", "Subscriptions (connection x document) on this process."),
+            (GaugeMetricFamily, "unacked_entries", "Entries sent to this process's subscribers, not acked yet."),
+            (GaugeMetricFamily, "presence_members", "Presence members (connection x document) on this process."),
+            (CounterMetricFamily, "presence_updates", "Presence (awareness) updates received from clients."),
+            (CounterMetricFamily, "presence_frames_relayed", "Awareness frames queued to local connections."),
+            (
+                CounterMetricFamily,
+                "receiving_closes",
+                "Websockets closed (1013) because the messages being received by the process "
+                "reached max_receiving_bytes.",
+            ),
+            (
+                GaugeMetricFamily,
+                "receiving_bytes",
+                "Bytes of websocket messages being received (partial frames, unparsed reads) on this process.",
+            ),
+            (CounterMetricFamily, "event_log_dropped_events", "Events the event log could not write."),
+        ]
+        for kind, attribute, doc in families:
+            yield kind(f"yrelay_{attribute}", doc, value=getattr(figures, attribute))

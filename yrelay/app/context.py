@@ -103,10 +103,10 @@ class ServerContext:
             unacked_entries=sum(getattr(subscriber, "unacked", 0) for subscriber in subscriptions),
             presence_members=sum(len(members) for members in self.presence.members.values()),
             presence_updates=self.presence.updates,
-            presence_relayed=self.presence.relayed,
+            presence_frames_relayed=self.presence.relayed,
             receiving_closes=self.receiving.closed,
             receiving_bytes=self.receiving.held,
-            event_log_dropped=self.events.log.dropped,
+            event_log_dropped_events=self.events.log.dropped,
         )
 
     @classmethod

@@ -123,8 +123,11 @@ class EnginePool:
         return engine.SyncAnswer(diff, vector, int(held))
 
     async def _call(self, tag: int, items: list[bytes]) -> list[bytes]:
-        if not self._workers:
-            status, reply = _parse(await asyncio.to_thread(engine.answer, tag, items, self.with_ypy))
+        if not self._workers:  # the reply frame computed in a thread, read as a worker's is
+            frame = asyncio.StreamReader()
+            frame.feed_data(await asyncio.to_thread(engine.answer, tag, items, self.with_ypy))
+            frame.feed_eof()
+            status, reply = await _read_frame(frame)
         else:
             job = asyncio.create_task(self._on_idle_worker(engine.encode_frame(tag, items)))
             self._jobs.add(job)
@@ -151,17 +154,6 @@ async def _read_frame(stdout: asyncio.StreamReader) -> tuple[int, list[bytes]]:
     for _ in range(count):
         (length,) = _U32.unpack(await stdout.readexactly(_U32.size))
         items.append(await stdout.readexactly(length))
-    return status, items
-
-
-def _parse(frame: bytes) -> tuple[int, list[bytes]]:
-    """A reply frame computed in-process (``workers = 0``)."""
-    status, count = _HEAD.unpack_from(frame)
-    position, items = _HEAD.size, []
-    for _ in range(count):
-        (length,) = _U32.unpack_from(frame, position)
-        items.append(frame[position + _U32.size : position + _U32.size + length])
-        position += _U32.size + length
     return status, items
 
 

@@ -170,23 +170,15 @@ class SubjectQuotas:
         buckets = self._buckets.get(subject)
         if buckets is None:
             s = self.settings
+
+            def bucket(kind: str, rate: float, burst: int) -> SharedBucket:
+                return SharedBucket(self, subject_bucket_key(subject, kind), rate, burst)
+
             buckets = self._buckets[subject] = SubjectBuckets(
                 subject,
-                SharedBucket(
-                    self, subject_bucket_key(subject, "updates"), s.subject_updates_per_second, s.subject_update_burst
-                ),
-                SharedBucket(
-                    self,
-                    subject_bucket_key(subject, "presence"),
-                    s.subject_presence_per_second,
-                    s.subject_presence_burst,
-                ),
-                SharedBucket(
-                    self,
-                    subject_bucket_key(subject, "answers"),
-                    s.subject_answer_bytes_per_second / 1024,
-                    s.subject_answer_burst_bytes // 1024,
-                ),
+                bucket("updates", s.subject_updates_per_second, s.subject_update_burst),
+                bucket("presence", s.subject_presence_per_second, s.subject_presence_burst),
+                bucket("answers", s.subject_answer_bytes_per_second / 1024, s.subject_answer_burst_bytes // 1024),
             )
         buckets.users += 1
         return buckets

@@ -25,7 +25,7 @@ import pycrdt
 
 from .. import update_format
 from . import pycrdt_doc
-from .errors import EMPTY_UPDATE, InvalidUpdate, check_layout, check_state_vector, reraise_control_flow
+from .errors import EMPTY_UPDATE, InvalidUpdate, check_layout, check_state_vector
 
 if TYPE_CHECKING:
     import y_py
@@ -84,9 +84,6 @@ PYCRDT, YPY = "pycrdt", "y-py"
 ENGINES = (PYCRDT, YPY)
 #: The extra that installs y-py (``pip install 'yrelay[ypy]'``).
 YPY_EXTRA = "ypy"
-
-# Kept for callers of the previous module (one underscore-free name now).
-_reraise_control_flow = reraise_control_flow
 
 
 class EngineMissing(ImportError):
@@ -195,13 +192,12 @@ def apply_updates(doc: Doc, updates: Sequence[bytes]) -> None:
     (re-applying an integrated update is a no-op).
     """
     engine = _module(doc)
-    if engine is pycrdt_doc:
-        for update in updates:
-            engine.apply_update(doc, update)
-        return
-    updates = update_format.causal_order(updates)
+    if engine is not pycrdt_doc:
+        updates = update_format.causal_order(updates)
     for update in updates:
         engine.apply_update(doc, update)
+    if engine is pycrdt_doc:
+        return
     state = engine.encode_state(doc)
     for _ in range(len(updates)):
         for update in updates:

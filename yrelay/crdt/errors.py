@@ -3,6 +3,9 @@ update, and the checks yrelay does itself (no engine, pure Python)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from .. import update_format
 
 #: The update a transaction that changed nothing encodes to.
@@ -13,12 +16,18 @@ class InvalidUpdate(ValueError):
     """The bytes are not a decodable Yjs (v1) update."""
 
 
-def reraise_control_flow(exc: BaseException) -> None:
-    """Rust panics surface as pyo3's PanicException, a BaseException; the
-    engines turn those into InvalidUpdate. Real control-flow exceptions must
-    pass through."""
-    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
-        raise exc
+@contextmanager
+def refused(what: str) -> Iterator[None]:
+    """What the engine raises inside, as InvalidUpdate ("not a Yjs ``what``").
+    Rust panics surface as pyo3's PanicException, a BaseException: refused
+    too, or each would cost a validator process and its restart. Real
+    control-flow exceptions pass through."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a panic of the engine
+        raise InvalidUpdate(f"not a Yjs {what}: {str(exc)[:200]}") from None
 
 
 def check_layout(update: bytes) -> None:

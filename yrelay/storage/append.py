@@ -169,12 +169,11 @@ class Appender:
                 _fail(item, exc)
             return
         if self.announce is not None:
-            self._side_task(self.announce(list(by_doc)))
-        for (doc, items), result in zip(
-            by_doc.items(), results, strict=False
-        ):  # the replies after the scripts' are the batch's own
+            self._side_tasks.spawn(self.announce(list(by_doc)))
+        # the replies after the scripts' are the batch's own
+        for (doc, items), result in zip(by_doc.items(), results, strict=False):
             if result == [b"stale"]:
-                self._side_task(self._catch_up_then_retry(doc, items))
+                self._side_tasks.spawn(self._catch_up_then_retry(doc, items))
             else:
                 self._resolve(doc, items, result, doc not in unconfirmed)
 
@@ -240,15 +239,10 @@ class Appender:
     def _resolve(self, doc: str, items: list[_Item], result: object, replicated: bool = True) -> None:
         if isinstance(result, Exception):
             if is_deleted_error(result):  # the client's news, not ours; the batch's mark_changed listed it again
-                self._side_task(unlist(self.store.redis, doc))
+                self._side_tasks.spawn(unlist(self.store.redis, doc))
             else:  # a node out of reach (failover) is no fault of the document
-                log.log(
-                    logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR,
-                    "append to %s failed: %s",
-                    doc,
-                    result,
-                    extra={"doc": doc},
-                )
+                level = logging.WARNING if isinstance(result, UNREACHABLE) else logging.ERROR
+                log.log(level, "append to %s failed: %s", doc, result, extra={"doc": doc})
             for item in items:
                 _fail(item, result)
             return
@@ -259,12 +253,9 @@ class Appender:
             elif code != 2:
                 _succeed(item, AppendResult(text(entry_id), bool(code), item.dropped))
             elif item.split is not None:
-                self._side_task(self._append_ready_part(item, flat_clocks(refusal[1])))
+                self._side_tasks.spawn(self._append_ready_part(item, flat_clocks(refusal[1])))
             else:
                 _fail(item, NotAdmitted(flat_clocks(refusal[0]), flat_clocks(refusal[1])))
-
-    def _side_task(self, work: Coroutine[Any, Any, None]) -> None:
-        self._side_tasks.spawn(work)
 
     async def _append_ready_part(self, item: _Item, clocks: dict[int, int]) -> None:
         """A refused sync push: submit the part the document can apply (the
