@@ -14,9 +14,9 @@ import time
 
 from redis.asyncio import Redis
 
-from yrelay.redis_server import RedisProcess
 from yrelay.storage.append import Appender, needs_or_nothing
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import RedisProcess
+from yrelay.storage.reads import DocumentStore
 
 UPDATE = bytes(40)  # a small Yjs-update-sized payload (not an update: it needs nothing)
 

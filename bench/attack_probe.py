@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # this checkout's yrelay_tools (and its yrelay, for the clients)
 
-from yrelay.redis_server import RedisProcess  # noqa: E402
+from yrelay.storage.embedded import RedisProcess  # noqa: E402
 from yrelay_tools.testing import attacks  # noqa: E402
 from yrelay_tools.testing.processes import ServerProcess  # noqa: E402
 

@@ -24,14 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from yrelay.admission import Needs
 from yrelay.app.acks import SubscriptionRegistry
 from yrelay.app.fanout import Fanout
-from yrelay.change_feed import announce_buckets as announce
-from yrelay.keys import stream_key
-from yrelay.redis_client import YrelayCluster, xread_one
 from yrelay.storage.append import Appender, append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.change_feed import announce_buckets as announce
+from yrelay.storage.client import YrelayCluster, xread_one
+from yrelay.storage.keys import stream_key
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs.admission import Needs
 from yrelay_tools.testing.redis_cluster import LocalCluster
 
 

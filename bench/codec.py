@@ -20,8 +20,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from yrelay import awareness, crdt, update_format
 from yrelay.reconciliation import messages
+from yrelay.yjs import awareness, crdt, update_format
 
 WORDS = ("the ", "quick ", "brown ", "fox ", "jumps ", "over ", "a ", "lazy ", "dog ")
 

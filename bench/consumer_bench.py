@@ -49,11 +49,11 @@ from redis.asyncio import Redis
 
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.membership import Membership
-from yrelay.keys import group_leader_key, group_leases_key, group_progress_key, stream_key
-from yrelay.redis_server import RedisProcess
-from yrelay.replies import text
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import RedisProcess
+from yrelay.storage.keys import group_leader_key, group_leases_key, group_progress_key, stream_key
+from yrelay.storage.reads import DocumentStore
+from yrelay.storage.replies import text
 
 GO_KEY = "bench:go"
 

@@ -135,7 +135,7 @@ async def hold(url: str, count: int, batch: int = 50, deflate: bool = True) -> l
 
 
 def measure(mode: str, redis_url: str, connections: int, trace: bool, deflate: bool) -> dict[str, float]:
-    from yrelay.redis_server import free_port
+    from yrelay.storage.embedded import free_port
 
     port = free_port()
     child = subprocess.Popen(
@@ -192,7 +192,7 @@ def main() -> None:
         return
     import resource
 
-    from yrelay.redis_server import RedisProcess
+    from yrelay.storage.embedded import RedisProcess
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

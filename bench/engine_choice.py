@@ -225,7 +225,7 @@ def fold_reapply(engine, updates: list[bytes]):
 
 def fold_sorted(engine, updates: list[bytes]):
     """One pass after sorting on the decoded (client, clock) ranges."""
-    from yrelay import update_format
+    from yrelay.yjs import update_format
 
     return fold_one_pass(engine, update_format.causal_order(updates))
 

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from yrelay import crdt
 from yrelay.client import Backoff, YrelayClient
-from yrelay.redis_server import RedisProcess
+from yrelay.storage.embedded import RedisProcess
+from yrelay.yjs import crdt
 from yrelay_tools.testing.processes import ServerProcess
 
 BACKOFF = Backoff(base=0.05, max_delay=1.0, max_attempts=50)

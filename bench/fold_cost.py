@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from yrelay import engine
+from yrelay.yjs import engine
 from yrelay_tools.bench.edits import writer_edits
 
 

@@ -25,14 +25,14 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from yrelay import crdt
 from yrelay.gc import Collector, DueSet, GcPolicy, run_due_pass
-from yrelay.keys import snapshot_key, stream_key, tracker_key
-from yrelay.listing import registry_counts
-from yrelay.offsets import StreamId
-from yrelay.redis_server import RedisProcess
 from yrelay.storage.append import Appender, needs_or_nothing
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import RedisProcess
+from yrelay.storage.keys import snapshot_key, stream_key, tracker_key
+from yrelay.storage.listing import registry_counts
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 
 
 def edits(count: int, client_id: int) -> list[bytes]:

@@ -141,7 +141,7 @@ def main() -> None:
         return
     import resource
 
-    from yrelay.redis_server import RedisProcess, free_port
+    from yrelay.storage.embedded import RedisProcess, free_port
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

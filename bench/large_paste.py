@@ -18,11 +18,11 @@ from pathlib import Path
 
 import uvicorn
 
-from yrelay import crdt
 from yrelay.app import create_app
 from yrelay.client import YrelayClient
 from yrelay.config import Settings
-from yrelay.redis_server import RedisProcess, free_port
+from yrelay.storage.embedded import RedisProcess, free_port
+from yrelay.yjs import crdt
 
 
 async def paste(url: str, mib: float) -> tuple[float, float]:

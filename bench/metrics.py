@@ -14,9 +14,9 @@ from pathlib import Path
 
 from event_log import compare, load_arguments
 
-from yrelay.eventlog import EventLog
-from yrelay.events import Events
-from yrelay.metrics import Metrics
+from yrelay.app.metrics import Metrics
+from yrelay.observability.eventlog import EventLog
+from yrelay.observability.events import Events
 
 CALLS = 200_000
 

@@ -28,7 +28,7 @@ from types import ModuleType
 
 import pycrdt
 
-from yrelay import crdt, update_format
+from yrelay.yjs import crdt, update_format
 
 
 def typical_updates(count: int, seed: int = 1) -> list[bytes]:

@@ -24,14 +24,14 @@ import uvicorn
 import websockets
 from redis.asyncio import Redis
 
-from yrelay import crdt
 from yrelay.app import create_app
 from yrelay.app.quotas import SubjectQuotas
 from yrelay.config import Settings
-from yrelay.keys import subject_bucket_key
-from yrelay.redis_server import RedisProcess, free_port
-from yrelay.scripts import Scripts
+from yrelay.storage.embedded import RedisProcess, free_port
+from yrelay.storage.keys import subject_bucket_key
+from yrelay.storage.scripts import Scripts
 from yrelay.transport.buckets import TokenBucket
+from yrelay.yjs import crdt
 
 
 async def take_costs(url: str, takes: int) -> None:

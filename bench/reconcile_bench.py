@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from yrelay.reconciliation import Digest, DigestSet, MemoryIdSet, Reconciler, RedisIdSet, digest_of, protocol, respond
 from yrelay.reconciliation.storage import IdSet
-from yrelay.redis_server import RedisProcess
+from yrelay.storage.embedded import RedisProcess
 
 DIFFERENCES = (0, 1, 10, 100, 1_000, 10_000)
 #: Differences as a fraction of n, for the threshold: where does the full list win?

@@ -1,7 +1,7 @@
 """Cost of validating one update before it is appended: y-py's decode into a
 scratch document vs yrelay's own layout decoder (update_format), which
 validation now runs too; then the same checks in validator processes
-(yrelay.app.validator), awaited one at a time and from many connections at
+(yrelay.yjs.validator), awaited one at a time and from many connections at
 once (batched per round trip); and (issue 20) the server's path as it is
 now: the write path's layout read given, an update of a known-safe shape
 (decided by that read: Layout.known_safe) passes without a worker. Prints microseconds per update.
@@ -17,8 +17,8 @@ import time
 
 import y_py
 
-from yrelay import crdt, update_format
-from yrelay.app.validator import Validator
+from yrelay.yjs import crdt, update_format
+from yrelay.yjs.validator import Validator
 
 
 def sample_updates(count: int) -> list[bytes]:

@@ -16,8 +16,8 @@ import random
 import time
 from collections.abc import Callable
 
-from yrelay import crdt, validation
-from yrelay.update_format import read_layout
+from yrelay.yjs import crdt, validation
+from yrelay.yjs.update_format import read_layout
 from yrelay_tools.testing.update_fuzz import OK, Engine, real_updates
 
 

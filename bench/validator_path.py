@@ -1,5 +1,5 @@
 """The websocket append path with updates validated in-loop vs in validator
-processes (yrelay.app.validator), alternating, in one run: the load of
+processes (yrelay.yjs.validator), alternating, in one run: the load of
 bench/event_log.py (writers typing small edits as fast as acks allow,
 readers receiving them), the session rate limit raised out of the way.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from event_log import load_arguments, one_round
 
-from yrelay.redis_server import RedisProcess
+from yrelay.storage.embedded import RedisProcess
 from yrelay_tools.testing.processes import ServerProcess
 
 MODES = {"in-loop (0 workers)": "0", "2 validator processes": "2"}

@@ -17,13 +17,20 @@ import httpx
 import pytest
 import redis
 import uvicorn
+from hypothesis import settings
 from redis.asyncio import Redis
 
 from yrelay.app import create_app
 from yrelay.client import Backoff, YrelayClient
 from yrelay.config import Settings
-from yrelay.redis_server import RedisProcess, free_port
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import RedisProcess, free_port
+from yrelay.storage.reads import DocumentStore
+
+# Hypothesis's per-example deadline (200 ms) is a wall-clock bound: a busy
+# machine missed it (test_offsets, 256 ms then 79 ms on the retry: "Unreliable
+# test timings", issue 31) while no property here is about time.
+settings.register_profile("yrelay", deadline=None)
+settings.load_profile("yrelay")
 
 if TYPE_CHECKING:  # imported by the fixture itself: only the cluster tests pay for it
     from yrelay_tools.testing.redis_cluster import LocalCluster
@@ -230,7 +237,7 @@ def _root_logger_kept() -> Iterator[None]:
     """The root logger's handlers and level as they were before each test.
 
     A test that runs a CLI command in process (``CliRunner().invoke(cli,
-    ["serve", ...])``) has ``yrelay.logs.configure`` put a handler on the
+    ["serve", ...])``) has ``yrelay.observability.logs.configure`` put a handler on the
     root logger that writes to the runner's stderr, closed once the command
     returns, and set the root level to INFO: every INFO record of every
     later test, and of the interpreter's shutdown (py4j closing its
@@ -368,7 +375,7 @@ async def edit_then_evict_reader(redis_url: str, make_client, data_dir: Path, do
     Returns the (writer, reader) session ids."""
     import httpx
 
-    from yrelay import crdt
+    from yrelay.yjs import crdt
 
     async with running_server(redis_url, gc_interval=0, data_dir=data_dir, ops_token="t") as url:
         writer, reader = await make_client(url), await make_client(url)

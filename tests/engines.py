@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from yrelay import crdt
+from yrelay.yjs import crdt
 
 needs_ypy = pytest.mark.skipif(
     sys.version_info >= (3, 13) and not crdt.ypy_available(),

@@ -6,12 +6,12 @@ import time
 
 from redis.asyncio import Redis
 
-from yrelay import crdt
-from yrelay.keys import dedup_key, document_keys, meta_key, stream_key, tracker_key
-from yrelay.listing import mark_changed
-from yrelay.offsets import StreamId
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.keys import dedup_key, document_keys, meta_key, stream_key, tracker_key
+from yrelay.storage.listing import mark_changed
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 
 #: Server settings under which GC folds and trims within about a second.
 FAST_GC = {"gc_interval": 0.2, "gc_relative_delta": 1.0, "gc_absolute_delta": 5.0}

@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from conftest import eventually, running_server
-from yrelay import crdt
 from yrelay.config import Settings
-from yrelay.keys import stream_key
-from yrelay.redis_server import RedisProcess
+from yrelay.storage.embedded import RedisProcess
+from yrelay.storage.keys import stream_key
+from yrelay.yjs import crdt
 
 
 def _wait_linked(master: RedisProcess, replica: RedisProcess, timeout: float = 15.0) -> None:

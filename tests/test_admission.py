@@ -16,11 +16,11 @@ import pytest
 
 from conftest import running_server
 from wsraw import RawPeer
-from yrelay import admission, crdt, update_format
-from yrelay.keys import clocks_key, meta_key, stream_key
-from yrelay.lib0 import write_varuint as _write_uint
 from yrelay.storage.append import NotAdmitted, append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.keys import clocks_key, meta_key, stream_key
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import admission, crdt, update_format
+from yrelay.yjs.lib0 import write_varuint as _write_uint
 
 
 def typed(client_id: int, words: list[str]) -> tuple[crdt.Doc, list[bytes]]:

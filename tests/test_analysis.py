@@ -309,7 +309,7 @@ async def test_group_lag_beside_session_lag(spark, redis_url, make_client, tmp_p
     from redis.asyncio import Redis
 
     from yrelay.consumers import ConsumerGroup
-    from yrelay.eventlog import EventLog
+    from yrelay.observability.eventlog import EventLog
 
     writer, _ = await edit_then_evict_reader(redis_url, make_client, tmp_path, "grouped", 6)
     log = EventLog(tmp_path / "events", process="indexer:1").start()

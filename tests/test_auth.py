@@ -19,12 +19,12 @@ from typer.testing import CliRunner
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from conftest import FAST_BACKOFF, eventually, running_server
-from yrelay import crdt
 from yrelay.auth import AuthConfigurationError, AuthError, Principal, authenticator_for, issue_token
 from yrelay.cli import cli
 from yrelay.client import Unauthorized, YrelayClient
 from yrelay.config import Settings
-from yrelay.keys import stream_key
+from yrelay.storage.keys import stream_key
+from yrelay.yjs import crdt
 
 SECRET = "test-secret-0123456789abcdef0123456789"
 AUTH = {
@@ -238,7 +238,7 @@ async def test_a_custom_authenticator_is_the_hook_for_an_apps_own_users(redis_ur
     import uvicorn
 
     from yrelay.app import create_app
-    from yrelay.redis_server import free_port
+    from yrelay.storage.embedded import free_port
 
     port = free_port()
     app = create_app(Settings.from_env(insecure_no_auth=False), redis_url, authenticator=HeaderSessions())

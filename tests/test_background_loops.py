@@ -41,11 +41,11 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
 from conftest import eventually, running_server
-from yrelay import crdt, yprotocol
 from yrelay.auth import issue_token
-from yrelay.awareness import AwarenessEntry, decode_update, encode_update
 from yrelay.consumers import ConsumerGroup
-from yrelay.keys import revoked_tokens_key, subject_id, subject_subscriptions_key
+from yrelay.storage.keys import revoked_tokens_key, subject_id, subject_subscriptions_key
+from yrelay.yjs import crdt, yprotocol
+from yrelay.yjs.awareness import AwarenessEntry, decode_update, encode_update
 from ywspeer import YwsPeer
 
 SECRET = "test-secret-0123456789abcdef0123456789"

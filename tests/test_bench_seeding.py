@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from yrelay.keys import stream_key
-from yrelay.offsets import ZERO
-from yrelay.store import DocumentStore
+from yrelay.storage.keys import stream_key
+from yrelay.storage.offsets import ZERO
+from yrelay.storage.reads import DocumentStore
 from yrelay_tools.bench.edits import writer_edits
 from yrelay_tools.bench.scenarios import _append_all
 

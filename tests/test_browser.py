@@ -16,10 +16,10 @@ from playwright.async_api import Browser, Page, async_playwright
 from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, require_web_build
 from conftest import FAST_BACKOFF, running_server
 from gcutil import FAST_GC
-from yrelay import crdt
 from yrelay.client import YrelayClient
-from yrelay.redis_server import free_port
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import free_port
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 from yrelay_tools.testing.processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(180)

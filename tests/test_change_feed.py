@@ -13,14 +13,14 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from conftest import eventually, running_server
-from yrelay import crdt
-from yrelay.change_feed import announce
 from yrelay.consumers import ConsumerGroup
-from yrelay.keys import changes_key, stream_key
 from yrelay.storage import reader as storage_reader
 from yrelay.storage.append import append_args, append_keys, append_one, needs_or_nothing
+from yrelay.storage.change_feed import announce
+from yrelay.storage.keys import changes_key, stream_key
 from yrelay.storage.reader import DocumentReader
-from yrelay.store import DocumentStore
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 
 #: A sweep so rare that a test waiting for a delivery never sees one.
 NO_SWEEP_MS = 120_000

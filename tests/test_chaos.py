@@ -16,10 +16,10 @@ import asyncio
 import pytest
 
 from gcutil import append_all
-from yrelay import crdt, update_format
 from yrelay.gc import Collector, GcPolicy
-from yrelay.redis_server import free_port
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import free_port
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt, update_format
 from yrelay_tools.chaos.checker import (
     DeliveryFigures,
     check_run,

@@ -16,8 +16,8 @@ import pytest
 from redis.asyncio import Connection, Redis
 
 from yrelay.app.quotas import SharedBucket
-from yrelay.change_feed import announce_buckets as announce
-from yrelay.redis_server import free_port
+from yrelay.storage.change_feed import announce_buckets as announce
+from yrelay.storage.embedded import free_port
 from yrelay_tools.chaos.nemesis import SHARD_FAULTS, Fault, all_faults, parse_faults, schedule
 from yrelay_tools.chaos.report import RunReport
 from yrelay_tools.chaos.run import ChaosConfig, run_chaos

@@ -7,10 +7,11 @@ import redis.exceptions
 from conftest import eventually, running_server
 from gcutil import append_all
 from wsraw import RawPeer
-from yrelay import crdt, protocol
-from yrelay.offsets import StreamId
+from yrelay import protocol
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 
 
 async def test_a_sync_that_meets_a_redis_error_is_answered_when_redis_is_back(redis_url, make_client, monkeypatch):

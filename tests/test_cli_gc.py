@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from gcutil import append_all, dump_document, text_updates, track
-from yrelay.store import DocumentStore
+from yrelay.storage.reads import DocumentStore
 
 
 def run_gc(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,9 +8,9 @@ import asyncio
 from typing import Any
 
 from conftest import eventually
-from yrelay import crdt
 from yrelay.client import client as client_module
-from yrelay.offsets import StreamId
+from yrelay.storage.offsets import StreamId
+from yrelay.yjs import crdt
 
 
 async def test_deliveries_in_one_interval_share_one_ack_with_the_newest_offset(server_url, make_client, redis_client):

@@ -15,9 +15,9 @@ import pytest
 
 from conftest import eventually
 from engines import needs_ypy
-from yrelay import crdt, update_format
 from yrelay.client import YrelayClient
 from yrelay.client.persistence import ClientStateFile
+from yrelay.yjs import crdt, update_format
 
 ENGINES = [crdt.PYCRDT, pytest.param(crdt.YPY, marks=needs_ypy)]
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ def test_an_unknown_engine_is_refused():
 
 def test_without_y_py_the_y_py_engine_names_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "y_py", None)  # import y_py raises ImportError
-    monkeypatch.delitem(sys.modules, "yrelay.crdt.ypy_doc", raising=False)
+    monkeypatch.delitem(sys.modules, "yrelay.yjs.crdt.ypy_doc", raising=False)
     monkeypatch.delattr(crdt, "ypy_doc", raising=False)  # a test before this one imported it: the package holds it
     with pytest.raises(crdt.EngineMissing, match=r"pip install 'yrelay\[ypy\]'"):
         YrelayClient("ws://127.0.0.1:1/ws", engine="y-py")

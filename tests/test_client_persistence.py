@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from conftest import FAST_BACKOFF, eventually, running_server
-from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.client.persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
+from yrelay.yjs import crdt
 
 NOWHERE = f"ws://127.0.0.1:{free_port()}/ws"
 

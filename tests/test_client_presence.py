@@ -12,10 +12,10 @@ from typing import Any
 
 from conftest import eventually
 from wsraw import RawPeer
-from yrelay import crdt
-from yrelay.awareness import AwarenessEntry, encode_update
 from yrelay.client import client as client_module
 from yrelay.client.presence import OUTDATED_AFTER, RemotePresence
+from yrelay.yjs import crdt
+from yrelay.yjs.awareness import AwarenessEntry, encode_update
 
 DOC = "pad"
 

@@ -20,7 +20,6 @@ import websockets
 from conftest import FAST_BACKOFF, eventually, running_server
 from engines import needs_ypy
 from test_auth import AUTH, SECRET, token
-from yrelay import crdt
 from yrelay.auth import issue_token
 from yrelay.client import (
     ClientError,
@@ -31,8 +30,9 @@ from yrelay.client import (
     UpdatesRefused,
     YrelayClient,
 )
-from yrelay.keys import InvalidDocumentId, stream_key
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
+from yrelay.storage.keys import InvalidDocumentId, stream_key
+from yrelay.yjs import crdt
 
 #: Long enough that reaching it would fail the test by its exception type.
 LONG = 60.0

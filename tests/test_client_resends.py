@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import running_server
-from yrelay import crdt
 from yrelay.client import Backoff
 from yrelay.client.sendbuffer import PendingUpdate, SendBuffer
+from yrelay.yjs import crdt
 
 EDITS = 300
 

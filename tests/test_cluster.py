@@ -16,13 +16,13 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from conftest import eventually, running_server
-from yrelay import crdt
-from yrelay.keys import snapshot_key, stream_key
-from yrelay.listing import all_documents
-from yrelay.redis_client import YrelayCluster
-from yrelay.redis_server import free_port
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.client import YrelayCluster
+from yrelay.storage.embedded import free_port
+from yrelay.storage.keys import snapshot_key, stream_key
+from yrelay.storage.listing import all_documents
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 from yrelay_tools.testing.checker import check_delivery
 
 TOKEN = "ops-token-for-cluster-tests"
@@ -337,7 +337,7 @@ async def test_a_slot_migrated_during_edits_reaches_no_client(redis_cluster, clu
 async def test_presence_reaches_a_client_of_another_server(cluster_url, make_client):
     """Classic pub/sub on a cluster: published on one node, heard on the seed."""
     from test_client_presence import announce, raw_peer, state
-    from yrelay.awareness import AwarenessEntry
+    from yrelay.yjs.awareness import AwarenessEntry
 
     async with cluster_server(cluster_url) as first, cluster_server(cluster_url) as second:
         client = await make_client(first)

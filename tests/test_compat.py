@@ -7,7 +7,7 @@ import asyncio
 
 from compat.client_v1 import YrelayClient as ClientV1
 from conftest import FAST_BACKOFF, eventually, running_server
-from yrelay import crdt
+from yrelay.yjs import crdt
 
 
 async def test_the_previous_python_client_converges_with_a_new_one(redis_url, make_client):

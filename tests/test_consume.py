@@ -18,8 +18,8 @@ from conftest import eventually
 from test_consumers import write
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.pipe import Pipe
-from yrelay.keys import group_members_key
-from yrelay.offsets import StreamId
+from yrelay.storage.keys import group_members_key
+from yrelay.storage.offsets import StreamId
 
 SCRIPT = str(Path(__file__).resolve().parent / "consume_script.py")
 

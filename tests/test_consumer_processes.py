@@ -14,10 +14,10 @@ from collections import Counter
 from pathlib import Path
 
 from conftest import eventually
-from yrelay.keys import group_leader_key, group_leases_key, group_meta_key, group_progress_key
-from yrelay.offsets import StreamId
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.keys import group_leader_key, group_leases_key, group_meta_key, group_progress_key
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore
 
 LEASE = 1.5
 #: Each member sleeps this long between processing a batch and acking it, so

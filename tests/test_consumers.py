@@ -19,10 +19,10 @@ from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.assignment import assign, changes
 from yrelay.consumers.batch import Batch
 from yrelay.consumers.handover import assignment_and_handovers, release
-from yrelay.keys import group_assignment_key, group_handover_key
-from yrelay.scripts import Scripts
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.keys import group_assignment_key, group_handover_key
+from yrelay.storage.reads import DocumentStore
+from yrelay.storage.scripts import Scripts
 
 #: A dead member's documents move within its lease, plus one beat of the
 #: leader to notice and one of the others to read the new assignment (and

@@ -23,13 +23,13 @@ from gcutil import append_all, text_updates
 from test_consumers import TAKEOVER_BOUND, every, three_members_process_each_entry_once, write
 from test_consumers_gc import POLICY, group_at, history, stream_ids
 from test_webhooks import Receiver, run_webhook_cli
-from yrelay import crdt
 from yrelay.consumers import ConsumerGroup
 from yrelay.gc import Collector
-from yrelay.keys import group_members_key, group_progress_key, stream_key
-from yrelay.redis_client import YrelayCluster
-from yrelay.replies import text
-from yrelay.store import DocumentStore
+from yrelay.storage.client import YrelayCluster
+from yrelay.storage.keys import group_members_key, group_progress_key, stream_key
+from yrelay.storage.reads import DocumentStore
+from yrelay.storage.replies import text
+from yrelay.yjs import crdt
 
 DOCS = [f"team/doc-{i:02d}" for i in range(12)]
 

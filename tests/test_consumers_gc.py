@@ -15,9 +15,9 @@ from gcutil import append_all, append_at, text_updates
 from yrelay.consumers import AckResult, ConsumerGroup, DocumentStates
 from yrelay.consumers.progress import Progress
 from yrelay.gc import Collector, GcPolicy
-from yrelay.keys import group_progress_key, stream_key
-from yrelay.offsets import StreamId
-from yrelay.store import DocumentStore
+from yrelay.storage.keys import group_progress_key, stream_key
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore
 
 POLICY = GcPolicy(relative_ms=10_000, absolute_ms=50_500, group_abandoned_ms=10_000, group_absolute_ms=50_500)
 

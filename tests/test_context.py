@@ -8,8 +8,8 @@ import pytest
 from redis.asyncio import Redis
 
 from yrelay.app.context import ServerContext
-from yrelay.app.validator import Validator
 from yrelay.config import Settings
+from yrelay.yjs.validator import Validator
 
 
 def yrelay_tasks() -> list[str]:

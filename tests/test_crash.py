@@ -4,10 +4,10 @@ import asyncio
 import random
 
 from conftest import FAST_BACKOFF, eventually, running_server
-from yrelay import crdt
 from yrelay.client import YrelayClient
-from yrelay.redis_server import RedisProcess
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import RedisProcess
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 from yrelay_tools.testing.checker import check_delivery
 from yrelay_tools.testing.processes import ServerProcess
 

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from yrelay import crdt
+from yrelay.yjs import crdt
 
 
 def chain(n: int = 5) -> tuple[crdt.Doc, list[bytes]]:

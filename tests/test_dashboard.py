@@ -156,11 +156,11 @@ async def test_a_real_servers_stuck_client_heads_the_dashboard(spark, redis_url,
 
     from conftest import eventually, running_server
     from wsraw import RawPeer
-    from yrelay import crdt
     from yrelay.auth import issue_token
-    from yrelay.eventlog import EventLog, subject_for_log
     from yrelay.gc import Collector, GcPolicy
-    from yrelay.keys import tracker_key
+    from yrelay.observability.eventlog import EventLog, subject_for_log
+    from yrelay.storage.keys import tracker_key
+    from yrelay.yjs import crdt
 
     def token(subject: str) -> str:
         return issue_token(SECRET, subject, ["board"])

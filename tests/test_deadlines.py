@@ -23,9 +23,9 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from conftest import FAST_BACKOFF, running_server
-from yrelay import crdt
 from yrelay.client import YrelayClient
 from yrelay.transport.http_guard import EVICT_AFTER
+from yrelay.yjs import crdt
 from yrelay_tools.testing.processes import ServerProcess
 
 

@@ -19,13 +19,13 @@ from starlette.routing import Route
 
 from conftest import eventually, running_server, serving
 from consumerutil import LEASE
-from yrelay import crdt
 from yrelay.consumers import AckResult, Batch, ConsumerGroup
 from yrelay.consumers.webhook import Webhook
-from yrelay.keys import bucket_documents_key, bucket_gc_due_key, document_bucket, stream_key
-from yrelay.redis_server import free_port
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import free_port
+from yrelay.storage.keys import bucket_documents_key, bucket_gc_due_key, document_bucket, stream_key
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 
 
 async def listed(redis_client, doc: str) -> float | None:
@@ -142,9 +142,9 @@ async def test_writes_racing_the_delete_leave_nothing_but_the_tombstone(redis_cl
     """Appends run while the document is deleted: each lands before the
     marker (and is deleted with the rest) or is refused; none comes after it,
     and no clock, dedup field or snapshot of the old document survives."""
-    from yrelay.deletion import delete_document
-    from yrelay.keys import clocks_key, dedup_key, meta_key, snapshot_key
-    from yrelay.offsets import StreamId
+    from yrelay.gc.deletion import delete_document
+    from yrelay.storage.keys import clocks_key, dedup_key, meta_key, snapshot_key
+    from yrelay.storage.offsets import StreamId
 
     store = DocumentStore(redis_client)
     doc = "race/doc"
@@ -178,7 +178,7 @@ async def test_writes_racing_the_delete_leave_nothing_but_the_tombstone(redis_cl
 
 
 async def test_a_yws_connection_is_closed_with_4404_and_its_writes_refused(redis_url, redis_client):
-    from yrelay.deletion import delete_document
+    from yrelay.gc.deletion import delete_document
     from ywspeer import YwsPeer
 
     async with running_server(redis_url) as url:

@@ -12,18 +12,18 @@ from redis.asyncio import Redis
 
 from conftest import eventually, running_server
 from gcutil import append_all, dump_document, text_updates
-from yrelay import crdt
 from yrelay.gc import Collector, GcPolicy
-from yrelay.keys import meta_key, stream_key
-from yrelay.offsets import ZERO, StreamId
 from yrelay.reconciliation.digest import Digest, digest_of
 from yrelay.reconciliation.held_entries import HeldEntries
 from yrelay.reconciliation.stream_digest import StreamDigests
-from yrelay.redis_server import RedisProcess, free_port
-from yrelay.replies import text
+from yrelay.storage.embedded import RedisProcess, free_port
+from yrelay.storage.keys import meta_key, stream_key
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.reads import DocumentStore
+from yrelay.storage.replies import text
 from yrelay.storage.rewind import find_rewound
-from yrelay.store import DocumentStore
 from yrelay.tracker.tracker import session_documents
+from yrelay.yjs import crdt
 
 NO_GC = {"gc_interval": 0}
 #: A URL nothing listens on: parks a client until a test points it back.

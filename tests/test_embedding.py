@@ -23,11 +23,12 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from conftest import FAST_BACKOFF, eventually
 from conftest import serving as serving_app
-from yrelay import Relay, crdt
+from yrelay import Relay
 from yrelay.auth import AuthError, HostAuthenticator, Principal
 from yrelay.client import YrelayClient
 from yrelay.config import Settings
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
+from yrelay.yjs import crdt
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "embed_fastapi.py"
 OPS = {"Authorization": "Bearer ops-secret"}

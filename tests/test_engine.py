@@ -24,10 +24,10 @@ from engines import needs_ypy
 from gcutil import append_at
 from test_reconciliation import varint
 from wsraw import RawPeer
-from yrelay import crdt, engine, update_format
-from yrelay.app.engine_pool import EngineFailed, EnginePool
 from yrelay.auth import issue_token
-from yrelay.store import DocumentStore
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt, engine, update_format
+from yrelay.yjs.engine_pool import EngineFailed, EnginePool
 from yrelay_tools.testing.processes import ServerProcess
 
 #: y-py 0.6.2 sizes an allocation by this vector's count (~146 GB) and aborts.
@@ -450,7 +450,7 @@ async def test_a_fold_that_y_py_refuses_in_a_thread_frees_its_document_there(mon
     """Tools fold in a worker thread (gc.collector.fold_in_thread). A y-py
     document dropped on another thread is leaked with an "unsendable" error
     (seen once in CI): the refusal must not carry it out of its thread."""
-    from yrelay import crdt, engine
+    from yrelay.yjs import crdt, engine
 
     unraisable: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda info: unraisable.append(info.exc_value))

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from conftest import edit_then_evict_reader, running_server
-from yrelay import crdt
 from yrelay.config import Settings
-from yrelay.eventlog import SUBJECT_MODES, EventLog, subject_for_log
 from yrelay.gc import Collector, GcPolicy
-from yrelay.store import DocumentStore
+from yrelay.observability.eventlog import SUBJECT_MODES, EventLog, subject_for_log
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 
 COMMON = {"v", "ts", "type", "process", "doc", "session"}
 

@@ -31,9 +31,9 @@ import websockets
 
 from test_deadlines import SilentSocket
 from wsraw import RawPeer
-from yrelay import crdt, yprotocol
-from yrelay.awareness import AwarenessEntry, encode_update
 from yrelay.client import YrelayClient
+from yrelay.yjs import crdt, yprotocol
+from yrelay.yjs.awareness import AwarenessEntry, encode_update
 from yrelay_tools.testing.processes import ServerProcess
 
 #: Lowered limits: each bound is reached within seconds.

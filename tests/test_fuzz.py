@@ -32,11 +32,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from test_reconciliation import varint
-from yrelay import crdt, yprotocol
-from yrelay.awareness import AwarenessEntry, encode_update
 from yrelay.client import YrelayClient
 from yrelay.config import Settings
 from yrelay.protocol import MAX_JSON_DEPTH
+from yrelay.yjs import crdt, yprotocol
+from yrelay.yjs.awareness import AwarenessEntry, encode_update
 from yrelay_tools.testing.processes import ServerProcess
 
 FRAMES = int(os.environ.get("YRELAY_FUZZ_FRAMES", "10000"))
@@ -543,7 +543,7 @@ def test_awareness_floods_against_a_live_server(fuzz_server: ServerProcess, redi
 
 def _greeting_of_a_newcomer(url: str, doc: str) -> list[AwarenessEntry]:
     """The awareness entries a fresh connection is greeted with on ``doc``."""
-    from yrelay.awareness import decode_update
+    from yrelay.yjs.awareness import decode_update
 
     with connect(url, max_size=None) as ws:
         ws.send(json.dumps({"op": "hello"}))

@@ -11,13 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gcutil import append_all, append_at, dump_document, server_text, text_updates, track, tracked
-from yrelay import crdt
 from yrelay.gc import Collector, GcPolicy, Step
-from yrelay.keys import dedup_key, meta_key, stream_key
-from yrelay.offsets import ZERO, StreamId
 from yrelay.storage.append import append_one
-from yrelay.store import HistoryTrimmed
+from yrelay.storage.keys import dedup_key, meta_key, stream_key
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.reads import HistoryTrimmed
 from yrelay.tracker.lag import document_status
+from yrelay.yjs import crdt
 
 POLICY = GcPolicy(relative_ms=10_000, absolute_ms=50_500)
 

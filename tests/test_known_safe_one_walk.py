@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import pycrdt
 
-from yrelay import crdt, lib0
-from yrelay.admission import read_for_storing
-from yrelay.update_format import Layout, MalformedUpdate, read_layout
+from yrelay.yjs import crdt, lib0
+from yrelay.yjs.admission import read_for_storing
+from yrelay.yjs.update_format import Layout, MalformedUpdate, read_layout
 from yrelay_tools.testing import update_fuzz
 
 # ---------------------------------------------------------------- the oracle

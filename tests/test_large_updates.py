@@ -9,8 +9,8 @@ import asyncio
 import time
 
 from conftest import eventually, running_server
-from yrelay import crdt
-from yrelay.keys import stream_key
+from yrelay.storage.keys import stream_key
+from yrelay.yjs import crdt
 
 MB = 1024 * 1024
 

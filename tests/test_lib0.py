@@ -1,4 +1,4 @@
-"""yrelay.lib0 against lib0 itself: known vectors, round trips, a cross-check
+"""yrelay.yjs.lib0 against lib0 itself: known vectors, round trips, a cross-check
 with the lib0 the browser bundle is built from (node, web/node_modules), and
 hostile input reaching every caller as that caller's own error."""
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from browser import WEB_DIR
-from yrelay import awareness, lib0, update_format
 from yrelay.reconciliation import messages
+from yrelay.yjs import awareness, lib0, update_format
 
 #: Written by lib0 0.2.120 (web/node_modules/lib0): encoding.writeVarUint /
 #: writeVarInt / writeVarString / writeVarUint8Array into a fresh encoder,
@@ -197,7 +197,7 @@ def test_reader_raises_the_error_it_is_given():
 
 
 def good_inputs() -> list[tuple[bytes, object, type[Exception]]]:
-    from yrelay import crdt
+    from yrelay.yjs import crdt
 
     doc = crdt.new_doc(7)
     updates: list[bytes] = []

@@ -13,10 +13,10 @@ import websockets
 from conftest import FAST_BACKOFF, eventually, running_server
 from test_validation import good_update
 from wsraw import RawPeer
-from yrelay import crdt
 from yrelay.app.limits import AddressCounts, Admission, DeliveryBudget, SessionRates
 from yrelay.client import YrelayClient
 from yrelay.transport.buckets import TokenBucket
+from yrelay.yjs import crdt
 
 
 def b64(data: bytes) -> str:
@@ -448,8 +448,8 @@ async def test_a_subject_bucket_is_taken_from_redis_in_chunks(redis_url):
 
     from yrelay.app.quotas import SubjectQuotas
     from yrelay.config import Settings
-    from yrelay.keys import subject_bucket_key
-    from yrelay.scripts import Scripts
+    from yrelay.storage.keys import subject_bucket_key
+    from yrelay.storage.scripts import Scripts
 
     redis = Redis.from_url(redis_url)
     settings = Settings(subject_updates_per_second=1000, subject_update_burst=1000)

@@ -1,4 +1,4 @@
-"""The document registry and GC due set split into buckets (yrelay/listing.py):
+"""The document registry and GC due set split into buckets (yrelay/storage/listing.py):
 no shared key per append, pages merged in id order, the unsplit keys of an
 older release folded in once."""
 
@@ -9,7 +9,8 @@ import asyncio
 from yrelay.app.context import ServerContext
 from yrelay.config import Settings
 from yrelay.gc import DueSet
-from yrelay.keys import (
+from yrelay.storage.append import append_one
+from yrelay.storage.keys import (
     DOCUMENT_BUCKETS,
     bucket_documents_key,
     bucket_gc_due_key,
@@ -17,9 +18,8 @@ from yrelay.keys import (
     documents_key,
     gc_due_key,
 )
-from yrelay.listing import all_documents, documents_page, fold_unbucketed, mark_changed, registry_counts
-from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.listing import all_documents, documents_page, fold_unbucketed, mark_changed, registry_counts
+from yrelay.storage.reads import DocumentStore
 
 DOCS = sorted(f"team-{i % 7}/doc-{i:03d}" for i in range(150))
 

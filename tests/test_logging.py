@@ -20,9 +20,9 @@ import websockets
 
 from conftest import running_server
 from wsraw import RawPeer
-from yrelay import logs
 from yrelay.auth import issue_token
-from yrelay.redis_server import RedisProcess, free_port
+from yrelay.observability import logs
+from yrelay.storage.embedded import RedisProcess, free_port
 from yrelay_tools.testing.processes import wait_ready
 
 OPS_TOKEN = "ops-token-never-logged-41"
@@ -185,7 +185,7 @@ def test_the_auth_packages_own_logger_names_are_not_taken_for_a_token():
     """The subprotocol rule (``yrelay.auth.<token>``) once redacted the
     revocation loop's own logger name: ``yrelay.auth.[redacted]: could not
     refresh revoked tokens`` (seen in a chaos run's logs)."""
-    from yrelay.logs import redact
+    from yrelay.observability.logs import redact
 
     assert (
         redact("WARNING yrelay.auth.revocation: could not refresh")

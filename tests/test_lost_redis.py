@@ -15,7 +15,7 @@ import redis.exceptions
 from redis.asyncio import Connection, Redis
 
 from yrelay.auth.revocation import Revocations
-from yrelay.redis_client import lost_redis
+from yrelay.tasks import lost_redis
 
 
 async def redis_py_race() -> None:

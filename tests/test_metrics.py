@@ -19,11 +19,11 @@ from conftest import running_server
 from gcutil import FAST_GC, append_at, text_updates, track
 from wsraw import RawPeer
 from yrelay.app import create_app
-from yrelay.awareness import AwarenessEntry, decode_update, encode_update
 from yrelay.config import Settings
-from yrelay.offsets import StreamId
-from yrelay.redis_server import RedisProcess
-from yrelay.scripts import NAMES, source
+from yrelay.storage.embedded import RedisProcess
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.scripts import NAMES, source
+from yrelay.yjs.awareness import AwarenessEntry, decode_update, encode_update
 
 TOKEN = "ops-token-for-metrics"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -318,11 +318,11 @@ async def test_metrics_switched_off_answer_404_and_delivery_is_unchanged(redis_u
 
 
 def test_loop_metrics_expose_what_prometheus_clients_own_would() -> None:
-    """The lock-free per-delivery metrics (yrelay/loop_metrics.py) read the
+    """The lock-free per-delivery metrics (yrelay/observability/loop_metrics.py) read the
     same at a scrape as prometheus_client's (but for its _created samples)."""
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-    from yrelay.loop_metrics import LoopMetrics
+    from yrelay.observability.loop_metrics import LoopMetrics
 
     theirs, ours = CollectorRegistry(), CollectorRegistry()
     their_histogram = Histogram("x_seconds", "d", buckets=(0.001, 0.01, 1.0), registry=theirs)

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from yrelay.admission import Needs
-from yrelay.offsets import MAX_EXACT_SCORE, MAX_SEQ, InvalidOffset, StreamId, next_stream_id
 from yrelay.storage.append import append_args, append_keys
-from yrelay.store import DocumentStore
+from yrelay.storage.offsets import MAX_EXACT_SCORE, MAX_SEQ, InvalidOffset, StreamId, next_stream_id
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs.admission import Needs
 
 NOW = st.integers(min_value=0, max_value=2**41)  # ms timestamps until year ~2039 and beyond
 

@@ -8,8 +8,8 @@ import httpx
 from conftest import OPS_AUTH as AUTH
 from conftest import running_server
 from gcutil import append_at, dump_document, text_updates, track, tracked
-from yrelay import crdt
-from yrelay.offsets import StreamId
+from yrelay.storage.offsets import StreamId
+from yrelay.yjs import crdt
 
 
 async def _known_scenario(redis_client) -> list[StreamId]:

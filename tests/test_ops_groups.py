@@ -10,7 +10,7 @@ from conftest import OPS_AUTH as AUTH
 from conftest import eventually
 from consumerutil import Worker
 from test_consumers import write
-from yrelay.keys import group_leases_key, group_meta_key, group_progress_key, groups_key
+from yrelay.storage.keys import group_leases_key, group_meta_key, group_progress_key, groups_key
 
 
 async def test_groups_are_listed_described_and_deleted(ops, redis_client, store):

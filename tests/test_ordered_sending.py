@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 
 from conftest import eventually, running_server
-from yrelay import crdt
 from yrelay.client import Backoff, YrelayClient
-from yrelay.keys import document_keys, stream_key
+from yrelay.storage.keys import document_keys, stream_key
+from yrelay.yjs import crdt
 
 #: A slow first resend: what happens before it is what these tests look at.
 SLOW_RESEND = Backoff(base=1.0, max_delay=2.0, jitter=0.0, max_attempts=30)

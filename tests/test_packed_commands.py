@@ -1,4 +1,4 @@
-"""The hot path's Redis batches packed by hand (yrelay/redis_packed.py):
+"""The hot path's Redis batches packed by hand (yrelay/storage/packed.py):
 the appender's appends, GC bookkeeping and WAIT, and the ack writer's
 ZADDs, against a real redis-server."""
 
@@ -8,14 +8,14 @@ import asyncio
 
 from redis.exceptions import ResponseError
 
-from yrelay import redis_packed
-from yrelay.admission import Needs
-from yrelay.keys import bucket_gc_due_key, document_bucket, tracker_key
-from yrelay.listing import all_documents
-from yrelay.offsets import StreamId
+from yrelay.storage import packed as redis_packed
 from yrelay.storage.append import Appender
-from yrelay.store import DocumentStore
+from yrelay.storage.keys import bucket_gc_due_key, document_bucket, tracker_key
+from yrelay.storage.listing import all_documents
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore
 from yrelay.tracker import AckWriter
+from yrelay.yjs.admission import Needs
 
 EMPTY = b"\x00\x00"
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from conftest import running_server
 from wsraw import RawPeer
-from yrelay.awareness import MAX_UINT, AwarenessEntry, AwarenessError, decode_update, encode_update
-from yrelay.redis_server import RedisProcess
+from yrelay.storage.embedded import RedisProcess
+from yrelay.yjs.awareness import MAX_UINT, AwarenessEntry, AwarenessError, decode_update, encode_update
 
 # ------------------------------------------------------------------ codec
 
@@ -390,7 +390,7 @@ async def test_presence_never_touches_the_document(server_url, redis_client):
 
 
 def _text_update(text: str) -> bytes:
-    from yrelay import crdt
+    from yrelay.yjs import crdt
 
     doc = crdt.new_doc(1)
     crdt.insert_text(doc, 0, text)

@@ -1,5 +1,5 @@
 """The relay sets the process's young-generation GC threshold when it
-starts (yrelay/pygc.py; 50,000 by default), and leaves it alone with
+starts (yrelay/observability/pygc.py; 50,000 by default), and leaves it alone with
 ``gc_young_threshold=0``; tuned, a quarter of the connections closing
 starts a full collection."""
 
@@ -14,7 +14,7 @@ from conftest import running_server
 
 @pytest.fixture
 def python_gc():
-    from yrelay import pygc
+    from yrelay.observability import pygc
 
     saved, enabled = gc.get_threshold(), pygc.CHURN.enabled
     gc.set_threshold(700, saved[1], saved[2])
@@ -36,7 +36,7 @@ async def test_zero_leaves_the_process_settings_alone(redis_url, python_gc):
 
 
 def test_a_quarter_of_the_connections_closing_starts_a_full_collection(monkeypatch):
-    from yrelay import pygc
+    from yrelay.observability import pygc
 
     collections: list[int] = []
     monkeypatch.setattr(gc, "collect", lambda *args: collections.append(1))

@@ -1,5 +1,5 @@
 """The parts of redis-py's internals yrelay's cluster path reaches into
-(yrelay/redis_client.py), checked against the installed release.
+(yrelay/storage/client.py), checked against the installed release.
 
 ``ClusterPipeline`` queues Lua scripts on redis-py's cluster pipeline and, on
 ``NOSCRIPT``, sends the refused commands again: it reads the queued commands
@@ -27,11 +27,11 @@ import redis.asyncio.cluster as redis_cluster_module
 from packaging.requirements import Requirement
 from redis.commands.core import AsyncScript
 
-from yrelay.redis_client import ClusterPipeline, YrelayCluster, queued_commands
+from yrelay.storage.client import ClusterPipeline, YrelayCluster, queued_commands
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 UPGRADE = (
-    "yrelay/redis_client.py reaches into redis-py's cluster pipeline (see its ClusterPipeline); "
+    "yrelay/storage/client.py reaches into redis-py's cluster pipeline (see its ClusterPipeline); "
     "check it against this release's redis/asyncio/cluster.py, then move the bound in pyproject.toml"
 )
 

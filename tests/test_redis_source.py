@@ -11,18 +11,18 @@ from pyspark.errors import AnalysisException
 from redis.asyncio import Redis
 
 from conftest import eventually, running_server
-from yrelay import crdt
-from yrelay.keys import stream_key, tracker_key
-from yrelay.offsets import StreamId
-from yrelay.redis_server import free_port
 from yrelay.spark_analytics.redis_connection import RedisUnreachable
 from yrelay.spark_analytics.redis_options import SourceOptionError
 from yrelay.spark_analytics.redis_pages import registered_documents, stream_pages, tracker_pages
 from yrelay.spark_analytics.redis_rows import TRACKER_SCHEMA, arrow_batches, tracker_rows
 from yrelay.spark_analytics.redis_source import redis_tables, register
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.embedded import free_port
+from yrelay.storage.keys import stream_key, tracker_key
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore
 from yrelay.tracker.lag import document_status
+from yrelay.yjs import crdt
 
 ENTRIES_DDL = "struct<doc:string,id:string,ms:bigint,seq:int,score:bigint,session:string,clock:bigint,bytes:int>"
 TRACKER_DDL = "struct<doc:string,session:string,offset:string,score:bigint,ms:bigint,lag_entries:bigint,lag_ms:bigint>"

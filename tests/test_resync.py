@@ -2,8 +2,9 @@
 
 from conftest import eventually
 from wsraw import RawPeer
-from yrelay import crdt, protocol
-from yrelay.offsets import StreamId
+from yrelay import protocol
+from yrelay.storage.offsets import StreamId
+from yrelay.yjs import crdt
 
 
 async def test_offset_ahead_of_the_stream_triggers_resync_both_ways(server_url, make_client, redis_client):

@@ -16,17 +16,17 @@ import pytest
 from conftest import eventually
 from gcutil import dump_document
 from test_drift import restore_document
-from yrelay import yprotocol
 from yrelay.app.acks import SubscriptionRegistry
 from yrelay.app.context import ServerContext
 from yrelay.app.fanout import Fanout
 from yrelay.app.yws_feed import CLOSE_REWOUND, YwsFeed
 from yrelay.config import Settings
-from yrelay.deletion import delete_document
-from yrelay.keys import meta_key, stream_key
-from yrelay.offsets import StreamId
+from yrelay.gc.deletion import delete_document
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore, StreamRewound
+from yrelay.storage.keys import meta_key, stream_key
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore, StreamRewound
+from yrelay.yjs import yprotocol
 from ywspeer import recorded_feed_io
 
 

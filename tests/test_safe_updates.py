@@ -11,9 +11,9 @@ import pytest
 
 from engines import needs_ypy
 from test_validation import good_update
-from yrelay import crdt, validation
-from yrelay.app.validator import Validator
-from yrelay.update_format import read_layout
+from yrelay.yjs import crdt, validation
+from yrelay.yjs.update_format import read_layout
+from yrelay.yjs.validator import Validator
 from yrelay_tools.testing import update_fuzz
 
 #: Each passes yrelay's layout read and at least one engine does not read it:

@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from yrelay.redis_server import durability_warnings, free_port
+from yrelay.storage.embedded import durability_warnings, free_port
 from yrelay_tools.testing.processes import wait_ready
 
 

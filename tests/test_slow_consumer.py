@@ -18,7 +18,7 @@ import redis
 import websockets
 
 from wsraw import RawPeer
-from yrelay import crdt
+from yrelay.yjs import crdt
 from yrelay_tools.testing.processes import ServerProcess
 
 DOC = "slow"

@@ -42,9 +42,9 @@ from playwright.async_api import Browser, Page, async_playwright
 
 from browser import CHROMIUM, CHROMIUM_ARGS, WEB_DIR, require_web_build
 from snippets import REPO, Block, all_blocks, counts
-from yrelay import crdt
 from yrelay.client import YrelayClient
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
+from yrelay.yjs import crdt
 from yrelay_tools.testing.processes import ServerProcess
 
 BLOCKS = all_blocks()

@@ -21,11 +21,11 @@ import pandas as pd
 import pyspark
 import pytest
 
-from yrelay.redis_server import free_port
 from yrelay.spark_analytics.analysis import Options
 from yrelay.spark_analytics.dashboard import DASHBOARD, read_table
 from yrelay.spark_analytics.job import JobConfig, run
 from yrelay.spark_analytics.tables import Table
+from yrelay.storage.embedded import free_port
 from yrelay_tools.analytics_data import Scenario, generate
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from yrelay import Relay, StartupError
 from yrelay.cli import cli
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,12 +7,12 @@ import asyncio
 
 from conftest import eventually, running_server
 from wsraw import RawPeer
-from yrelay import crdt
 from yrelay.gc import Collector, GcPolicy
-from yrelay.keys import tracker_key
-from yrelay.offsets import StreamId
 from yrelay.reconciliation import digest_of
+from yrelay.storage.keys import tracker_key
+from yrelay.storage.offsets import StreamId
 from yrelay.tracker.tracker import Tracker, session_documents
+from yrelay.yjs import crdt
 
 NO_CHECKS = {"subscription_check_interval": None}
 

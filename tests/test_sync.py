@@ -4,8 +4,8 @@ import asyncio
 
 from conftest import eventually, running_server
 from wsraw import RawPeer
-from yrelay import crdt
-from yrelay.offsets import StreamId
+from yrelay.storage.offsets import StreamId
+from yrelay.yjs import crdt
 from yrelay_tools.testing.checker import check_delivery
 
 

@@ -9,10 +9,10 @@ import base64
 from conftest import eventually, running_server
 from gcutil import append_all, text_updates
 from wsraw import RawPeer
-from yrelay import crdt
 from yrelay.gc import Collector, GcPolicy
-from yrelay.offsets import StreamId
-from yrelay.store import DocumentStore
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 
 
 async def write(peer: RawPeer, doc: str, updates: list[bytes], first_clock: int = 1) -> list[str]:

@@ -12,10 +12,10 @@ import pytest
 
 from conftest import running_server
 from wsraw import RawPeer
-from yrelay import crdt
 from yrelay.app.update_parts import PartsBudget, UpdateParts
-from yrelay.keys import stream_key
 from yrelay.protocol import ErrorCode, ProtocolError, Update
+from yrelay.storage.keys import stream_key
+from yrelay.yjs import crdt
 
 #: Small limits so that a few kilobytes need parts.
 LIMITS = {"max_frame_bytes": 4_096, "max_update_bytes": 20_000}

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import running_server
 from wsraw import RawPeer
-from yrelay import crdt
+from yrelay.yjs import crdt
 
 
 def good_update(text: str = "ok") -> bytes:

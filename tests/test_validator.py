@@ -14,9 +14,9 @@ from conftest import running_server
 from engines import needs_ypy
 from test_validation import good_update
 from wsraw import RawPeer
-from yrelay import crdt
-from yrelay.app.validator import Validator
 from yrelay.config import Settings
+from yrelay.yjs import crdt
+from yrelay.yjs.validator import Validator
 
 #: Passes yrelay's layout decoder; y-py 0.6.2 panics on it with a message
 #: pyo3 cannot convert, and the Rust runtime aborts the whole process.
@@ -110,15 +110,15 @@ async def test_with_y_pys_check_on_the_servers_workers_run_it(redis_url):
                 command = child.cmdline()
             except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
                 continue  # another test's process on its way out (a zombie redis-server, seen in CI)
-            if "yrelay.validation" in command or "yrelay.engine" in command:
+            if "yrelay.yjs.validation" in command or "yrelay.yjs.engine" in command:
                 found.append(command[1:])
         return found
 
     async with running_server(redis_url, validate_with_ypy=True):
         started = workers()
         assert {tuple(args) for args in started} == {
-            ("-m", "yrelay.validation", "--ypy"),
-            ("-m", "yrelay.engine", "--ypy"),
+            ("-m", "yrelay.yjs.validation", "--ypy"),
+            ("-m", "yrelay.yjs.engine", "--ypy"),
         }, started
     async with running_server(redis_url):
         assert all("--ypy" not in args for args in workers())

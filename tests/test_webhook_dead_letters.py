@@ -22,8 +22,8 @@ from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.dead_letters import DeadLetters
 from yrelay.consumers.webhook import Webhook
-from yrelay.offsets import StreamId
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
+from yrelay.storage.offsets import StreamId
 
 SECRET = "whsec-test"
 FAST = Backoff(base=0.02, max_delay=0.1)

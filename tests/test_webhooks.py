@@ -25,9 +25,9 @@ from yrelay.backoff import Backoff
 from yrelay.consumers import ConsumerGroup
 from yrelay.consumers.signature import DELIVERY_HEADER, HEADER, sign, verify_signature
 from yrelay.consumers.webhook import Webhook
-from yrelay.deletion import delete_document
-from yrelay.offsets import StreamId
-from yrelay.redis_server import free_port
+from yrelay.gc.deletion import delete_document
+from yrelay.storage.embedded import free_port
+from yrelay.storage.offsets import StreamId
 
 SECRET = "whsec-test"
 #: What the issue asks for; the whole test stays near 20 s.
@@ -181,7 +181,7 @@ def test_a_wrong_secret_a_changed_body_or_an_old_timestamp_is_refused():
 
 
 async def test_the_cli_delivers_and_leaves_the_group_on_sigterm(redis_url, redis_client, store):
-    from yrelay.keys import group_members_key
+    from yrelay.storage.keys import group_members_key
 
     written = await write(store, ["doc-cli"], 3)
 

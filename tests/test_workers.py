@@ -18,12 +18,12 @@ import pytest
 import redis
 
 from conftest import eventually
-from yrelay import crdt
 from yrelay.config import Settings
-from yrelay.keys import stream_key
-from yrelay.offsets import StreamId
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
+from yrelay.storage.keys import stream_key
+from yrelay.storage.offsets import StreamId
 from yrelay.supervisor import START_GRACE
+from yrelay.yjs import crdt
 from yrelay_tools.testing.processes import wait_ready
 
 

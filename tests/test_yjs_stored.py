@@ -20,8 +20,8 @@ import pytest
 
 from engines import needs_ypy
 from wsraw import RawPeer
-from yrelay import crdt, lib0
-from yrelay.update_format import read_layout, stored_form
+from yrelay.yjs import crdt, lib0
+from yrelay.yjs.update_format import read_layout, stored_form
 
 YJS = Path(__file__).resolve().parent.parent / "web" / "node_modules" / "yjs" / "dist" / "yjs.mjs"
 

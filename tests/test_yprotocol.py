@@ -7,8 +7,15 @@ import random
 
 import pytest
 
-from yrelay import yprotocol
-from yrelay.yprotocol import AuthMessage, AwarenessMessage, QueryAwarenessMessage, SyncMessage, SyncStep, YProtocolError
+from yrelay.yjs import yprotocol
+from yrelay.yjs.yprotocol import (
+    AuthMessage,
+    AwarenessMessage,
+    QueryAwarenessMessage,
+    SyncMessage,
+    SyncStep,
+    YProtocolError,
+)
 
 
 def test_known_bytes_of_a_stock_client() -> None:

@@ -10,10 +10,10 @@ import pytest
 import websockets
 
 from conftest import eventually, running_server
-from yrelay import crdt, yprotocol
 from yrelay.auth import issue_token
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt, yprotocol
 from ywspeer import REFUSED_AFTER_ACCEPT, YwsPeer, recorded_feed_io
 
 SECRET = "yws-test-secret-0123456789abcdef0123456"
@@ -229,8 +229,8 @@ async def test_a_trim_past_the_feeds_cursor_closes_the_connection(redis_url):
     from yrelay.app.context import ServerContext
     from yrelay.app.yws_feed import CLOSE_TRIMMED, YwsFeed
     from yrelay.config import Settings
-    from yrelay.keys import meta_key
-    from yrelay.offsets import StreamId
+    from yrelay.storage.keys import meta_key
+    from yrelay.storage.offsets import StreamId
 
     ctx = await ServerContext.open(Settings.from_env(insecure_no_auth=True), redis_url)
     try:
@@ -286,7 +286,7 @@ async def test_each_connection_counts_as_a_live_subscription_of_its_subject(redi
 
 
 async def test_an_update_while_redis_is_down_closes_and_the_reconnect_sync_stores_it(tmp_path):
-    from yrelay.redis_server import RedisProcess
+    from yrelay.storage.embedded import RedisProcess
 
     redis = RedisProcess(tmp_path / "redis").start()
     try:

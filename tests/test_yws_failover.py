@@ -32,12 +32,12 @@ from redis.crc import key_slot
 
 from conftest import eventually, running_server
 from test_cluster import stored_text
-from yrelay import crdt
-from yrelay.keys import stream_key
-from yrelay.redis_client import YrelayCluster
-from yrelay.redis_server import free_port
 from yrelay.storage.append import append_one
-from yrelay.store import DocumentStore
+from yrelay.storage.client import YrelayCluster
+from yrelay.storage.embedded import free_port
+from yrelay.storage.keys import stream_key
+from yrelay.storage.reads import DocumentStore
+from yrelay.yjs import crdt
 from ywspeer import ReconnectingPeer
 
 ROUNDS = int(os.environ.get("YRELAY_YWS_FAILOVER_ROUNDS", "2"))

@@ -12,8 +12,8 @@ import asyncio
 import json
 
 from conftest import eventually, running_server
-from yrelay import yprotocol
-from yrelay.awareness import AwarenessEntry, decode_update, encode_update
+from yrelay.yjs import yprotocol
+from yrelay.yjs.awareness import AwarenessEntry, decode_update, encode_update
 from ywspeer import YwsPeer
 
 ECHO_AFTER = 1.5  # long enough that a busy machine handles the first renewal sooner

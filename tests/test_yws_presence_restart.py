@@ -32,7 +32,7 @@ import pytest
 
 from browser import WEB_DIR, require_web_build
 from yrelay.auth import issue_token
-from yrelay.redis_server import free_port
+from yrelay.storage.embedded import free_port
 from yrelay_tools.testing.processes import ServerProcess
 
 SECRET = "presence-restart-secret-0123456789abcdef"

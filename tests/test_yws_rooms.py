@@ -17,10 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import eventually, running_server
-from yrelay import yprotocol
 from yrelay.auth import issue_token
-from yrelay.keys import DOC_ID_PATTERN, InvalidDocumentId, doc_id_room, room_doc_id, validate_doc_id
-from yrelay.yprotocol import AuthMessage, AwarenessMessage
+from yrelay.storage.keys import DOC_ID_PATTERN, InvalidDocumentId, doc_id_room, room_doc_id, validate_doc_id
+from yrelay.yjs import yprotocol
+from yrelay.yjs.yprotocol import AuthMessage, AwarenessMessage
 from ywspeer import REFUSED_AFTER_ACCEPT, YwsPeer
 
 SECRET = "yws-rooms-secret-0123456789abcdef0123456"

@@ -63,7 +63,7 @@ async def test_stock_y_websocket_client_suite(redis_url, version):
 async def test_stock_client_edits_survive_sigkill_of_server_and_redis(tmp_path):
     """Once another stock client received an edit (so it was stored), a kill -9
     of the server and of Redis (appendonly, appendfsync always) keeps it."""
-    from yrelay.redis_server import RedisProcess
+    from yrelay.storage.embedded import RedisProcess
     from yrelay_tools.testing.processes import ServerProcess
 
     require_web_build()

@@ -24,7 +24,7 @@ from browser import run_node
 from conftest import running_server
 from test_eventlog import read_events
 from yrelay.consumers import ConsumerGroup
-from yrelay.keys import doc_id_room, room_doc_id
+from yrelay.storage.keys import doc_id_room, room_doc_id
 
 STOCK_DIR = Path(__file__).parent / "stock"
 ROOMS = ["my room", "café ☕ 東京", "100% done", "team/a b", "{tag}", "plain-id"]

@@ -1,5 +1,5 @@
 """A y-websocket peer for tests: a pycrdt document behind a raw websocket
-speaking y-protocols (yrelay.yprotocol), so a test controls every message."""
+speaking y-protocols (yrelay.yjs.yprotocol), so a test controls every message."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pycrdt
 import websockets
 
-from yrelay import yprotocol
-from yrelay.yprotocol import AuthMessage, AwarenessMessage, SyncMessage, SyncStep
+from yrelay.yjs import yprotocol
+from yrelay.yjs.yprotocol import AuthMessage, AwarenessMessage, SyncMessage, SyncStep
 
 #: What :meth:`YwsPeer.connect` raises when the server accepts the websocket
 #: and then closes it with a refusal (4401 bad token, 4403 not granted): the

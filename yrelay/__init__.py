@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .exceptions import StartupError
+from yrelay.exceptions import StartupError
 
 if TYPE_CHECKING:
-    from .app.relay import Relay
+    from yrelay.app.relay import Relay
 
 __all__ = ["Relay", "StartupError", "__version__"]
 
@@ -18,7 +18,7 @@ def __getattr__(name: str) -> Any:
     """``yrelay.Relay`` on first use: importing ``yrelay.client`` (or any
     part) does not load the server and FastAPI."""
     if name == "Relay":
-        from .app.relay import Relay
+        from yrelay.app.relay import Relay
 
         return Relay
     raise AttributeError(f"module 'yrelay' has no attribute {name!r}")

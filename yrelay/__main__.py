@@ -1,3 +1,3 @@
-from .cli import cli
+from yrelay.cli import cli
 
 cli(prog_name="yrelay")

@@ -22,18 +22,19 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from . import extras, logs
-from .app import create_app
-from .app.context import open_event_log
-from .auth import AlreadyExpired, AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
-from .config import Settings
-from .eventlog import EventLog, NullEventLog
-from .exceptions import StartupError
-from .gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
-from .listing import fold_unbucketed, registry_counts
-from .redis_client import ensure_reachable, open_redis
-from .redis_server import RedisProcess, serve_redis_url
-from .supervisor import Supervisor, reuse_port_socket
+from yrelay import extras
+from yrelay.app import create_app
+from yrelay.app.context import open_event_log
+from yrelay.auth import AlreadyExpired, AuthConfigurationError, Permission, Revocations, authenticator_for, issue_token
+from yrelay.config import Settings
+from yrelay.exceptions import StartupError
+from yrelay.gc import Collector, DocReport, GcPolicy, PassSummary, collect_documents
+from yrelay.observability import logs
+from yrelay.observability.eventlog import EventLog, NullEventLog
+from yrelay.storage.client import ensure_reachable, open_redis
+from yrelay.storage.embedded import RedisProcess, serve_redis_url
+from yrelay.storage.listing import fold_unbucketed, registry_counts
+from yrelay.supervisor import Supervisor, reuse_port_socket
 
 cli = typer.Typer(help="yrelay: reliable Yjs sync over Redis streams.", no_args_is_help=True)
 
@@ -407,19 +408,19 @@ def analyze(
     # pyspark is imported here, not at the top: `serve` and `gc` should not pay
     # for it, and a lean install (no spark extra) says what to install.
     extras.require("spark", "analyze")
-    from .spark_analytics.events import event_files
-    from .spark_analytics.report import JobProgress, stderr_to
+    from yrelay.spark_analytics.events import event_files
+    from yrelay.spark_analytics.report import JobProgress, stderr_to
 
     if not event_files(events):
         raise typer.BadParameter(f"no *.jsonl event files in {events}", param_hint="--events")
     console = Console()
     with JobProgress(console=console) as progress:  # on screen before the JVM starts
         progress.step("starting Spark", 0, 1)
-        from .spark_analytics.analysis import Options
-        from .spark_analytics.dashboard import DASHBOARD
-        from .spark_analytics.job import JobConfig, run
-        from .spark_analytics.report import summary_table
-        from .spark_analytics.session import spark_session
+        from yrelay.spark_analytics.analysis import Options
+        from yrelay.spark_analytics.dashboard import DASHBOARD
+        from yrelay.spark_analytics.job import JobConfig, run
+        from yrelay.spark_analytics.report import summary_table
+        from yrelay.spark_analytics.session import spark_session
 
         config = JobConfig(events, out, redis_url, Options(bucket_seconds=bucket, window=window, top=top))
         with stderr_to(spark_log or out / "spark.log"):
@@ -440,7 +441,7 @@ def analyze(
 def subject_hash(subject: str = typer.Argument(..., help="A subject (a token's sub, a user id).")) -> None:
     """Print how the event log records SUBJECT by default (event_log_subject=hash), to find its sessions
     in `yrelay analyze`'s tables and dashboard."""
-    from .eventlog import subject_for_log
+    from yrelay.observability.eventlog import subject_for_log
 
     typer.echo(subject_for_log(subject, "hash"))
 
@@ -630,7 +631,7 @@ def webhook(
         _refuse(f"yrelay webhook: set the signing secret in ${secret_env}")
     logs.configure(log_level)
     logs.add_secret(secret)
-    from .consumers.webhook import serve as serve_webhook
+    from yrelay.consumers.webhook import serve as serve_webhook
 
     member = partial(
         serve_webhook,
@@ -647,7 +648,7 @@ def webhook(
 
 
 async def _retry_dead(redis_url: str, cluster: bool, group: str) -> None:
-    from .consumers.dead_letters import DeadLetters
+    from yrelay.consumers.dead_letters import DeadLetters
 
     async with contextlib.aclosing(open_redis(redis_url, cluster)) as redis:
         retried = await DeadLetters(redis, group).retry_all()
@@ -690,7 +691,7 @@ def consume(
     restarted when it exits; SIGTERM stops it and leaves the group. See
     docs/consumers.md, "yrelay consume"."""
     logs.configure(log_level)
-    from .consumers.pipe import serve as serve_pipe
+    from yrelay.consumers.pipe import serve as serve_pipe
 
     member = partial(
         serve_pipe, group=group, command=command, prefix=prefix, lease=lease, ack_on_write=ack_on_write, window=window

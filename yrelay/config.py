@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .eventlog import SUBJECT_MODES
-from .transport.http_guard import guarded_protocol
-from .transport.ws_protocol import uvicorn_ws_options
+from yrelay.observability.eventlog import SUBJECT_MODES
+from yrelay.transport.http_guard import guarded_protocol
+from yrelay.transport.ws_protocol import uvicorn_ws_options
 
 #: Upper bound of ``auth_leeway``: a token's expiry may be stretched, not ignored.
 MAX_AUTH_LEEWAY = 60.0
@@ -97,7 +97,7 @@ class Settings:
     block_ms: int = 1_000
     #: How long a disconnected session id stays resumable, in seconds.
     session_ttl: int = 7 * 24 * 3600
-    #: Python's young-generation GC threshold for the process (yrelay/pygc.py;
+    #: Python's young-generation GC threshold for the process (yrelay/observability/pygc.py;
     #: Python's is 700, which made full collections most of the CPU under
     #: load; 50000 doubles the many-documents rate the server keeps up with
     #: and costs ~1-3 MiB per process: BENCHMARKS.md, issue 20); 0 leaves
@@ -220,7 +220,7 @@ class Settings:
     #: ... and a live group only once it lacks an entry this many seconds
     #: older than now (docs/consumers.md).
     gc_group_absolute_delta: float = 86_400.0
-    #: A deleted document refuses writes this long (seconds; yrelay/deletion.py).
+    #: A deleted document refuses writes this long (seconds; yrelay/gc/deletion.py).
     delete_tombstone_seconds: float = 3600.0
 
     #: Write the event log (docs/events.md) under ``data_dir/events``.

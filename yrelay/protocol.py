@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal, TypeAlias, get_args
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from .keys import DOC_ID_PATTERN, InvalidDocumentId, validate_doc_id
-from .offsets import InvalidOffset, StreamId
+from yrelay.storage.keys import DOC_ID_PATTERN, InvalidDocumentId, validate_doc_id
+from yrelay.storage.offsets import InvalidOffset, StreamId
 
 PROTOCOL_VERSION = 1
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
-from .redis_server import _die_with_parent
+from yrelay.storage.embedded import _die_with_parent
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ writer, the GC loop, revocations, subject leases, consumer heartbeats,
 validator workers, subscription pumps) runs a loop for as long as it lives.
 One rule supervises them all (:class:`BackgroundTask`): a loop that ends
 with an exception is logged once (a warning when Redis or its connection
-was lost, :func:`yrelay.redis_client.lost_redis`; an error with the
+was lost, :func:`lost_redis`; an error with the
 traceback otherwise), counted (:data:`RESTARTS`, the metric
 ``yrelay_background_restarts_total``) and started again after a backoff.
 Before, each loop decided for itself which errors it survived, and one that
@@ -24,15 +24,108 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .backoff import REDIS_RECONNECT, Backoff
-from .redis_client import lost_redis
+from redis.exceptions import DataError, RedisClusterException, RedisError, ResponseError
+
+from yrelay.backoff import REDIS_RECONNECT, Backoff
 
 log = logging.getLogger(__name__)
+
+# A command written to a connection torn down under it raises something
+# other than a ConnectionError, which lost_redis() takes as a lost connection
+# all the same. redis-py 8's cluster client, on one node's failure, closes
+# every connection of the client, and another task's command then writes to
+# a connection whose writer is gone: ``AttributeError: 'NoneType' object has
+# no attribute 'writelines'`` (seen in tests/test_cluster.py's kill -9);
+# under uvloop the transport itself refuses: ``RuntimeError: unable to
+# perform operation on <TCPTransport closed=True ...>; the handler is
+# closed`` (seen in ``yrelay chaos --cluster``, where it ended the token
+# revocation loop for good).
+
+#: Methods of a stream, transport or socket: one called on ``None`` is I/O on
+#: a connection that is gone.
+_IO_METHODS = frozenset(
+    {
+        "write",
+        "writelines",
+        "drain",
+        "read",
+        "readline",
+        "readexactly",
+        "readuntil",
+        "close",
+        "wait_closed",
+        "is_closing",
+        "at_eof",
+        "get_extra_info",
+        "send",
+        "recv",
+        "feed_data",
+        "set_exception",
+    }
+)
+#: What an event loop's transport says when asked to work after its close.
+_CLOSED_TRANSPORT = re.compile(r"handler is closed|[Tt]ransport is closed|closed=True|after write_eof")
+#: Redis's replies that are a bug of the caller, not a passing state of Redis
+#: (a script that failed, arguments of the wrong type).
+_CALLER_FAULT = re.compile(r"user_script|Error running script|Error compiling script|wrong number of arguments")
+#: Redis's passing states, also when a script met them (``Error running
+#: script ... -NOREPLICAS``: ``min-replicas-to-write`` refused the write).
+_PASSING_STATE = re.compile(r"\b(NOREPLICAS|BUSY|LOADING|MASTERDOWN|READONLY|OOM|CLUSTERDOWN|TRYAGAIN|MISCONF)\b")
+#: What a cluster client raises when no node it knows serves a slot (a
+#: failover still electing, every seed down): retried like a lost node. Not
+#: every RedisClusterException: CROSSSLOT and argument mistakes are bugs.
+_CLUSTER_UNREACHABLE = re.compile(r"cannot be connected|not covered|could not agree on a valid slots cache")
+
+
+def lost_redis(exc: BaseException) -> bool:
+    """``exc`` says the connection to Redis was lost or Redis failed, and the
+    call may be made again: a Redis error, an OS error (refused, reset, timed
+    out), an end of stream, or I/O on a connection torn down under the call
+    (an attribute of ``None`` that is a stream's I/O method, or a transport
+    refusing to work after its close: :data:`_IO_METHODS`). Decided by
+    what the error means, never by which frame raised it: the same race
+    raises from redis-py, from asyncio or from uvloop's compiled transport.
+
+    Not lost Redis, but a bug: arguments redis-py refuses (``DataError``), a
+    script that failed, an attribute of ``None`` outside redis-py's own
+    code. The background loops log a bug with its traceback
+    (:class:`yrelay.tasks.BackgroundTask` then restarts the loop)."""
+    if isinstance(exc, DataError):
+        return False
+    if isinstance(exc, ResponseError):
+        return bool(_PASSING_STATE.search(str(exc))) or not _CALLER_FAULT.search(str(exc))
+    if isinstance(exc, (RedisError, OSError, EOFError)):
+        return True
+    if isinstance(exc, RedisClusterException):
+        return bool(_CLUSTER_UNREACHABLE.search(str(exc)))
+    if isinstance(exc, AttributeError):
+        return (
+            getattr(exc, "obj", False) is None
+            and getattr(exc, "name", None) in _IO_METHODS
+            and _passed_through_redis_py(exc)
+        )
+    if isinstance(exc, RuntimeError):
+        return bool(_CLOSED_TRANSPORT.search(str(exc)))
+    return False
+
+
+def _passed_through_redis_py(exc: BaseException) -> bool:
+    """``exc`` was raised in, or on its way out of, redis-py's own code (our
+    own ``None.close()`` is a bug, not a torn-down connection)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
 
 Loop = Callable[[], Coroutine[Any, Any, None]]
 #: Seconds a cancelled loop has to end before it is cancelled again.
@@ -44,7 +137,7 @@ HEALTHY_RUN = 30.0
 #: 1 s doubling to a minute, so that a bug that repeats logs a traceback a
 #: minute, not one per reconnect delay.
 BUG_RESTART = Backoff(base=1.0, factor=2.0, max_delay=60.0, jitter=0.0)
-#: Restarts of each kind of loop in this process (read by :mod:`yrelay.metrics`).
+#: Restarts of each kind of loop in this process (read by :mod:`yrelay.app.metrics`).
 RESTARTS: Counter[str] = Counter()
 #: One-off tasks still running (:func:`spawn`): asyncio holds them weakly.
 _SPAWNED: set[asyncio.Task[Any]] = set()

@@ -32,7 +32,7 @@ from starlette.requests import HTTPConnection
 from yrelay import Relay
 from yrelay.auth import Principal
 from yrelay.config import Settings
-from yrelay.redis_server import serve_redis_url
+from yrelay.storage.embedded import serve_redis_url
 
 
 # ---------------------------------------------------------------- the host's own users

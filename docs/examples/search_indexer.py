@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisUnreachable
 
 from yrelay.consumers import ConsumerGroup, DocumentStates
-from yrelay.redis_server import serve_redis_url
+from yrelay.storage.embedded import serve_redis_url
 
 INDEX: dict[str, set[str]] = {}  # word -> documents (use your search engine here)
 

@@ -1,6 +1,6 @@
 """The server: FastAPI websockets over per-document Redis streams."""
 
-from .relay import Relay
-from .server import create_app
+from yrelay.app.relay import Relay
+from yrelay.app.server import create_app
 
 __all__ = ["Relay", "create_app"]

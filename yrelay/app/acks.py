@@ -24,9 +24,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
-from ..offsets import StreamId
-from ..tracker import AckWriter
-from .limits import DeliveryBudget
+from yrelay.app.limits import DeliveryBudget
+from yrelay.storage.offsets import StreamId
+from yrelay.tracker import AckWriter
 
 
 class Member(Protocol):

@@ -16,13 +16,13 @@ with the connection.
 
 from __future__ import annotations
 
-from ..auth import NoAuthenticator, Principal
-from ..keys import subject_id
-from ..protocol import AnyUpdate, ErrorCode, ProtocolError
-from ..transport.buckets import TokenBucket
-from .context import ServerContext
-from .pacing import Pacer
-from .quotas import SharedBucket, SubjectBuckets
+from yrelay.app.context import ServerContext
+from yrelay.app.pacing import Pacer
+from yrelay.app.quotas import SharedBucket, SubjectBuckets
+from yrelay.auth import NoAuthenticator, Principal
+from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
+from yrelay.storage.keys import subject_id
+from yrelay.transport.buckets import TokenBucket
 
 
 class Allowance:

@@ -15,8 +15,8 @@ from typing import Protocol
 
 from fastapi import HTTPException, Request, status
 
-from ..config import Settings
-from .context import ServerContext
+from yrelay.app.context import ServerContext
+from yrelay.config import Settings
 
 #: The request scope key the relay of a request is kept under.
 RELAY_KEY = "yrelay.relay"

@@ -25,10 +25,20 @@ from typing import Any
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
 
-from .. import logs, protocol, pygc
-from ..auth import Principal
-from ..offsets import StreamId
-from ..protocol import (
+from yrelay import protocol
+from yrelay.app import subscription_set
+from yrelay.app.allowance import Allowance
+from yrelay.app.connection_documents import ConnectionDocuments
+from yrelay.app.connection_presence import ConnectionPresence
+from yrelay.app.context import ServerContext
+from yrelay.app.handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened, refuse
+from yrelay.app.pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
+from yrelay.app.payloads import decode_b64
+from yrelay.app.update_parts import frame_identity
+from yrelay.app.write_path import WritePath
+from yrelay.auth import Principal
+from yrelay.observability import logs, pygc
+from yrelay.protocol import (
     Ack,
     AckFrame,
     AnyUpdate,
@@ -45,20 +55,10 @@ from ..protocol import (
     Update,
     UpdateFrame,
 )
-from ..redis_client import lost_redis
-from ..tasks import TaskSet
-from ..transport.prepared_frames import WritePrepared
-from ..transport.ws_protocol import trust
-from . import subscription_set
-from .allowance import Allowance
-from .connection_documents import ConnectionDocuments
-from .connection_presence import ConnectionPresence
-from .context import ServerContext
-from .handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened, refuse
-from .pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
-from .payloads import decode_b64
-from .update_parts import frame_identity
-from .write_path import WritePath
+from yrelay.storage.offsets import StreamId
+from yrelay.tasks import TaskSet, lost_redis
+from yrelay.transport.prepared_frames import WritePrepared
+from yrelay.transport.ws_protocol import trust
 
 log = logging.getLogger(__name__)
 

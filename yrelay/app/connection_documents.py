@@ -11,18 +11,18 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from .. import protocol
-from ..auth import Principal
-from ..offsets import StreamId
-from ..protocol import ErrorCode, ProtocolError, Subscribe, Unsubscribe
-from ..reconciliation.digest import Digest
-from ..reconciliation.stream_digest import WindowDigest
-from .allowance import Allowance
-from .connection_presence import ConnectionPresence
-from .context import ServerContext
-from .limits import DeliveryBudget
-from .sending import SendPrepared
-from .subscription import Send, Subscription, SubscriptionState
+from yrelay import protocol
+from yrelay.app.allowance import Allowance
+from yrelay.app.connection_presence import ConnectionPresence
+from yrelay.app.context import ServerContext
+from yrelay.app.limits import DeliveryBudget
+from yrelay.app.sending import SendPrepared
+from yrelay.app.subscription import Send, Subscription, SubscriptionState
+from yrelay.auth import Principal
+from yrelay.protocol import ErrorCode, ProtocolError, Subscribe, Unsubscribe
+from yrelay.reconciliation.digest import Digest
+from yrelay.reconciliation.stream_digest import WindowDigest
+from yrelay.storage.offsets import StreamId
 
 SendFrame = Callable[[dict[str, Any] | str], Awaitable[None]]
 #: Frames that answer a subscribe or a sync with a document's content: their

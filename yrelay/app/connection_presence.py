@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from .. import awareness
-from ..protocol import Awareness, ErrorCode, ProtocolError
-from .allowance import Allowance
-from .context import ServerContext
-from .payloads import decode_limited
-from .presence_member import Member, NotOwner, PresenceFull
+from yrelay.app.allowance import Allowance
+from yrelay.app.context import ServerContext
+from yrelay.app.payloads import decode_limited
+from yrelay.app.presence_member import Member, NotOwner, PresenceFull
+from yrelay.protocol import Awareness, ErrorCode, ProtocolError
+from yrelay.yjs import awareness
 
 #: Frames that answer a subscribe; presence greets the connection after them.
 _ANSWERS = frozenset({"subscribed", "resync_required"})

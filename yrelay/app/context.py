@@ -18,37 +18,37 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript as Script
 
-from ..auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
-from ..change_feed import announce_buckets
-from ..config import Settings
-from ..eventlog import EventLog, NullEventLog, process_name
-from ..events import Events
-from ..gc import Collector, GcLoop, GcPolicy
-from ..keys import session_documents_key, session_of_documents_key
-from ..listing import fold_unbucketed
-from ..metrics import Metrics, NullMetrics, ServerFigures
-from ..reconciliation.stream_digest import StreamDigests
-from ..redis_client import ensure_reachable, open_redis
-from ..redis_server import check_durability
-from ..replies import text
-from ..scripts import NAMES as SCRIPT_NAMES
-from ..storage.append import Appender
-from ..storage.replicas import ReplicaWait
-from ..store import DocumentStore
-from ..tracker import AckWriter, Tracker
-from ..tracker.tracker import session_documents
-from ..transport.receiving import RECEIVING, Receiving
-from .acks import SubscriptionRegistry
-from .answer_cache import AnswerCache
-from .engine_pool import EnginePool
-from .fanout import Fanout, Subscriber
-from .inflight import ByteBudget
-from .limits import Limits
-from .presence import Presence
-from .quotas import SubjectQuotas
-from .sessions import SessionRegistry
-from .ticker import Ticker
-from .validator import Validator
+from yrelay.app.acks import SubscriptionRegistry
+from yrelay.app.answer_cache import AnswerCache
+from yrelay.app.fanout import Fanout, Subscriber
+from yrelay.app.inflight import ByteBudget
+from yrelay.app.limits import Limits
+from yrelay.app.metrics import Metrics, NullMetrics, ServerFigures
+from yrelay.app.presence import Presence
+from yrelay.app.quotas import SubjectQuotas
+from yrelay.app.sessions import SessionRegistry
+from yrelay.app.ticker import Ticker
+from yrelay.auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
+from yrelay.config import Settings
+from yrelay.gc import Collector, GcLoop, GcPolicy
+from yrelay.observability.eventlog import EventLog, NullEventLog, process_name
+from yrelay.observability.events import Events
+from yrelay.reconciliation.stream_digest import StreamDigests
+from yrelay.storage.append import Appender
+from yrelay.storage.change_feed import announce_buckets
+from yrelay.storage.client import ensure_reachable, open_redis
+from yrelay.storage.embedded import check_durability
+from yrelay.storage.keys import session_documents_key, session_of_documents_key
+from yrelay.storage.listing import fold_unbucketed
+from yrelay.storage.reads import DocumentStore
+from yrelay.storage.replicas import ReplicaWait
+from yrelay.storage.replies import text
+from yrelay.storage.scripts import NAMES as SCRIPT_NAMES
+from yrelay.tracker import AckWriter, Tracker
+from yrelay.tracker.tracker import session_documents
+from yrelay.transport.receiving import RECEIVING, Receiving
+from yrelay.yjs.engine_pool import EnginePool
+from yrelay.yjs.validator import Validator
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class ServerContext:
         self.ticker = Ticker(self.settings.resend_check_interval)
 
     def scrape_figures(self) -> ServerFigures:
-        """This process's state for a scrape (:class:`yrelay.metrics.ServerState`)."""
+        """This process's state for a scrape (:class:`yrelay.app.metrics.ServerState`)."""
         subscriptions = list(self.subscriptions)
         return ServerFigures(
             documents_active=len(self.fanout.feeds),
@@ -134,7 +134,7 @@ class ServerContext:
             ctx.revocations.start()
             # The engine's workers start beside the validator's, and both are
             # up before the first client: started later, they competed with
-            # the clients for the CPU (yrelay/app/engine_pool.py).
+            # the clients for the CPU (yrelay/yjs/engine_pool.py).
             ctx.engine.warm_up()
             await ctx.validator.start()
             await ctx.engine.warmed()

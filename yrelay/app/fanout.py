@@ -36,13 +36,13 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from ..offsets import ZERO, StreamId
-from ..redis_client import is_cluster
-from ..storage.reader import DocEntries, DocumentReader, retrying
-from ..store import DocumentStore, Entry, to_entry
-from ..tasks import BackgroundTask
-from . import sizing
-from .acks import Member, SubscriptionRegistry
+from yrelay.app import sizing
+from yrelay.app.acks import Member, SubscriptionRegistry
+from yrelay.storage.client import is_cluster
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.reader import DocEntries, DocumentReader, retrying
+from yrelay.storage.reads import DocumentStore, Entry, to_entry
+from yrelay.tasks import BackgroundTask
 
 
 @dataclass(frozen=True)

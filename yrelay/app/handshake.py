@@ -21,13 +21,14 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.websockets import WebSocket
 
-from .. import logs, protocol
-from ..auth import Authenticator, AuthError, NoAuthenticator, Principal, origin_allowed
-from ..auth.authenticator import JwtAuthenticator
-from ..auth.origins import own_origins
-from ..protocol import ErrorCode, Hello, ProtocolError
-from .context import ServerContext
-from .limits import Refusal
+from yrelay import protocol
+from yrelay.app.context import ServerContext
+from yrelay.app.limits import Refusal
+from yrelay.auth import Authenticator, AuthError, NoAuthenticator, Principal, origin_allowed
+from yrelay.auth.authenticator import JwtAuthenticator
+from yrelay.auth.origins import own_origins
+from yrelay.observability import logs
+from yrelay.protocol import ErrorCode, Hello, ProtocolError
 
 log = logging.getLogger(__name__)
 

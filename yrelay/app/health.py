@@ -13,8 +13,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..config import Settings
-from .binding import relay_context
+from yrelay.app.binding import relay_context
+from yrelay.config import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="YRELAY_OPS_TOKEN or YRELAY_METRICS_TOKEN: shows why not ready.")
 

@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..protocol import ErrorCode, ProtocolError
-from ..transport.buckets import TokenBucket
+from yrelay.protocol import ErrorCode, ProtocolError
+from yrelay.transport.buckets import TokenBucket
 
 if TYPE_CHECKING:
-    from ..config import Settings
-    from .quotas import SubjectQuotas
+    from yrelay.app.quotas import SubjectQuotas
+    from yrelay.config import Settings
 
 #: Close codes of a refused connection (after its ``error`` frame).
 CLOSE_TRY_AGAIN_LATER = 1013

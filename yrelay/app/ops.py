@@ -16,16 +16,16 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response,
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from ..auth import AlreadyExpired
-from ..gc import DocReport, collect_documents
-from ..gc.blocked import drop_blocked
-from ..keys import InvalidDocumentId, validate_doc_id
-from ..listing import documents_page
-from ..tracker.lag import document_status
-from .binding import relay_context as _ctx
-from .binding import relay_settings
-from .http_body import documented, json_body
-from .paths import DOC_PARAM
+from yrelay.app.binding import relay_context as _ctx
+from yrelay.app.binding import relay_settings
+from yrelay.app.http_body import documented, json_body
+from yrelay.app.paths import DOC_PARAM
+from yrelay.auth import AlreadyExpired
+from yrelay.gc import DocReport, collect_documents
+from yrelay.gc.blocked import drop_blocked
+from yrelay.storage.keys import InvalidDocumentId, validate_doc_id
+from yrelay.storage.listing import documents_page
+from yrelay.tracker.lag import document_status
 
 _bearer = HTTPBearer(auto_error=False, description="The ops token (YRELAY_OPS_TOKEN).")
 
@@ -159,7 +159,7 @@ async def revoke_token(body: Annotated[RevokeRequest, Depends(json_body(RevokeRe
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-from . import ops_dead_letters, ops_delete  # noqa: E402 - their routes share this router's token check
+from yrelay.app import ops_dead_letters, ops_delete  # noqa: E402 - their routes share this router's token check
 
 router.include_router(ops_dead_letters.router)
 router.include_router(ops_delete.router)

@@ -9,10 +9,10 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, status
 
-from ..consumers.dead_letters import DeadLetters
-from ..keys import InvalidDocumentId, validate_doc_id, validate_group_name
-from .binding import relay_context as _ctx
-from .paths import DOC_PARAM
+from yrelay.app.binding import relay_context as _ctx
+from yrelay.app.paths import DOC_PARAM
+from yrelay.consumers.dead_letters import DeadLetters
+from yrelay.storage.keys import InvalidDocumentId, validate_doc_id, validate_group_name
 
 router = APIRouter(prefix="/groups")
 

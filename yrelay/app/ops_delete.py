@@ -1,5 +1,5 @@
 """``DELETE /ops/docs/{doc}``: delete a document everywhere
-(:mod:`yrelay.deletion`). Included in the ops router, behind its token."""
+(:mod:`yrelay.gc.deletion`). Included in the ops router, behind its token."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, status
 
-from ..deletion import delete_document
-from ..keys import InvalidDocumentId, meta_key, snapshot_key, stream_key, validate_doc_id
-from .binding import relay_context as _ctx
-from .paths import DOC_PARAM
+from yrelay.app.binding import relay_context as _ctx
+from yrelay.app.paths import DOC_PARAM
+from yrelay.gc.deletion import delete_document
+from yrelay.storage.keys import InvalidDocumentId, meta_key, snapshot_key, stream_key, validate_doc_id
 
 router = APIRouter()
 

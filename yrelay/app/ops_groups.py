@@ -8,10 +8,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 
-from ..consumers.admin import delete_group, describe_group, list_groups
-from ..keys import validate_group_name
-from .binding import relay_context as _ctx
-from .ops import require_ops_token
+from yrelay.app.binding import relay_context as _ctx
+from yrelay.app.ops import require_ops_token
+from yrelay.consumers.admin import delete_group, describe_group, list_groups
+from yrelay.storage.keys import validate_group_name
 
 router = APIRouter(prefix="/ops/groups", tags=["ops"], dependencies=[Depends(require_ops_token)])
 

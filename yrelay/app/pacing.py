@@ -49,11 +49,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..transport.buckets import DebtBucket, TokenBucket
+from yrelay.transport.buckets import DebtBucket, TokenBucket
 
 if TYPE_CHECKING:
-    from ..config import Settings
-    from ..metrics import Metrics
+    from yrelay.app.metrics import Metrics
+    from yrelay.config import Settings
 
 #: Frames a connection handles in a row before it yields to the event loop ...
 FRAMES_PER_TURN = 16

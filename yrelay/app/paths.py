@@ -6,7 +6,7 @@ Starlette's ``{doc:path}`` parameter is ``.*`` in a pattern ending in ``$``:
 deleted that document (issue 30), although ``ctl/nl\\n`` is no valid id
 (``%0D`` and ``%00`` were refused with 422). :data:`DOC` is the same
 parameter with newlines matched too, so the route sees every character
-sent and :func:`yrelay.keys.validate_doc_id` refuses the id (422). Every
+sent and :func:`yrelay.storage.keys.validate_doc_id` refuses the id (422). Every
 document id in a route's path is :data:`DOC_PARAM`: ``"/docs/" + DOC_PARAM``.
 """
 

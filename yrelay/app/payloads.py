@@ -7,8 +7,8 @@ same ``error`` frame naming the document and clock it came with.
 
 from __future__ import annotations
 
-from .. import protocol
-from ..protocol import ErrorCode, ProtocolError
+from yrelay import protocol
+from yrelay.protocol import ErrorCode, ProtocolError
 
 
 def decode_limited(text: str, limit: int, code: ErrorCode, doc: str, clock: int | None) -> bytes:

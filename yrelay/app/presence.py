@@ -14,7 +14,7 @@ each clientID (its owner: the token's subject, or with auth off the client
 address), at most ``max_clients`` of them per document, kept past the
 owner's leaving for the timeout; a greeting carries at most
 ``greeting_bytes`` of states. A client that leaves is removed at its own
-clock (:meth:`~yrelay.awareness.AwarenessEntry.removal`).
+clock (:meth:`~yrelay.yjs.awareness.AwarenessEntry.removal`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from .. import protocol
-from ..awareness import AwarenessEntry, encode_update, join_encoded
-from ..backoff import Reconnect
-from ..keys import doc_of_presence_channel, presence_channel, presence_key, presence_owners_key
-from ..redis_client import lost_redis
-from ..scripts import source
-from ..tasks import BackgroundTask, wait_event
-from .presence_member import Member, NotOwner, PresenceFull, Send
+from yrelay import protocol
+from yrelay.app.presence_member import Member, NotOwner, PresenceFull, Send
+from yrelay.backoff import Reconnect
+from yrelay.storage.keys import doc_of_presence_channel, presence_channel, presence_key, presence_owners_key
+from yrelay.storage.scripts import source
+from yrelay.tasks import BackgroundTask, lost_redis, wait_event
+from yrelay.yjs.awareness import AwarenessEntry, encode_update, join_encoded
 
 log = logging.getLogger(__name__)
 

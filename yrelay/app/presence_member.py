@@ -9,8 +9,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..awareness import AwarenessEntry
-from ..tasks import spawn
+from yrelay.tasks import spawn
+from yrelay.yjs.awareness import AwarenessEntry
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 

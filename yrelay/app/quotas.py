@@ -32,14 +32,13 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
-from ..eventlog import process_name
-from ..keys import subject_bucket_key, subject_subscriptions_key
-from ..redis_client import lost_redis
-from ..tasks import BackgroundTask, spawn
+from yrelay.observability.eventlog import process_name
+from yrelay.storage.keys import subject_bucket_key, subject_subscriptions_key
+from yrelay.tasks import BackgroundTask, lost_redis, spawn
 
 if TYPE_CHECKING:
-    from ..config import Settings
-    from ..scripts import Scripts
+    from yrelay.config import Settings
+    from yrelay.storage.scripts import Scripts
 
 log = logging.getLogger(__name__)
 

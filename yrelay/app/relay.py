@@ -30,20 +30,20 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .. import logs, pygc
-from ..auth import Authenticator
-from ..auth.host import AuthenticateFn, HostAuthenticator, current_connection
-from ..config import Settings
-from ..transport.prepared_frames import prepared_writer
-from .binding import binder
-from .connection import Connection
-from .context import ServerContext
-from .health import router as health_router
-from .ops import router as ops_router
-from .ops_groups import router as ops_groups_router
-from .paths import DOC_PARAM
-from .scrape import router as scrape_router
-from .yws_endpoint import YWS_PREFIX, YwsEndpoint
+from yrelay.app.binding import binder
+from yrelay.app.connection import Connection
+from yrelay.app.context import ServerContext
+from yrelay.app.health import router as health_router
+from yrelay.app.ops import router as ops_router
+from yrelay.app.ops_groups import router as ops_groups_router
+from yrelay.app.paths import DOC_PARAM
+from yrelay.app.scrape import router as scrape_router
+from yrelay.app.yws_endpoint import YWS_PREFIX, YwsEndpoint
+from yrelay.auth import Authenticator
+from yrelay.auth.host import AuthenticateFn, HostAuthenticator, current_connection
+from yrelay.config import Settings
+from yrelay.observability import logs, pygc
+from yrelay.transport.prepared_frames import prepared_writer
 
 #: The endpoint form ``add_websocket_route`` names (it also takes a raw ASGI app).
 WebSocketFunction = Callable[[WebSocket], Awaitable[None]]

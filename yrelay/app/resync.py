@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 import redis.exceptions
 
-from ..offsets import StreamId
-from ..protocol import ResyncReason
-from ..reconciliation.stream_digest import WindowDigest
-from ..store import Entry, Snapshot, held_offset
-from .engine_pool import precheck_state_vector
+from yrelay.protocol import ResyncReason
+from yrelay.reconciliation.stream_digest import WindowDigest
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import Entry, Snapshot, held_offset
+from yrelay.yjs.engine_pool import precheck_state_vector
 
 if TYPE_CHECKING:
-    from .context import ServerContext
+    from yrelay.app.context import ServerContext
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
-from .binding import relay_context, relay_settings
+from yrelay.app.binding import relay_context, relay_settings
 
 _bearer = HTTPBearer(auto_error=False, description="YRELAY_METRICS_TOKEN or YRELAY_OPS_TOKEN.")
 

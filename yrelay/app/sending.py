@@ -16,17 +16,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import protocol
-from ..deletion import DocumentDeleted, is_deletion
-from ..offsets import StreamId
-from ..store import Entry
-from ..transport.prepared_frames import text_frame
-from . import sizing
-from .acks import AckWindow
-from .fanout import Batch
+from yrelay import protocol
+from yrelay.app import sizing
+from yrelay.app.acks import AckWindow
+from yrelay.app.fanout import Batch
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import Entry
+from yrelay.storage.tombstones import DocumentDeleted, is_deletion
+from yrelay.transport.prepared_frames import text_frame
 
 if TYPE_CHECKING:
-    from .context import ServerContext
+    from yrelay.app.context import ServerContext
 
 MAX_PENDING_BATCHES = 64
 #: A deliver frame longer than this goes through the pump: a batch keeps its
@@ -157,7 +157,7 @@ class Sender:
     async def _send_entries(self, entries: list[Entry], shared: Shared | None = None) -> None:
         if not entries:
             return
-        if is_deletion(entries[-1]):  # the marker is the stream's last entry (yrelay/deletion.py)
+        if is_deletion(entries[-1]):  # the marker is the stream's last entry (yrelay/gc/deletion.py)
             raise DocumentDeleted(self.doc)
         visible = self._visible(entries)
         if visible:

@@ -10,12 +10,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from .. import __version__
-from ..auth import Authenticator
-from ..config import Settings
-from .relay import WEBSOCKET_PATH, Relay, is_sync
-from .web import mount_web_client
-from .yws_endpoint import yws_doc
+from yrelay import __version__
+from yrelay.app.relay import WEBSOCKET_PATH, Relay, is_sync
+from yrelay.app.web import mount_web_client
+from yrelay.app.yws_endpoint import yws_doc
+from yrelay.auth import Authenticator
+from yrelay.config import Settings
 
 
 class _YrelayApp(FastAPI):

@@ -17,7 +17,7 @@ import secrets
 
 from redis.asyncio import Redis
 
-from ..keys import SESSION_ID_PATTERN, session_key
+from yrelay.storage.keys import SESSION_ID_PATTERN, session_key
 
 
 class SessionRegistry:

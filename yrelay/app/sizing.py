@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..store import Entry
+from yrelay.storage.reads import Entry
 
 #: The largest update a read may meet before it has seen one (bytes).
 FIRST_GUESS = 256 * 1024

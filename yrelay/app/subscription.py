@@ -26,27 +26,28 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from .. import crdt, logs, protocol
-from ..backoff import Reconnect
-from ..deletion import DocumentDeleted
-from ..offsets import StreamId
-from ..protocol import ErrorCode, ProtocolError, ResyncReason
-from ..reconciliation.digest import Digest
-from ..reconciliation.stream_digest import WindowDigest
-from ..redis_client import lost_redis
-from ..storage.rewind import find_rewound
-from ..store import HistoryTrimmed
-from ..tasks import BackgroundTask
-from ..transport.lean import Kick
-from .acks import AckWindow
-from .engine_pool import EngineFailed
-from .fanout import Batch
-from .limits import DeliveryBudget
-from .resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point
-from .sending import Send, Sender, SendPrepared
+from yrelay import protocol
+from yrelay.app.acks import AckWindow
+from yrelay.app.fanout import Batch
+from yrelay.app.limits import DeliveryBudget
+from yrelay.app.resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point
+from yrelay.app.sending import Send, Sender, SendPrepared
+from yrelay.backoff import Reconnect
+from yrelay.observability import logs
+from yrelay.protocol import ErrorCode, ProtocolError, ResyncReason
+from yrelay.reconciliation.digest import Digest
+from yrelay.reconciliation.stream_digest import WindowDigest
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import HistoryTrimmed
+from yrelay.storage.rewind import find_rewound
+from yrelay.storage.tombstones import DocumentDeleted
+from yrelay.tasks import BackgroundTask, lost_redis
+from yrelay.transport.lean import Kick
+from yrelay.yjs import crdt
+from yrelay.yjs.engine_pool import EngineFailed
 
 if TYPE_CHECKING:
-    from .context import ServerContext
+    from yrelay.app.context import ServerContext
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import protocol
-from ..protocol import CheckSubscriptions, ErrorCode, ProtocolError, Reconcile
-from ..reconciliation import MalformedMessage, respond
-from .context import ServerContext
-from .payloads import decode_b64
+from yrelay import protocol
+from yrelay.app.context import ServerContext
+from yrelay.app.payloads import decode_b64
+from yrelay.protocol import CheckSubscriptions, ErrorCode, ProtocolError, Reconcile
+from yrelay.reconciliation import MalformedMessage, respond
 
 
 async def check(ctx: ServerContext, session: str, frame: CheckSubscriptions) -> dict[str, Any]:

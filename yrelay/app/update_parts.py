@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ..protocol import AnyUpdate, ErrorCode, ProtocolError
+from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
 

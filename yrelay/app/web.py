@@ -17,8 +17,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-from ..auth.origins import origin_allowed, own_origins
-from ..config import Settings
+from yrelay.auth.origins import origin_allowed, own_origins
+from yrelay.config import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
 

@@ -27,20 +27,21 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from .. import crdt, protocol
-from ..admission import Reading, read_for_storing
-from ..deletion import is_deleted_error
-from ..offsets import StreamId
-from ..protocol import AnyUpdate, ErrorCode, ProtocolError
-from ..storage.append import AppendResult, NotAdmitted
-from ..storage.replicas import ReplicationTimeout
-from ..update_format import MalformedUpdate
-from .allowance import Allowance
-from .context import ServerContext
-from .inflight import InflightUpdates
-from .payloads import decode_limited
-from .update_parts import Reject, UpdateParts
-from .validator import ValidatorUnavailable
+from yrelay import protocol
+from yrelay.app.allowance import Allowance
+from yrelay.app.context import ServerContext
+from yrelay.app.inflight import InflightUpdates
+from yrelay.app.payloads import decode_limited
+from yrelay.app.update_parts import Reject, UpdateParts
+from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
+from yrelay.storage.append import AppendResult, NotAdmitted
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.replicas import ReplicationTimeout
+from yrelay.storage.tombstones import is_deleted_error
+from yrelay.yjs import crdt
+from yrelay.yjs.admission import Reading, read_for_storing
+from yrelay.yjs.update_format import MalformedUpdate
+from yrelay.yjs.validator import ValidatorUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 ``new WebsocketProvider('wss://host/yws', doc, ydoc)`` works unchanged.
 
 One connection serves one document with binary y-protocols messages
-(:mod:`yrelay.yprotocol`). Its credentials go through the same
+(:mod:`yrelay.yjs.yprotocol`). Its credentials go through the same
 :class:`~.handshake.Handshake` as ``/ws`` (origin allowlist, token as a
 subprotocol ``yrelay.auth.<token>`` next to ``yrelay.yws``) and, for stock
 clients that can only add URL parameters, ``?token=``, taken out of the
@@ -23,7 +23,7 @@ request before anything can log it (:mod:`.yws_endpoint`, docs/security.md).
   ``/ws`` and ``/yws`` clients see each other.
 * Nothing is tracked: these connections never pin a stream.
 * The room of ``/yws/<room>`` may be any name: it maps one-to-one to a
-  document id (:func:`yrelay.keys.room_doc_id`); one no id can hold is
+  document id (:func:`yrelay.storage.keys.room_doc_id`); one no id can hold is
   refused once and held open (stock clients reconnect after a close).
 """
 
@@ -40,23 +40,24 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
-from .. import logs, yprotocol
-from ..auth import Principal
-from ..crdt import InvalidUpdate
-from ..keys import InvalidDocumentId, room_doc_id
-from ..protocol import ProtocolError, Update
-from ..tasks import TaskSet
-from ..transport.ws_protocol import trust
-from ..yprotocol import AwarenessMessage, QueryAwarenessMessage, SyncMessage, SyncStep, YProtocolError
-from .allowance import Allowance
-from .connection_presence import ConnectionPresence
-from .context import ServerContext
-from .engine_pool import EngineFailed
-from .handshake import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, Handshake
-from .pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
-from .resync import sync_answer
-from .write_path import WritePath
-from .yws_feed import YwsFeed
+from yrelay.app.allowance import Allowance
+from yrelay.app.connection_presence import ConnectionPresence
+from yrelay.app.context import ServerContext
+from yrelay.app.handshake import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, Handshake
+from yrelay.app.pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
+from yrelay.app.resync import sync_answer
+from yrelay.app.write_path import WritePath
+from yrelay.app.yws_feed import YwsFeed
+from yrelay.auth import Principal
+from yrelay.observability import logs
+from yrelay.protocol import ProtocolError, Update
+from yrelay.storage.keys import InvalidDocumentId, room_doc_id
+from yrelay.tasks import TaskSet
+from yrelay.transport.ws_protocol import trust
+from yrelay.yjs import yprotocol
+from yrelay.yjs.crdt import InvalidUpdate
+from yrelay.yjs.engine_pool import EngineFailed
+from yrelay.yjs.yprotocol import AwarenessMessage, QueryAwarenessMessage, SyncMessage, SyncStep, YProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from starlette._utils import get_route_path  # Starlette's own (routing re-expor
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .context import ServerContext
-from .yws import CLOSE_TRY_AGAIN, YwsConnection
+from yrelay.app.context import ServerContext
+from yrelay.app.yws import CLOSE_TRY_AGAIN, YwsConnection
 
 #: Where the endpoint is, relative to the relay's root: ``/yws/<doc>``.
 YWS_PREFIX = "/yws/"
@@ -39,7 +39,7 @@ def take_token(scope: Scope) -> str | None:
 def yws_doc(scope: Scope) -> str | None:
     """The room of a ``/yws/<room>`` websocket (percent-decoded, as the
     server received it), or None for any other request. The room becomes a
-    document id in :class:`.yws.YwsConnection` (:func:`yrelay.keys.room_doc_id`)."""
+    document id in :class:`.yws.YwsConnection` (:func:`yrelay.storage.keys.room_doc_id`)."""
     if scope["type"] != "websocket":
         return None
     routed = scope.get("path_params", {}).get("doc")

@@ -19,14 +19,14 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from .. import yprotocol
-from ..deletion import DocumentDeleted, is_deletion
-from ..offsets import StreamId
-from ..store import Entry, HistoryTrimmed, StreamRewound
-from ..tasks import spawn
-from .context import ServerContext
-from .fanout import Batch
-from .sending import PendingBatches
+from yrelay.app.context import ServerContext
+from yrelay.app.fanout import Batch
+from yrelay.app.sending import PendingBatches
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import Entry, HistoryTrimmed, StreamRewound
+from yrelay.storage.tombstones import DocumentDeleted, is_deletion
+from yrelay.tasks import spawn
+from yrelay.yjs import yprotocol
 
 log = logging.getLogger(__name__)
 

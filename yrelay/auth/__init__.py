@@ -4,7 +4,7 @@ own function), what they may read and write
 (:mod:`.principal`), revoked tokens (:mod:`.revocation`), browser origins
 (:mod:`.origins`) and issuing tokens (:mod:`.tokens`). See docs/security.md."""
 
-from .authenticator import (
+from yrelay.auth.authenticator import (
     AuthConfigurationError,
     Authenticator,
     AuthError,
@@ -12,11 +12,11 @@ from .authenticator import (
     NoAuthenticator,
     authenticator_for,
 )
-from .host import AuthenticateFn, HostAuthenticator
-from .origins import origin_allowed, own_origins
-from .principal import ANYONE, DocumentGrant, InvalidGrant, Permission, Principal
-from .revocation import AlreadyExpired, Revocations
-from .tokens import issue_token
+from yrelay.auth.host import AuthenticateFn, HostAuthenticator
+from yrelay.auth.origins import origin_allowed, own_origins
+from yrelay.auth.principal import ANYONE, DocumentGrant, InvalidGrant, Permission, Principal
+from yrelay.auth.revocation import AlreadyExpired, Revocations
+from yrelay.auth.tokens import issue_token
 
 __all__ = [
     "ANYONE",

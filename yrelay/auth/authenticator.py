@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import jwt
 
-from ..config import Settings
-from .principal import ANYONE, InvalidGrant, Principal
+from yrelay.auth.principal import ANYONE, InvalidGrant, Principal
+from yrelay.config import Settings
 
 #: Longest ``jti`` accepted (the revocation endpoint takes ids up to this long).
 MAX_TOKEN_ID_LENGTH = 200

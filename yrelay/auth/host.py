@@ -25,8 +25,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection
 
-from .authenticator import AuthError
-from .principal import Principal
+from yrelay.auth.authenticator import AuthError
+from yrelay.auth.principal import Principal
 
 #: ``(connection, token) -> Principal``, the host's function (async or plain).
 AuthenticateFn = Callable[[HTTPConnection, "str | None"], Awaitable[Principal] | Principal]

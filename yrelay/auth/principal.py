@@ -12,7 +12,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..keys import DOC_ID_PATTERN
+from yrelay.storage.keys import DOC_ID_PATTERN
 
 
 class Permission(str, enum.Enum):

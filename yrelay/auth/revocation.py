@@ -18,10 +18,9 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from ..keys import revoked_tokens_key
-from ..redis_client import lost_redis
-from ..replies import text
-from ..tasks import BackgroundTask, wait_event
+from yrelay.storage.keys import revoked_tokens_key
+from yrelay.storage.replies import text
+from yrelay.tasks import BackgroundTask, lost_redis, wait_event
 
 log = logging.getLogger(__name__)
 

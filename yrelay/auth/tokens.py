@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 import jwt
 
-from .principal import DocumentGrant, Permission
+from yrelay.auth.principal import DocumentGrant, Permission
 
 
 def issue_token(

@@ -1,8 +1,9 @@
 """The asyncio Python client (binds pycrdt or y-py documents to a yrelay
 server), and what it raises when the server says no (docs/protocol.md)."""
 
-from ..backoff import Backoff
-from ..exceptions import (
+from yrelay.backoff import Backoff
+from yrelay.client.client import AckedUpdate, ClientDocument, YrelayClient
+from yrelay.exceptions import (
     ClientError,
     Forbidden,
     Refused,
@@ -11,7 +12,6 @@ from ..exceptions import (
     Unauthorized,
     UpdatesRefused,
 )
-from .client import AckedUpdate, ClientDocument, YrelayClient
 
 __all__ = [
     "AckedUpdate",

@@ -1,6 +1,6 @@
 """An asyncio yrelay client that binds Yjs documents to a server: pycrdt
 documents by default, y-py ones with ``engine="y-py"`` (the ``ypy`` extra;
-:mod:`yrelay.crdt`).
+:mod:`yrelay.yjs.crdt`).
 
 It is the reference implementation of docs/protocol.md on the client side,
 and what the tests, the checker and the benchmarks drive.
@@ -42,20 +42,21 @@ from typing import Any
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from .. import crdt, protocol
-from ..awareness import AwarenessError
-from ..backoff import Backoff
-from ..exceptions import ClientError, Forbidden, ServerUnreachable, SubscribeRefused, Unauthorized, UpdatesRefused
-from ..keys import validate_doc_id
-from ..logs import WireFilter
-from ..offsets import StreamId
-from ..reconciliation import ReconciliationError
-from ..reconciliation.digest import Digest
-from ..reconciliation.held_entries import HeldEntries
-from .persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
-from .presence import RemotePresence
-from .sendbuffer import PendingUpdate, SendBuffer
-from .subscription_check import SubscriptionCheck, compare_subscriptions
+from yrelay import protocol
+from yrelay.backoff import Backoff
+from yrelay.client.persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate
+from yrelay.client.presence import RemotePresence
+from yrelay.client.sendbuffer import PendingUpdate, SendBuffer
+from yrelay.client.subscription_check import SubscriptionCheck, compare_subscriptions
+from yrelay.exceptions import ClientError, Forbidden, ServerUnreachable, SubscribeRefused, Unauthorized, UpdatesRefused
+from yrelay.observability.logs import WireFilter
+from yrelay.reconciliation import ReconciliationError
+from yrelay.reconciliation.digest import Digest
+from yrelay.reconciliation.held_entries import HeldEntries
+from yrelay.storage.keys import validate_doc_id
+from yrelay.storage.offsets import StreamId
+from yrelay.yjs import crdt
+from yrelay.yjs.awareness import AwarenessError
 
 log = logging.getLogger(__name__)
 #: The websockets library's debug lines of this client's sockets, without
@@ -154,7 +155,7 @@ class ClientDocument:
 
     name: str
     #: A ``pycrdt.Doc`` (the default engine) or a ``y_py.YDoc`` (``engine="y-py"``);
-    #: the :mod:`yrelay.crdt` helpers take either.
+    #: the :mod:`yrelay.yjs.crdt` helpers take either.
     ydoc: crdt.Doc
     offset: str | None = None
     #: Set when the client gave up resending: resync in full on resubscribe.
@@ -220,7 +221,7 @@ class YrelayClient:
         callable is asked again on every reconnect, so it can refresh it.
         ``engine``: the library of the documents the client makes, ``"pycrdt"``
         or ``"y-py"`` (needs the ``ypy`` extra; raises
-        :class:`yrelay.crdt.EngineMissing` without it); a document passed to
+        :class:`yrelay.yjs.crdt.EngineMissing` without it); a document passed to
         :meth:`subscribe` may be of either."""
         crdt.check_engine(engine)
         self.engine = engine
@@ -345,7 +346,7 @@ class YrelayClient:
         Raises :class:`Forbidden` when the token does not cover ``name``,
         :class:`SubscribeRefused` for the server's other refusals
         (``too_many_subscriptions``, over ``max_docs_per_connection``): the
-        document is then not bound. :class:`~yrelay.keys.InvalidDocumentId`
+        document is then not bound. :class:`~yrelay.storage.keys.InvalidDocumentId`
         (a ``ValueError``) for a name the protocol does not allow, before
         anything is sent; the :class:`Unauthorized` that stopped the client;
         ``TimeoutError`` when it is not synced within ``timeout`` seconds

@@ -11,7 +11,7 @@ not acknowledged. That needs:
   never stored;
 - per document, the Yjs state, the offset and held stream ids (the drift
   digest), and updates that may be pending in the document (neither engine's
-  ``encode_state`` carries them, see :class:`yrelay.crdt.Replica`);
+  ``encode_state`` carries them, see :class:`yrelay.yjs.crdt.Replica`);
 - the send buffer (updates not yet acked).
 
 Two files, so that the cost of an edit does not grow with the document:
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .. import protocol
+from yrelay import protocol
 
 #: Format of the file; a file of another version is ignored (the client starts fresh).
 VERSION = 1

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..awareness import decode_update
+from yrelay.yjs.awareness import decode_update
 
 #: Seconds a remote state lives without renewal (y-protocols' outdatedTimeout,
 #: the server's default ``presence_timeout``).
@@ -34,7 +34,7 @@ class RemotePresence:
     _renewed: dict[int, float] = field(default_factory=dict)
 
     def apply(self, data: bytes, now: float | None = None) -> dict[str, list[int]]:
-        """Apply an encoded update (:class:`~yrelay.awareness.AwarenessError`
+        """Apply an encoded update (:class:`~yrelay.yjs.awareness.AwarenessError`
         if it is malformed); a newer clock wins, and a ``null`` state at the
         same or a newer clock removes the entry. Returns what changed."""
         now = time.monotonic() if now is None else now

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..backoff import Backoff
+from yrelay.backoff import Backoff
 
 
 @dataclass

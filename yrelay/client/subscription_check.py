@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import protocol
-from ..reconciliation import Digest, MemoryIdSet, Reconciler
+from yrelay import protocol
+from yrelay.reconciliation import Digest, MemoryIdSet, Reconciler
 
 #: Sends a frame and returns the server's answer (the frame with the given op).
 Request = Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]

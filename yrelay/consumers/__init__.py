@@ -3,9 +3,9 @@ changes for services (search indexers, backups, exports); docs/consumers.md."""
 
 from __future__ import annotations
 
-from .batch import Batch
-from .group import ConsumerGroup
-from .progress import AckResult
-from .state import DocumentStates
+from yrelay.consumers.batch import Batch
+from yrelay.consumers.group import ConsumerGroup
+from yrelay.consumers.progress import AckResult
+from yrelay.consumers.state import DocumentStates
 
 __all__ = ["AckResult", "Batch", "ConsumerGroup", "DocumentStates"]

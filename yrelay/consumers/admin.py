@@ -15,7 +15,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ..keys import (
+from yrelay.consumers.handover import assignment_and_handovers
+from yrelay.consumers.leader import documents
+from yrelay.consumers.membership import redis_now_ms
+from yrelay.consumers.stats import group_stats
+from yrelay.storage.keys import (
     group_assignment_key,
     group_dead_letters_key,
     group_deleted_key,
@@ -30,12 +34,8 @@ from ..keys import (
     meta_key,
     stream_key,
 )
-from ..offsets import StreamId
-from ..replies import stream_id, text
-from .handover import assignment_and_handovers
-from .leader import documents
-from .membership import redis_now_ms
-from .stats import group_stats
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.replies import stream_id, text
 
 #: How long the deletion mark outlives the group: a member that was not
 #: heartbeating meanwhile (stopped by SIGSTOP, say) is told when it wakes.

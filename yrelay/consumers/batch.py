@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ..offsets import StreamId
-from ..store import Entry
-from .progress import AckResult
+from yrelay.consumers.progress import AckResult
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import Entry
 
 
 @dataclass

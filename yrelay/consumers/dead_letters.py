@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 
 from redis.asyncio import Redis
 
-from ..keys import group_dead_letters_key, validate_doc_id, validate_group_name
-from ..replies import text
+from yrelay.storage.keys import group_dead_letters_key, validate_doc_id, validate_group_name
+from yrelay.storage.replies import text
 
 
 @dataclass(frozen=True)

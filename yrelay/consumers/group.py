@@ -31,18 +31,17 @@ from functools import partial
 
 from redis.asyncio import Redis
 
-from ..eventlog import NullEventLog
-from ..events import EventSink
-from ..keys import group_meta_key, validate_group_name
-from ..redis_client import lost_redis
-from ..scripts import Scripts
-from ..tasks import BackgroundTask
-from .batch import Batch
-from .handover import assignment_and_handovers, release
-from .leader import Leader
-from .membership import Membership, redis_now_ms
-from .progress import Progress
-from .reader import Reader
+from yrelay.consumers.batch import Batch
+from yrelay.consumers.handover import assignment_and_handovers, release
+from yrelay.consumers.leader import Leader
+from yrelay.consumers.membership import Membership, redis_now_ms
+from yrelay.consumers.progress import Progress
+from yrelay.consumers.reader import Reader
+from yrelay.observability.eventlog import NullEventLog
+from yrelay.observability.events import EventSink
+from yrelay.storage.keys import group_meta_key, validate_group_name
+from yrelay.storage.scripts import Scripts
+from yrelay.tasks import BackgroundTask, lost_redis
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from ..keys import group_assignment_key, group_handover_key, group_meta_key
-from ..replies import text
-from ..scripts import Scripts
-from .membership import Assigned, parse_assignment
+from yrelay.consumers.membership import Assigned, parse_assignment
+from yrelay.storage.keys import group_assignment_key, group_handover_key, group_meta_key
+from yrelay.storage.replies import text
+from yrelay.storage.scripts import Scripts
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ live member (balanced, sticky), with a new version for each one that moves.
 
 Runs inside the heartbeat loop of whichever member holds the leader lease,
 once per beat: drop lapsed members, list the documents (the same registry
-GC pages, :mod:`yrelay.listing`, by the group's prefix), compute the assignment
+GC pages, :mod:`yrelay.storage.listing`, by the group's prefix), compute the assignment
 (:func:`~yrelay.consumers.assignment.assign`) and write what changed. The
 write is refused when the lease was lost meanwhile. A document whose member
 lapsed and that now goes to another is a *takeover*; one whose member is
@@ -18,14 +18,20 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.typing import EncodableT
 
-from ..events import EventSink
-from ..keys import group_assignment_key, group_handover_key, group_leader_key, group_members_key, group_meta_key
-from ..listing import all_documents
-from ..replies import text
-from ..scripts import Scripts
-from .assignment import assign, changes
-from .handover import assignment_and_handovers
-from .membership import Membership
+from yrelay.consumers.assignment import assign, changes
+from yrelay.consumers.handover import assignment_and_handovers
+from yrelay.consumers.membership import Membership
+from yrelay.observability.events import EventSink
+from yrelay.storage.keys import (
+    group_assignment_key,
+    group_handover_key,
+    group_leader_key,
+    group_members_key,
+    group_meta_key,
+)
+from yrelay.storage.listing import all_documents
+from yrelay.storage.replies import text
+from yrelay.storage.scripts import Scripts
 
 
 @dataclass

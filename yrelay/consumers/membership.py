@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from ..keys import (
+from yrelay.storage.keys import (
     group_assignment_key,
     group_deleted_key,
     group_leader_key,
@@ -24,8 +24,8 @@ from ..keys import (
     group_meta_key,
     groups_key,
 )
-from ..replies import text
-from ..scripts import Scripts
+from yrelay.storage.replies import text
+from yrelay.storage.scripts import Scripts
 
 
 async def redis_now_ms(redis: Redis) -> int:

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from ..backoff import Backoff, Reconnect
-from ..tasks import run_until
-from .batch import Batch
-from .group import ConsumerGroup
-from .progress import AckResult
-from .webhook import delivery_id, payload
+from yrelay.backoff import Backoff, Reconnect
+from yrelay.consumers.batch import Batch
+from yrelay.consumers.group import ConsumerGroup
+from yrelay.consumers.progress import AckResult
+from yrelay.consumers.webhook import delivery_id, payload
+from yrelay.tasks import run_until
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ..keys import group_leases_key, group_progress_key, meta_key
-from ..offsets import StreamId
-from ..replies import stream_id, text
-from ..scripts import Scripts
+from yrelay.storage.keys import group_leases_key, group_progress_key, meta_key
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.replies import stream_id, text
+from yrelay.storage.scripts import Scripts
 
 
 class AckResult(str, enum.Enum):

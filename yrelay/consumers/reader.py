@@ -26,16 +26,16 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from .. import redis_packed
-from ..deletion import is_deletion
-from ..events import EventSink
-from ..offsets import MAX_SEQ, StreamId
-from ..redis_client import lost_redis
-from ..replies import stream_id, text
-from ..storage.reader import DocEntries, DocumentReader, retrying
-from ..store import DocumentStore, Entry, to_entry
-from .batch import Batch
-from .progress import AckResult, Progress, StaleClaim
+from yrelay.consumers.batch import Batch
+from yrelay.consumers.progress import AckResult, Progress, StaleClaim
+from yrelay.observability.events import EventSink
+from yrelay.storage import packed as redis_packed
+from yrelay.storage.offsets import MAX_SEQ, StreamId
+from yrelay.storage.reader import DocEntries, DocumentReader, retrying
+from yrelay.storage.reads import DocumentStore, Entry, to_entry
+from yrelay.storage.replies import stream_id, text
+from yrelay.storage.tombstones import is_deletion
+from yrelay.tasks import lost_redis
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ class Reader:
         """:meth:`~.progress.Progress.mark_read` for each (doc, version,
         through), in one round trip: packed by hand on one Redis (redis-py's
         pipeline sends a ``SCRIPT EXISTS`` first, a second round trip per
-        batch: :mod:`yrelay.redis_packed`), redis-py's on a cluster."""
+        batch: :mod:`yrelay.storage.packed`), redis-py's on a cluster."""
         async with redis_packed.pipeline(self.redis) as pipe:
             for doc, version, through in marks:
                 await self.progress.mark_read(pipe, doc, version, through)
@@ -432,7 +432,7 @@ class Reader:
             held.cursor = entries[-1].id
             held.unacked.append((entries[0].id, held.cursor, len(entries)))
             held.head = max(stream_id(head or None) or held.cursor, held.cursor)
-            deleted = is_deletion(entries[-1])  # the marker ends the stream (yrelay/deletion.py)
+            deleted = is_deletion(entries[-1])  # the marker ends the stream (yrelay/gc/deletion.py)
             batches.append(
                 Batch(
                     doc, entries[:-1] if deleted else entries, held.version, held.cursor, deleted=deleted, _ack=self.ack

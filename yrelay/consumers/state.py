@@ -28,8 +28,8 @@ from typing import Any
 import pycrdt
 from redis.asyncio import Redis
 
-from ..store import DocumentStore
-from .batch import Batch
+from yrelay.consumers.batch import Batch
+from yrelay.storage.reads import DocumentStore
 
 
 def _apply_all(doc: pycrdt.Doc[Any], updates: list[bytes]) -> None:

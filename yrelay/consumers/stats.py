@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from ..keys import group_members_key, group_meta_key
-from ..replies import text
-from .membership import listed_groups
+from yrelay.consumers.membership import listed_groups
+from yrelay.storage.keys import group_members_key, group_meta_key
+from yrelay.storage.replies import text
 
 
 @dataclass(frozen=True)

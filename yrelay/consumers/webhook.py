@@ -37,16 +37,15 @@ from urllib.parse import quote
 
 from redis.asyncio import Redis
 
-from ..backoff import Backoff, Reconnect
-from ..redis_client import lost_redis
-from ..tasks import BackgroundTask, run_until, spawn
-from .batch import Batch
-from .dead_letters import DeadLetter, DeadLetters, now
-from .group import ConsumerGroup
-from .progress import AckResult
-from .signature import DELIVERY_HEADER, HEADER, sign, verify_signature
-from .state import DocumentStates
-from .webhook_stats import StatsFlusher, WebhookStats
+from yrelay.backoff import Backoff, Reconnect
+from yrelay.consumers.batch import Batch
+from yrelay.consumers.dead_letters import DeadLetter, DeadLetters, now
+from yrelay.consumers.group import ConsumerGroup
+from yrelay.consumers.progress import AckResult
+from yrelay.consumers.signature import DELIVERY_HEADER, HEADER, sign, verify_signature
+from yrelay.consumers.state import DocumentStates
+from yrelay.consumers.webhook_stats import StatsFlusher, WebhookStats
+from yrelay.tasks import BackgroundTask, lost_redis, run_until, spawn
 
 if TYPE_CHECKING:  # httpx is the webhooks extra: imported when a Webhook is made, so a lean install imports this module
     import httpx

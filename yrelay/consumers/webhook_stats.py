@@ -21,8 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
-from ..keys import group_dead_letters_key, group_webhook_stats_key
-from ..replies import text
+from yrelay.storage.keys import group_dead_letters_key, group_webhook_stats_key
+from yrelay.storage.replies import text
 
 #: Upper bounds (seconds) of the delivery latency histogram: one request, sent to answered.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

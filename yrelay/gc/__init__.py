@@ -6,10 +6,10 @@ the thresholds. The package is named ``yrelay.gc``; nothing here shadows the
 standard library's ``gc``.
 """
 
-from ..listing import all_documents
-from .collector import Collector, DocReport, Step
-from .policy import GcPolicy
-from .schedule import DueSet, GcLoop, PassSummary, collect_documents, run_due_pass
+from yrelay.gc.collector import Collector, DocReport, Step
+from yrelay.gc.policy import GcPolicy
+from yrelay.gc.schedule import DueSet, GcLoop, PassSummary, collect_documents, run_due_pass
+from yrelay.storage.listing import all_documents
 
 __all__ = [
     "Collector",

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from ..admission import StateBuilder
-from ..events import EventSink
-from ..keys import dropped_key
-from ..store import DocumentStore, HistoryTrimmed
+from yrelay.observability.events import EventSink
+from yrelay.storage.keys import dropped_key
+from yrelay.storage.reads import DocumentStore, HistoryTrimmed
+from yrelay.yjs.admission import StateBuilder
 
 
 async def find_blocked(store: DocumentStore, doc: str) -> list[str]:

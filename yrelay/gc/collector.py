@@ -7,10 +7,10 @@ Per document, the steps and why each crash point is safe:
 1. **evict** (``gc_evict.lua``): ``ZREMRANGEBYSCORE`` on the tracker. An
    evicted session is resynced on its next ack or reconnect.
 2. **fold** (off the event loop: in the server, an engine worker process,
-   :mod:`yrelay.app.engine_pool`; elsewhere a thread): snapshot + entries in
+   :mod:`yrelay.yjs.engine_pool`; elsewhere a thread): snapshot + entries in
    ``(snapshot_offset, P]`` where ``P`` is the lowest tracker score left (the
    last id when nobody is tracked). The result is reloaded and checked range by
-   range (:func:`yrelay.engine.fold`); an entry that did not land stops the fold
+   range (:func:`yrelay.yjs.engine.fold`); an entry that did not land stops the fold
    just before it and stays in the stream. A fold that fails (the worker's
    deadline, a crash) stores nothing: the document waits for the next pass.
 3. **snapshot** (``gc_snapshot.lua``): compare-and-set of snapshot and
@@ -47,19 +47,19 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from .. import crdt, engine
-from ..eventlog import NullEventLog
-from ..events import EventSink
-from ..keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
-from ..offsets import ZERO, StreamId
-from ..reconciliation.digest import hash_hex, item_hash
-from ..redis_client import lost_redis
-from ..replies import stream_entries, stream_id, text
-from ..scripts import Scripts
-from ..store import Entry, to_entry
-from ..tracker.tracker import session_documents
-from .groups import evict_groups
-from .policy import GcPolicy
+from yrelay.gc.groups import evict_groups
+from yrelay.gc.policy import GcPolicy
+from yrelay.observability.eventlog import NullEventLog
+from yrelay.observability.events import EventSink
+from yrelay.reconciliation.digest import hash_hex, item_hash
+from yrelay.storage.keys import dedup_key, dropped_key, meta_key, snapshot_key, stream_key, tracker_key
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.reads import Entry, to_entry
+from yrelay.storage.replies import stream_entries, stream_id, text
+from yrelay.storage.scripts import Scripts
+from yrelay.tasks import lost_redis
+from yrelay.tracker.tracker import session_documents
+from yrelay.yjs import crdt, engine
 
 
 class Step(str, enum.Enum):
@@ -77,7 +77,7 @@ READ_PAGE = 250
 #: Entries per trim script: it reads them, HDELs their dedup fields and XORs
 #: their hashes out of the digest in Lua, Redis serving nobody else meanwhile.
 TRIM_CHUNK = 500
-#: Folds updates into a snapshot: :func:`yrelay.engine.fold`, somewhere off the loop.
+#: Folds updates into a snapshot: :func:`yrelay.yjs.engine.fold`, somewhere off the loop.
 Folder = Callable[[bytes, Sequence[bytes]], Awaitable[engine.Fold]]
 
 

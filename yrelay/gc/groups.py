@@ -19,12 +19,12 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from ..consumers.membership import listed_groups
-from ..events import EventSink
-from ..keys import group_leases_key, group_members_key, group_progress_key, stream_key
-from ..offsets import StreamId
-from ..replies import text
-from ..scripts import Scripts
+from yrelay.consumers.membership import listed_groups
+from yrelay.observability.events import EventSink
+from yrelay.storage.keys import group_leases_key, group_members_key, group_progress_key, stream_key
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.replies import text
+from yrelay.storage.scripts import Scripts
 
 
 async def live_groups(redis: Redis) -> list[str]:

@@ -1,7 +1,7 @@
 """Which documents a GC pass looks at, and the loop that runs passes.
 
 Appends mark documents as changed in the due set, split into buckets (see
-:mod:`yrelay.listing`); a pass claims due documents from it, bucket by
+:mod:`yrelay.storage.listing`); a pass claims due documents from it, bucket by
 bucket, under a lease (``gc_claim.lua``, one bucket key per call: one cluster
 slot), collects them, and hands them back (``gc_release.lua``): settled ones
 leave the set, the rest come due again after one interval. A pass never scans the keyspace, and processes running passes
@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.typing import EncodableT
 
-from ..keys import DOCUMENT_BUCKETS, bucket_gc_due_key
-from ..listing import all_documents, by_bucket, fold_unbucketed, registry_counts
-from ..redis_client import lost_redis
-from ..replies import text
-from ..scripts import Scripts
-from ..tasks import BackgroundTask
-from .collector import Collector, DocReport
+from yrelay.gc.collector import Collector, DocReport
+from yrelay.storage.keys import DOCUMENT_BUCKETS, bucket_gc_due_key
+from yrelay.storage.listing import all_documents, by_bucket, fold_unbucketed, registry_counts
+from yrelay.storage.replies import text
+from yrelay.storage.scripts import Scripts
+from yrelay.tasks import BackgroundTask, lost_redis
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ reconciliation. Independent of websockets: messages are bytes.
 
 from __future__ import annotations
 
-from .digest import Digest, DigestSet, digest_of, hash_hex, item_hash
-from .messages import MalformedMessage
-from .protocol import FULL_LIST_FRACTION, Limits, Reconciler, ReconciliationError, respond
-from .redis_idset import RedisIdSet
-from .storage import IdSet, MemoryIdSet, Range
+from yrelay.reconciliation.digest import Digest, DigestSet, digest_of, hash_hex, item_hash
+from yrelay.reconciliation.messages import MalformedMessage
+from yrelay.reconciliation.protocol import FULL_LIST_FRACTION, Limits, Reconciler, ReconciliationError, respond
+from yrelay.reconciliation.redis_idset import RedisIdSet
+from yrelay.reconciliation.storage import IdSet, MemoryIdSet, Range
 
 __all__ = [
     "FULL_LIST_FRACTION",

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import bisect
 
-from ..offsets import ZERO, StreamId
-from .digest import Digest, item_hash
+from yrelay.reconciliation.digest import Digest, item_hash
+from yrelay.storage.offsets import ZERO, StreamId
 
 #: Ids a client keeps per document before its window's base moves up.
 DEFAULT_MAX_IDS = 50_000

@@ -16,7 +16,7 @@ the last entry.
                     each id prefix-compressed against the previous one (the
                     first against the entry's lower bound)
 
-A varint is a lib0 varuint (:mod:`yrelay.lib0`, at most 2**53 - 1).
+A varint is a lib0 varuint (:mod:`yrelay.yjs.lib0`, at most 2**53 - 1).
 Bounds are :func:`~yrelay.reconciliation.storage.separator` prefixes and
 share a prefix with their predecessor, so one costs about three bytes and a
 fingerprint entry about thirteen. Decoding trusts nothing: every violation
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from ..lib0 import Reader, write_varuint
-from .storage import common_prefix
+from yrelay.reconciliation.storage import common_prefix
+from yrelay.yjs.lib0 import Reader, write_varuint
 
 VERSION = 1
 FINGERPRINT_BYTES = 8

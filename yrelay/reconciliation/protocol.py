@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import reduce
 
-from .digest import Digest, xor_hashes
-from .messages import (
+from yrelay.reconciliation.digest import Digest, xor_hashes
+from yrelay.reconciliation.messages import (
     MAX_ID_BYTES,
     REPLY_MODES,
     REQUEST_MODES,
@@ -40,7 +40,7 @@ from .messages import (
     fingerprint,
     id_sizes,
 )
-from .storage import WHOLE, IdSet, Range, separator
+from yrelay.reconciliation.storage import WHOLE, IdSet, Range, separator
 
 #: Parts per split. 16 keeps one difference among a million ids under 1 KB
 #: (four rounds of 16 fingerprints, then a 16-id leaf) in three round trips.

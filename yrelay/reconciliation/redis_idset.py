@@ -21,10 +21,10 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from ..replies import text
-from ..scripts import Scripts
-from .digest import Digest, hash_hex, item_hash, xor_hashes
-from .storage import WHOLE, Part, Range, parts_of
+from yrelay.reconciliation.digest import Digest, hash_hex, item_hash, xor_hashes
+from yrelay.reconciliation.storage import WHOLE, Part, Range, parts_of
+from yrelay.storage.replies import text
+from yrelay.storage.scripts import Scripts
 
 #: Ids per script call: bounds how long one call blocks Redis.
 UPDATE_BATCH = 1_000

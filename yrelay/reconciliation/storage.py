@@ -19,7 +19,7 @@ from typing import Protocol
 
 from xxhash import xxh3_128_intdigest
 
-from .digest import Digest, DigestSet, xor_hashes
+from yrelay.reconciliation.digest import Digest, DigestSet, xor_hashes
 
 #: ``(lower, upper)``: ids ``x`` with ``lower <= x`` and (``upper`` is None or ``x < upper``).
 Range = tuple[str, str | None]

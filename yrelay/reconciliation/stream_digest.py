@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.typing import EncodableT
 
-from ..keys import meta_key, stream_key
-from ..listing import all_documents
-from ..offsets import ZERO, StreamId
-from ..replies import stream_entries, stream_id, text
-from ..scripts import Scripts
-from .digest import Digest, hash_hex, item_hash, xor_hashes
+from yrelay.reconciliation.digest import Digest, hash_hex, item_hash, xor_hashes
+from yrelay.storage.keys import meta_key, stream_key
+from yrelay.storage.listing import all_documents
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.replies import stream_entries, stream_id, text
+from yrelay.storage.scripts import Scripts
 
 log = logging.getLogger(__name__)
 

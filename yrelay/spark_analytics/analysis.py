@@ -20,10 +20,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, IntegerType, LongType, StructField, StructType
 
-from .current import current_lag, stream_lengths
-from .documents import document_figures, events_over_time, resyncs_by_reason
-from .events import EventLog
-from .lag import (
+from yrelay.spark_analytics.current import current_lag, stream_lengths
+from yrelay.spark_analytics.documents import document_figures, events_over_time, resyncs_by_reason
+from yrelay.spark_analytics.events import EventLog
+from yrelay.spark_analytics.lag import (
     GROUP_LAG_COLUMNS,
     LAG_COLUMNS,
     ack_lag,
@@ -34,11 +34,11 @@ from .lag import (
     lag_timeline,
     own_appends,
 )
-from .latency import delivery_latency, latency_histogram, latency_summary
-from .schema import EventType
-from .sessions import session_presence
-from .status import session_status
-from .tables import Status, Table
+from yrelay.spark_analytics.latency import delivery_latency, latency_histogram, latency_summary
+from yrelay.spark_analytics.schema import EventType
+from yrelay.spark_analytics.sessions import session_presence
+from yrelay.spark_analytics.status import session_status
+from yrelay.spark_analytics.tables import Status, Table
 
 #: Bucket widths (s) the automatic choice picks from: the smallest that cuts
 #: the log's span into at most :data:`MAX_BUCKETS` buckets.

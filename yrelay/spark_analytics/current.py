@@ -20,7 +20,7 @@ RedisReader = Callable[[SparkSession, str], tuple[DataFrame, DataFrame]]
 
 def read_redis(spark: SparkSession, url: str) -> tuple[DataFrame, DataFrame]:
     """The real reader: every registered document, through the yrelay data source."""
-    from .redis_source import redis_tables
+    from yrelay.spark_analytics.redis_source import redis_tables
 
     return redis_tables(spark, url, docs=None)
 

@@ -29,7 +29,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from .tables import SEVERITY, STATUS_LABELS, Status, Table
+from yrelay.spark_analytics.tables import SEVERITY, STATUS_LABELS, Status, Table
 
 DASHBOARD = "dashboard.html"
 #: Sessions drawn in the lag chart (the worst ones not OK; more is unreadable).

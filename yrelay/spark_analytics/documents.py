@@ -20,8 +20,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from .lag import appends, is_new_entry
-from .schema import EventType, time_bucket
+from yrelay.spark_analytics.lag import appends, is_new_entry
+from yrelay.spark_analytics.schema import EventType, time_bucket
 
 DOCUMENT_COLUMNS = [
     "doc",

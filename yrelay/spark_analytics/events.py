@@ -16,7 +16,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .schema import CORRUPT, READ_SCHEMA, SCHEMA_VERSIONS, score
+from yrelay.spark_analytics.schema import CORRUPT, READ_SCHEMA, SCHEMA_VERSIONS, score
 
 #: How the reader classifies a line (the ``line`` column of the raw cache).
 VALID, CORRUPT_LINE, OTHER_VERSION = "valid", "corrupt", "other_version"

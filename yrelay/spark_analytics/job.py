@@ -18,11 +18,11 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .analysis import Analysis, Options
-from .current import RedisReader, read_redis
-from .dashboard import render
-from .events import event_files, read_events
-from .tables import Table
+from yrelay.spark_analytics.analysis import Analysis, Options
+from yrelay.spark_analytics.current import RedisReader, read_redis
+from yrelay.spark_analytics.dashboard import render
+from yrelay.spark_analytics.events import event_files, read_events
+from yrelay.spark_analytics.tables import Table
 
 #: ``(what is starting, steps done, steps in all)``, called before each step.
 OnStep = Callable[[str, int, int], None]

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from .schema import EventType, score_ms, time_bucket
+from yrelay.spark_analytics.schema import EventType, score_ms, time_bucket
 
 #: Columns of the lag table (one row per ack).
 LAG_COLUMNS = ["doc", "session", "ts", "time", "offset", "head", "lag_entries", "lag_ms"]

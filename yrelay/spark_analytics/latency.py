@@ -30,7 +30,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
-from .schema import EventType
+from yrelay.spark_analytics.schema import EventType
 
 PERCENTILES = (0.5, 0.95, 0.99)
 #: Lower bounds (ms) of the latency histogram's bins.

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import redis
 
-from .redis_options import SourceOptionError, redacted
+from yrelay.spark_analytics.redis_options import SourceOptionError, redacted
 
 #: Seconds to wait for a TCP connection: an unreachable host fails fast.
 CONNECT_TIMEOUT = 5.0

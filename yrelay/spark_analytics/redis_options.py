@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from ..keys import InvalidDocumentId, validate_doc_id
-from ..tracker.lag import COUNT_CAP
+from yrelay.storage.keys import InvalidDocumentId, validate_doc_id
+from yrelay.tracker.lag import COUNT_CAP
 
 DEFAULT_DOCS_PER_PARTITION = 100
 #: What redis-py's ``Redis.from_url`` accepts.
@@ -40,7 +40,7 @@ class SourceOptions:
 
     url: str
     kind: Kind = Kind.ENTRIES
-    #: None: every document in the registry (yrelay/listing.py).
+    #: None: every document in the registry (yrelay/storage/listing.py).
     docs: tuple[str, ...] | None = None
     docs_per_partition: int = DEFAULT_DOCS_PER_PARTITION
     #: entries: also ship the Yjs update bytes (column ``update``).

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..keys import stream_key, tracker_key
-from ..listing import BucketMerge
-from ..offsets import StreamId
-from ..replies import RawEntry, scored, stream_entries, text
-from .redis_connection import SyncRedis
+from yrelay.spark_analytics.redis_connection import SyncRedis
+from yrelay.storage.keys import stream_key, tracker_key
+from yrelay.storage.listing import BucketMerge
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.replies import RawEntry, scored, stream_entries, text
 
 #: Ids per ZRANGE BYLEX page of the registry.
 REGISTRY_PAGE = 1000
@@ -26,7 +26,7 @@ TRACKER_PAGE = 1000
 
 
 def registered_documents(client: SyncRedis, page: int = REGISTRY_PAGE) -> Iterator[str]:
-    """Every document of the registry (its buckets merged: yrelay/listing.py), in id order."""
+    """Every document of the registry (its buckets merged: yrelay/storage/listing.py), in id order."""
     merge = BucketMerge(page)
     while not merge.done:
         wanted = merge.wanted()

@@ -18,12 +18,12 @@ from itertools import chain, islice
 
 import pyarrow as pa
 
-from ..keys import meta_key
-from ..offsets import ZERO, StreamId
-from ..replies import RawEntry, stream_id
-from .redis_connection import SyncRedis
-from .redis_options import Kind, SourceOptions
-from .redis_pages import entry_id, stream_pages, tracker_pages
+from yrelay.spark_analytics.redis_connection import SyncRedis
+from yrelay.spark_analytics.redis_options import Kind, SourceOptions
+from yrelay.spark_analytics.redis_pages import entry_id, stream_pages, tracker_pages
+from yrelay.storage.keys import meta_key
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.replies import RawEntry, stream_id
 
 #: One row of a table (values in its schema's column order).
 Row = tuple[object, ...]

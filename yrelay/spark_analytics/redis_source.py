@@ -25,10 +25,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from .redis_connection import connected
-from .redis_options import Kind, SourceOptionError, SourceOptions
-from .redis_pages import registered_documents
-from .redis_rows import arrow_schema, table_batches
+from yrelay.spark_analytics.redis_connection import connected
+from yrelay.spark_analytics.redis_options import Kind, SourceOptionError, SourceOptions
+from yrelay.spark_analytics.redis_pages import registered_documents
+from yrelay.spark_analytics.redis_rows import arrow_schema, table_batches
 
 NAME = "yrelay"
 

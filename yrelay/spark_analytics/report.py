@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from .tables import SEVERITY
+from yrelay.spark_analytics.tables import SEVERITY
 
 if TYPE_CHECKING:  # pyspark is imported once the bar is on screen
     from pyspark import SparkContext
@@ -123,7 +123,7 @@ HEADLINE = [
 
 def summary_table(summary: dict[str, Any], out: str) -> RichTable:
     """The headline figures, as the job returned them, with human labels."""
-    from .dashboard import SUMMARY_LABELS
+    from yrelay.spark_analytics.dashboard import SUMMARY_LABELS
 
     table = RichTable(title=f"yrelay analyze: {summary.get('events', 0):,} events")
     table.add_column("figure")

@@ -22,7 +22,7 @@ from pyspark.sql.types import BooleanType, DataType, IntegerType, LongType, Stri
 SCHEMA_VERSIONS = (1, 2)
 #: Spark puts the raw text of a line it could not parse into this column.
 CORRUPT = "_corrupt"
-#: A stream id ``"<ms>-<seq>"`` maps to ``ms * SCORE_FACTOR + seq`` (yrelay.offsets).
+#: A stream id ``"<ms>-<seq>"`` maps to ``ms * SCORE_FACTOR + seq`` (yrelay.storage.offsets).
 SCORE_FACTOR = 1000
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from .schema import EventType
+from yrelay.spark_analytics.schema import EventType
 
 
 def session_presence(events: DataFrame) -> DataFrame:

@@ -44,9 +44,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from .lag import lag_at_end
-from .schema import EventType
-from .tables import Status
+from yrelay.spark_analytics.lag import lag_at_end
+from yrelay.spark_analytics.schema import EventType
+from yrelay.spark_analytics.tables import Status
 
 STATUS_COLUMNS = [
     "doc",

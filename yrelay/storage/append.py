@@ -9,10 +9,10 @@ On this machine batching is the difference between ~10k and ~60k XADD/s. Order
 is kept: updates of one document are appended in the order they were submitted.
 A failing document (say, a key of the wrong type) fails only its own updates.
 The same pipeline marks the documents as changed for GC (``listing.mark_changed``)
-and, on one Redis, announces them to the fan-outs (:mod:`yrelay.change_feed`).
+and, on one Redis, announces them to the fan-outs (:mod:`yrelay.storage.change_feed`).
 
 The script admits an update only if the document can apply it (causal
-admission, :mod:`yrelay.admission`). A refused update fails with
+admission, :mod:`yrelay.yjs.admission`). A refused update fails with
 :class:`NotAdmitted`, except a sync push (a diff that may carry content its
 sender could not apply either): its causally ready part is submitted again
 in its place, and what was left out is reported with the result.
@@ -30,19 +30,19 @@ from typing import Any, cast
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT
 
-from .. import redis_packed
-from ..admission import Needs, needs_of, ready_part
-from ..change_feed import announce, announce_in
-from ..clocks import bring_clocks_up_to_date
-from ..keys import clocks_key, dedup_key, meta_key, stream_key
-from ..listing import mark_changed
-from ..redis_client import UNREACHABLE
-from ..replies import text
-from ..store import DocumentStore
-from ..tasks import BackgroundTask, TaskSet
-from ..tombstones import is_deleted_error, unlist
-from ..update_format import Layout, MalformedUpdate, Ranges, read_layout
-from .replicas import ReplicationTimeout, ReplicaWait
+from yrelay.storage import packed as redis_packed
+from yrelay.storage.change_feed import announce, announce_in
+from yrelay.storage.client import UNREACHABLE
+from yrelay.storage.clocks import bring_clocks_up_to_date
+from yrelay.storage.keys import clocks_key, dedup_key, meta_key, stream_key
+from yrelay.storage.listing import mark_changed
+from yrelay.storage.reads import DocumentStore
+from yrelay.storage.replicas import ReplicationTimeout, ReplicaWait
+from yrelay.storage.replies import text
+from yrelay.storage.tombstones import is_deleted_error, unlist
+from yrelay.tasks import BackgroundTask, TaskSet
+from yrelay.yjs.admission import Needs, needs_of, ready_part
+from yrelay.yjs.update_format import Layout, MalformedUpdate, Ranges, read_layout
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Appender:
         #: ``ack_replicas``: each batch ends with a WAIT (:mod:`.replicas`).
         self.replicas = replicas
         #: Told of each batch's documents once it is stored (the cluster
-        #: wake-up: :func:`yrelay.change_feed.announce_buckets`).
+        #: wake-up: :func:`yrelay.storage.change_feed.announce_buckets`).
         self.announce = announce
         self._pending: list[_Item] = []
         self._wake = asyncio.Event()

@@ -10,7 +10,7 @@ has something new, never every document followed:
 
 - **One Redis: the change stream.** Every append batch ends with one entry
   on the capped change stream naming its documents (``yrelay:changes``,
-  :func:`yrelay.change_feed.announce_in`, in the batch's own pipeline, so
+  :func:`yrelay.storage.change_feed.announce_in`, in the batch's own pipeline, so
   whoever reads it finds the entries). A round is one ``XREAD BLOCK`` over
   the change stream and the documents the announcements read the round
   before named (:class:`ChangeFeed`), packed here from per-document pieces
@@ -21,7 +21,7 @@ has something new, never every document followed:
 - **A Redis Cluster: per-bucket wake-ups.** A cluster refuses a multi-key
   XREAD across slots (``CROSSSLOT``), and every document has its own slot.
   The appender adds one entry per bucket the batch touched
-  (:func:`yrelay.change_feed.announce_buckets`, after the batch's pipeline
+  (:func:`yrelay.storage.change_feed.announce_buckets`, after the batch's pipeline
   answered); :class:`BucketWakeups` blocks one task per bucket (16) on its
   bucket's stream and collects the documents named that are followed, and
   a round reads those, one single-key XREAD each in one pipeline
@@ -61,16 +61,16 @@ from typing import Any, NamedTuple, Protocol, TypeVar, cast
 import redis.exceptions
 from redis.asyncio import Redis, RedisCluster
 
-from .. import redis_packed
-from ..backoff import Reconnect
-from ..change_feed import announced
-from ..keys import DOCUMENT_BUCKETS, bucket_changes_key, changes_key, stream_key
-from ..offsets import StreamId
-from ..redis_client import CLUSTER_TRANSIENT, UNREACHABLE, is_cluster, lost_redis, xread_one
-from ..redis_packed import bulk
-from ..replies import RawEntry, is_wrong_type, text
-from ..tasks import BackgroundTask, raise_lost_cancel, spawn, wait_event
-from .rewind import find_rewound
+from yrelay.backoff import Reconnect
+from yrelay.storage import packed as redis_packed
+from yrelay.storage.change_feed import announced
+from yrelay.storage.client import CLUSTER_TRANSIENT, UNREACHABLE, is_cluster, xread_one
+from yrelay.storage.keys import DOCUMENT_BUCKETS, bucket_changes_key, changes_key, stream_key
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.packed import bulk
+from yrelay.storage.replies import RawEntry, is_wrong_type, text
+from yrelay.storage.rewind import find_rewound
+from yrelay.tasks import BackgroundTask, lost_redis, raise_lost_cancel, spawn, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ _CHANGES_KEY = bulk(_CHANGES_RAW_KEY)
 
 
 def doc_of(key: bytes) -> str:
-    """The document of a stream key (:func:`yrelay.keys.stream_key`)."""
+    """The document of a stream key (:func:`yrelay.storage.keys.stream_key`)."""
     return key[len(_STREAM_PREFIX) : -len(_STREAM_SUFFIX)].decode()
 
 
@@ -139,7 +139,7 @@ async def retrying(
 ) -> AsyncIterator[T]:
     """A reading loop: what each ``step()`` (a round, and what its user
     makes of it) returns, until ``until()``. Redis lost (or refusing for a
-    while: BUSY, MASTERDOWN, :func:`~yrelay.redis_client.lost_redis`) is
+    while: BUSY, MASTERDOWN, :func:`~yrelay.storage.client.lost_redis`) is
     logged (``lost``, a warning), then ``failed()`` (a reader loop's user:
     :meth:`DocumentReader.failed`) and a backoff of 0.1 s doubling to 5 s,
     from 0.1 s again after a step that succeeded. Anything else is raised

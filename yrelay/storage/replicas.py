@@ -33,9 +33,9 @@ from typing import cast
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline
 
-from ..keys import replication_probe_key
-from ..redis_client import is_cluster
-from ..redis_packed import CommandQueue
+from yrelay.storage.client import is_cluster
+from yrelay.storage.keys import replication_probe_key
+from yrelay.storage.packed import CommandQueue
 
 log = logging.getLogger(__name__)
 

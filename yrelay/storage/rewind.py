@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..keys import meta_key, stream_key
-from ..offsets import ZERO, StreamId
-from ..redis_client import UNREACHABLE
-from ..replies import stream_id
+from yrelay.storage.client import UNREACHABLE
+from yrelay.storage.keys import meta_key, stream_key
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.replies import stream_id
 
 #: Documents per pipeline: a process following 100k documents checks them
 #: in pages, not in one 300k-command pipeline.

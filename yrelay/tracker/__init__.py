@@ -1,5 +1,5 @@
 """The tracker: each session's acknowledged offset per document."""
 
-from .tracker import AckWriter, Tracker
+from yrelay.tracker.tracker import AckWriter, Tracker
 
 __all__ = ["AckWriter", "Tracker"]

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from ..keys import meta_key, snapshot_key, stream_key, tracker_key
-from ..offsets import ZERO, StreamId
-from ..replies import stream_entries, stream_id, text
+from yrelay.storage.keys import meta_key, snapshot_key, stream_key, tracker_key
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.replies import stream_entries, stream_id, text
 
 COUNT_CAP = 100_000
 _PAGE = 1_000

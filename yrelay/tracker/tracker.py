@@ -22,14 +22,13 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from .. import redis_packed
-from ..keys import session_documents_digest_key, session_documents_key, tracker_key
-from ..offsets import StreamId
-from ..reconciliation.redis_idset import RedisIdSet
-from ..redis_client import lost_redis
-from ..replies import scored
-from ..scripts import Scripts
-from ..tasks import BackgroundTask
+from yrelay.reconciliation.redis_idset import RedisIdSet
+from yrelay.storage import packed as redis_packed
+from yrelay.storage.keys import session_documents_digest_key, session_documents_key, tracker_key
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.replies import scored
+from yrelay.storage.scripts import Scripts
+from yrelay.tasks import BackgroundTask, lost_redis
 
 log = logging.getLogger(__name__)
 

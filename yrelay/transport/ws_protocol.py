@@ -27,11 +27,11 @@ from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFact
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from .buckets import DebtBucket
-from .frame_walker import FrameWalker
-from .lean import Flag, Inbox
-from .prepared_frames import PREPARED_FRAMES
-from .receiving import RECEIVING
+from yrelay.transport.buckets import DebtBucket
+from yrelay.transport.frame_walker import FrameWalker
+from yrelay.transport.lean import Flag, Inbox
+from yrelay.transport.prepared_frames import PREPARED_FRAMES
+from yrelay.transport.receiving import RECEIVING
 
 #: The ASGI scope extension through which the app says the connection
 #: authenticated: its messages may then be as large as ``ws_max_size``

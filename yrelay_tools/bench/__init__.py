@@ -10,6 +10,6 @@ measured run), ``targets`` (the servers under test), ``scenarios``,
 
 from __future__ import annotations
 
-from .run import ALL_TARGETS, SCENARIOS, BenchConfig, run_bench
+from yrelay_tools.bench.run import ALL_TARGETS, SCENARIOS, BenchConfig, run_bench
 
 __all__ = ["ALL_TARGETS", "SCENARIOS", "BenchConfig", "run_bench"]

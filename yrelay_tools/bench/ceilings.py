@@ -9,9 +9,8 @@ import time
 
 from redis.asyncio import Redis
 
-from yrelay.redis_server import RedisProcess
-
-from .edits import writer_edits
+from yrelay.storage.embedded import RedisProcess
+from yrelay_tools.bench.edits import writer_edits
 
 
 async def _xadd(url: str, updates: int, streams: int, batch: int) -> float:

@@ -16,9 +16,8 @@ from typing import Any
 
 from yrelay import protocol
 from yrelay.client.client import ACK_INTERVAL
-
-from .edits import read_uint, update_key, write_uint
-from .wsclient import WsClient
+from yrelay_tools.bench.edits import read_uint, update_key, write_uint
+from yrelay_tools.bench.wsclient import WsClient
 
 try:  # the bench extra; the standard library otherwise
     import orjson

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import random
 
-from yrelay import crdt
-from yrelay.lib0 import Reader, varuint
+from yrelay.yjs import crdt
+from yrelay.yjs.lib0 import Reader, varuint
 
 WORDS = ("the ", "quick ", "brown ", "fox ", "jumps ", "over ", "a ", "lazy ", "dog ", "and ", "then ", "naps ")
 #: Share of updates that are corrections (a delete and a one-character insert).

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import metrics
-from .targets import Target
-from .worker import ConnSpec, WorkerResult, WorkerSpec
-from .worker import main as worker_main
+from yrelay_tools.bench import metrics
+from yrelay_tools.bench.targets import Target
+from yrelay_tools.bench.worker import ConnSpec, WorkerResult, WorkerSpec
+from yrelay_tools.bench.worker import main as worker_main
 
 #: A run keeps up when it delivered everything, at least this share of the offered rate.
 SUSTAINED = 0.9

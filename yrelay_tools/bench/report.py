@@ -8,8 +8,8 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
-from .load import GENERATOR_BUSY, RunResult
-from .scenarios import CatchupResult, IdleResult, LadderResult
+from yrelay_tools.bench.load import GENERATOR_BUSY, RunResult
+from yrelay_tools.bench.scenarios import CatchupResult, IdleResult, LadderResult
 
 RSS_GOAL = 20 * 1024  # bytes of server RSS per idle connection
 

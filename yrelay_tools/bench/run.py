@@ -7,9 +7,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import scenarios
-from .report import Report
-from .scenarios import Progress
+from yrelay_tools.bench import scenarios
+from yrelay_tools.bench.report import Report
+from yrelay_tools.bench.scenarios import Progress
 
 SCENARIOS = ("hot", "many", "catchup", "idle")
 ALL_TARGETS = ("yrelay", "pycrdt", "node", "broadcast")

@@ -22,14 +22,13 @@ from typing import Any
 
 from yrelay import protocol
 from yrelay.storage.append import Appender, needs_or_nothing
-from yrelay.store import DocumentStore
-
-from . import ceilings, load, metrics
-from .drivers import _dumps, _loads
-from .edits import writer_edits
-from .load import RunResult
-from .targets import Target, YrelayTarget, make_target
-from .wsclient import WsClient
+from yrelay.storage.reads import DocumentStore
+from yrelay_tools.bench import ceilings, load, metrics
+from yrelay_tools.bench.drivers import _dumps, _loads
+from yrelay_tools.bench.edits import writer_edits
+from yrelay_tools.bench.load import RunResult
+from yrelay_tools.bench.targets import Target, YrelayTarget, make_target
+from yrelay_tools.bench.wsclient import WsClient
 
 Progress = Callable[[str], None]
 

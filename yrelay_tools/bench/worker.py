@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .drivers import DRIVERS, Driver, Receipts
-from .edits import update_key, writer_edits
+from yrelay_tools.bench.drivers import DRIVERS, Driver, Receipts
+from yrelay_tools.bench.edits import update_key, writer_edits
 
 #: Writers send what their schedule says every tick.
 TICK = 0.002

@@ -13,7 +13,7 @@ Stored is not enough either (issue 15): after the run's last GC pass every
 stream must have folded into its snapshot, no document may report an entry
 GC cannot fold past (``blocked_at``), and no stored entry may be *stuck*:
 one that no replica can apply because something it builds on was never
-stored (:class:`~yrelay.admission.StateBuilder` over snapshot + stream).
+stored (:class:`~yrelay.yjs.admission.StateBuilder` over snapshot + stream).
 """
 
 from __future__ import annotations
@@ -28,15 +28,20 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from yrelay import crdt, update_format
-from yrelay.admission import Blocked, StateBuilder
-from yrelay.keys import meta_key, stream_key
-from yrelay.redis_client import YrelayCluster
-from yrelay.replies import text
-from yrelay.store import DocumentStore, Entry, HistoryTrimmed, Snapshot
-
-from ..testing.checker import DeliveryViolation, absent_ranges, check_delivery, decode_updates, missing_from_state
-from .clients import AckRecord
+from yrelay.storage.client import YrelayCluster
+from yrelay.storage.keys import meta_key, stream_key
+from yrelay.storage.reads import DocumentStore, Entry, HistoryTrimmed, Snapshot
+from yrelay.storage.replies import text
+from yrelay.yjs import crdt, update_format
+from yrelay.yjs.admission import Blocked, StateBuilder
+from yrelay_tools.chaos.clients import AckRecord
+from yrelay_tools.testing.checker import (
+    DeliveryViolation,
+    absent_ranges,
+    check_delivery,
+    decode_updates,
+    missing_from_state,
+)
 
 #: An acked update: its document and the SHA-256 of its bytes.
 UpdateKey = tuple[str, str]

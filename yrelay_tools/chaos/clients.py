@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yrelay.redis_server import _die_with_parent
-
-from ..testing.processes import terminate
-from .proxy import FaultProxy
-from .workload import WorkloadConfig
+from yrelay.storage.embedded import _die_with_parent
+from yrelay_tools.chaos.proxy import FaultProxy
+from yrelay_tools.chaos.workload import WorkloadConfig
+from yrelay_tools.testing.processes import terminate
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import redis as redis_sync
 
-from yrelay.redis_server import RedisProcess
-
-from ..testing.processes import ServerProcess
+from yrelay.storage.embedded import RedisProcess
+from yrelay_tools.testing.processes import ServerProcess
 
 log = logging.getLogger(__name__)
 

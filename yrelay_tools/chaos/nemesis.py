@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from redis.exceptions import RedisError
 
 from yrelay.gc import Collector, GcPolicy, collect_documents
-
-from .checker import connect
-from .clients import ClientProcess
-from .cluster import Cluster
-from .sharded import ShardedCluster
+from yrelay_tools.chaos.checker import connect
+from yrelay_tools.chaos.clients import ClientProcess
+from yrelay_tools.chaos.cluster import Cluster
+from yrelay_tools.chaos.sharded import ShardedCluster
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..testing.checker import DeliveryViolation
-from .checker import DeliveryFigures
-from .nemesis import CATEGORY, Injected
+from yrelay_tools.chaos.checker import DeliveryFigures
+from yrelay_tools.chaos.nemesis import CATEGORY, Injected
+from yrelay_tools.testing.checker import DeliveryViolation
 
 
 @dataclass

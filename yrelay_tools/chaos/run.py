@@ -26,11 +26,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from yrelay import crdt
 from yrelay.gc import Collector, collect_documents
-
-from ..testing.checker import DeliveryViolation
-from .checker import (
+from yrelay.yjs import crdt
+from yrelay_tools.chaos.checker import (
     DeliveryFigures,
     StreamState,
     UpdateKey,
@@ -43,13 +41,14 @@ from .checker import (
     stored_updates,
     stream_states,
 )
-from .clients import ClientProcess
-from .cluster import Cluster, ClusterConfig
-from .nemesis import Fault, Nemesis, all_faults, schedule
-from .proxy import FaultProxy
-from .report import RunReport
-from .sharded import ShardedCluster
-from .workload import WorkloadConfig, write_atomically
+from yrelay_tools.chaos.clients import ClientProcess
+from yrelay_tools.chaos.cluster import Cluster, ClusterConfig
+from yrelay_tools.chaos.nemesis import Fault, Nemesis, all_faults, schedule
+from yrelay_tools.chaos.proxy import FaultProxy
+from yrelay_tools.chaos.report import RunReport
+from yrelay_tools.chaos.sharded import ShardedCluster
+from yrelay_tools.chaos.workload import WorkloadConfig, write_atomically
+from yrelay_tools.testing.checker import DeliveryViolation
 
 log = logging.getLogger(__name__)
 

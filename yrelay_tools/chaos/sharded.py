@@ -18,9 +18,9 @@ from pathlib import Path
 
 from redis.crc import key_slot
 
-from ..testing.processes import ServerProcess
-from ..testing.redis_cluster import LocalCluster
-from .cluster import ClusterConfig
+from yrelay_tools.chaos.cluster import ClusterConfig
+from yrelay_tools.testing.processes import ServerProcess
+from yrelay_tools.testing.redis_cluster import LocalCluster
 
 log = logging.getLogger(__name__)
 

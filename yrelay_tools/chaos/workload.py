@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from yrelay import crdt
 from yrelay.client import Backoff, YrelayClient
 from yrelay.client.persistence import ClientStateFile
+from yrelay.yjs import crdt
 
 STATUS_INTERVAL = 0.25
 #: Retries fast and gives up on a silent server quickly (half-open links,

@@ -528,8 +528,8 @@ def query_awareness_flood(
 def awareness_greeting(host: str, port: int, doc: str, token: str, timeout: float = 5.0) -> dict[str, Any]:
     """Connect to ``/yws/<doc>`` with ``token`` and read the server's first
     awareness message (the others' states): its size and entry count."""
-    from yrelay.awareness import decode_update
-    from yrelay.yprotocol import AwarenessMessage, decode
+    from yrelay.yjs.awareness import decode_update
+    from yrelay.yjs.yprotocol import AwarenessMessage, decode
 
     sock, rest = open_websocket(host, port, f"/yws/{doc}?token={quote(token, safe='')}", ["yrelay.yws"])
     stream = FrameStream(keep=64 * MiB)
@@ -835,8 +835,8 @@ async def burst(
     client), the error codes they were sent, and the update frames they
     sent (resends included). With ``check_token``, a fresh client then reads
     the document and counts its characters."""
-    from yrelay import crdt
     from yrelay.client import YrelayClient
+    from yrelay.yjs import crdt
 
     members = [YrelayClient(url, token=token, subscription_check_interval=None) for _ in range(clients)]
     frames = Counter[int]()
@@ -958,7 +958,7 @@ class Victim:
         self.welcome_auth: dict[str, Any] | None = None
 
     async def start(self, timeout: float = 20.0) -> Victim:
-        from yrelay import crdt
+        from yrelay.yjs import crdt
 
         self._ydoc = crdt.new_doc(random.randrange(1, 2**31))
         self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._write_loop())]
@@ -1109,7 +1109,7 @@ class Victim:
             await ws.send(text)
 
     async def _send_loop(self) -> None:
-        from yrelay import crdt
+        from yrelay.yjs import crdt
 
         captured: list[bytes] = []
         crdt.observe_updates(self._ydoc, captured.append)
@@ -1158,7 +1158,7 @@ class PresenceCrowd:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _update(self, index: int, clock: int) -> bytes:
-        from yrelay.awareness import AwarenessEntry, encode_update
+        from yrelay.yjs.awareness import AwarenessEntry, encode_update
 
         first = index * self.PER_CONNECTION
         entries = []

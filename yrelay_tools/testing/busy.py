@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 
-from yrelay.redis_server import _die_with_parent
+from yrelay.storage.embedded import _die_with_parent
 
 #: What each hog runs: nothing but CPU (no memory, no I/O).
 SPIN = "while True: pass"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from yrelay import crdt, update_format
+from yrelay.yjs import crdt, update_format
 
 
 class DeliveryViolation(AssertionError):
@@ -71,7 +71,7 @@ def decode_updates(updates: Iterable[bytes]) -> list[update_format.Coverage | No
 
 def missing_updates(doc: crdt.Doc, decoded: list[update_format.Coverage | None]) -> list[int]:
     """Indexes of the updates (from :func:`decode_updates`) that ``doc`` does not
-    fully hold: the same test as :func:`yrelay.crdt.contains`, with the
+    fully hold: the same test as :func:`yrelay.yjs.crdt.contains`, with the
     document encoded and decoded once instead of once per update."""
     return missing_from_state(crdt.encode_state(doc), decoded)
 

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from yrelay import engine
+from yrelay.yjs import engine
 
 _answer = engine.answer
 

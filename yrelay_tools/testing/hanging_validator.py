@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from yrelay import validation
+from yrelay.yjs import validation
 
 _check = validation.check
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from yrelay.redis_server import _die_with_parent, free_port
+from yrelay.storage.embedded import _die_with_parent, free_port
 
 #: Defaults of harness servers, under whatever the environment says.
 HARNESS_ENV = {"YRELAY_INSECURE_NO_AUTH": "1"}

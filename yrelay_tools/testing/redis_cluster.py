@@ -17,12 +17,12 @@ from typing import Any
 
 import redis
 
-from yrelay.redis_server import RedisProcess, ephemeral_low, find_redis_server
+from yrelay.storage.embedded import RedisProcess, ephemeral_low, find_redis_server
 
 
 def cluster_port() -> int:
     """A free port whose cluster bus port (+10,000) is free too, both below
-    the kernel's ephemeral range (:func:`yrelay.redis_server.free_port`
+    the kernel's ephemeral range (:func:`yrelay.storage.embedded.free_port`
     says why)."""
     top = max(ephemeral_low() - 10_000, 12_000)
     while True:

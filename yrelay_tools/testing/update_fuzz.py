@@ -1,4 +1,4 @@
-"""Differential fuzz of the known-safe shapes (:attr:`yrelay.update_format.Layout.known_safe`)
+"""Differential fuzz of the known-safe shapes (:attr:`yrelay.yjs.update_format.Layout.known_safe`)
 against the engines.
 
 The claim the server relies on: every update of a known-safe shape
@@ -44,9 +44,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from yrelay import lib0
-from yrelay.admission import missing, needs_of, read_for_storing
-from yrelay.update_format import MalformedUpdate, read_layout
+from yrelay.yjs import lib0
+from yrelay.yjs.admission import missing, needs_of, read_for_storing
+from yrelay.yjs.update_format import MalformedUpdate, read_layout
 
 _U32 = struct.Struct(">I")
 OK, ERROR, PANIC = 0, 1, 2  # a child's verdicts; ABORT and HANG are the parent's
@@ -447,7 +447,7 @@ def real_updates(seed: int, edits: int = 400) -> list[bytes]:
     pycrdt text with formats, embeds, maps, arrays and XML, and merges of those."""
     import pycrdt
 
-    from yrelay import crdt
+    from yrelay.yjs import crdt
 
     rng = random.Random(seed)
     found: list[bytes] = [bytes.fromhex(text) for text in YJS_UPDATES]
@@ -671,7 +671,7 @@ def _judge(engines: list[Engine], batch: list[tuple[bytes, bool]], report: Repor
 
 
 def _ids_fit_ypy(update: bytes) -> bool:
-    from yrelay import crdt
+    from yrelay.yjs import crdt
 
     try:
         crdt.check_ypy_client_ids(update)

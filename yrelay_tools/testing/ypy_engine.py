@@ -10,8 +10,8 @@ Needs the ``ypy`` extra.
 
 from __future__ import annotations
 
-from yrelay import crdt
 from yrelay.client import YrelayClient
+from yrelay.yjs import crdt
 
 crdt.check_engine(crdt.YPY)
 crdt.new_doc.__defaults__ = (None, crdt.YPY)

@@ -23,11 +23,12 @@ from typing import Any
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from yrelay import crdt, protocol
-from yrelay.offsets import StreamId
+from yrelay import protocol
 from yrelay.reconciliation import ReconciliationError
 from yrelay.reconciliation.digest import Digest
 from yrelay.reconciliation.held_entries import HeldEntries
+from yrelay.storage.offsets import StreamId
+from yrelay.yjs import crdt
 
 from .backoff import Backoff
 from .persistence import ClientStateFile, PersistedDocument, PersistedState, PersistedUpdate

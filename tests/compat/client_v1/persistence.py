@@ -11,7 +11,7 @@ not acknowledged. That needs:
   never stored;
 - per document, the Yjs state, the offset and held stream ids (the drift
   digest), and updates that may be pending in y-py (``encode_state`` drops
-  them, see :class:`yrelay.crdt.Replica`);
+  them, see :class:`yrelay.yjs.crdt.Replica`);
 - the send buffer (updates not yet acked).
 
 Two files, so that the cost of an edit does not grow with the document:

@@ -5,8 +5,15 @@ ceiling)."""
 
 from __future__ import annotations
 
-from .base import Target
-from .servers import TARGETS, BroadcastTarget, NodeYWebsocketTarget, PycrdtTarget, YrelayTarget, make_target
+from yrelay_tools.bench.targets.base import Target
+from yrelay_tools.bench.targets.servers import (
+    TARGETS,
+    BroadcastTarget,
+    NodeYWebsocketTarget,
+    PycrdtTarget,
+    YrelayTarget,
+    make_target,
+)
 
 __all__ = [
     "BroadcastTarget",

@@ -8,9 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from yrelay.redis_server import _die_with_parent, free_port
-
-from ...testing.processes import terminate
+from yrelay.storage.embedded import _die_with_parent, free_port
+from yrelay_tools.testing.processes import terminate
 
 
 class Target:

@@ -7,12 +7,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from yrelay.redis_server import RedisProcess
-
-from ...testing.processes import ServerProcess
-from ...testing.redis_cluster import LocalCluster
-from ..drivers import Y_WEBSOCKET, YRELAY, YWS
-from .base import Target
+from yrelay.storage.embedded import RedisProcess
+from yrelay_tools.bench.drivers import Y_WEBSOCKET, YRELAY, YWS
+from yrelay_tools.bench.targets.base import Target
+from yrelay_tools.testing.processes import ServerProcess
+from yrelay_tools.testing.redis_cluster import LocalCluster
 
 #: Where bench/node (package.json, npm ci) lives in a checkout.
 NODE_DIR = Path(os.environ.get("YRELAY_BENCH_NODE_DIR", Path(__file__).resolve().parents[3] / "bench" / "node"))

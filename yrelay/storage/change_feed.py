@@ -25,11 +25,12 @@ from collections.abc import Mapping
 from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
-from .keys import bucket_changes_key, changes_key
-from .listing import by_bucket
-from .redis_client import is_cluster, lost_redis
-from .redis_packed import CommandQueue
-from .replies import text
+from yrelay.storage.client import is_cluster
+from yrelay.storage.keys import bucket_changes_key, changes_key
+from yrelay.storage.listing import by_bucket
+from yrelay.storage.packed import CommandQueue
+from yrelay.storage.replies import text
+from yrelay.tasks import lost_redis
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ BUCKET_CHANGES_MAXLEN = 10_000
 def announcement(docs: list[str]) -> dict[str, str]:
     """The fields of a change-stream entry naming ``docs`` (the change
     stream and a cluster's bucket streams). Document ids hold no newline
-    (:data:`yrelay.keys.DOC_ID_PATTERN`)."""
+    (:data:`yrelay.storage.keys.DOC_ID_PATTERN`)."""
     return {"d": "\n".join(docs)}
 
 

@@ -5,13 +5,13 @@ updates, and y-py 0.6.2 can take the whole process down (a 21-byte update
 that passes yrelay's own layout decoder makes yrs panic with a message pyo3
 cannot convert, and the runtime aborts: SIGABRT; see tests/test_validator.py).
 Size is no protection, so every update is applied by pycrdt (and y-py, with
-``validate_with_ypy``) in a worker process (:mod:`yrelay.validation`),
+``validate_with_ypy``) in a worker process (:mod:`yrelay.yjs.validation`),
 never here, unless its shape alone shows both engines read it.
 
 - In-loop, only yrelay's pure-Python layout check, for updates up to
   ``PREFILTER_BYTES``: garbage is refused without a round trip; and an
   update of a shape both engines are known to read (decided by the same
-  read: :attr:`yrelay.update_format.Layout.known_safe`; most typing) passes
+  read: :attr:`yrelay.yjs.update_format.Layout.known_safe`; most typing) passes
   without one. No engine ever runs here.
 - Everything queued while a worker is busy goes to it as one batch, so the
   pipe round trip is paid once per batch, not per update (group commit,
@@ -35,11 +35,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from .. import crdt
-from ..engine import READY, WITH_YPY_FLAG
-from ..tasks import BackgroundTask
-from ..update_format import Layout
-from ..validation import encode_request
+from yrelay.tasks import BackgroundTask
+from yrelay.yjs import crdt
+from yrelay.yjs.engine import READY, WITH_YPY_FLAG
+from yrelay.yjs.update_format import Layout
+from yrelay.yjs.validation import encode_request
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class WorkerProcess:
 class Validator:
     """``await validate(update)`` raises :class:`crdt.InvalidUpdate` or returns."""
 
-    def __init__(self, workers: int, timeout: float, module: str = "yrelay.validation", with_ypy: bool = False):
+    def __init__(self, workers: int, timeout: float, module: str = "yrelay.yjs.validation", with_ypy: bool = False):
         """``module``: what each worker runs (tests name a misbehaving one);
         ``with_ypy``: y-py's check too (the ``validate_with_ypy`` setting)."""
         self.timeout = timeout

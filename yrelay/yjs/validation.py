@@ -1,10 +1,10 @@
 """The validator worker process: checks batches of Yjs updates with
-:func:`yrelay.crdt.validate_update`, off the server's event loop.
+:func:`yrelay.yjs.crdt.validate_update`, off the server's event loop.
 
 The engines are Rust extensions that hold the GIL while they decode, so a
 thread cannot bound an update that makes one spin or explode (y-py aborts
 its process on some); a process can be killed. The server
-(:mod:`yrelay.app.validator`) talks to ``python -m yrelay.validation``
+(:mod:`yrelay.yjs.validator`) talks to ``python -m yrelay.yjs.validation``
 (``--ypy``: y-py's check too, the ``validate_with_ypy`` setting) over its
 stdin/stdout:
 
@@ -20,8 +20,8 @@ import struct
 import sys
 from typing import BinaryIO
 
-from . import crdt
-from .engine import WITH_YPY_FLAG, announce_ready, read_exact
+from yrelay.yjs import crdt
+from yrelay.yjs.engine import WITH_YPY_FLAG, announce_ready, read_exact
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -34,7 +34,7 @@ def encode_request(updates: list[bytes]) -> bytes:
 def check(update: bytes, with_ypy: bool = False) -> str:
     """'' when ``update`` is valid, else why not (at most 200 characters).
     Valid means yrelay's layout decoder (GC) and pycrdt (the server's sync
-    answers and folds, :mod:`yrelay.engine`, and the Python client) read it;
+    answers and folds, :mod:`yrelay.yjs.engine`, and the Python client) read it;
     ``with_ypy``: y-py too (deployments with y-py clients)."""
     try:
         crdt.validate_update(update, with_ypy)

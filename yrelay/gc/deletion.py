@@ -16,7 +16,7 @@ between processes:
 - a new subscriber starts after the marker: an empty document.
 
 Outside the slot, in one pipeline after the script: the document leaves
-the listings (its buckets of :mod:`yrelay.listing`, and the unsplit keys of
+the listings (its buckets of :mod:`yrelay.storage.listing`, and the unsplit keys of
 older releases), each tracked
 session's document set (with its digest), and every group's dead letters.
 The tombstone expires after ``delete_tombstone_seconds``; the id can then be
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from .change_feed import announce
-from .keys import (
+from yrelay.storage.change_feed import announce
+from yrelay.storage.keys import (
     document_keys,
     group_leases_key,
     group_progress_key,
@@ -40,13 +40,20 @@ from .keys import (
     stream_key,
     tracker_key,
 )
-from .offsets import StreamId
-from .replies import text
-from .scripts import source
-from .tombstones import DELETED_ERROR, DELETION_SESSION, is_deleted_error, is_deletion, unlist
-from .tracker.tracker import session_documents
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.replies import text
+from yrelay.storage.scripts import source
+from yrelay.storage.tombstones import (
+    DELETED_ERROR,
+    DELETION_SESSION,
+    DocumentDeleted,
+    is_deleted_error,
+    is_deletion,
+    unlist,
+)
+from yrelay.tracker.tracker import session_documents
 
-#: The marker, the refusal and the unlisting live in :mod:`yrelay.tombstones`
+#: The marker, the refusal and the unlisting live in :mod:`yrelay.storage.tombstones`
 #: (below the store, which recognises them); their names stay importable here.
 __all__ = [
     "DELETED_ERROR",
@@ -58,10 +65,6 @@ __all__ = [
     "is_deletion",
     "unlist",
 ]
-
-
-class DocumentDeleted(Exception):
-    """A reader reached a document's deletion marker."""
 
 
 @dataclass(frozen=True)

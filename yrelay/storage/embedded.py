@@ -24,7 +24,7 @@ from pathlib import Path
 import redis
 import redis.asyncio
 
-from .replies import text
+from yrelay.storage.replies import text
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
 
-from .scripts import LuaScript
+from yrelay.storage.scripts import LuaScript
 
 
 def bulk(value: bytes) -> bytes:

@@ -27,8 +27,8 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from . import update_format
-from .update_format import Layout, MalformedUpdate, Ranges, merge_ranges
+from yrelay.yjs import update_format
+from yrelay.yjs.update_format import Layout, MalformedUpdate, Ranges, merge_ranges
 
 Clocks = dict[int, int]  # Yjs client id -> the next clock the document expects
 

@@ -11,7 +11,7 @@ Two engines speak the same Yjs v1 updates:
 
 Every helper takes a document of either engine and dispatches on its type,
 so ``crdt.insert_text(doc, 0, "hi")`` reads the same for both. The server's
-sync answers and GC folds are in :mod:`yrelay.engine` (pycrdt, in worker
+sync answers and GC folds are in :mod:`yrelay.yjs.engine` (pycrdt, in worker
 processes).
 """
 
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pycrdt
 
-from .. import update_format
-from . import pycrdt_doc
-from .errors import EMPTY_UPDATE, InvalidUpdate, check_layout, check_state_vector
+from yrelay.yjs import update_format
+from yrelay.yjs.crdt import pycrdt_doc
+from yrelay.yjs.crdt.errors import EMPTY_UPDATE, InvalidUpdate, check_layout, check_state_vector
 
 if TYPE_CHECKING:
     import y_py
@@ -97,7 +97,7 @@ def ypy_available() -> bool:
 
 def _ypy() -> _Engine[y_py.YDoc]:
     try:
-        from . import ypy_doc
+        from yrelay.yjs.crdt import ypy_doc
     except ImportError as exc:
         raise EngineMissing(
             f"the y-py engine needs the {YPY_EXTRA} extra: pip install 'yrelay[{YPY_EXTRA}]' "
@@ -141,7 +141,7 @@ def validate_update(update: bytes, with_ypy: bool = False) -> None:
     with y-py clients: nothing a y-py client aborts on is stored). An update
     whose dependencies are missing still decodes (it stays pending), which
     is what a relay must accept. The engines run in validator processes
-    (:mod:`yrelay.validation`): both have aborted or panicked on hostile input."""
+    (:mod:`yrelay.yjs.validation`): both have aborted or panicked on hostile input."""
     check_layout(update)
     pycrdt_doc.validate_update(update)
     if with_ypy:

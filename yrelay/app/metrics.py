@@ -2,7 +2,7 @@
 
 Three kinds of source, cheapest first (every metric: docs/operations.md):
 
-- **Events.** :class:`Metrics` is a sink of :class:`yrelay.events.Events`:
+- **Events.** :class:`Metrics` is a sink of :class:`yrelay.observability.events.Events`:
   the same ``emit`` calls that write the event log move the counters and
   histograms (one dict lookup and a counter increment per event). Nothing is
   labelled by document or session, so the number of series stays fixed.
@@ -32,18 +32,18 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from . import __version__
-from .consumers.stats import GroupStats, group_stats
-from .consumers.webhook_stats import WebhookCollector
-from .listing import registry_counts
-from .loop_metrics import LoopMetrics
-from .protocol import ErrorCode, ResyncReason
-from .tasks import RESTARTS
+from yrelay import __version__
+from yrelay.consumers.stats import GroupStats, group_stats
+from yrelay.consumers.webhook_stats import WebhookCollector
+from yrelay.observability.loop_metrics import LoopMetrics
+from yrelay.protocol import ErrorCode, ResyncReason
+from yrelay.storage.listing import registry_counts
+from yrelay.tasks import RESTARTS
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from .gc import PassSummary
+    from yrelay.gc import PassSummary
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
         )
 
-        # Moved per delivery and per ack: lock-free (yrelay/loop_metrics.py), same exposition.
+        # Moved per delivery and per ack: lock-free (yrelay/observability/loop_metrics.py), same exposition.
         loop = LoopMetrics(registry)
         self.deliver_frames = loop.counter("yrelay_deliver_frames", "Deliver frames sent.")
         self.deliveries = loop.counter("yrelay_deliveries", "Entries sent in deliver frames (resent ones too).")

@@ -5,7 +5,7 @@ relays them, but never applies them to anything.
 Wire format (``encodeAwarenessUpdate``): varuint count, then per entry
 varuint clientID, varuint clock, varstring state, where the state is the
 UTF-8 JSON text of the client's state and ``null`` means "removed" (the
-lib0 encoding: :mod:`yrelay.lib0`).
+lib0 encoding: :mod:`yrelay.yjs.lib0`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from . import lib0
+from yrelay.yjs import lib0
 
 #: Entries one update may carry (a browser sends one: its own).
 MAX_ENTRIES = 16

@@ -1,8 +1,8 @@
 """What a deleted document leaves behind that readers and writers recognise:
 the deletion marker entry, the refusal of a write, and leaving the listings.
 
-:mod:`yrelay.deletion` deletes a document and re-exports every name here;
-they live below it, and below :mod:`yrelay.store`, because the store's own
+:mod:`yrelay.gc.deletion` deletes a document and re-exports every name here;
+they live below it, and below :mod:`yrelay.storage.reads`, because the store's own
 reads and appends must recognise a deletion, and the deletion itself reads
 and writes through the store's neighbours (no import cycle).
 """
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import redis.exceptions
 from redis.asyncio import Redis
 
-from .entries import Entry
-from .keys import (
+from yrelay.storage.entries import Entry
+from yrelay.storage.keys import (
     bucket_documents_key,
     bucket_gc_due_key,
     document_bucket,
@@ -29,6 +29,10 @@ from .keys import (
 DELETION_SESSION = "yrelay:deleted"
 #: How append.lua refuses a write to a deleted document (a Redis error reply).
 DELETED_ERROR = "YRELAY_DELETED"
+
+
+class DocumentDeleted(Exception):
+    """A reader reached a document's deletion marker."""
 
 
 def is_deletion(entry: Entry) -> bool:

@@ -20,8 +20,6 @@ by :class:`ClusterPipeline` here:
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -33,18 +31,16 @@ from redis.event import EventDispatcherInterface
 from redis.exceptions import (
     AskError,
     ClusterDownError,
-    DataError,
     NoScriptError,
     RedisClusterException,
-    RedisError,
-    ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import ScriptTextT
 
-from .exceptions import StartupError
+from yrelay.exceptions import StartupError
+from yrelay.tasks import lost_redis
 
 #: Replies of a cluster in a failover or a resharding that redis-py did not
 #: get past: the command may succeed when sent again, it is no fault of the key.
@@ -52,95 +48,6 @@ CLUSTER_TRANSIENT = (ClusterDownError, AskError, TryAgainError)
 #: A command's error that says nothing of its key: the node was unreachable
 #: (in a cluster pipeline one node's connection can fail alone).
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, *CLUSTER_TRANSIENT)
-
-# A command written to a connection torn down under it raises something
-# other than a ConnectionError, which lost_redis() takes as a lost connection
-# all the same. redis-py 8's cluster client, on one node's failure, closes
-# every connection of the client, and another task's command then writes to
-# a connection whose writer is gone: ``AttributeError: 'NoneType' object has
-# no attribute 'writelines'`` (seen in tests/test_cluster.py's kill -9);
-# under uvloop the transport itself refuses: ``RuntimeError: unable to
-# perform operation on <TCPTransport closed=True ...>; the handler is
-# closed`` (seen in ``yrelay chaos --cluster``, where it ended the token
-# revocation loop for good).
-
-#: Methods of a stream, transport or socket: one called on ``None`` is I/O on
-#: a connection that is gone.
-_IO_METHODS = frozenset(
-    {
-        "write",
-        "writelines",
-        "drain",
-        "read",
-        "readline",
-        "readexactly",
-        "readuntil",
-        "close",
-        "wait_closed",
-        "is_closing",
-        "at_eof",
-        "get_extra_info",
-        "send",
-        "recv",
-        "feed_data",
-        "set_exception",
-    }
-)
-#: What an event loop's transport says when asked to work after its close.
-_CLOSED_TRANSPORT = re.compile(r"handler is closed|[Tt]ransport is closed|closed=True|after write_eof")
-#: Redis's replies that are a bug of the caller, not a passing state of Redis
-#: (a script that failed, arguments of the wrong type).
-_CALLER_FAULT = re.compile(r"user_script|Error running script|Error compiling script|wrong number of arguments")
-#: Redis's passing states, also when a script met them (``Error running
-#: script ... -NOREPLICAS``: ``min-replicas-to-write`` refused the write).
-_PASSING_STATE = re.compile(r"\b(NOREPLICAS|BUSY|LOADING|MASTERDOWN|READONLY|OOM|CLUSTERDOWN|TRYAGAIN|MISCONF)\b")
-#: What a cluster client raises when no node it knows serves a slot (a
-#: failover still electing, every seed down): retried like a lost node. Not
-#: every RedisClusterException: CROSSSLOT and argument mistakes are bugs.
-_CLUSTER_UNREACHABLE = re.compile(r"cannot be connected|not covered|could not agree on a valid slots cache")
-
-
-def lost_redis(exc: BaseException) -> bool:
-    """``exc`` says the connection to Redis was lost or Redis failed, and the
-    call may be made again: a Redis error, an OS error (refused, reset, timed
-    out), an end of stream, or I/O on a connection torn down under the call
-    (an attribute of ``None`` that is a stream's I/O method, or a transport
-    refusing to work after its close: :data:`_IO_METHODS`). Decided by
-    what the error means, never by which frame raised it: the same race
-    raises from redis-py, from asyncio or from uvloop's compiled transport.
-
-    Not lost Redis, but a bug: arguments redis-py refuses (``DataError``), a
-    script that failed, an attribute of ``None`` outside redis-py's own
-    code. The background loops log a bug with its traceback
-    (:class:`yrelay.tasks.BackgroundTask` then restarts the loop)."""
-    if isinstance(exc, DataError):
-        return False
-    if isinstance(exc, ResponseError):
-        return bool(_PASSING_STATE.search(str(exc))) or not _CALLER_FAULT.search(str(exc))
-    if isinstance(exc, (RedisError, OSError, EOFError)):
-        return True
-    if isinstance(exc, RedisClusterException):
-        return bool(_CLUSTER_UNREACHABLE.search(str(exc)))
-    if isinstance(exc, AttributeError):
-        return (
-            getattr(exc, "obj", False) is None
-            and getattr(exc, "name", None) in _IO_METHODS
-            and _passed_through_redis_py(exc)
-        )
-    if isinstance(exc, RuntimeError):
-        return bool(_CLOSED_TRANSPORT.search(str(exc)))
-    return False
-
-
-def _passed_through_redis_py(exc: BaseException) -> bool:
-    """``exc`` was raised in, or on its way out of, redis-py's own code (our
-    own ``None.close()`` is a bug, not a torn-down connection)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename:
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def shown_url(url: str) -> str:

@@ -3,8 +3,8 @@
 The server reports connects, appends, deliveries, acks, resends, resyncs,
 evictions, snapshots and trims with ``events.emit(type, doc, session,
 **fields)`` (the types and fields: docs/events.md). :class:`Events` hands
-each call to its sinks in order: the event log (:mod:`yrelay.eventlog`)
-and the Prometheus metrics (:mod:`yrelay.metrics`). A sink must never block
+each call to its sinks in order: the event log (:mod:`yrelay.observability.eventlog`)
+and the Prometheus metrics (:mod:`yrelay.app.metrics`). A sink must never block
 or raise.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .eventlog import EventLog
+from yrelay.observability.eventlog import EventLog
 
 
 class EventSink(Protocol):

@@ -1,6 +1,6 @@
 """Lua scripts, loaded once per Redis client and called by name.
 
-Scripts live as ``.lua`` files in ``yrelay/lua``; redis-py's ``Script`` object
+Scripts live as ``.lua`` files in ``yrelay/storage/lua``; redis-py's ``Script`` object
 sends EVALSHA and falls back to EVAL after a Redis restart flushed the cache.
 """
 
@@ -16,11 +16,11 @@ from redis.asyncio import Redis
 
 @cache
 def source(name: str) -> str:
-    """``yrelay/lua/_prelude.lua`` (id parsing, Redis time) + ``<name>.lua``.
+    """``yrelay/storage/lua/_prelude.lua`` (id parsing, Redis time) + ``<name>.lua``.
 
     Redis scripts cannot import each other; the shared helpers are prepended
     instead of being written again in every script."""
-    lua = resources.files("yrelay").joinpath("lua")
+    lua = resources.files("yrelay.storage").joinpath("lua")
     return lua.joinpath("_prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
@@ -51,7 +51,7 @@ class LuaScript(Protocol):
     """A registered script as yrelay calls it (redis-py's ``AsyncScript``),
     typed here once. redis-py names only its own clients for ``client``,
     but any object with ``evalsha`` works, and the hot path passes
-    :class:`~yrelay.redis_packed.Batch`, which stands in for a pipeline;
+    :class:`~yrelay.storage.packed.Batch`, which stands in for a pipeline;
     ``args`` are encoded by redis-py (a value it cannot encode is its
     ``DataError``)."""
 

@@ -1,4 +1,4 @@
-"""The pycrdt engine of :mod:`yrelay.crdt`: the default documents of the
+"""The pycrdt engine of :mod:`yrelay.yjs.crdt`: the default documents of the
 Python client, and the check every stored update passes.
 
 pycrdt (maintained, newer Yrs, abi3 wheels for CPython 3.11 and later)
@@ -15,7 +15,7 @@ from typing import Any
 
 import pycrdt
 
-from .errors import EMPTY_UPDATE, InvalidUpdate, check_state_vector, refused
+from yrelay.yjs.crdt.errors import EMPTY_UPDATE, InvalidUpdate, check_state_vector, refused
 
 Doc = pycrdt.Doc[Any]
 

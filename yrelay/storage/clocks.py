@@ -5,7 +5,7 @@ appends and marks ``meta.clocks_through``. Entries written without it (by a
 server from before causal admission, during a rolling upgrade or on data
 from before it) leave ``clocks_through`` behind ``last_id``: the script then
 answers ``stale`` and the caller rebuilds here, from the snapshot and the
-stream, integrating as Yjs does (:class:`yrelay.admission.StateBuilder`),
+stream, integrating as Yjs does (:class:`yrelay.yjs.admission.StateBuilder`),
 then stores the result by compare-and-set (``lua/clocks_set.lua``).
 """
 
@@ -18,18 +18,18 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from .admission import Blocked, StateBuilder
-from .entries import Entry, HistoryTrimmed, Snapshot
-from .keys import clocks_key, meta_key
-from .offsets import ZERO, StreamId
-from .replies import stream_id
-from .scripts import Scripts
+from yrelay.storage.entries import Entry, HistoryTrimmed, Snapshot
+from yrelay.storage.keys import clocks_key, meta_key
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.replies import stream_id
+from yrelay.storage.scripts import Scripts
+from yrelay.yjs.admission import Blocked, StateBuilder
 
 log = logging.getLogger(__name__)
 
 
 class EntryStore(Protocol):
-    """What the rebuild reads and writes through: :class:`yrelay.store.DocumentStore`,
+    """What the rebuild reads and writes through: :class:`yrelay.storage.reads.DocumentStore`,
     which calls the rebuild when an append answers ``stale`` (so this module
     names what it needs instead of importing the store: no import cycle)."""
 

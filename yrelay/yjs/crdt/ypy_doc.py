@@ -1,4 +1,4 @@
-"""The y-py engine of :mod:`yrelay.crdt` (the ``ypy`` extra): documents of
+"""The y-py engine of :mod:`yrelay.yjs.crdt` (the ``ypy`` extra): documents of
 code written against y-py, and y-py's check for deployments with y-py clients.
 
 y-py 0.6.2 is archived (no wheels past CPython 3.12). Only this module
@@ -13,7 +13,7 @@ from typing import cast
 
 import y_py
 
-from .errors import EMPTY_UPDATE, check_state_vector, refused
+from yrelay.yjs.crdt.errors import EMPTY_UPDATE, check_state_vector, refused
 
 Doc = y_py.YDoc
 

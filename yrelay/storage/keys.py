@@ -103,7 +103,7 @@ def dedup_key(doc: str) -> str:
 
 def clocks_key(doc: str) -> str:
     """Hash: Yjs client id -> the next clock the document expects of it (the
-    document's state vector; yrelay/admission.py). Changed only by the append
+    document's state vector; yrelay/yjs/admission.py). Changed only by the append
     script, with ``meta.clocks_through`` = the last entry it accounts for."""
     return f"{PREFIX}:{{{doc}}}:clocks"
 
@@ -161,7 +161,7 @@ def session_documents_digest_key(session: str) -> str:
 #: Buckets the document registry and the GC due set are split into (fixed:
 #: changing it moves every document to another bucket). Each bucket has its
 #: own hash tag, so in a Redis Cluster the buckets spread over the shards and
-#: no key is written by every append of every document (yrelay/listing.py).
+#: no key is written by every append of every document (yrelay/storage/listing.py).
 DOCUMENT_BUCKETS = 16
 
 
@@ -185,7 +185,7 @@ def bucket_gc_due_key(bucket: int) -> str:
 def bucket_documents_key(bucket: int) -> str:
     """Sorted set (all scores 0, ordered by id): every document of one bucket
     ever appended to. Pages the ops listing and ``yrelay gc`` over all
-    documents, merged across buckets (yrelay/listing.py)."""
+    documents, merged across buckets (yrelay/storage/listing.py)."""
     return f"{PREFIX}:{{bucket:{bucket:02d}}}:docs"
 
 
@@ -206,13 +206,13 @@ def bucket_changes_key(bucket: int) -> str:
 
 def gc_due_key() -> str:
     """The GC due set before it was split into buckets (layout 2 and older):
-    read only to fold it into the buckets (yrelay/listing.py)."""
+    read only to fold it into the buckets (yrelay/storage/listing.py)."""
     return f"{PREFIX}:gc:due"
 
 
 def documents_key() -> str:
     """The document registry before it was split into buckets: read only to
-    fold it into the buckets (yrelay/listing.py)."""
+    fold it into the buckets (yrelay/storage/listing.py)."""
     return f"{PREFIX}:docs"
 
 

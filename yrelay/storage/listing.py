@@ -4,7 +4,7 @@ Every append marks its documents in two sorted sets: the registry (every
 document ever appended to) and the GC due set. One set of each for the whole
 deployment would be a key written by every append of every document: on a
 Redis Cluster, one shard would take a write per append of all the others'
-documents. So both are split into :data:`~yrelay.keys.DOCUMENT_BUCKETS`
+documents. So both are split into :data:`~yrelay.storage.keys.DOCUMENT_BUCKETS`
 buckets, each under its own hash tag (``yrelay:{bucket:NN}:docs``,
 ``yrelay:{bucket:NN}:gc:due``), a document's bucket being a stable hash of
 its id. Every reader goes through this module: pages of documents in id order
@@ -24,9 +24,16 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from .keys import DOCUMENT_BUCKETS, bucket_documents_key, bucket_gc_due_key, document_bucket, documents_key, gc_due_key
-from .redis_packed import CommandQueue
-from .replies import text
+from yrelay.storage.keys import (
+    DOCUMENT_BUCKETS,
+    bucket_documents_key,
+    bucket_gc_due_key,
+    document_bucket,
+    documents_key,
+    gc_due_key,
+)
+from yrelay.storage.packed import CommandQueue
+from yrelay.storage.replies import text
 
 log = logging.getLogger(__name__)
 

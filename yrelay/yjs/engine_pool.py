@@ -3,8 +3,8 @@
 A sync answer or a fold integrates a whole document: work proportional to
 the stream, in a Rust extension that holds the GIL. In the server's own
 process a hostile input could stall the event loop or (with y-py) abort it.
-Here each request goes to an idle ``python -m yrelay.engine`` worker
-(:mod:`yrelay.engine`); one that misses ``engine_timeout`` or dies is killed
+Here each request goes to an idle ``python -m yrelay.yjs.engine`` worker
+(:mod:`yrelay.yjs.engine`); one that misses ``engine_timeout`` or dies is killed
 and restarted, and the request fails with :class:`EngineFailed`. The server
 pays only the pipe copy of the document's bytes.
 
@@ -23,8 +23,8 @@ import logging
 import struct
 from collections.abc import Sequence
 
-from .. import crdt, engine
-from .validator import WorkerFailed, WorkerProcess
+from yrelay.yjs import crdt, engine
+from yrelay.yjs.validator import WorkerFailed, WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class EngineFailed(Exception):
 class EnginePool:
     """``await fold(...)`` / ``await sync_answer(...)`` off the event loop."""
 
-    def __init__(self, workers: int, timeout: float, module: str = "yrelay.engine", with_ypy: bool = False):
+    def __init__(self, workers: int, timeout: float, module: str = "yrelay.yjs.engine", with_ypy: bool = False):
         """``module``: what each worker runs (tests name a misbehaving one);
         ``with_ypy``: folds are proven against a y-py reload too (the
         ``validate_with_ypy`` setting). Workers start when :meth:`warm_up`
@@ -112,12 +112,12 @@ class EnginePool:
             await worker.stop()
 
     async def fold(self, base: bytes, updates: Sequence[bytes]) -> engine.Fold:
-        """:func:`yrelay.engine.fold` in a worker."""
+        """:func:`yrelay.yjs.engine.fold` in a worker."""
         snapshot, held = await self._call(engine.FOLD, [base, *updates])
         return engine.Fold(snapshot, int(held))
 
     async def sync_answer(self, state_vector: bytes, base: bytes, updates: Sequence[bytes]) -> engine.SyncAnswer:
-        """:func:`yrelay.engine.sync_answer` in a worker; raises
+        """:func:`yrelay.yjs.engine.sync_answer` in a worker; raises
         :class:`crdt.InvalidUpdate` for a bad state vector."""
         diff, vector, held = await self._call(engine.SYNC, [state_vector, base, *updates])
         return engine.SyncAnswer(diff, vector, int(held))

@@ -1,18 +1,18 @@
 """What reading a document's stream gives: entries, snapshots, and the two
 ways a read can find history gone.
 
-Below :mod:`yrelay.store` so that the modules the store builds on (the
+Below :mod:`yrelay.storage.reads` so that the modules the store builds on (the
 clocks rebuild, the deletion marker) can name an entry without importing
 the store; the store re-exports every name here.
 """
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
-from .offsets import StreamId
-from .protocol import b64encode
-from .replies import text
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.replies import text
 
 
 class Entry:
@@ -32,7 +32,7 @@ class Entry:
     @property
     def b64(self) -> str:
         if self._b64 is None:
-            self._b64 = b64encode(self.update)
+            self._b64 = base64.b64encode(self.update).decode("ascii")
         return self._b64
 
     def __repr__(self) -> str:

@@ -20,7 +20,7 @@ The same read decides whether the update has a shape both engines (y-py,
 the Python client's, and pycrdt, the server's) are known to read
 (:attr:`Layout.known_safe`). Every update must be readable by both before
 it is stored, and y-py 0.6.2 can abort its process on a hostile one, so
-the engines run in validator processes (:mod:`yrelay.app.validator`): a
+the engines run in validator processes (:mod:`yrelay.yjs.validator`): a
 pipe round trip per batch (~4 ms of p50 at 500 updates/s, issue 20) and
 the workers' CPU. Most updates are a few structs typed by a browser; an
 update of a known shape skips the workers. The shapes were shown to be
@@ -63,7 +63,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from . import lib0
+from yrelay.yjs import lib0
 
 Ranges = dict[int, list[tuple[int, int]]]  # client -> [start, end) clock ranges
 

@@ -11,16 +11,16 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
-from . import crdt
-from .entries import Entry, HistoryTrimmed, Snapshot, StreamRewound, to_entry
-from .keys import meta_key, snapshot_key, stream_key
-from .offsets import ZERO, StreamId
-from .replies import stream_id
-from .scripts import Scripts
-from .tombstones import is_deletion
+from yrelay.storage.entries import Entry, HistoryTrimmed, Snapshot, StreamRewound, to_entry
+from yrelay.storage.keys import meta_key, snapshot_key, stream_key
+from yrelay.storage.offsets import ZERO, StreamId
+from yrelay.storage.replies import stream_id
+from yrelay.storage.scripts import Scripts
+from yrelay.storage.tombstones import is_deletion
+from yrelay.yjs import crdt
 
 #: Entries, snapshots and the trimmed/rewound errors are defined in
-#: :mod:`yrelay.entries` (below the clocks rebuild, which reads them); their
+#: :mod:`yrelay.storage.entries` (below the clocks rebuild, which reads them); their
 #: names stay importable here.
 __all__ = ["DocumentStore", "Entry", "HistoryTrimmed", "Snapshot", "StreamRewound", "held_offset", "to_entry"]
 
@@ -114,7 +114,7 @@ class DocumentStore:
         self, doc: str, page_size: int = 500, engine: str = crdt.PYCRDT
     ) -> tuple[crdt.Doc, StreamId]:
         """Snapshot + every stream entry after it, as a document of ``engine``
-        (pycrdt by default; :mod:`yrelay.crdt`) and its offset (tools and
+        (pycrdt by default; :mod:`yrelay.yjs.crdt`) and its offset (tools and
         tests; the server answers syncs from :meth:`load_entries` in its
         engine workers).
 

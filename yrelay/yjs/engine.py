@@ -6,15 +6,15 @@ measured, where y-py 0.6.2 aborts the process and needs a re-apply loop whose
 cost grows ~n^2.8 with updates stored out of order (the figures and the
 decision: docs/architecture.md#crdt-engine). Both speak Yjs v1 updates, so a
 snapshot folded here is loaded by Python clients of either engine
-(:mod:`yrelay.crdt`) and browsers alike.
+(:mod:`yrelay.yjs.crdt`) and browsers alike.
 
 The server never calls this module in its own process: the work runs in
-``python -m yrelay.engine`` workers (:mod:`yrelay.app.engine_pool`), which
+``python -m yrelay.yjs.engine`` workers (:mod:`yrelay.yjs.engine_pool`), which
 a crash or a deadline can cost, never the server. Request and reply are
 frames: ``u8 tag``, ``u32 count``, then per item ``u32 length`` + bytes, all
 big-endian. Requests: tag ``F`` (fold: base, updates...) or ``S`` (sync:
 state vector, base, updates...). Replies: tag 0 with the result's items, or
-tag 1 with the reason the input was refused. ``python -m yrelay.engine
+tag 1 with the reason the input was refused. ``python -m yrelay.yjs.engine
 --ypy`` also proves each fold against a y-py reload (deployments with y-py
 clients: ``validate_with_ypy``, which needs the ``ypy`` extra).
 """
@@ -29,8 +29,8 @@ from typing import Any, BinaryIO
 
 import pycrdt
 
-from . import crdt, update_format
-from .crdt import pycrdt_doc
+from yrelay.yjs import crdt, update_format
+from yrelay.yjs.crdt import pycrdt_doc
 
 #: The byte a worker process (this one, or the validator's) writes once its
 #: imports are done: the server's deadlines start from there.
@@ -85,7 +85,7 @@ def validate_update(update: bytes) -> None:
     """Raise :class:`crdt.InvalidUpdate` unless pycrdt decodes ``update``:
     an update pycrdt cannot read would stay out of every sync answer and stop
     GC before it for good (it is never held). The validator workers run it
-    (:func:`yrelay.crdt.validate_update`)."""
+    (:func:`yrelay.yjs.crdt.validate_update`)."""
     pycrdt_doc.validate_update(update)
 
 
@@ -121,7 +121,7 @@ def fold(base: bytes, updates: Sequence[bytes], with_ypy: bool = False) -> Fold:
     The proof reloads the new snapshot into a fresh document, exactly as
     later readers will (the server here, Python clients), and checks the
     ranges each update inserts and deletes against the reload
-    (:mod:`yrelay.update_format`); ``with_ypy`` reloads it into a y-py
+    (:mod:`yrelay.yjs.update_format`); ``with_ypy`` reloads it into a y-py
     document too (y-py cannot always reload what it did not write: a
     deployment with y-py clients must not lose content to GC). Neither engine keeps pending
     structs or deletes in its encoding, so trusting the encoding alone would

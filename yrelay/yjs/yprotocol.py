@@ -1,5 +1,5 @@
 """The y-protocols messages that y-websocket clients speak, encoded and
-decoded on :mod:`yrelay.lib0` (pure: no socket, no CRDT library).
+decoded on :mod:`yrelay.yjs.lib0` (pure: no socket, no CRDT library).
 
 One websocket message is one message (``y-websocket/src/y-websocket.js``,
 ``y-protocols/sync.js``, ``awareness.js``, ``auth.js``)::
@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .lib0 import Reader, varuint, write_varstring, write_varuint, write_varuint8array
+from yrelay.yjs.lib0 import Reader, varuint, write_varstring, write_varuint, write_varuint8array
 
 
 class YProtocolError(ValueError):

@@ -9,7 +9,7 @@ from typing import cast
 
 import redis.exceptions
 
-from .offsets import StreamId
+from yrelay.storage.offsets import StreamId
 
 
 def text(raw: bytes | str) -> str:

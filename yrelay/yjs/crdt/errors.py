@@ -1,4 +1,4 @@
-"""What every engine of :mod:`yrelay.crdt` shares: the error, the empty
+"""What every engine of :mod:`yrelay.yjs.crdt` shares: the error, the empty
 update, and the checks yrelay does itself (no engine, pure Python)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .. import update_format
+from yrelay.yjs import update_format
 
 #: The update a transaction that changed nothing encodes to.
 EMPTY_UPDATE = b"\x00\x00"
