@@ -8,7 +8,7 @@ import asyncio
 
 from redis.exceptions import ResponseError
 
-from yrelay.storage import packed as redis_packed
+from yrelay.storage import packed
 from yrelay.storage.append import Appender
 from yrelay.storage.keys import bucket_gc_due_key, document_bucket, tracker_key
 from yrelay.storage.listing import all_documents
@@ -21,12 +21,12 @@ EMPTY = b"\x00\x00"
 
 
 async def test_a_refused_command_is_its_reply_and_the_connection_stays_in_step(redis_client):
-    replies = await redis_packed.execute(
+    replies = await packed.execute(
         redis_client,
         [
-            redis_packed.command(b"SET", b"k", b"v"),
-            redis_packed.command(b"LPUSH", b"k", b"x"),  # WRONGTYPE
-            redis_packed.command(b"GET", b"k"),
+            packed.command(b"SET", b"k", b"v"),
+            packed.command(b"LPUSH", b"k", b"x"),  # WRONGTYPE
+            packed.command(b"GET", b"k"),
         ],
     )
     assert replies[0] is True or replies[0] == b"OK"
@@ -74,5 +74,5 @@ def test_a_cluster_client_keeps_redis_pys_pipeline(redis_client):
     from redis.asyncio.cluster import RedisCluster
 
     cluster = RedisCluster.__new__(RedisCluster)  # not connected: only its type matters
-    assert redis_packed.packable(redis_client) and not redis_packed.packable(cluster)
-    assert isinstance(redis_packed.pipeline(redis_client), redis_packed.Batch)
+    assert packed.packable(redis_client) and not packed.packable(cluster)
+    assert isinstance(packed.pipeline(redis_client), packed.Batch)

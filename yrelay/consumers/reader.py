@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 from yrelay.consumers.batch import Batch
 from yrelay.consumers.progress import AckResult, Progress, StaleClaim
 from yrelay.observability.events import EventSink
-from yrelay.storage import packed as redis_packed
+from yrelay.storage import packed
 from yrelay.storage.offsets import MAX_SEQ, StreamId
 from yrelay.storage.reader import DocEntries, DocumentReader, retrying
 from yrelay.storage.reads import DocumentStore, Entry, to_entry
@@ -306,10 +306,10 @@ class Reader:
         through), in one round trip: packed by hand on one Redis (redis-py's
         pipeline sends a ``SCRIPT EXISTS`` first, a second round trip per
         batch: :mod:`yrelay.storage.packed`), redis-py's on a cluster."""
-        async with redis_packed.pipeline(self.redis) as pipe:
+        async with packed.pipeline(self.redis) as pipe:
             for doc, version, through in marks:
                 await self.progress.mark_read(pipe, doc, version, through)
-            if isinstance(pipe, redis_packed.Batch):
+            if isinstance(pipe, packed.Batch):
                 return await pipe.execute(scripts=[self.progress.scripts.consumer_read])
             return await pipe.execute()
 

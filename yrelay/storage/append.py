@@ -30,7 +30,7 @@ from typing import Any, cast
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT
 
-from yrelay.storage import packed as redis_packed
+from yrelay.storage import packed
 from yrelay.storage.change_feed import announce, announce_in
 from yrelay.storage.client import UNREACHABLE
 from yrelay.storage.clocks import bring_clocks_up_to_date
@@ -151,7 +151,7 @@ class Appender:
         for item in batch:
             by_doc[item.doc].append(item)
         try:
-            async with redis_packed.pipeline(self.store.redis) as pipe:  # packed on a standalone Redis
+            async with packed.pipeline(self.store.redis) as pipe:  # packed on a standalone Redis
                 for doc, items in by_doc.items():
                     args = append_args([(i.session, i.clock, i.update, i.needs) for i in items])
                     await self.store.scripts.append(keys=append_keys(doc), args=args, client=pipe)
@@ -184,11 +184,11 @@ class Appender:
         the script is loaded; their replies replace the refusals in
         ``results``, and they are announced again (the batch's announcement
         came before them). Nothing else of the batch runs twice."""
-        if not isinstance(pipe, redis_packed.Batch):
+        if not isinstance(pipe, packed.Batch):
             return
         refused = [doc for doc, result in zip(docs, results, strict=False) if isinstance(result, NoScriptError)]
         wait = pipe.commands[-1:] if self.replicas is not None else []
-        waited = await redis_packed.rerun_refused_scripts(pipe, results, [self.store.scripts.append], then=wait)
+        waited = await packed.rerun_refused_scripts(pipe, results, [self.store.scripts.append], then=wait)
         if wait and waited:
             results[-1] = waited[-1]
         if refused:

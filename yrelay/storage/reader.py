@@ -62,7 +62,7 @@ import redis.exceptions
 from redis.asyncio import Redis, RedisCluster
 
 from yrelay.backoff import Reconnect
-from yrelay.storage import packed as redis_packed
+from yrelay.storage import packed
 from yrelay.storage.change_feed import announced
 from yrelay.storage.client import CLUSTER_TRANSIENT, UNREACHABLE, is_cluster, xread_one
 from yrelay.storage.keys import DOCUMENT_BUCKETS, bucket_changes_key, changes_key, stream_key
@@ -373,15 +373,15 @@ class DocumentReader:
             keys.append(_CHANGES_KEY)
             ids.append(bulk(self.changes.cursor.encode()))
         for doc, cursor in cursors.items():
-            packed = self._packed.get(doc)
-            if packed is None or packed[0] != cursor:
-                key = packed[1] if packed else bulk(stream_key(doc).encode())
-                packed = self._packed[doc] = (cursor, key, bulk(str(cursor).encode()))
-            keys.append(packed[1])
-            ids.append(packed[2])
+            pieces = self._packed.get(doc)
+            if pieces is None or pieces[0] != cursor:
+                key = pieces[1] if pieces else bulk(stream_key(doc).encode())
+                pieces = self._packed[doc] = (cursor, key, bulk(str(cursor).encode()))
+            keys.append(pieces[1])
+            ids.append(pieces[2])
         command = b"".join([b"*%d\r\n" % (len(parts) + 2 * len(keys)), *map(bulk, parts), *keys, *ids])
         if self.blocking is None:  # on one of the pool's connections
-            [reply] = await redis_packed.execute(self.redis, [command])
+            [reply] = await packed.execute(self.redis, [command])
             if isinstance(reply, Exception):
                 raise reply
             return _stream_pairs(reply)

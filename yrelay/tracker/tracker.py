@@ -23,7 +23,7 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 
 from yrelay.reconciliation.redis_idset import RedisIdSet
-from yrelay.storage import packed as redis_packed
+from yrelay.storage import packed
 from yrelay.storage.keys import session_documents_digest_key, session_documents_key, tracker_key
 from yrelay.storage.offsets import StreamId
 from yrelay.storage.replies import scored
@@ -112,7 +112,7 @@ class AckWriter:
         batch, self._pending = self._pending, {}
         if not batch:
             return
-        async with redis_packed.pipeline(self.redis) as pipe:  # packed: redis-py's cost more CPU per ack than its frame
+        async with packed.pipeline(self.redis) as pipe:  # packed: redis-py's cost more CPU per ack than its frame
             for (doc, session), offset in batch.items():
                 pipe.zadd(tracker_key(doc), {session: offset.score()}, xx=True, gt=True, ch=True)
             moved = await pipe.execute()
