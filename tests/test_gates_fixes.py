@@ -1,8 +1,9 @@
 """What the type checker found in the server (issue 33), pinned where a
 run can show it: a ``/yws`` close started from the fan-out's synchronous
-calls is a task kept until done whose failure is logged (a bare
-``create_task`` is held weakly by asyncio, and its error surfaced, if ever,
-as "Task exception was never retrieved" when collected); ``welcome``
+calls runs on a task kept until done (the subscription's pump) whose
+failure is logged (a bare ``create_task`` is held weakly by asyncio, and
+its error surfaced, if ever, as "Task exception was never retrieved" when
+collected); ``welcome``
 announces the rate limits as the numbers they are (fractions included).
 """
 
@@ -16,8 +17,11 @@ import websockets
 
 from conftest import eventually, running_server
 from yrelay.app.context import ServerContext
-from yrelay.app.yws_feed import CLOSE_DOCUMENT_FAILED, CLOSE_REWOUND, YwsFeed
+from yrelay.app.subscription import SubscriptionState
+from yrelay.app.yws import CLOSE_DOCUMENT_FAILED, CLOSE_REWOUND
 from yrelay.config import Settings
+from yrelay.storage.offsets import StreamId
+from ywspeer import RecordedSocket, untracked_subscription
 
 
 async def test_a_feed_close_started_by_the_fanout_is_kept_and_its_failure_logged(
@@ -26,24 +30,25 @@ async def test_a_feed_close_started_by_the_fanout_is_kept_and_its_failure_logged
     ctx = await ServerContext.open(Settings.from_env(insecure_no_auth=True), redis_url)
     closes: list[int] = []
 
-    async def send(data: bytes) -> None:
-        raise AssertionError("nothing is sent before an answer")
+    class RefusingSocket(RecordedSocket):
+        async def close(self, code: int, reason: str) -> None:
+            closes.append(code)
+            raise RuntimeError(f"the socket refused close {code}")
 
-    async def close(code: int, reason: str) -> None:
-        closes.append(code)
-        raise RuntimeError(f"the socket refused close {code}")
-
-    def logged() -> list[logging.LogRecord]:  # by the spawned task's own handler, not asyncio's collector
-        return [r for r in caplog.records if r.name == "yrelay.tasks" and "yrelay-yws-close" in r.getMessage()]
+    def logged() -> list[logging.LogRecord]:  # by the pump's own boundary, not asyncio's collector
+        return [r for r in caplog.records if r.name == "yrelay.app.subscription" and "refused close" in r.getMessage()]
 
     try:
-        feed = YwsFeed(ctx, "gates-close", "reader", send, close)
-        with caplog.at_level(logging.ERROR, logger="yrelay.tasks"):
-            feed.stream_rewound()  # the fan-out's synchronous call: the close runs as a task
-            feed.document_failed("unreadable")
+        with caplog.at_level(logging.WARNING, logger="yrelay.app.subscription"):
+            feed, socket = untracked_subscription(ctx, "gates-close", RefusingSocket(ctx))
+            await eventually(lambda: feed.state is SubscriptionState.RESYNC_REQUIRED)
+            feed.live_from(StreamId(0, 0))
+            feed.stream_rewound()  # the fan-out's synchronous call: the close runs on the subscription's task
+            await eventually(lambda: len(logged()) == 1)
+            feed.document_failed("unreadable")  # a new task: it closes too
             await eventually(lambda: len(logged()) == 2)
-        assert closes == [CLOSE_REWOUND, CLOSE_DOCUMENT_FAILED]
-        assert all(r.exc_info and isinstance(r.exc_info[1], RuntimeError) for r in logged()), logged()
+        assert closes == [CLOSE_REWOUND, CLOSE_DOCUMENT_FAILED] and not socket.sent
+        await feed.close()
     finally:
         await ctx.close()
 

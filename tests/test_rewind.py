@@ -19,7 +19,8 @@ from test_drift import restore_document
 from yrelay.app.acks import SubscriptionRegistry
 from yrelay.app.context import ServerContext
 from yrelay.app.fanout import Fanout
-from yrelay.app.yws_feed import CLOSE_REWOUND, YwsFeed
+from yrelay.app.subscription import SubscriptionState
+from yrelay.app.yws import CLOSE_REWOUND
 from yrelay.config import Settings
 from yrelay.gc.deletion import delete_document
 from yrelay.storage.append import append_one
@@ -27,7 +28,7 @@ from yrelay.storage.keys import meta_key, stream_key
 from yrelay.storage.offsets import StreamId
 from yrelay.storage.reads import DocumentStore, StreamRewound
 from yrelay.yjs import yprotocol
-from ywspeer import recorded_feed_io
+from ywspeer import untracked_subscription
 
 
 class Source:
@@ -113,13 +114,14 @@ async def test_a_feed_whose_answer_the_stream_lost_closes_instead_of_skipping_on
     try:
         await Source(ctx.store, "answered", 5).write("<first>")
         lost, _ = await lose_tail(redis_client, ctx.store, "answered")
-        sent, closed, send, close = recorded_feed_io()
-
-        feed = YwsFeed(ctx, "answered", "reader", send, close)
-        await feed.start()
-        feed.answered(lost)  # what its sync answer had been read up to
-        await eventually(lambda: closed)
-        assert closed[0][0] == CLOSE_REWOUND and not sent, (closed, [yprotocol.decode(s) for s in sent])
-        feed.stop()
+        feed, socket = untracked_subscription(ctx, "answered")
+        await eventually(lambda: feed.state is SubscriptionState.RESYNC_REQUIRED)  # waits for the client's sync
+        feed.live_from(lost)  # what its sync answer had been read up to
+        await eventually(lambda: socket.closed)
+        assert socket.closed[0][0] == CLOSE_REWOUND and not socket.sent, (
+            socket.closed,
+            [yprotocol.decode(s) for s in socket.sent],
+        )
+        await feed.close()
     finally:
         await ctx.close()

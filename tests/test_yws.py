@@ -14,7 +14,7 @@ from yrelay.auth import issue_token
 from yrelay.storage.append import append_one
 from yrelay.storage.reads import DocumentStore
 from yrelay.yjs import crdt, yprotocol
-from ywspeer import REFUSED_AFTER_ACCEPT, YwsPeer, recorded_feed_io
+from ywspeer import REFUSED_AFTER_ACCEPT, YwsPeer, untracked_subscription
 
 SECRET = "yws-test-secret-0123456789abcdef0123456"
 
@@ -227,7 +227,8 @@ async def test_a_trim_past_the_feeds_cursor_closes_the_connection(redis_url):
     """GC trimmed entries this (untracked) connection was never sent: it
     must close, so the client resyncs, never skip them silently."""
     from yrelay.app.context import ServerContext
-    from yrelay.app.yws_feed import CLOSE_TRIMMED, YwsFeed
+    from yrelay.app.subscription import SubscriptionState
+    from yrelay.app.yws import CLOSE_TRIMMED
     from yrelay.config import Settings
     from yrelay.storage.keys import meta_key
     from yrelay.storage.offsets import StreamId
@@ -241,22 +242,21 @@ async def test_a_trim_past_the_feeds_cursor_closes_the_connection(redis_url):
             state = source.get_state()
             text += word
             ids.append((await append_one(ctx.store, "trimmed", "writer", len(ids), source.get_update(state)))[0])
-        sent, closed, send, close = recorded_feed_io()
 
         await ctx.redis.hset(meta_key("trimmed"), "trimmed_through", ids[1])  # as GC's trim leaves it
-        feed = YwsFeed(ctx, "trimmed", "reader", send, close)
-        await feed.start()
-        feed.answered(StreamId.parse(ids[0]))  # the client holds only the first entry
-        await eventually(lambda: closed)
-        assert closed[0][0] == CLOSE_TRIMMED and not sent
-        feed.stop()
+        feed, socket = untracked_subscription(ctx, "trimmed")
+        await eventually(lambda: feed.state is SubscriptionState.RESYNC_REQUIRED)  # waits for the client's sync
+        feed.live_from(StreamId.parse(ids[0]))  # its sync answer: the client holds only the first entry
+        await eventually(lambda: socket.closed)
+        assert socket.closed[0][0] == CLOSE_TRIMMED and not socket.sent
+        await feed.close()
         # Not trimmed past the cursor: the rest is sent, in order.
-        ok = YwsFeed(ctx, "trimmed", "reader", send, close)
-        await ok.start()
-        ok.answered(StreamId.parse(ids[1]))
-        await eventually(lambda: sent)
-        assert yprotocol.decode(sent[0]).payload.endswith(b"c\x00") and len(closed) == 1
-        ok.stop()
+        ok, socket = untracked_subscription(ctx, "trimmed")
+        await eventually(lambda: ok.state is SubscriptionState.RESYNC_REQUIRED)
+        ok.live_from(StreamId.parse(ids[1]))
+        await eventually(lambda: socket.sent)
+        assert yprotocol.decode(socket.sent[0]).payload.endswith(b"c\x00") and not socket.closed
+        await ok.close()
     finally:
         await ctx.close()
 
@@ -315,7 +315,7 @@ async def test_a_stream_that_went_back_closes_and_the_reconnect_sync_gives_it_ba
     server back the update it lost."""
     from gcutil import dump_document
     from test_drift import restore_document
-    from yrelay.app.yws_feed import CLOSE_REWOUND
+    from yrelay.app.yws import CLOSE_REWOUND
 
     async with running_server(redis_url, gc_interval=0) as url:
         peer = await YwsPeer.connect(http(url), "back")

@@ -131,16 +131,30 @@ class ReconnectingPeer:
             await self.ws.close()
 
 
-def recorded_feed_io() -> tuple[list[bytes], list[tuple[int, str]], Any, Any]:
-    """(sent, closed, send, close): a YwsFeed's send and close callbacks
-    that only record what they were given (tests of the feed alone)."""
-    sent: list[bytes] = []
-    closed: list[tuple[int, str]] = []
+class RecordedSocket:
+    """What a :class:`~yrelay.app.yws.YwsCodec` writes to, recording what it
+    was given (tests of an untracked subscription alone, without a socket)."""
 
-    async def send(data: bytes) -> None:
-        sent.append(data)
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+        self.sent: list[bytes] = []
+        self.closed: list[tuple[int, str]] = []
 
-    async def close(code: int, reason: str) -> None:
-        closed.append((code, reason))
+    async def send(self, data: bytes) -> None:
+        self.sent.append(data)
 
-    return sent, closed, send, close
+    async def close(self, code: int, reason: str) -> None:
+        self.closed.append((code, reason))
+
+
+def untracked_subscription(ctx: Any, doc: str, socket: Any = None) -> tuple[Any, Any]:
+    """A ``/yws`` connection's subscription to ``doc`` (untracked, speaking
+    y-protocols to ``socket``, a :class:`RecordedSocket` by default), started:
+    (subscription, socket)."""
+    from yrelay.app.subscription import Subscription
+    from yrelay.app.yws import YwsCodec
+
+    socket = socket or RecordedSocket(ctx)
+    subscription = Subscription(ctx, doc, "reader", YwsCodec(socket, doc, None), None, tracked=False)
+    subscription.start()
+    return subscription, socket

@@ -1,15 +1,22 @@
-"""One websocket: the socket loop, each frame parsed and handed to its flow.
+"""One websocket, whatever protocol it speaks: the one receive loop, and
+the commands a codec calls with what the client sent.
 
-The flows are modules of their own, called one way from here:
-:mod:`.handshake` (origin, token, ``hello``, expiry and the cut-off
-decision), :mod:`.write_path` (one update from frame to answer),
-:mod:`.connection_documents` (subscribe, unsubscribe, the document a frame
-names), :mod:`.connection_presence` (awareness) and :mod:`.allowance` (rates
-and the subject's quotas); documents are delivered by :mod:`.subscription`.
+The connection owns the socket and everything that must hold for every
+protocol: the connection limits, the origin check, the pacing of what is
+read (a flood is cut off), the token's expiry and revocation, the
+subject's rates and quotas (:mod:`.allowance`), one send at a time, and the
+tasks that end with it. What differs per protocol is its codec
+(:class:`.peer.Codec`): how bytes become commands (:meth:`.peer.Codec.receive`
+calls :meth:`Connection.write`, :meth:`Connection.subscribe`, ...) and how
+what the core says becomes bytes (:class:`.peer.Peer`). Calls go one way:
+the codec calls the connection, the connection calls the flows
+(:mod:`.write_path`, :mod:`.connection_documents`,
+:mod:`.connection_presence`), and the flows speak to the client only
+through the codec's :class:`~.peer.Peer` methods.
 
-Every rejection becomes an ``error`` frame with a code and a plain message;
-nothing a client sends can raise out of this module, store anything invalid,
-or stop other documents on the same socket.
+Every refusal goes to the codec's :meth:`~.peer.Peer.refused`; nothing a
+client sends can raise out of this module, store anything invalid, or stop
+other documents on the same socket.
 """
 
 from __future__ import annotations
@@ -22,45 +29,28 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from fastapi import WebSocket, WebSocketDisconnect
-from starlette.websockets import WebSocketDisconnected
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
-from yrelay import protocol
-from yrelay.app import subscription_set
 from yrelay.app.allowance import Allowance
 from yrelay.app.connection_documents import ConnectionDocuments
 from yrelay.app.connection_presence import ConnectionPresence
 from yrelay.app.context import ServerContext
-from yrelay.app.handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened, refuse
+from yrelay.app.handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened
 from yrelay.app.pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
-from yrelay.app.payloads import decode_b64
-from yrelay.app.update_parts import frame_identity
+from yrelay.app.peer import Codec
 from yrelay.app.write_path import WritePath
 from yrelay.auth import Principal
 from yrelay.observability import logs, pygc
-from yrelay.protocol import (
-    Ack,
-    AckFrame,
-    AnyUpdate,
-    Awareness,
-    CheckSubscriptions,
-    ErrorCode,
-    Hello,
-    Ping,
-    ProtocolError,
-    Reconcile,
-    Subscribe,
-    Sync,
-    Unsubscribe,
-    Update,
-    UpdateFrame,
-)
+from yrelay.protocol import AnyUpdate, ErrorCode, Hello, ProtocolError
+from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
 from yrelay.tasks import TaskSet, lost_redis
-from yrelay.transport.prepared_frames import WritePrepared
 from yrelay.transport.ws_protocol import trust
 
 log = logging.getLogger(__name__)
+
+#: Close code when the server cannot serve the connection now (storage down): reconnect.
+CLOSE_TRY_AGAIN = 1013
 
 
 def _nothing() -> None:
@@ -74,38 +64,58 @@ class ConnectionState(enum.Enum):
 
 
 class Connection:
-    def __init__(self, websocket: WebSocket, ctx: ServerContext, write_prepared: WritePrepared | None = None):
-        """``write_prepared``: the server's writer of prepared frames
-        (:func:`yrelay.transport.prepared_frames.prepared_writer`), for the fan-out's inline deliveries."""
+    """One client's socket; ``codec`` is set by the endpoint (:meth:`speak`)
+    before :meth:`run`."""
+
+    def __init__(self, websocket: WebSocket, ctx: ServerContext, subprotocol: str):
         self.websocket = websocket
         self.ctx = ctx
         self.state = ConnectionState.AWAITING_HELLO
         self.session: str | None = None
-        self.handshake = Handshake(ctx, websocket.headers)
+        self.handshake = Handshake(ctx, websocket.headers, subprotocol)
         self._send_lock = asyncio.Lock()
         self._tasks = TaskSet("yrelay-connection")
-        self._received = 0.0  # when the frame being handled arrived (append latency)
+        #: When the message being handled arrived (append latency).
+        self.received = 0.0
         self._stop_ticking: Callable[[], None] = _nothing
         self.address = websocket.client.host if websocket.client else ""
         self.allowance = Allowance(ctx, self.address)
         self.pacer = self.allowance.pacer
-        self.presence = ConnectionPresence(ctx, self.allowance, self.send, self._spawn)
-        self.writes = WritePath(ctx, self.allowance, self.send, self._reject, self._spawn)
+
+    def speak(self, codec: Codec) -> None:
+        """Serve this connection in ``codec``'s wire format and policy."""
+        self.codec = codec
+        if not codec.hello_first:
+            self.state = ConnectionState.OPEN  # authenticated as it opens (Codec.opened)
+        self.presence = ConnectionPresence(self.ctx, self.allowance, codec, self._tasks.spawn)
+        self.writes = WritePath(self.ctx, self.allowance, codec, self.reject, self.spawn)
         self.documents = ConnectionDocuments(
-            ctx, self.allowance, self.presence, self.send, self.send_prepared if write_prepared is not None else None
+            self.ctx,
+            self.allowance,
+            self.presence,
+            codec,
+            tracked=codec.tracked,
+            deliver_now=codec.writes_now,
         )
-        self._write_prepared = write_prepared
 
     @property
     def principal(self) -> Principal | None:
-        """Who authenticated in ``hello``, and what they may read and write."""
+        """Who authenticated, and what they may read and write."""
         return self.handshake.principal
+
+    @property
+    def closed(self) -> bool:
+        """Cut off or ended (a property, read again after each await, where a
+        tick or a flood may have closed it)."""
+        return self.state is ConnectionState.CLOSED
+
+    # ------------------------------------------------------------ the socket
 
     async def run(self) -> None:
         """Serve the websocket, unless a connection limit refuses it."""
         refusal = self.ctx.limits.open_connection(self.address)
         if refusal is not None:
-            await refuse(self.websocket, refusal)
+            await self.codec.refuse_connection(refusal)
             return
         pygc.CHURN.opened()
         try:
@@ -124,19 +134,23 @@ class Connection:
         opened = time.monotonic()
         self._stop_ticking = self.ctx.ticker.add(self._tick)
         try:
+            await self.codec.opened()
             while not self.closed:  # cut off (a tick, a flood): its socket is closing
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
                 await self.pacer.admit(len(message.get("text") or message.get("bytes") or ""))
                 if not self.closed:  # read again: the pacer's wait may have seen it cut off
-                    await self._handle_message(message)
+                    await self._handle(message)
         except (WebSocketDisconnect, WebSocketDisconnected):  # the peer left, or the server closed it
             pass
         except Flooded as flood:
-            await self._cut_off(
+            await self.cut_off(
                 CutOff(str(flood), ErrorCode.RATE_LIMITED, CLOSE_TOO_MANY_MESSAGES, flood.retry_after_ms)
             )
+        except Exception as exc:  # noqa: BLE001 - the connection's boundary (a codec's opening met Redis down)
+            log.warning("connection failed: %r", exc)
+            await self.cut_off(CutOff("storage unavailable; reconnect", ErrorCode.UNAVAILABLE, CLOSE_TRY_AGAIN))
         finally:
             self.state = ConnectionState.CLOSED
             self.writes.close()
@@ -144,7 +158,7 @@ class Connection:
             self._tasks.cancel()
             await self.documents.close()
             await self.presence.leave_all()
-            if self.session is not None:
+            if self.session is not None and self.codec.tracked:
                 self.ctx.events.emit(
                     "disconnect",
                     session=self.session,
@@ -152,151 +166,168 @@ class Connection:
                     duration_ms=int((time.monotonic() - opened) * 1000),
                 )
 
-    @property
-    def closed(self) -> bool:
-        """Cut off or ended (a property, read again after each await, where a
-        tick or a flood may have closed it)."""
-        return self.state is ConnectionState.CLOSED
-
-    def send_prepared(self, frame: bytes) -> bool:
-        """Write a deliver frame framed once for many sockets now, from the
-        fan-out's dispatch (:meth:`.sending.Sender.deliver_now`), if the
-        websocket server offers it and no send of this connection is under
-        way (frames stay whole and in order); False: send it with ``send``."""
-        write = self._write_prepared
-        if write is None or self._send_lock.locked() or self.state is ConnectionState.CLOSED:
-            return False
-        return write(frame)
-
-    async def send(self, frame: dict[str, Any] | str) -> None:
-        text = frame if isinstance(frame, str) else protocol.encode(frame)  # str: encoded once for many
-        async with self._send_lock:
-            await self.websocket.send_text(text)
-        if not isinstance(frame, str) and frame["op"] == "error":  # shared text frames are deliveries
-            self.ctx.metrics.rejected(frame["code"])
-
-    async def _handle_message(self, message: Mapping[str, Any]) -> None:
-        self._received = time.perf_counter()
-        text = message.get("text")
-        if text is None:
-            await self._reject(ProtocolError(ErrorCode.MALFORMED_FRAME, "frames are JSON text, not binary"))
-            return
-        if len(text) > self.ctx.settings.max_frame_bytes:
-            doc, clock = frame_identity(text)  # bounded by ws_max_size; names the refused update
-            await self._reject(
-                ProtocolError(
-                    ErrorCode.FRAME_TOO_LARGE,
-                    f"frame exceeds {self.ctx.settings.max_frame_bytes} bytes; "
-                    "send a larger update in parts (feature update_parts)",
-                    doc=doc,
-                    clock=clock,
-                )
-            )
-            return
+    async def _handle(self, message: Mapping[str, Any]) -> None:
+        self.received = time.perf_counter()
         try:
-            frame = protocol.parse_client_frame(text)
-            named = logs.doc.set(getattr(frame, "doc", None))  # log lines (and tasks started here) name it
-            try:
-                await self._dispatch(frame)
-            finally:
-                logs.doc.reset(named)
+            await self.codec.receive(message)
         except ProtocolError as error:
-            await self._reject(error)
+            await self.reject(error)
         except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError, Flooded):
             raise
         except Exception as exc:
             if lost_redis(exc):
-                log.warning("Redis error while handling a frame: %r", exc)
-                await self._reject(ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; retry later"))
+                log.warning("Redis error while handling a message: %r", exc)
+                await self.reject(ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; retry later"))
             else:
-                log.exception("unexpected error handling a frame")
-                await self._reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
+                log.exception("unexpected error handling a message")
+                await self.reject(ProtocolError(ErrorCode.INTERNAL_ERROR, "internal error; the frame was not applied"))
 
-    async def _reject(self, error: ProtocolError) -> None:
+    async def reject(self, error: ProtocolError) -> None:
+        """Refuse what the client sent, in its codec's way."""
         self.writes.refused(error)  # the rest of a refused update's parts is ignored
         log.debug(
-            "rejected a frame: %s %s",
+            "rejected a message: %s %s",
             error.code.value,
             error.message,
             extra={"doc": error.doc} if error.doc is not None else None,
         )
-        await self.send(protocol.error(error))
+        await self.codec.refused(error)
 
-    async def _dispatch(self, frame: object) -> None:
-        if isinstance(frame, Hello):
-            await self._hello(frame)
-            return
-        if self.state is not ConnectionState.OPEN:
-            raise ProtocolError(ErrorCode.HANDSHAKE_REQUIRED, "send 'hello' first")
-        assert self.session is not None
-        if isinstance(frame, (UpdateFrame, Update)):
-            await self._update(frame)
-        elif isinstance(frame, (AckFrame, Ack)):
-            self.documents.get(frame.doc).on_ack(StreamId.parse(frame.offset))
-        elif isinstance(frame, Subscribe):
-            assert self.principal is not None
-            await self.allowance.take_answer()  # its snapshot and catch-up are booked as they are sent
-            await self.documents.subscribe(frame, self.session, self.principal)
-        elif isinstance(frame, Unsubscribe):
-            await self.pacer.control()
-            await self.documents.unsubscribe(frame, self.session)
-        elif isinstance(frame, Sync):
-            await self.allowance.take_answer()
-            self.documents.get(frame.doc).request_sync(decode_b64(frame.state_vector, frame.doc, None))
-        elif isinstance(frame, CheckSubscriptions):
-            await self.pacer.control()
-            await self.send(await subscription_set.check(self.ctx, self.session, frame))
-        elif isinstance(frame, Reconcile):
-            await self.allowance.take_answer()
-            answer = protocol.encode(await subscription_set.reconcile(self.ctx, self.session, frame))
-            self.allowance.answered(len(answer))
-            await self.send(answer)
-        elif isinstance(frame, Ping):
-            await self.pacer.control()
-            await self.send(protocol.pong())
-        elif isinstance(frame, Awareness):
-            self.documents.get(frame.doc)
-            await self.presence.receive(frame)
+    async def send(self, data: str | bytes) -> None:
+        """Write one message; one at a time (frames stay whole and in order)."""
+        async with self._send_lock:
+            if isinstance(data, str):
+                await self.websocket.send_text(data)
+            else:
+                await self.websocket.send_bytes(data)
 
-    async def _hello(self, frame: Hello) -> None:
+    def sending(self) -> bool:
+        """A send is under way (a frame written around it would cut into it) or the connection ended."""
+        return self._send_lock.locked() or self.state is ConnectionState.CLOSED
+
+    async def close(self, code: int, reason: str) -> None:
+        """End the connection (once)."""
+        if not self.closed:
+            self.state = ConnectionState.CLOSED
+            log.info("closing a connection: %s %s", code, reason)
+            await self._close_socket(code, reason)
+
+    async def cut_off(self, cut: CutOff) -> None:
+        """Refuse or end the session: the codec says why, then the close (docs/security.md)."""
+        self.state = ConnectionState.CLOSED
+        with contextlib.suppress(Exception):  # the socket may be gone already
+            await self.codec.ending(cut)
+        await self._close_socket(cut.close_code, cut.reason)
+
+    async def _close_socket(self, code: int, reason: str) -> None:
+        """The close frame; its reason cut to fit one (123 bytes)."""
+        with contextlib.suppress(Exception):  # the socket may be gone already
+            await self.websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
+
+    # ------------------------------------------------------------ the session
+
+    async def hello(self, frame: Hello) -> Opened | None:
+        """A ``hello``: authenticate and open its session (None: cut off)."""
         if self.state is not ConnectionState.AWAITING_HELLO:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, "'hello' was already sent on this connection")
         opened = await self.handshake.hello(frame)
         if isinstance(opened, CutOff):
-            await self._cut_off(opened)
-            return
-        self._open(opened)
-        await self.send(self.handshake.welcome(opened))
-
-    def _open(self, opened: Opened) -> None:
-        self.session = self.writes.session = opened.session
-        self.allowance.open(opened.session, opened.principal)
-        trust(self.websocket)  # messages may now be as large as ws_max_size
-        self.state = ConnectionState.OPEN
+            await self.cut_off(opened)
+            return None
+        self.open(opened.session, opened.principal)
         self.ctx.events.emit(
             "connect",
             session=opened.session,
             resumed=opened.resumed,
             **self.ctx.events.log.subject(opened.principal.subject),
         )
+        return opened
 
-    async def _cut_off(self, cut: CutOff) -> None:
-        """Refuse or end the session: say why, then close (docs/security.md)."""
-        self.state = ConnectionState.CLOSED
-        with contextlib.suppress(Exception):  # the socket may be gone already
-            await self.send(protocol.error(ProtocolError(cut.code, cut.reason, retry_after_ms=cut.retry_after_ms)))
-        with contextlib.suppress(Exception):
-            await self.websocket.close(code=cut.close_code, reason=cut.reason[:120])
+    async def authenticate(self, token: str | None) -> Principal | None:
+        """A protocol without ``hello``: who ``token`` (else the
+        subprotocol's) is; None: the connection was cut off."""
+        principal = await self.handshake.authenticate(token)
+        if isinstance(principal, CutOff):
+            await self.cut_off(principal)
+            return None
+        return principal
 
-    async def _update(self, frame: AnyUpdate) -> None:
+    def open(self, session: str, principal: Principal) -> None:
+        """The session is open: the subject's rates and quotas apply."""
+        self.session = self.writes.session = session
+        logs.session.set(session)  # the connection's context: every later line and task carries it
+        self.allowance.open(session, principal)
+        trust(self.websocket)  # messages may now be as large as ws_max_size
+        self.state = ConnectionState.OPEN
+
+    def hold(self) -> None:
+        """Keep the socket open without a session (a refusal a client would
+        otherwise retry in a loop): paced as before a token is checked, and
+        closed as any other once its token lapses."""
+        self.state = ConnectionState.OPEN
+
+    def _opened(self) -> str:
+        if self.state is not ConnectionState.OPEN or self.session is None:
+            raise ProtocolError(ErrorCode.HANDSHAKE_REQUIRED, "send 'hello' first")
+        return self.session
+
+    # ------------------------------------------------------------ commands
+
+    async def write(self, frame: AnyUpdate, update: bytes | None = None) -> None:
+        """Store an update of a subscribed document: ``frame``'s own (base64,
+        maybe one part of several), or ``update`` (a protocol whose updates
+        come whole and binary)."""
+        self._opened()
         assert self.principal is not None
         if not self.principal.can_write(frame.doc):
             raise ProtocolError.about(frame, ErrorCode.FORBIDDEN, "read-only: this token may not change this document")
         self.documents.get(frame.doc, frame.clock)
-        await self.writes.receive(frame, self._received)
+        if update is None:
+            await self.writes.receive(frame, self.received)
+        else:
+            await self.allowance.take_update(frame)
+            await self.writes.submit(frame, update, self.received)
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def ack(self, doc: str, offset: StreamId) -> None:
+        """The client holds ``doc`` up to ``offset``."""
+        self._opened()
+        self.documents.get(doc).on_ack(offset)
+
+    async def subscribe(self, doc: str, requested: StreamId | None = None, claimed: WindowDigest | None = None) -> None:
+        """Deliver ``doc`` from ``requested`` on (None: from its snapshot; or,
+        untracked, from the client's first sync)."""
+        session = self._opened()
+        assert self.principal is not None
+        await self.documents.subscribe(doc, session, self.principal, requested, claimed)
+
+    async def unsubscribe(self, doc: str) -> None:
+        session = self._opened()
+        await self.pacer.control()
+        await self.documents.unsubscribe(doc, session)
+
+    async def sync(self, doc: str, state_vector: bytes) -> None:
+        """The two-way exchange: answer with what the client lacks."""
+        self._opened()
+        subscription = self.documents.get(doc)
+        await self.allowance.take_answer()
+        subscription.request_sync(state_vector)
+
+    async def awareness(self, doc: str, update: bytes) -> None:
+        """Relay the client's presence on a subscribed document."""
+        self._opened()
+        self.documents.get(doc)
+        await self.presence.receive(doc, update)
+
+    async def query_awareness(self, doc: str) -> None:
+        """Send the others' presence on ``doc`` again."""
+        self._opened()
+        await self.presence.query(doc)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that ends with the connection."""
         self._tasks.spawn(work)
+
+    # ------------------------------------------------------------ the timer
 
     def _tick(self) -> None:
         """The connection's periodic checks, once per ``resend_check_interval``
@@ -321,4 +352,7 @@ class Connection:
     def _end(self, cut: CutOff) -> None:
         """Cut off from a tick: no more ticks, and the closing on a task of its own."""
         self._stop_ticking()
-        self._spawn(self._cut_off(cut))
+        self.spawn(self.cut_off(cut))
+
+
+__all__ = ["CLOSE_TRY_AGAIN", "Connection", "ConnectionState"]

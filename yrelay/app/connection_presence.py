@@ -7,35 +7,39 @@ another subject owns) is an ``error`` frame and nothing is stored or relayed.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+import asyncio
+import base64
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from yrelay.app.allowance import Allowance
 from yrelay.app.context import ServerContext
-from yrelay.app.payloads import decode_limited
+from yrelay.app.peer import Peer
 from yrelay.app.presence_member import Member, NotOwner, PresenceFull
-from yrelay.protocol import Awareness, ErrorCode, ProtocolError
+from yrelay.protocol import ErrorCode, ProtocolError
 from yrelay.yjs import awareness
 
-#: Frames that answer a subscribe; presence greets the connection after them.
-_ANSWERS = frozenset({"subscribed", "resync_required"})
-
-SendFrame = Callable[[dict[str, Any]], Awaitable[None]]
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
+Spawn = Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
 
 
 class ConnectionPresence:
-    """``send`` relays the others' states to this connection; ``spawn`` runs
-    a greeting as a task the connection cancels when it closes."""
+    """``peer`` is told the others' states; ``spawn`` runs a greeting as a
+    task the connection cancels when it closes."""
 
-    __slots__ = ("_ctx", "_allowance", "_send", "_spawn", "members")
+    __slots__ = ("_ctx", "_allowance", "_peer", "_spawn", "members", "_greeting")
 
-    def __init__(self, ctx: ServerContext, allowance: Allowance, send: SendFrame, spawn: Spawn):
+    def __init__(self, ctx: ServerContext, allowance: Allowance, peer: Peer, spawn: Spawn):
         self._ctx = ctx
         self._allowance = allowance
-        self._send = send
+        self._peer = peer
         self._spawn = spawn
         self.members: dict[str, Member] = {}
+        #: The greeting answering an awareness query, while it runs: queries
+        #: meanwhile are answered by it (one at a time per connection).
+        self._greeting: asyncio.Task[None] | None = None
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        await self._peer.presence(frame["doc"], base64.b64decode(frame["update"]))
 
     def join(self, doc: str, session: str) -> None:
         """Subscribing to ``doc``: a member, greeted once the subscribe is
@@ -49,12 +53,21 @@ class ConnectionPresence:
         else:
             member.listening = False  # subscribing again: greeted again once answered
 
-    def sent(self, doc: str, frame: dict[str, Any] | str) -> None:
-        """A frame of ``doc``'s subscription went out: after the answer to
-        the subscribe come the states of the others, never before it."""
+    def answered(self, doc: str) -> None:
+        """``doc``'s subscribe was answered: after the answer come the states
+        of the others, never before it."""
         member = self.members.get(doc)
-        if member is not None and not member.listening and isinstance(frame, dict) and frame["op"] in _ANSWERS:
+        if member is not None and not member.listening:
             self._spawn(self.greet(member))
+
+    async def query(self, doc: str) -> None:
+        """Send the others' states again (y-protocols' awareness query), at
+        the rate of answers; a query while the last one's greeting still
+        runs is answered by it."""
+        await self._allowance.take_answer()
+        member = self.members.get(doc)
+        if member is not None and (self._greeting is None or self._greeting.done()):
+            self._greeting = self._spawn(self.greet(member))
 
     async def greet(self, member: Member) -> None:
         """Send ``member`` the others' states; their bytes count as an answer
@@ -71,18 +84,15 @@ class ConnectionPresence:
         for member in list(self.members.values()):
             await self._ctx.presence.leave(member)
 
-    async def receive(self, frame: Awareness) -> None:
-        """Relay a presence update of a subscribed document."""
+    async def receive(self, doc: str, data: bytes) -> None:
+        """Relay the awareness update ``data`` of a subscribed document,
+        within the rates and ``max_awareness_bytes``."""
         settings = self._ctx.settings
-        await self._allowance.take_awareness(frame.doc)
-        data = decode_limited(
-            frame.update, settings.max_awareness_bytes, ErrorCode.AWARENESS_TOO_LARGE, frame.doc, None
-        )
-        await self.receive_update(frame.doc, data)
-
-    async def receive_update(self, doc: str, data: bytes) -> None:
-        """Relay the awareness update ``data`` (rates taken, size checked) of ``doc``."""
-        settings = self._ctx.settings
+        await self._allowance.take_awareness(doc)
+        if len(data) > settings.max_awareness_bytes:
+            raise ProtocolError(
+                ErrorCode.AWARENESS_TOO_LARGE, f"awareness exceeds {settings.max_awareness_bytes} bytes", doc=doc
+            )
         try:
             entries = awareness.decode_update(data)
         except awareness.AwarenessError as exc:

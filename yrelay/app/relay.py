@@ -33,11 +33,13 @@ from starlette.websockets import WebSocket
 from yrelay.app.binding import binder
 from yrelay.app.connection import Connection
 from yrelay.app.context import ServerContext
+from yrelay.app.handshake import SUBPROTOCOL
 from yrelay.app.health import router as health_router
 from yrelay.app.ops import router as ops_router
 from yrelay.app.ops_groups import router as ops_groups_router
 from yrelay.app.paths import DOC_PARAM
 from yrelay.app.scrape import router as scrape_router
+from yrelay.app.ws_codec import JsonCodec
 from yrelay.app.yws_endpoint import YWS_PREFIX, YwsEndpoint
 from yrelay.auth import Authenticator
 from yrelay.auth.host import AuthenticateFn, HostAuthenticator, current_connection
@@ -149,7 +151,9 @@ class SyncEndpoint:
             return
         if isinstance(self.relay.authenticator, HostAuthenticator):  # ~0.4 kB per connection: only when read
             current_connection.set(websocket)  # this connection's task only: for the host's authenticate
-        await Connection(websocket, context, prepared_writer(scope, send)).run()
+        connection = Connection(websocket, context, SUBPROTOCOL)
+        connection.speak(JsonCodec(connection, prepared_writer(scope, send)))
+        await connection.run()
 
 
 class SyncShortcut:

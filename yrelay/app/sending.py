@@ -13,34 +13,21 @@ while ``max_unacked_entries`` (or the connection's budget) are in flight.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from yrelay import protocol
 from yrelay.app import sizing
 from yrelay.app.acks import AckWindow
 from yrelay.app.fanout import Batch
+from yrelay.app.peer import FrameKey, Peer
 from yrelay.storage.offsets import StreamId
 from yrelay.storage.reads import Entry
 from yrelay.storage.tombstones import DocumentDeleted, is_deletion
-from yrelay.transport.prepared_frames import text_frame
 
 if TYPE_CHECKING:
     from yrelay.app.context import ServerContext
 
 MAX_PENDING_BATCHES = 64
-#: A deliver frame longer than this goes through the pump: a batch keeps its
-#: prepared copy beside the encoded text for as long as it is pending, and
-#: what the shortcut saves (a few microseconds per socket) is nothing next to
-#: the bytes of a large update.
-MAX_PREPARED_CHARS = 16 * 1024
-
-#: Sends a frame, or a frame already encoded (a deliver shared by many subscribers).
-Send = Callable[[dict[str, Any] | str], Awaitable[None]]
-#: Deliver frames of one fan-out batch, encoded once (see :meth:`Sender.deliver_frame`).
-Shared = dict[tuple[object, ...], str]
-#: Writes a frame framed once for many sockets now; False when it cannot (:mod:`yrelay.transport.prepared_frames`).
-SendPrepared = Callable[[bytes], bool]
 
 
 class PendingBatches:
@@ -82,14 +69,28 @@ class PendingBatches:
 
 
 class Sender:
-    """Sends one document's entries to one connection, from the cursor on."""
+    """Sends one document's entries to one client, from the cursor on, in
+    its codec's words (:class:`.peer.Peer`); ``booked`` is told the bytes
+    of each delivery (the connection's answer rates); ``tracked``: the
+    deliveries are acked, and logged (event ``deliver``)."""
 
-    def __init__(self, ctx: ServerContext, doc: str, session: str, send: Send, window: AckWindow):
+    def __init__(
+        self,
+        ctx: ServerContext,
+        doc: str,
+        session: str,
+        peer: Peer,
+        window: AckWindow,
+        booked: Callable[[int], None],
+        tracked: bool = True,
+    ):
         self.ctx = ctx
         self.doc = doc
         self.session = session
-        self.send = send
+        self.peer = peer
         self.window = window
+        self._booked = booked
+        self._tracked = tracked
         #: Every entry up to the cursor was sent, or skipped as the session's own.
         self.cursor = StreamId(0, 0)
         #: A subscriber that holds nothing gets the session's own entries up
@@ -131,7 +132,7 @@ class Sender:
             if batch.after > self.cursor:  # a gap before this batch: read it first
                 self.pending.appendleft(batch)
                 return await self._send_page(until=batch.after)
-            await self._send_entries([entry for entry in batch.entries if entry.id > self.cursor], batch.frames)
+            await self._send_entries([entry for entry in batch.entries if entry.id > self.cursor], batch)
             return True
         target = self.ctx.fanout.cursor(self.doc)
         if target is not None and self.cursor < target:
@@ -144,7 +145,11 @@ class Sender:
         self.restart(self.window.rewind())
 
     async def _send_page(self, until: StreamId) -> bool:
-        page = await self.ctx.store.read_page(self.doc, self.cursor, self._page_count)
+        # Untracked, the cursor is always an entry the server read itself (a
+        # sync answer's, read ahead of the fan-out): the read checks it is
+        # still there (StreamRewound), as the fan-out's check after a
+        # failover may never have seen it.
+        page = await self.ctx.store.read_page(self.doc, self.cursor, self._page_count, held=not self._tracked)
         self._page_count = sizing.next_count(
             self._page_count, page, self.ctx.settings.page_size, self.ctx.settings.max_page_bytes
         )
@@ -154,25 +159,26 @@ class Sender:
         await self._send_entries(page)
         return True
 
-    async def _send_entries(self, entries: list[Entry], shared: Shared | None = None) -> None:
+    async def _send_entries(self, entries: list[Entry], batch: Batch | None = None) -> None:
         if not entries:
             return
         if is_deletion(entries[-1]):  # the marker is the stream's last entry (yrelay/gc/deletion.py)
             raise DocumentDeleted(self.doc)
         visible = self._visible(entries)
         if visible:
+            filtered = len(visible) < len(entries)
             for frame in frames(visible, self.ctx.settings.max_page_bytes):
-                await self.send(self.deliver_frame(frame, len(visible) < len(entries), shared))
+                self._booked(await self.peer.deliver(self.doc, frame, self._frame_key(frame, filtered), batch))
         self._sent(entries, visible)
 
-    def deliver_now(self, batch: Batch, send_prepared: SendPrepared) -> bool:
+    def deliver_now(self, batch: Batch) -> bool:
         """Send a fan-out batch from the fan-out's dispatch, without the pump
         (a task wake-up and the ASGI send path per subscriber were most of a
         busy document's CPU): only when this subscriber is caught up, i.e.
         nothing waits, the batch follows the cursor, the window has room, no
-        resend is due, the entries fit one frame (of at most
-        :data:`MAX_PREPARED_CHARS`) and hold no deletion marker, and the
-        socket takes the frame now. False: nothing was done, queue it."""
+        resend is due, the entries fit one frame and hold no deletion
+        marker, and the codec can write them now
+        (:meth:`.peer.Peer.deliver_now`). False: nothing was done, queue it."""
         settings = self.ctx.settings
         if (
             self.pending
@@ -187,18 +193,9 @@ class Sender:
         visible = self._visible(entries)
         if visible:
             [frame, *more] = frames(visible, settings.max_page_bytes)
-            if more:
-                return False
-            filtered = len(visible) < len(entries)
-            key = self._frame_key(visible, filtered)
-            prepared = batch.prepared.get(key)
-            if prepared is None:
-                text = self.deliver_frame(visible, filtered, batch.frames)
-                assert isinstance(text, str)
-                if len(text) > MAX_PREPARED_CHARS:
-                    return False
-                prepared = batch.prepared[key] = text_frame(text)
-            if not send_prepared(prepared):
+            if more or not self.peer.deliver_now(
+                self.doc, visible, self._frame_key(visible, len(visible) < len(entries)), batch
+            ):
                 return False
         self._sent(entries, visible)
         return True
@@ -209,6 +206,10 @@ class Sender:
 
     def _sent(self, entries: list[Entry], visible: list[Entry]) -> None:
         """``entries`` were sent (``visible`` of them to the client): the event, the window, the cursor."""
+        head = entries[-1].id
+        self.cursor = head
+        if not self._tracked:
+            return  # nothing is acked, nothing held for it
         if visible:
             self.ctx.events.emit(
                 "deliver",
@@ -218,28 +219,13 @@ class Sender:
                 last=str(visible[-1].id),
                 entries=len(visible),
                 bytes=sum(len(entry.update) for entry in visible),
-                head=str(max(self.head(), entries[-1].id)),
+                head=str(max(self.head(), head)),
             )
             self.window.sent([entry.id for entry in visible])
-        self.cursor = entries[-1].id
         if not self.window:
-            self.window.hold_through(self.cursor)  # only its own entries: nothing to ack
+            self.window.hold_through(head)  # only its own entries: nothing to ack
 
-    def deliver_frame(self, visible: list[Entry], filtered: bool, shared: Shared | None) -> dict[str, Any] | str:
-        """The deliver frame of ``visible``; from a fan-out batch it is encoded
-        once and shared by every subscriber sending the same entries (named
-        by :meth:`_frame_key`)."""
-        if shared is None:
-            return protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible])
-        key = self._frame_key(visible, filtered)
-        text = shared.get(key)
-        if text is None:
-            text = shared[key] = protocol.encode(
-                protocol.deliver(self.doc, [(str(entry.id), entry.b64) for entry in visible])
-            )
-        return text
-
-    def _frame_key(self, visible: list[Entry], filtered: bool) -> tuple[object, ...]:
+    def _frame_key(self, visible: list[Entry], filtered: bool) -> FrameKey:
         """A shared frame's name: its first entry, its count, and whose own
         entries were left out (if any were)."""
         return (visible[0].id, len(visible), *((self.session, self.own_visible_through) if filtered else ()))
@@ -258,4 +244,4 @@ def frames(entries: list[Entry], max_bytes: int) -> list[list[Entry]]:
     return result
 
 
-__all__ = ["MAX_PENDING_BATCHES", "PendingBatches", "Send", "SendPrepared", "Sender", "frames"]
+__all__ = ["MAX_PENDING_BATCHES", "PendingBatches", "Sender", "frames"]

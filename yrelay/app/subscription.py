@@ -26,19 +26,19 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from yrelay import protocol
 from yrelay.app.acks import AckWindow
 from yrelay.app.fanout import Batch
 from yrelay.app.limits import DeliveryBudget
-from yrelay.app.resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point
-from yrelay.app.sending import Send, Sender, SendPrepared
+from yrelay.app.peer import Peer
+from yrelay.app.resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point, sync_answer
+from yrelay.app.sending import Sender
 from yrelay.backoff import Reconnect
 from yrelay.observability import logs
 from yrelay.protocol import ErrorCode, ProtocolError, ResyncReason
 from yrelay.reconciliation.digest import Digest
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
-from yrelay.storage.reads import HistoryTrimmed
+from yrelay.storage.reads import HistoryTrimmed, StreamRewound
 from yrelay.storage.rewind import find_rewound
 from yrelay.storage.tombstones import DocumentDeleted
 from yrelay.tasks import BackgroundTask, lost_redis
@@ -67,30 +67,51 @@ _TRANSITIONS = {
 }
 
 
+def _nothing(_: int = 0) -> None:
+    pass
+
+
 class Subscription:
+    """``peer`` is told everything about the document, in order
+    (:class:`.peer.Peer`); ``answered`` is called once the subscribe was
+    answered (presence greets the client then); ``booked`` is told the bytes
+    of what answers the subscribe or a sync (the connection's answer
+    rates). ``tracked`` (the ``/ws`` policy): the client acks, the tracker
+    holds its offset, and the subscription starts from ``requested``
+    (``subscribed``, or a snapshot); untracked (``/yws``): nothing pins the
+    stream, nothing is acked, and the subscription waits for the client's
+    state vector (:meth:`request_sync`) before it sends anything."""
+
     def __init__(
         self,
         ctx: ServerContext,
         doc: str,
         session: str,
-        send: Send,
+        peer: Peer,
         requested: StreamId | None,
         claimed: WindowDigest | None = None,
         budget: DeliveryBudget | None = None,
         on_deleted: Callable[[], Awaitable[None]] | None = None,
-        send_prepared: SendPrepared | None = None,
+        *,
+        answered: Callable[[], None] = _nothing,
+        booked: Callable[[int], None] = _nothing,
+        tracked: bool = True,
+        deliver_now: bool = False,
     ):
         self.ctx = ctx
         self.doc = doc
         self.session = session
-        self._send = send
+        self._peer = peer
+        self._answered = answered
+        self._booked = booked
+        self.tracked = tracked
         self._requested = requested
         #: The client's drift digest over (claimed.since, requested], if it sent one.
         self._claimed = claimed
         self.state = SubscriptionState.STARTING
         #: Shared with the connection's other subscriptions (unacked entries).
         self._window = AckWindow(doc, session, ctx.ack_writer, budget or DeliveryBudget(0))
-        self._sender = Sender(ctx, doc, session, send, self._window)
+        self._sender = Sender(ctx, doc, session, peer, self._window, self._book_delivery, tracked)
         #: The document's last id when the subscribe was answered: once the
         #: cursor reaches it, the client holds the server's state (``synced``).
         self._synced_at: StreamId | None = None
@@ -107,8 +128,8 @@ class Subscription:
         self._offered = False
         #: Called once the client was told the document was deleted (the subscription then ends).
         self._on_deleted = on_deleted
-        #: Writes a prepared deliver frame now (None: the server offers no such writer).
-        self._send_prepared = send_prepared
+        #: The codec may write a caught-up delivery from the fan-out's dispatch (:meth:`.peer.Peer.deliver_now`).
+        self._deliver_inline = deliver_now
 
     # ------------------------------------------------------------ lifecycle
 
@@ -162,18 +183,18 @@ class Subscription:
         """A batch from the fan-out (synchronous: called for every subscriber)."""
         if self.state not in (SubscriptionState.LIVE, SubscriptionState.STARTING):
             return  # read back from the stream once live again
-        if self._send_prepared is not None and self._pump_idle() and self._deliver_now(batch, self._send_prepared):
+        if self._deliver_inline and self._pump_idle() and self._deliver_now(batch):
             return  # sent from here: a caught-up subscriber's pump is not woken
         self._sender.pending.offer(batch)  # a slow consumer catches up from the stream instead
         self._offered = True
         self._wake.set()
 
-    def _deliver_now(self, batch: Batch, send_prepared: SendPrepared) -> bool:
+    def _deliver_now(self, batch: Batch) -> bool:
         """:meth:`.sending.Sender.deliver_now`, from inside the fan-out's
         dispatch: an error must not stop the dispatch to the document's
         other subscribers (the pump then sends the batch)."""
         try:
-            return self._sender.deliver_now(batch, send_prepared)
+            return self._sender.deliver_now(batch)
         except Exception:
             log.exception("document %s: inline delivery failed; the pump sends the batch", self.doc)
             return False
@@ -256,6 +277,9 @@ class Subscription:
                 reconnect.succeeded()
             except HistoryTrimmed:
                 await self._require_resync(ResyncReason.TRIMMED)
+            except StreamRewound as exc:
+                log.warning("document %s: %s; the client resyncs", self.doc, exc)
+                await self._require_resync(ResyncReason.AHEAD)
             except DocumentDeleted:
                 await self._deleted()
             except Exception as exc:
@@ -279,14 +303,18 @@ class Subscription:
         return await self._wake.park(loop) or self._wake.is_set()
 
     async def _start(self) -> None:
+        if not self.tracked:  # the client's state vector comes first (request_sync)
+            self._move(SubscriptionState.RESYNC_REQUIRED)
+            self._answered()
+            if self._sync_vector is not None:  # it came while this started
+                self._wake.set()
+            return
         if self._requested is None:
             self._sender.own_visible_through = self._synced_at = await self.ctx.store.last_id(self.doc)
             snapshot = await self.ctx.store.load_snapshot(self.doc)
             await self._go_live(Resume(snapshot.offset, WindowDigest(snapshot.offset, snapshot.offset, Digest())))
             if snapshot.update:
-                parts = protocol.chunks(snapshot.update, self.ctx.settings.chunk_bytes)
-                for index, part in enumerate(parts):
-                    await self._send(protocol.snapshot(self.doc, str(snapshot.offset), part, index, len(parts)))
+                self._booked(await self._peer.snapshot(self.doc, snapshot.offset, snapshot.update))
             return
         last = self._synced_at = await self.ctx.store.last_id(self.doc)
         point = await resume_point(self.ctx, self.doc, self.session, self._requested, self._claimed, last)
@@ -300,9 +328,8 @@ class Subscription:
         self._sender.cursor = point.offset
         self._window.restart(point.offset)
         self._move(SubscriptionState.LIVE)
-        await self._send(
-            protocol.subscribed(self.doc, str(point.offset), point.window.to_wire() if point.window else None)
-        )
+        await self._peer.subscribed(self.doc, point.offset, point.window)
+        self._answered()
         self._wake.set()
 
     async def _step(self) -> None:
@@ -328,18 +355,20 @@ class Subscription:
 
     async def _require_resync(self, reason: ResyncReason) -> None:
         log.info("resync required: %s", reason.value)
-        self.ctx.events.emit(
-            "resync",
-            self.doc,
-            self.session,
-            reason=reason.value,
-            offset=None if self._requested is None else str(self._requested),
-        )
+        if self.tracked:
+            self.ctx.events.emit(
+                "resync",
+                self.doc,
+                self.session,
+                reason=reason.value,
+                offset=None if self._requested is None else str(self._requested),
+            )
         self._move(SubscriptionState.RESYNC_REQUIRED)
         self._synced_at = None  # sent after the sync reply instead
         self._sender.pending.clear()
         self._window.drop()
-        await self._send(protocol.resync_required(self.doc, reason))
+        await self._peer.resync_required(self.doc, reason)
+        self._answered()
 
     async def _answer_sync(self) -> None:
         """Two-way state-vector exchange (:func:`.resync.answer_sync`): send
@@ -362,14 +391,17 @@ class Subscription:
         if self._sync_vector is state_vector:
             self._sync_vector = None
         offset = answer.offset
+        self.live_from(offset)
+        self._booked(await self._peer.sync_answer(self.doc, offset, answer.diff, answer.state_vector))
+        await self._send_synced(offset)
+
+    def live_from(self, offset: StreamId) -> None:
+        """The client holds the document up to ``offset`` (a sync answer's):
+        send what follows."""
         self._sender.restart(offset)
         self._window.restart(offset)
         if self.state is SubscriptionState.RESYNC_REQUIRED:
             self._move(SubscriptionState.LIVE)
-        parts = protocol.chunks(answer.diff, self.ctx.settings.chunk_bytes)
-        for index, part in enumerate(parts):
-            await self._send(protocol.sync_reply(self.doc, str(offset), part, answer.state_vector, index, len(parts)))
-        await self._send_synced(offset)
         self._wake.set()
 
     async def _answer_from_current_stream(self, state_vector: bytes) -> SyncAnswer:
@@ -382,7 +414,11 @@ class Subscription:
         it takes."""
         for _ in range(READ_ATTEMPTS):
             failures = self.ctx.fanout.failures
-            answer = await answer_sync(self.ctx, self.doc, self.session, state_vector)
+            answer = await (
+                answer_sync(self.ctx, self.doc, self.session, state_vector)
+                if self.tracked
+                else sync_answer(self.ctx, self.doc, state_vector)
+            )
             if failures == self.ctx.fanout.failures or not await find_rewound(
                 self.ctx.store.redis, {self.doc: [answer.offset]}
             ):
@@ -396,19 +432,25 @@ class Subscription:
         """The client has been sent everything admitted up to ``offset``
         (feature ``synced``); a sync answer also settles a pending subscribe's."""
         self._synced_at = None
-        await self._send(protocol.synced(self.doc, str(offset)))
+        await self._peer.synced(self.doc, offset)
 
     async def _deleted(self) -> None:
         """The document was deleted (its marker was read): say so, end the
         subscription (from inside its own pump: close only forgets the task)."""
-        self.ctx.events.emit("deleted", self.doc, self.session)
+        if self.tracked:
+            self.ctx.events.emit("deleted", self.doc, self.session)
         await self._error(ErrorCode.DOCUMENT_DELETED, "the document was deleted; subscribe again for a new, empty one")
         await self.close()
         if self._on_deleted is not None:
             await self._on_deleted()
 
     async def _error(self, code: ErrorCode, message: str) -> None:
-        await self._send(protocol.error(ProtocolError(code, message, doc=self.doc)))
+        await self._peer.refused(ProtocolError(code, message, doc=self.doc))
+
+    def _book_delivery(self, nbytes: int) -> None:
+        """Deliveries count against the answer rates while they answer the subscribe."""
+        if self.answering:
+            self._booked(nbytes)
 
 
-__all__ = ["Send", "Subscription", "SubscriptionState"]
+__all__ = ["Subscription", "SubscriptionState"]

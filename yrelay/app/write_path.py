@@ -27,11 +27,11 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from yrelay import protocol
 from yrelay.app.allowance import Allowance
 from yrelay.app.context import ServerContext
 from yrelay.app.inflight import InflightUpdates
 from yrelay.app.payloads import decode_limited
+from yrelay.app.peer import Peer
 from yrelay.app.update_parts import Reject, UpdateParts
 from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
 from yrelay.storage.append import AppendResult, NotAdmitted
@@ -50,21 +50,21 @@ log = logging.getLogger(__name__)
 #: 16 MiB paste does not stall other sockets.
 READ_IN_LOOP_BYTES = 64 * 1024
 
-SendFrame = Callable[[dict[str, Any]], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 class WritePath:
-    """One connection's updates: ``send`` answers them, ``reject`` sends an
-    error about an update in parts, ``spawn`` runs a task the connection
+    """One connection's updates: ``peer`` is told each one's answer
+    (:meth:`.peer.Peer.appended` or :meth:`.peer.Peer.refused`), ``reject``
+    refuses an update in parts, ``spawn`` runs a task the connection
     cancels when it closes."""
 
-    __slots__ = ("ctx", "_allowance", "_send", "_spawn", "_inflight", "_turn", "_parts", "session")
+    __slots__ = ("ctx", "_allowance", "_peer", "_spawn", "_inflight", "_turn", "_parts", "session")
 
-    def __init__(self, ctx: ServerContext, allowance: Allowance, send: SendFrame, reject: Reject, spawn: Spawn):
+    def __init__(self, ctx: ServerContext, allowance: Allowance, peer: Peer, reject: Reject, spawn: Spawn):
         self.ctx = ctx
         self._allowance = allowance
-        self._send = send
+        self._peer = peer
         self._spawn = spawn
         self._inflight = InflightUpdates(
             ctx.settings.max_inflight_appends, ctx.settings.max_inflight_bytes_per_connection, ctx.inflight_bytes
@@ -99,7 +99,7 @@ class WritePath:
 
     async def submit(self, frame: AnyUpdate, update: bytes, received: float) -> None:
         """Check the whole ``update`` (raising :class:`ProtocolError`) and
-        start its append; the answer goes to ``send``. The rest of the path
+        start its append; the answer goes to the peer. The rest of the path
         for updates that did not come in an ``update`` frame (``/yws``): only
         ``frame.doc``, ``frame.clock`` and ``frame.sync`` are read."""
         # A small update is read struct by struct here (a few us): that read is
@@ -210,7 +210,7 @@ class WritePath:
         entry_id, duplicate = result.entry_id, result.duplicate
         if entry_id is not None:  # the writer will hold it: checked after a failover (yrelay/storage/rewind.py)
             self.ctx.fanout.stored(frame.doc, StreamId.parse(entry_id))
-        await self._safe_send(protocol.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
+        await _answer(self._peer.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
         if entry_id is None:
             return
         self.ctx.metrics.appended(time.perf_counter() - received)
@@ -220,13 +220,15 @@ class WritePath:
 
     async def _refuse(self, frame: AnyUpdate, code: ErrorCode, message: str, **fields: Any) -> None:
         """Answer ``frame``'s update with an error naming its doc and clock."""
-        await self._safe_send(protocol.error(ProtocolError.about(frame, code, message, **fields)))
+        await _answer(self._peer.refused(ProtocolError.about(frame, code, message, **fields)))
 
-    async def _safe_send(self, frame: dict[str, Any]) -> None:
-        try:
-            await self._send(frame)
-        except Exception:  # noqa: BLE001 - the socket is gone (however it says so); the client resends unacked updates
-            pass
+
+async def _answer(answer: Awaitable[None]) -> None:
+    """Send an update's answer, if the socket is still there."""
+    try:
+        await answer
+    except Exception:  # noqa: BLE001 - the socket is gone (however it says so); the client resends unacked updates
+        pass
 
 
 def read_update(update: bytes) -> Reading | Exception:

@@ -8,10 +8,13 @@ subprotocol ``yrelay.auth.<token>`` next to ``yrelay.yws``) and, for stock
 clients that can only add URL parameters, ``?token=``, taken out of the
 request before anything can log it (:mod:`.yws_endpoint`, docs/security.md).
 
-* The client's sync step 1 is answered with step 2 = exactly what its state
-  vector lacks, from snapshot + stream in an engine worker
+* A codec of the connection core (:class:`.peer.Codec`): the one receive
+  loop, the limits and the token checks are :class:`.connection.Connection`'s,
+  the deliveries a :class:`.subscription.Subscription`'s, untracked: it
+  waits for the client's sync step 1 and answers it with step 2 = exactly
+  what its state vector lacks, from snapshot + stream in an engine worker
   (:func:`.resync.sync_answer`), then the server's own step 1; after the
-  first answer, every later entry of the stream (:mod:`.yws_feed`).
+  answer, every later entry of the stream as an update (its own left out).
 * Step 2 and update go through the same :class:`~.write_path.WritePath` as
   ``/ws`` updates (rates, validation, causal admission, in-flight bytes,
   the appender); others see them only from the stream. Such a client never
@@ -21,7 +24,11 @@ request before anything can log it (:mod:`.yws_endpoint`, docs/security.md).
 * A read-only token's updates are answered with y-protocols' permission
   denied and never stored; awareness goes through the presence relay, so
   ``/ws`` and ``/yws`` clients see each other.
-* Nothing is tracked: these connections never pin a stream.
+* Nothing is tracked: these connections never pin a stream. What would make
+  a ``/ws`` client resync closes the socket instead (the stock client's
+  reconnect sync, step 1 / step 2 both ways, brings both sides back): GC
+  trimmed past it (4410), the stream went back after a failover (1013), the
+  document was deleted (4404) or cannot be read (1011).
 * The room of ``/yws/<room>`` may be any name: it maps one-to-one to a
   document id (:func:`yrelay.storage.keys.room_doc_id`); one no id can hold is
   refused once and held open (stock clients reconnect after a close).
@@ -30,33 +37,25 @@ request before anything can log it (:mod:`.yws_endpoint`, docs/security.md).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import secrets
-import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
+from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 
-from yrelay.app.allowance import Allowance
-from yrelay.app.connection_presence import ConnectionPresence
-from yrelay.app.context import ServerContext
-from yrelay.app.handshake import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, Handshake
-from yrelay.app.pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
-from yrelay.app.resync import sync_answer
-from yrelay.app.write_path import WritePath
-from yrelay.app.yws_feed import YwsFeed
-from yrelay.auth import Principal
-from yrelay.observability import logs
-from yrelay.protocol import ProtocolError, Update
+from yrelay.app.connection import CLOSE_TRY_AGAIN, Connection
+from yrelay.app.fanout import Batch
+from yrelay.app.handshake import CutOff
+from yrelay.app.limits import Refusal
+from yrelay.app.peer import FrameKey
+from yrelay.protocol import ErrorCode, ProtocolError, ResyncReason, Update
+from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.keys import InvalidDocumentId, room_doc_id
-from yrelay.tasks import TaskSet
-from yrelay.transport.ws_protocol import trust
+from yrelay.storage.offsets import StreamId
+from yrelay.storage.reads import Entry
 from yrelay.yjs import yprotocol
-from yrelay.yjs.crdt import InvalidUpdate
-from yrelay.yjs.engine_pool import EngineFailed
 from yrelay.yjs.yprotocol import AwarenessMessage, QueryAwarenessMessage, SyncMessage, SyncStep, YProtocolError
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,16 @@ MESSAGE_OVERHEAD = 10
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_TOO_BIG = 1009
-CLOSE_TRY_AGAIN = 1013
+#: The document's stream cannot be read.
+CLOSE_DOCUMENT_FAILED = 1011
+#: The stream lost entries this connection may hold (a failover): the
+#: reconnect sync (step 1 / step 2 both ways) gives them back.
+CLOSE_REWOUND = 1013
+REWOUND_REASON = "storage lost entries; reconnect to resync"
+#: The document was deleted (DELETE /ops/docs/{doc}).
+CLOSE_DELETED = 4404
+#: GC trimmed entries this connection had not been sent.
+CLOSE_TRIMMED = 4410
 #: An update was not stored (the reason names why): reconnect, and the sync sends it again.
 CLOSE_NOT_STORED = 4500
 #: The token may not read this document.
@@ -78,13 +86,32 @@ CLOSE_FORBIDDEN = 4403
 #: stays open (y-protocols applies it as a no-op).
 EMPTY_AWARENESS = yprotocol.awareness(b"\x00")
 
+#: How a refusal that is not about one update ends the connection.
+_CLOSES = {
+    ErrorCode.DOCUMENT_DELETED: (CLOSE_DELETED, "document_deleted: the document was deleted"),
+    ErrorCode.DOCUMENT_UNAVAILABLE: (CLOSE_DOCUMENT_FAILED, "document unavailable; reconnect"),
+    ErrorCode.UNAVAILABLE: (CLOSE_TRY_AGAIN, "storage unavailable; reconnect"),
+    ErrorCode.INTERNAL_ERROR: (CLOSE_DOCUMENT_FAILED, "internal error; reconnect"),
+    ErrorCode.MALFORMED_FRAME: (CLOSE_PROTOCOL_ERROR, "invalid state vector"),
+}
+#: How a resync a ``/ws`` client would make ends the connection.
+_RESYNCS = {
+    ResyncReason.TRIMMED: (CLOSE_TRIMMED, "history trimmed past this connection; reconnect to resync"),
+    ResyncReason.AHEAD: (CLOSE_REWOUND, REWOUND_REASON),
+}
 
-class YwsConnection:
-    """One y-websocket client on one document."""
 
-    def __init__(self, websocket: WebSocket, ctx: ServerContext, room: str, token: str | None):
-        self.websocket = websocket
-        self.ctx = ctx
+class YwsCodec:
+    """One y-websocket client on one document (the room of its URL)."""
+
+    subprotocol = YWS_SUBPROTOCOL
+    tracked = False
+    hello_first = False
+    writes_now = False
+
+    def __init__(self, connection: Connection, room: str, token: str | None):
+        self.connection = connection
+        self.ctx = connection.ctx
         #: Why no document id can name the room (then ``doc`` is empty and nothing is served).
         self.unnamed: str | None = None
         try:
@@ -93,102 +120,33 @@ class YwsConnection:
             doc, self.unnamed = "", str(exc)
         self.doc = doc
         self._token = token
-        self.session = "yws-" + secrets.token_hex(8)  # dedup and presence identity; never tracked
-        self.address = websocket.client.host if websocket.client else ""
-        self.handshake = Handshake(ctx, websocket.headers, YWS_SUBPROTOCOL)
-        self.allowance = Allowance(ctx, self.address)
-        self.pacer = self.allowance.pacer
-        self._tasks = TaskSet("yrelay-yws")
-        #: The greeting answering an awareness query, while it runs: queries
-        #: meanwhile are answered by it (one at a time per connection).
-        self._greeting: asyncio.Task[None] | None = None
-        self._send_lock = asyncio.Lock()
+        self._held = False
+        self._clock = 0
         #: When the socket was last sent something (loop time): a silent one gets its awareness echoed.
         self._last_sent = asyncio.get_running_loop().time()
-        self._clock = 0
-        self._closed = False
-        self._subscriptions = 0  # counted against the subject's limit
-        self.presence = ConnectionPresence(ctx, self.allowance, self._send_awareness, self._spawn)
-        self.writes = WritePath(ctx, self.allowance, self._answer, self._refused, self._spawn)
-        self.writes.session = self.session
-        self.feed = YwsFeed(ctx, doc, self.session, self.send, self.close)
 
-    async def run(self) -> None:
-        refusal = self.ctx.limits.open_connection(self.address)
-        if refusal is not None:  # accepted only to say why (no JSON error frame: this client reads y-protocols)
-            with contextlib.suppress(Exception):
-                await self.websocket.accept()
-                await self.websocket.close(refusal.close_code, refusal.error.message[:120])
-            return
-        try:
-            await self._serve()
-        finally:
-            self.ctx.limits.close_connection(self.address)
-            self.allowance.release(self._subscriptions)
+    # ------------------------------------------------------------ inbound
 
-    async def _serve(self) -> None:
-        if self.handshake.origin_refused():
-            await self.websocket.close(code=CLOSE_FORBIDDEN_ORIGIN)  # before accept: HTTP 403
-            return
-        await self.websocket.accept(subprotocol=self.handshake.subprotocol)
-        principal = await self._admit()
+    async def opened(self) -> None:
+        """Authenticate (token from the subprotocol or ``?token=``), check
+        the document, open an untracked session subscribed to it; else say why."""
+        connection = self.connection
+        principal = await connection.authenticate(self._token)
         if principal is None:
             return
-        logs.session.set(self.session)
-        logs.doc.set(self.doc)
-        self.allowance.open(self.session, principal)
-        trust(self.websocket)  # messages may now be as large as ws_max_size
-        if not await self._count_subscription():
-            return
-        self._stop_ticking = self.ctx.ticker.add(self._tick)
-        try:
-            await self.feed.start()
-            self.presence.join(self.doc, self.session)
-            self._spawn(self.presence.greet(self.presence.members[self.doc]))
-            while not self._closed:
-                message = await self.websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                await self.pacer.admit(len(message.get("bytes") or message.get("text") or ""))
-                await self._handle(message, principal)
-        except (WebSocketDisconnect, WebSocketDisconnected):
-            pass
-        except Flooded as flood:
-            await self.close(CLOSE_TOO_MANY_MESSAGES, str(flood))
-        except Exception as exc:  # noqa: BLE001 - the connection's boundary: the fan-out could not read the document (Redis down)
-            log.warning("/yws connection to %s failed: %s", self.doc, exc)
-            await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
-        finally:
-            self._closed = True
-            self._stop_ticking()
-            self.writes.close()
-            self.feed.stop()
-            self._tasks.cancel()
-            await self.presence.leave_all()
-
-    async def _count_subscription(self) -> bool:
-        """The subject's live-subscription limit counts this connection as one."""
-        try:
-            await self.allowance.open_subscription(self.doc)
-        except ProtocolError as error:
-            await self.close(CLOSE_TRY_AGAIN, error.message)
-            return False
-        self._subscriptions = 1
-        return True
-
-    async def _admit(self) -> Principal | None:
-        """Authenticate and check the document; else say why and close."""
-        principal = await self.handshake.authenticate(self._token)
-        if not isinstance(principal, Principal):
-            await self._deny(principal.reason, principal.close_code)
-            return None
         if self.unnamed is not None:
             await self._hold(self.unnamed)
-            return None
+            return
         if not principal.can_read(self.doc):
-            await self._deny("this token may not read this document", CLOSE_FORBIDDEN)
-            return None
-        return principal
+            await connection.cut_off(
+                CutOff("this token may not read this document", ErrorCode.FORBIDDEN, CLOSE_FORBIDDEN)
+            )
+            return
+        connection.open("yws-" + secrets.token_hex(8), principal)  # dedup and presence identity; never tracked
+        try:  # the subject's live-subscription limit counts this connection as one
+            await connection.subscribe(self.doc)
+        except ProtocolError as error:
+            await connection.close(CLOSE_TRY_AGAIN, error.message)
 
     async def _hold(self, reason: str) -> None:
         """Refuse a room no document id can name, once, for good.
@@ -200,84 +158,49 @@ class YwsConnection:
         whenever ``yws_echo_after`` passed (y-websocket closes, then
         reconnects, a socket silent for 30 s). Its messages are read and
         dropped, paced as before a token is checked. It is closed as any
-        other once its token expires or is revoked (:meth:`_tick`): a held
-        socket does not outlive the token that opened it.
+        other once its token expires or is revoked: a held socket does not
+        outlive the token that opened it.
         """
         log.info("/yws room refused: %s", reason)
-        keepalive = self._tasks.spawn(self._keep_alive())
-        self._stop_ticking = self.ctx.ticker.add(self._tick)
-        try:
-            await self.send(yprotocol.permission_denied(reason))
-            while True:
-                message = await self.websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                await self.pacer.admit(len(message.get("bytes") or message.get("text") or ""))
-        except (WebSocketDisconnect, WebSocketDisconnected, RuntimeError, OSError):
-            pass  # the client left (a send after its close raises RuntimeError)
-        except Flooded as flood:
-            await self.close(CLOSE_TOO_MANY_MESSAGES, str(flood))
-        finally:
-            self._stop_ticking()
-            keepalive.cancel()
+        self._held = True
+        self.connection.hold()
+        await self._send(yprotocol.permission_denied(reason))
+        self.connection.spawn(self._keep_alive())
 
     async def _keep_alive(self) -> None:
         with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected, RuntimeError, OSError):
             while True:
                 await asyncio.sleep(self.ctx.settings.yws_echo_after)
-                await self.send(EMPTY_AWARENESS)
+                await self._send(EMPTY_AWARENESS)
 
-    async def _deny(self, reason: str, code: int) -> None:
-        with contextlib.suppress(Exception):
-            await self.websocket.send_bytes(yprotocol.permission_denied(reason))
-        await self.close(code, reason)
-
-    async def _handle(self, message: Mapping[str, Any], principal: Principal) -> None:
+    async def receive(self, message: Mapping[str, Any]) -> None:
+        if self._held:
+            return
+        connection = self.connection
         data = message.get("bytes")
         if data is None:
-            await self.close(CLOSE_UNSUPPORTED_DATA, "y-websocket messages are binary")
+            await connection.close(CLOSE_UNSUPPORTED_DATA, "y-websocket messages are binary")
             return
         if len(data) > self.ctx.settings.max_update_bytes + MESSAGE_OVERHEAD:
-            await self.close(CLOSE_TOO_BIG, f"message exceeds {self.ctx.settings.max_update_bytes} bytes")
+            await connection.close(CLOSE_TOO_BIG, f"message exceeds {self.ctx.settings.max_update_bytes} bytes")
             return
-        received = time.perf_counter()
         try:
             parsed = yprotocol.decode(data)
         except YProtocolError as exc:
-            await self.close(CLOSE_PROTOCOL_ERROR, f"not a y-protocols message: {exc}")
+            await connection.close(CLOSE_PROTOCOL_ERROR, f"not a y-protocols message: {exc}")
             return
-        try:
-            if isinstance(parsed, SyncMessage):
-                await self._sync(parsed, principal, received)
-            elif isinstance(parsed, AwarenessMessage):
-                await self._awareness(parsed.update)
-            elif isinstance(parsed, QueryAwarenessMessage):
-                await self._query_awareness()
-        except ProtocolError as error:
-            await self._refused(error)
-        except InvalidUpdate as exc:
-            await self.close(CLOSE_PROTOCOL_ERROR, f"invalid state vector: {exc}")
-        except (WebSocketDisconnect, WebSocketDisconnected, asyncio.CancelledError, Flooded):
-            raise
-        except EngineFailed:
-            await self.close(CLOSE_TRY_AGAIN, "the document could not be read; reconnect")
-        except Exception as exc:  # noqa: BLE001 - Redis down, or a bug: never a trace to the client
-            log.warning("/yws message on %s failed: %s", self.doc, exc)
-            await self.close(CLOSE_TRY_AGAIN, "storage unavailable; reconnect")
+        if isinstance(parsed, SyncMessage):
+            await self._sync(parsed)
+        elif isinstance(parsed, AwarenessMessage):
+            await self._awareness(parsed.update)
+        elif isinstance(parsed, QueryAwarenessMessage):
+            await connection.query_awareness(self.doc)
 
-    async def _sync(self, message: SyncMessage, principal: Principal, received: float) -> None:
+    async def _sync(self, message: SyncMessage) -> None:
         if message.step is SyncStep.STEP1:
-            await self.allowance.take_answer()
-            answer = await sync_answer(self.ctx, self.doc, message.payload)
-            await self.send(yprotocol.sync_step2(answer.diff))
-            self.allowance.answered(len(answer.diff))
-            await self.send(yprotocol.sync_step1(answer.state_vector))  # the client answers with what we lack
-            self.feed.answered(answer.offset)
+            await self.connection.sync(self.doc, message.payload)
             return
         if message.payload == b"\x00\x00":  # an empty update (the usual answer to our step 1)
-            return
-        if not principal.can_write(self.doc):
-            await self.send(yprotocol.permission_denied("read-only: this token may not change this document"))
             return
         frame = Update.model_construct(
             op="update",
@@ -289,65 +212,88 @@ class YwsConnection:
             parts=None,
         )
         self._clock += 1
-        await self.allowance.take_update(frame)
-        await self.writes.submit(frame, message.payload, received)
-
-    async def _query_awareness(self) -> None:
-        """Send the others' states again, at the rate of answers; a query
-        while the last one's greeting still runs is answered by it."""
-        await self.allowance.take_answer()
-        if self._greeting is None or self._greeting.done():
-            self._greeting = self._tasks.spawn(self.presence.greet(self.presence.members[self.doc]))
+        await self.connection.write(frame, message.payload)
 
     async def _awareness(self, update: bytes) -> None:
         """Relay presence; one over a limit is dropped (a stock client
         cannot read why, and renews its state anyway)."""
-        if len(update) > self.ctx.settings.max_awareness_bytes:
-            return
         try:
-            await self.allowance.take_awareness(self.doc)
-            await self.presence.receive_update(self.doc, update)
+            await self.connection.awareness(self.doc, update)
         except ProtocolError as error:
             log.debug("awareness update dropped: %s", error.message)
             return
         if asyncio.get_running_loop().time() - self._last_sent >= self.ctx.settings.yws_echo_after:
-            await self.send(yprotocol.awareness(update))  # keeps a lone client's socket alive (y-websocket's way)
+            await self._send(yprotocol.awareness(update))  # keeps a lone client's socket alive (y-websocket's way)
 
-    async def _answer(self, frame: dict[str, Any]) -> None:
-        """The write path's answer: ``appended`` needs none; an error closes."""
-        if frame["op"] == "error":
-            await self.close(CLOSE_NOT_STORED, f"{frame['code']}: {frame['message']}")
+    # ------------------------------------------------------------ outbound
 
-    async def _refused(self, error: ProtocolError) -> None:
-        await self.close(CLOSE_NOT_STORED, f"{error.code.value}: {error.message}")
+    async def _send(self, data: bytes) -> None:
+        await self.connection.send(data)
+        self._last_sent = asyncio.get_running_loop().time()
 
-    async def _send_awareness(self, frame: dict[str, Any]) -> None:
-        await self.send(yprotocol.awareness(base64.b64decode(frame["update"])))
-
-    async def send(self, data: bytes) -> None:
-        async with self._send_lock:
-            await self.websocket.send_bytes(data)
-            self._last_sent = asyncio.get_running_loop().time()
-
-    async def close(self, code: int, reason: str) -> None:
-        """End the connection (once); the reason fits a close frame (123 bytes)."""
-        if self._closed:
-            return
-        self._closed = True
-        log.info("closing a /yws connection to %s: %s %s", self.doc, code, reason)
+    async def refuse_connection(self, refusal: Refusal) -> None:
+        """Accepted only to say why, in the close (no JSON error frame: this client reads y-protocols)."""
+        websocket = self.connection.websocket
         with contextlib.suppress(Exception):
-            await self.websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
+            await websocket.accept()
+            await websocket.close(refusal.close_code, refusal.error.message[:120])
 
-    def _tick(self) -> None:
-        """Close once the token expired or was revoked (as ``/ws`` does);
-        once per ``resend_check_interval`` on the process's timer (:mod:`.ticker`)."""
-        lapsed = None if self._closed else self.handshake.token_lapsed()
-        if lapsed is not None:
-            self._stop_ticking()
-            self._spawn(self.close(CLOSE_UNAUTHORIZED, lapsed.reason))
+    async def ending(self, cut: CutOff) -> None:
+        """A token refused or a document it may not read: y-protocols' permission denied first."""
+        if cut.code in (ErrorCode.UNAUTHORIZED, ErrorCode.FORBIDDEN):
+            await self.connection.websocket.send_bytes(yprotocol.permission_denied(cut.reason))
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        self._tasks.spawn(work)
+    async def refused(self, error: ProtocolError) -> None:
+        """A read-only token's update: permission denied (the socket stays);
+        an update not stored: close (the reconnect sync sends it again);
+        whatever ends the document's deliveries: close with its code."""
+        self.ctx.metrics.rejected(error.code.value)
+        if error.code is ErrorCode.FORBIDDEN:
+            await self._send(yprotocol.permission_denied(error.message))
+            return
+        if error.clock is not None or error.code not in _CLOSES:
+            await self.connection.close(CLOSE_NOT_STORED, f"{error.code.value}: {error.message}")
+            return
+        code, reason = _CLOSES[error.code]
+        await self.connection.close(code, reason)
+
+    async def resync_required(self, doc: str, reason: ResyncReason) -> None:
+        code, text = _RESYNCS.get(reason, (CLOSE_REWOUND, REWOUND_REASON))
+        await self.connection.close(code, text)
+
+    async def sync_answer(self, doc: str, offset: StreamId, diff: bytes, state_vector: bytes) -> int:
+        await self._send(yprotocol.sync_step2(diff))
+        await self._send(yprotocol.sync_step1(state_vector))  # the client answers with what we lack
+        return len(diff)
+
+    async def deliver(self, doc: str, entries: list[Entry], key: FrameKey, batch: Batch | None) -> int:
+        for entry in entries:
+            await self._send(yprotocol.sync_update(entry.update))
+        return sum(len(entry.update) for entry in entries)
+
+    def deliver_now(self, doc: str, entries: list[Entry], key: FrameKey, batch: Batch) -> bool:
+        return False
+
+    async def presence(self, doc: str, update: bytes) -> None:
+        await self._send(yprotocol.awareness(update))
+
+    async def subscribed(self, doc: str, offset: StreamId, window: WindowDigest | None) -> None:
+        """Never sent: an untracked subscription starts with the client's sync."""
+
+    async def snapshot(self, doc: str, offset: StreamId, update: bytes) -> int:
+        """Never sent: the sync answer carries the snapshot's content."""
+        return 0
+
+    async def synced(self, doc: str, offset: StreamId) -> None:
+        """y-protocols has no such message: the sync answer is it."""
+
+    async def unsubscribed(self, doc: str) -> None:
+        """A ``/yws`` connection is its one subscription."""
+
+    async def appended(
+        self, doc: str, clock: int, entry_id: str | None, duplicate: bool, dropped: dict[int, list[tuple[int, int]]]
+    ) -> None:
+        """y-protocols has no answer to an update: it is stored, or the socket closes."""
 
 
-__all__ = ["CLOSE_NOT_STORED", "YWS_SUBPROTOCOL", "YwsConnection"]
+__all__ = ["CLOSE_NOT_STORED", "YWS_SUBPROTOCOL", "YwsCodec"]

@@ -13,8 +13,9 @@ from starlette._utils import get_route_path  # Starlette's own (routing re-expor
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from yrelay.app.connection import CLOSE_TRY_AGAIN, Connection
 from yrelay.app.context import ServerContext
-from yrelay.app.yws import CLOSE_TRY_AGAIN, YwsConnection
+from yrelay.app.yws import YWS_SUBPROTOCOL, YwsCodec
 
 #: Where the endpoint is, relative to the relay's root: ``/yws/<doc>``.
 YWS_PREFIX = "/yws/"
@@ -39,7 +40,7 @@ def take_token(scope: Scope) -> str | None:
 def yws_doc(scope: Scope) -> str | None:
     """The room of a ``/yws/<room>`` websocket (percent-decoded, as the
     server received it), or None for any other request. The room becomes a
-    document id in :class:`.yws.YwsConnection` (:func:`yrelay.storage.keys.room_doc_id`)."""
+    document id in :class:`.yws.YwsCodec` (:func:`yrelay.storage.keys.room_doc_id`)."""
     if scope["type"] != "websocket":
         return None
     routed = scope.get("path_params", {}).get("doc")
@@ -83,7 +84,9 @@ class YwsEndpoint:
         if ctx is None:
             await websocket.close(CLOSE_TRY_AGAIN)
             return
-        await YwsConnection(websocket, ctx, yws_doc(scope) or "", token).run()
+        connection = Connection(websocket, ctx, YWS_SUBPROTOCOL)
+        connection.speak(YwsCodec(connection, yws_doc(scope) or "", token))
+        await connection.run()
 
 
 __all__ = ["TOKEN_PARAM", "YWS_PREFIX", "YwsEndpoint", "take_token", "yws_doc"]
