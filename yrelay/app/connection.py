@@ -186,7 +186,7 @@ class Connection:
         """Refuse what the client sent, in its codec's way."""
         self.writes.refused(error)  # the rest of a refused update's parts is ignored
         log.debug(
-            "rejected a message: %s %s",
+            "rejected a frame: %s %s",
             error.code.value,
             error.message,
             extra={"doc": error.doc} if error.doc is not None else None,

@@ -163,6 +163,7 @@ class ServerContext:
         collector = Collector(redis, GcPolicy.from_settings(settings), events=events, fold=engine.fold)
         # The registry exists before the ack writer and the fan-out that share it.
         subscriptions: SubscriptionRegistry[Subscriber] = SubscriptionRegistry()
+        fanout = open_fanout(settings, redis_url, store, subscriptions)
         ctx = cls(
             settings=settings,
             redis=redis,
@@ -173,8 +174,9 @@ class ServerContext:
                 store,
                 ReplicaWait.of(settings.ack_replicas, settings.ack_replicas_timeout),
                 announce=partial(announce_buckets, redis) if settings.redis_cluster else None,
+                stored=fanout.stored,  # what a writer holds: checked after a failover
             ),
-            fanout=open_fanout(settings, redis_url, store, subscriptions),
+            fanout=fanout,
             subscriptions=subscriptions,
             sessions=SessionRegistry(redis, settings.session_ttl),
             collector=collector,

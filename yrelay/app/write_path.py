@@ -35,7 +35,6 @@ from yrelay.app.peer import Peer
 from yrelay.app.update_parts import Reject, UpdateParts
 from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
 from yrelay.storage.append import AppendResult, NotAdmitted
-from yrelay.storage.offsets import StreamId
 from yrelay.storage.replicas import ReplicationTimeout
 from yrelay.storage.tombstones import is_deleted_error
 from yrelay.yjs import crdt
@@ -208,8 +207,6 @@ class WritePath:
         finally:
             self._inflight.release(size)
         entry_id, duplicate = result.entry_id, result.duplicate
-        if entry_id is not None:  # the writer will hold it: checked after a failover (yrelay/storage/rewind.py)
-            self.ctx.fanout.stored(frame.doc, StreamId.parse(entry_id))
         await _answer(self._peer.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
         if entry_id is None:
             return

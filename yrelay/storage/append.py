@@ -36,6 +36,7 @@ from yrelay.storage.client import UNREACHABLE
 from yrelay.storage.clocks import bring_clocks_up_to_date
 from yrelay.storage.keys import clocks_key, dedup_key, meta_key, stream_key
 from yrelay.storage.listing import mark_changed
+from yrelay.storage.offsets import StreamId
 from yrelay.storage.reads import DocumentStore
 from yrelay.storage.replicas import ReplicationTimeout, ReplicaWait
 from yrelay.storage.replies import text
@@ -95,8 +96,12 @@ class Appender:
         store: DocumentStore,
         replicas: ReplicaWait | None = None,
         announce: Callable[[list[str]], Coroutine[Any, Any, None]] | None = None,
+        stored: Callable[[str, StreamId], None] | None = None,
     ):
         self.store = store
+        #: Told of each entry its writer is answered with (the fan-out checks
+        #: them after a failover: :mod:`yrelay.storage.rewind`), before the answer.
+        self.stored = stored
         #: ``ack_replicas``: each batch ends with a WAIT (:mod:`.replicas`).
         self.replicas = replicas
         #: Told of each batch's documents once it is stored (the cluster
@@ -251,6 +256,8 @@ class Appender:
             if code != 2 and not replicated:  # stored, not confirmed: the client resends
                 _fail(item, ReplicationTimeout(text(entry_id)))
             elif code != 2:
+                if self.stored is not None:
+                    self.stored(doc, StreamId.parse(text(entry_id)))
                 _succeed(item, AppendResult(text(entry_id), bool(code), item.dropped))
             elif item.split is not None:
                 self._side_tasks.spawn(self._append_ready_part(item, flat_clocks(refusal[1])))

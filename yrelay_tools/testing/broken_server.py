@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from yrelay import protocol
 from yrelay.app.write_path import WritePath
 from yrelay.cli import cli
 
@@ -26,7 +25,7 @@ async def _ack_before_append(
 ) -> None:
     try:
         made_up = f"{int(time.time() * 1000)}-0"
-        await self._safe_send(protocol.appended(frame.doc, frame.clock, made_up, False))
+        await self._peer.appended(frame.doc, frame.clock, made_up, False, {})
         await future
     except Exception:  # noqa: BLE001 - whatever the append raised, this deliberately broken server already said stored
         pass  # the client was told it is stored
