@@ -15,7 +15,7 @@ from typing import Any
 from yrelay.app.allowance import Allowance
 from yrelay.app.context import ServerContext
 from yrelay.app.peer import Peer
-from yrelay.app.presence_member import Member, NotOwner, PresenceFull
+from yrelay.app.presence import Member, NotOwner, PresenceFull
 from yrelay.protocol import ErrorCode, ProtocolError
 from yrelay.yjs import awareness
 

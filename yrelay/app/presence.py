@@ -15,6 +15,11 @@ address), at most ``max_clients`` of them per document, kept past the
 owner's leaving for the timeout; a greeting carries at most
 ``greeting_bytes`` of states. A client that leaves is removed at its own
 clock (:meth:`~yrelay.yjs.awareness.AwarenessEntry.removal`).
+
+A connection holds one :class:`Member` per document it is present on: the
+clientIDs it speaks for and an outbox, so one slow socket never holds the
+relay up; :class:`NotOwner` and :class:`PresenceFull` are the relay's two
+refusals of a member's update.
 """
 
 from __future__ import annotations
@@ -30,15 +35,20 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from yrelay import protocol
-from yrelay.app.presence_member import Member, NotOwner, PresenceFull, Send
 from yrelay.backoff import Reconnect
 from yrelay.storage.keys import doc_of_presence_channel, presence_channel, presence_key, presence_owners_key
 from yrelay.storage.scripts import source
-from yrelay.tasks import BackgroundTask, lost_redis, wait_event
+from yrelay.tasks import BackgroundTask, lost_redis, spawn, wait_event
 from yrelay.yjs.awareness import AwarenessEntry, encode_update, join_encoded
 
 log = logging.getLogger(__name__)
 
+#: How a member's frames reach its connection's socket.
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: Frames queued for one slow socket before the oldest are dropped (every
+#: client renews its state, so a dropped one heals within 15 s).
+MAX_QUEUED = 64
 #: How long a newcomer waits for its channel subscription before reading.
 SUBSCRIBE_WAIT = 1.0
 #: Seconds a read of a document's states serves further greetings of it
@@ -52,6 +62,81 @@ def _untyped(method: object) -> Callable[[], Awaitable[None]]:
     """A redis-py ``PubSub`` method its library leaves unannotated
     (``connect``, ``aclose``), typed as what it is: a coroutine of nothing."""
     return cast("Callable[[], Awaitable[None]]", method)
+
+
+class NotOwner(Exception):
+    """Entries for clientIDs another owner (subject, or client address with
+    auth off) spoke for within the timeout."""
+
+    def __init__(self, client_ids: list[int]):
+        super().__init__(f"clientID {', '.join(map(str, client_ids))} belongs to another user")
+        self.client_ids = client_ids
+
+
+class PresenceFull(Exception):
+    """The document already has ``max_clients`` clientIDs claimed."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the document has {limit} present clients, the most it keeps; retry later")
+
+
+class Member:
+    """One connection's presence on one document: the clientIDs it speaks
+    for (with their last clock, for the removal when it leaves) and an
+    outbox so one slow socket never holds the relay up."""
+
+    def __init__(self, doc: str, session: str, origin: str, send: Send, owner: str):
+        self.doc = doc
+        self.session = session
+        self.origin = origin
+        #: Who may take this member's clientIDs over (Allowance.subject_id: the subject, or the address).
+        self.owner = owner
+        self.clocks: dict[int, int] = {}
+        self.listening = False
+        #: When it started listening (event loop time): a greeting read that
+        #: began after it may serve this member too (:meth:`Presence.greet`).
+        self.listening_since = 0.0
+        self._send = send
+        #: The newest MAX_QUEUED; a list, as an empty deque is a 760-byte block per idle member.
+        self._outbox: list[dict[str, Any]] = []
+        self._drain: asyncio.Task[None] | None = None
+
+    def push(self, frame: dict[str, Any]) -> None:
+        if not self.listening:
+            return  # not answered `subscribed` yet: the greeting will carry it
+        if len(self._outbox) >= MAX_QUEUED:
+            del self._outbox[0]
+        self._outbox.append(frame)
+        if self._drain is None or self._drain.done():
+            self._drain = spawn(self._drain_outbox(), name="yrelay-presence-drain")
+
+    async def _drain_outbox(self) -> None:
+        try:
+            while self._outbox:
+                await self._send(self._outbox.pop(0))
+        except Exception:  # noqa: BLE001 - the socket is gone (however it says so); the connection cleans up
+            self._outbox.clear()
+
+    def claim(self, entries: list[AwarenessEntry]) -> None:
+        for entry in entries:
+            if entry.removed:
+                self.clocks.pop(entry.client_id, None)
+            else:
+                self.clocks[entry.client_id] = max(entry.clock, self.clocks.get(entry.client_id, 0))
+
+    def clients_after(self, entries: list[AwarenessEntry]) -> int:
+        """How many clientIDs this member would speak for after ``entries``."""
+        live = set(self.clocks)
+        for entry in entries:
+            (live.discard if entry.removed else live.add)(entry.client_id)
+        return len(live)
+
+    def removals(self) -> list[AwarenessEntry]:
+        return [AwarenessEntry(client, clock, "null").removal() for client, clock in self.clocks.items()]
+
+    def stop(self) -> None:
+        self.listening = False
+        self._outbox.clear()
 
 
 class Presence:

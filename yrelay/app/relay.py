@@ -36,7 +36,6 @@ from yrelay.app.context import ServerContext
 from yrelay.app.handshake import SUBPROTOCOL
 from yrelay.app.health import router as health_router
 from yrelay.app.ops import router as ops_router
-from yrelay.app.ops_groups import router as ops_groups_router
 from yrelay.app.paths import DOC_PARAM
 from yrelay.app.scrape import router as scrape_router
 from yrelay.app.ws_codec import JsonCodec
@@ -101,7 +100,7 @@ class Relay:
         router.add_websocket_route(
             YWS_PREFIX + DOC_PARAM, cast(WebSocketFunction, self.yws_endpoint), name="yrelay_yws"
         )
-        for part in (health_router, scrape_router, ops_router, ops_groups_router):
+        for part in (health_router, scrape_router, ops_router):
             router.include_router(part)
         return router
 

@@ -1,5 +1,5 @@
 """What an operator sees of consumer groups, and deleting one
-(``/ops/groups``, :mod:`yrelay.app.ops_groups`).
+(``/ops/groups``, :mod:`yrelay.app.ops.groups`).
 
 Read from Redis only, so any server on the same Redis answers for every
 group. Deleting a group marks it deleted first (``yrelay:group:{g}:deleted``,

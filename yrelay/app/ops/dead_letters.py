@@ -1,6 +1,5 @@
 """``/ops/groups/{group}/dead-letters``: the documents a group's webhooks
-parked (yrelay/consumers/dead_letters.py), and retrying them. Included in
-the ops router (:mod:`yrelay.app.ops`), behind the same token."""
+parked (:mod:`yrelay.consumers.dead_letters`), and retrying them."""
 
 from __future__ import annotations
 
@@ -10,18 +9,15 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, status
 
 from yrelay.app.binding import relay_context as _ctx
+from yrelay.app.ops.names import doc_id, group_name
 from yrelay.app.paths import DOC_PARAM
 from yrelay.consumers.dead_letters import DeadLetters
-from yrelay.storage.keys import InvalidDocumentId, validate_doc_id, validate_group_name
 
 router = APIRouter(prefix="/groups")
 
 
 def _dead_letters(request: Request, group: str) -> DeadLetters:
-    try:
-        return DeadLetters(_ctx(request).redis, validate_group_name(group))
-    except ValueError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    return DeadLetters(_ctx(request).redis, group_name(group))
 
 
 @router.get("/{group}/dead-letters")
@@ -38,11 +34,7 @@ async def retry_dead_letter(group: str, doc: str, request: Request) -> dict[str,
     """Send the document again from its last ack: the member holding it
     resumes within a second (404 when it is not parked)."""
     dead = _dead_letters(request, group)
-    try:
-        retried = await dead.retry(validate_doc_id(doc))
-    except InvalidDocumentId as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-    if not retried:
+    if not await dead.retry(doc_id(doc)):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{doc!r} is not parked in group {group!r}")
     _ctx(request).events.emit("dead_letter_retry", doc, group=group)
     return {"group": group, "doc": doc, "retried": True}

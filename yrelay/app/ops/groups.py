@@ -1,26 +1,17 @@
-"""``/ops/groups``: consumer groups for operators (docs/operations.md),
-behind the ops token like every ``/ops`` route. The reading and the
-deleting live in :mod:`yrelay.consumers.admin`."""
+"""``/ops/groups``: consumer groups for operators (docs/operations.md). The
+reading and the deleting live in :mod:`yrelay.consumers.admin`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 
 from yrelay.app.binding import relay_context as _ctx
-from yrelay.app.ops import require_ops_token
+from yrelay.app.ops.names import group_name
 from yrelay.consumers.admin import delete_group, describe_group, list_groups
-from yrelay.storage.keys import validate_group_name
 
-router = APIRouter(prefix="/ops/groups", tags=["ops"], dependencies=[Depends(require_ops_token)])
-
-
-def _group(group: str) -> str:
-    try:
-        return validate_group_name(group)
-    except ValueError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+router = APIRouter(prefix="/groups")
 
 
 @router.get("")
@@ -34,7 +25,7 @@ async def get_groups(request: Request) -> dict[str, Any]:
 async def get_group(group: str, request: Request) -> dict[str, Any]:
     """One group: members, leader, and per document its member, version,
     pending handover and lag behind the stream's newest entry."""
-    detail = await describe_group(_ctx(request).redis, _group(group))
+    detail = await describe_group(_ctx(request).redis, group_name(group))
     if detail is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown consumer group {group!r}")
     return detail
@@ -47,7 +38,7 @@ async def remove_group(group: str, request: Request) -> dict[str, Any]:
     it). Answers the number of documents it had progress on. Recorded in the
     event log (``consumer_group_deleted``)."""
     ctx = _ctx(request)
-    cleared = await delete_group(ctx.redis, _group(group))
+    cleared = await delete_group(ctx.redis, group_name(group))
     if cleared is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown consumer group {group!r}")
     ctx.events.emit("consumer_group_deleted", group=group, documents=cleared)
