@@ -593,10 +593,10 @@ async def test_a_greeting_whose_shared_read_began_for_a_closed_connection_still_
     from yrelay.app.presence import Presence
 
     presence = Presence(redis_client, Redis.from_url(redis_url), timeout=30, process_id="test")
-    frames: list[dict] = []
+    frames: list[bytes] = []
 
-    async def keep(frame: dict) -> None:
-        frames.append(frame)
+    async def keep(update: bytes) -> None:  # what a member's connection is told: the others' awareness update
+        frames.append(update)
 
     speaker = presence.join(DOC, "s-speaker", keep, owner="o-speaker")
     await presence.update(speaker, [AwarenessEntry(7, 1, '{"name":"ada"}')])
@@ -619,8 +619,7 @@ async def test_a_greeting_whose_shared_read_began_for_a_closed_connection_still_
     closing.cancel()  # the newcomer's connection closed
     gate.set()
     assert await asyncio.wait_for(sharing, 5) > 0
-    greeting = [frame for frame in frames if frame["op"] == "awareness"]
-    assert greeting and [e.client_id for e in received(greeting[-1])] == [7]
+    assert frames and [e.client_id for e in decode_update(frames[-1])] == [7]
     presence._read = read
     await presence.leave(speaker)
     await presence.listener.aclose()

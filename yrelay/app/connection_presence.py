@@ -8,8 +8,8 @@ another subject owns) is an ``error`` frame and nothing is stored or relayed.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from yrelay.app.allowance import Allowance
@@ -38,9 +38,6 @@ class ConnectionPresence:
         #: meanwhile are answered by it (one at a time per connection).
         self._greeting: asyncio.Task[None] | None = None
 
-    async def _send(self, frame: dict[str, Any]) -> None:
-        await self._peer.presence(frame["doc"], base64.b64decode(frame["update"]))
-
     def join(self, doc: str, session: str) -> None:
         """Subscribing to ``doc``: a member, greeted once the subscribe is
         answered. Its owner, who may take its clientIDs over, is its subject:
@@ -49,7 +46,9 @@ class ConnectionPresence:
         after a server restart, a new session, gets its clientID back."""
         member = self.members.get(doc)
         if member is None:
-            self.members[doc] = self._ctx.presence.join(doc, session, self._send, self._allowance.subject_id())
+            self.members[doc] = self._ctx.presence.join(
+                doc, session, partial(self._peer.presence, doc), self._allowance.subject_id()
+            )
         else:
             member.listening = False  # subscribing again: greeted again once answered
 

@@ -34,7 +34,6 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from yrelay import protocol
 from yrelay.backoff import Reconnect
 from yrelay.storage.keys import doc_of_presence_channel, presence_channel, presence_key, presence_owners_key
 from yrelay.storage.scripts import source
@@ -43,8 +42,8 @@ from yrelay.yjs.awareness import AwarenessEntry, encode_update, join_encoded
 
 log = logging.getLogger(__name__)
 
-#: How a member's frames reach its connection's socket.
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+#: How a member's awareness updates reach its connection (its codec says them).
+Send = Callable[[bytes], Awaitable[None]]
 
 #: Frames queued for one slow socket before the oldest are dropped (every
 #: client renews its state, so a dropped one heals within 15 s).
@@ -98,15 +97,15 @@ class Member:
         self.listening_since = 0.0
         self._send = send
         #: The newest MAX_QUEUED; a list, as an empty deque is a 760-byte block per idle member.
-        self._outbox: list[dict[str, Any]] = []
+        self._outbox: list[bytes] = []
         self._drain: asyncio.Task[None] | None = None
 
-    def push(self, frame: dict[str, Any]) -> None:
+    def push(self, update: bytes) -> None:
         if not self.listening:
             return  # not answered `subscribed` yet: the greeting will carry it
         if len(self._outbox) >= MAX_QUEUED:
             del self._outbox[0]
-        self._outbox.append(frame)
+        self._outbox.append(update)
         if self._drain is None or self._drain.done():
             self._drain = spawn(self._drain_outbox(), name="yrelay-presence-drain")
 
@@ -206,7 +205,7 @@ class Presence:
         if not entries:
             return 0
         update = join_encoded(entries)
-        member.push(protocol.awareness(member.doc, update))
+        member.push(update)
         return len(update)
 
     async def _states(self, member: Member, loop: asyncio.AbstractEventLoop) -> list[Any] | None:
@@ -319,10 +318,9 @@ class Presence:
             log.debug("presence of %s not published: %s", sender.doc, exc)
 
     def _deliver(self, doc: str, update: bytes, skip: Member | None = None) -> None:
-        frame = protocol.awareness(doc, update)
         for member in list(self.members.get(doc, ())):
             if member is not skip and member.listening:
-                member.push(frame)
+                member.push(update)
                 self.relayed += 1
 
     # ------------------------------------------------------------ pub/sub
