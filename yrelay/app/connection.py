@@ -273,20 +273,15 @@ class Connection:
 
     # ------------------------------------------------------------ commands
 
-    async def write(self, frame: AnyUpdate, update: bytes | None = None) -> None:
-        """Store an update of a subscribed document: ``frame``'s own (base64,
-        maybe one part of several), or ``update`` (a protocol whose updates
-        come whole and binary)."""
+    async def write(self, frame: AnyUpdate, update: bytes) -> None:
+        """Store ``update``, of a subscribed document (``frame`` names it, its
+        clock, whether it is a sync push, and which part of an update it is)."""
         self._opened()
         assert self.principal is not None
         if not self.principal.can_write(frame.doc):
             raise ProtocolError.about(frame, ErrorCode.FORBIDDEN, "read-only: this token may not change this document")
         self.documents.get(frame.doc, frame.clock)
-        if update is None:
-            await self.writes.receive(frame, self.received)
-        else:
-            await self.allowance.take_update(frame)
-            await self.writes.submit(frame, update, self.received)
+        await self.writes.receive(frame, update, self.received)
 
     def ack(self, doc: str, offset: StreamId) -> None:
         """The client holds ``doc`` up to ``offset``."""

@@ -30,7 +30,6 @@ from typing import Any
 from yrelay.app.allowance import Allowance
 from yrelay.app.context import ServerContext
 from yrelay.app.inflight import InflightUpdates
-from yrelay.app.payloads import decode_limited
 from yrelay.app.peer import Peer
 from yrelay.app.update_parts import Reject, UpdateParts
 from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
@@ -83,24 +82,22 @@ class WritePath:
     def close(self) -> None:
         self._parts.close()
 
-    async def receive(self, frame: AnyUpdate, received: float) -> None:
-        """Check ``frame`` (raising :class:`ProtocolError`) and start its append;
-        ``received``: when its frame arrived (append latency)."""
+    async def receive(self, frame: AnyUpdate, update: bytes, received: float) -> None:
+        """Check ``frame``'s ``update`` (raising :class:`ProtocolError`) and
+        start its append; ``received``: when its frame arrived (append latency)."""
         if self._parts.ignored(frame):  # the rest of a refused update's parts
             return
         await self._allowance.take_update(frame)  # not stored; the client resends after retry_after_ms
-        update = decode_limited(
-            frame.update, self.ctx.settings.max_update_bytes, ErrorCode.UPDATE_TOO_LARGE, frame.doc, frame.clock
-        )
+        limit = self.ctx.settings.max_update_bytes
+        if len(update) > limit:
+            raise ProtocolError.about(frame, ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {limit} bytes")
         whole = await self._parts.feed(frame, update)  # None until the last part of an update in parts
         if whole is not None:
             await self.submit(frame, whole, received)
 
     async def submit(self, frame: AnyUpdate, update: bytes, received: float) -> None:
         """Check the whole ``update`` (raising :class:`ProtocolError`) and
-        start its append; the answer goes to the peer. The rest of the path
-        for updates that did not come in an ``update`` frame (``/yws``): only
-        ``frame.doc``, ``frame.clock`` and ``frame.sync`` are read."""
+        start its append; the answer goes to the peer."""
         # A small update is read struct by struct here (a few us): that read is
         # also the layout check, so the validator skips its own in-loop one,
         # and checks the bytes to be stored.

@@ -100,7 +100,10 @@ class JsonCodec:
         if not isinstance(frame, Hello):
             self._session()
         if isinstance(frame, (UpdateFrame, Update)):
-            await connection.write(frame)
+            limit = self.ctx.settings.max_update_bytes
+            await connection.write(
+                frame, decode_limited(frame.update, limit, ErrorCode.UPDATE_TOO_LARGE, frame.doc, frame.clock)
+            )
         elif isinstance(frame, (AckFrame, Ack)):
             connection.ack(frame.doc, StreamId.parse(frame.offset))
         elif isinstance(frame, Hello):  # the one frame before the session
