@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from yrelay.app.acks import SubscriptionRegistry
 from yrelay.app.fanout import Fanout
+from yrelay.app.subscribers import SubscriptionRegistry
 from yrelay.storage.append import Appender, append_one
 from yrelay.storage.change_feed import announce_buckets as announce
 from yrelay.storage.client import YrelayCluster, xread_one

@@ -16,9 +16,9 @@ import pytest
 from conftest import eventually
 from gcutil import dump_document
 from test_drift import restore_document
-from yrelay.app.acks import SubscriptionRegistry
 from yrelay.app.context import ServerContext
 from yrelay.app.fanout import Fanout
+from yrelay.app.subscribers import SubscriptionRegistry
 from yrelay.app.subscription import SubscriptionState
 from yrelay.app.yws import CLOSE_REWOUND
 from yrelay.config import Settings

@@ -1,83 +1,23 @@
-"""The ack path: what a subscription's client has acked, what the tracker
-was told it holds, and the one registry through which an eviction reaches
-the subscriptions.
+"""The ack path of one subscription: what its client has acked, what the
+tracker was told it holds, and since when the oldest unacked entry waits.
 
-An ack moves one subscription's :class:`AckWindow`; when the window moves
+An ack moves the subscription's :class:`AckWindow`; when the window moves
 past what the tracker holds, the offset goes to the process's
 :class:`~yrelay.tracker.AckWriter`, which coalesces acks into one pipeline
 per event-loop turn. An ack the tracker refuses because GC (or an operator)
-evicted the session comes back from the ack writer as
-``on_evicted(doc, session)``, which is :meth:`SubscriptionRegistry.session_evicted`:
-the registry tells that session's subscriptions to this document, which
-then require a resync. The registry is built before the ack writer and the
-fan-out, and both get it at construction: the fan-out offers batches to the
-same subscriptions eviction reaches.
-
-Calls go one way: a subscription calls its window and the fan-out's
-register/unregister; the registry calls back only through :class:`Member`.
+evicted the session comes back through the process's registry of
+subscriptions (:mod:`yrelay.app.subscribers`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Callable
 
 from yrelay.app.limits import DeliveryBudget
 from yrelay.storage.offsets import StreamId
 from yrelay.tracker import AckWriter
-
-
-class Member(Protocol):
-    """What the registry needs of a subscription."""
-
-    doc: str
-    session: str
-
-    def evicted(self) -> None:
-        """The tracker no longer holds this session (an ack found it gone)."""
-
-
-M = TypeVar("M", bound=Member)
-
-
-class SubscriptionRegistry(Generic[M]):
-    """This process's subscriptions, by document."""
-
-    def __init__(self) -> None:
-        self._by_doc: dict[str, set[M]] = {}
-
-    def add(self, member: M) -> None:
-        self._by_doc.setdefault(member.doc, set()).add(member)
-
-    def discard(self, member: M) -> bool:
-        """Forget ``member``; True when its document has no subscription left."""
-        members = self._by_doc.get(member.doc)
-        if members is None or member not in members:
-            return False
-        members.discard(member)
-        if not members:
-            del self._by_doc[member.doc]
-            return True
-        return False
-
-    def of(self, doc: str) -> list[M]:
-        """The document's subscriptions (a copy: callbacks may unregister)."""
-        return list(self._by_doc.get(doc, ()))
-
-    def session_evicted(self, doc: str, session: str) -> None:
-        """The ack writer's ``on_evicted``: tell this process's subscriptions
-        of ``session`` to ``doc`` that the tracker dropped them."""
-        for member in self.of(doc):
-            if member.session == session:
-                member.evicted()
-
-    def __iter__(self) -> Iterator[M]:
-        return (member for members in list(self._by_doc.values()) for member in members)
-
-    def __len__(self) -> int:
-        return sum(len(members) for members in self._by_doc.values())
 
 
 class AckWindow:
@@ -185,4 +125,4 @@ class AckWindow:
             self._budget.adjust(delta)
 
 
-__all__ = ["AckWindow", "Member", "SubscriptionRegistry"]
+__all__ = ["AckWindow"]

@@ -18,7 +18,6 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript as Script
 
-from yrelay.app.acks import SubscriptionRegistry
 from yrelay.app.answer_cache import AnswerCache
 from yrelay.app.fanout import Fanout, Subscriber
 from yrelay.app.inflight import ByteBudget
@@ -27,6 +26,7 @@ from yrelay.app.metrics import Metrics, NullMetrics, ServerFigures
 from yrelay.app.presence import Presence
 from yrelay.app.quotas import SubjectQuotas
 from yrelay.app.sessions import SessionRegistry
+from yrelay.app.subscribers import SubscriptionRegistry
 from yrelay.app.ticker import Ticker
 from yrelay.auth import Authenticator, NoAuthenticator, Revocations, authenticator_for
 from yrelay.config import Settings

@@ -15,7 +15,7 @@ contiguous (each starts exactly where the previous one ended), which lets a
 subscription tell whether it can take a batch as is or must first read the
 gap from the stream.
 
-Whom to feed is the process's :class:`~.acks.SubscriptionRegistry`, shared
+Whom to feed is the process's :class:`~.subscribers.SubscriptionRegistry`, shared
 with the ack path (evictions reach the same subscriptions). Subscriptions
 call :meth:`Fanout.register` and :meth:`Fanout.unregister`; the fan-out
 talks back only through the small :class:`Subscriber` protocol, so it never
@@ -37,7 +37,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 
 from yrelay.app import sizing
-from yrelay.app.acks import Member, SubscriptionRegistry
+from yrelay.app.subscribers import Member, SubscriptionRegistry
 from yrelay.storage.client import is_cluster
 from yrelay.storage.offsets import ZERO, StreamId
 from yrelay.storage.reader import DocEntries, DocumentReader, retrying
