@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from starlette.datastructures import Headers
 
-from yrelay.app.handshake import CLOSE_HELLO_TIMEOUT, CLOSE_UNAUTHORIZED, Handshake, offered_subprotocols, token_in
-from yrelay.app.payloads import decode_b64, decode_limited
+from yrelay.app.core.handshake import CLOSE_HELLO_TIMEOUT, CLOSE_UNAUTHORIZED, Handshake, offered_subprotocols, token_in
+from yrelay.app.wire.payloads import decode_b64, decode_limited
 from yrelay.auth import Principal
 from yrelay.config import Settings
 from yrelay.protocol import ErrorCode, ProtocolError

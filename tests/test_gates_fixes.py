@@ -17,8 +17,8 @@ import websockets
 
 from conftest import eventually, running_server
 from yrelay.app.context import ServerContext
-from yrelay.app.subscription import SubscriptionState
-from yrelay.app.yws import CLOSE_DOCUMENT_FAILED, CLOSE_REWOUND
+from yrelay.app.core.subscription import SubscriptionState
+from yrelay.app.wire.yws import CLOSE_DOCUMENT_FAILED, CLOSE_REWOUND
 from yrelay.config import Settings
 from yrelay.storage.offsets import StreamId
 from ywspeer import RecordedSocket, untracked_subscription
@@ -36,10 +36,12 @@ async def test_a_feed_close_started_by_the_fanout_is_kept_and_its_failure_logged
             raise RuntimeError(f"the socket refused close {code}")
 
     def logged() -> list[logging.LogRecord]:  # by the pump's own boundary, not asyncio's collector
-        return [r for r in caplog.records if r.name == "yrelay.app.subscription" and "refused close" in r.getMessage()]
+        return [
+            r for r in caplog.records if r.name == "yrelay.app.core.subscription" and "refused close" in r.getMessage()
+        ]
 
     try:
-        with caplog.at_level(logging.WARNING, logger="yrelay.app.subscription"):
+        with caplog.at_level(logging.WARNING, logger="yrelay.app.core.subscription"):
             feed, socket = untracked_subscription(ctx, "gates-close", RefusingSocket(ctx))
             await eventually(lambda: feed.state is SubscriptionState.RESYNC_REQUIRED)
             feed.live_from(StreamId(0, 0))

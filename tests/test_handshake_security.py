@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from conftest import running_server
 from test_auth import AUTH, SECRET, Peer, token
 from test_deadlines import upgrade_request
-from yrelay.app.subscription import Subscription
+from yrelay.app.core.subscription import Subscription
 from yrelay.auth import own_origins
 from yrelay.auth.origins import normalize_origin, origin_allowed
 from yrelay.cli import cli

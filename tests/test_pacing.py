@@ -1,4 +1,4 @@
-"""The websocket pacing's arithmetic (yrelay/app/pacing.py), the answer
+"""The websocket pacing's arithmetic (yrelay/app/core/pacing.py), the answer
 cache's bounds (answer_cache.py) and the frame walker (frame_walker.py);
 what a flood does to a real server is tests/test_floods.py."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from test_floods import masked
 from yrelay.app.answer_cache import MAX_KEY_BYTES, AnswerCache
-from yrelay.app.pacing import Flooded, Pacer
+from yrelay.app.core.pacing import Flooded, Pacer
 from yrelay.config import Settings
 from yrelay.transport.frame_walker import FrameWalker
 

@@ -17,10 +17,10 @@ from conftest import eventually
 from gcutil import dump_document
 from test_drift import restore_document
 from yrelay.app.context import ServerContext
+from yrelay.app.core.subscription import SubscriptionState
 from yrelay.app.fanout import Fanout
 from yrelay.app.subscribers import SubscriptionRegistry
-from yrelay.app.subscription import SubscriptionState
-from yrelay.app.yws import CLOSE_REWOUND
+from yrelay.app.wire.yws import CLOSE_REWOUND
 from yrelay.config import Settings
 from yrelay.gc.deletion import delete_document
 from yrelay.storage.append import append_one

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import running_server
 from wsraw import RawPeer
-from yrelay.app.update_parts import PartsBudget, UpdateParts
+from yrelay.app.core.update_parts import PartsBudget, UpdateParts
 from yrelay.protocol import ErrorCode, ProtocolError, Update
 from yrelay.storage.keys import stream_key
 from yrelay.yjs import crdt

@@ -164,7 +164,7 @@ async def test_hostile_messages_close_cleanly_and_store_nothing(redis_url):
 
 
 def test_the_token_parameter_is_taken_out_of_the_scope() -> None:
-    from yrelay.app.yws_endpoint import take_token
+    from yrelay.app.wire.yws_endpoint import take_token
 
     scope = {"query_string": b"a=1&token=eyJsecret&b=2"}
     assert take_token(scope) == "eyJsecret"
@@ -227,8 +227,8 @@ async def test_a_trim_past_the_feeds_cursor_closes_the_connection(redis_url):
     """GC trimmed entries this (untracked) connection was never sent: it
     must close, so the client resyncs, never skip them silently."""
     from yrelay.app.context import ServerContext
-    from yrelay.app.subscription import SubscriptionState
-    from yrelay.app.yws import CLOSE_TRIMMED
+    from yrelay.app.core.subscription import SubscriptionState
+    from yrelay.app.wire.yws import CLOSE_TRIMMED
     from yrelay.config import Settings
     from yrelay.storage.keys import meta_key
     from yrelay.storage.offsets import StreamId
@@ -315,7 +315,7 @@ async def test_a_stream_that_went_back_closes_and_the_reconnect_sync_gives_it_ba
     server back the update it lost."""
     from gcutil import dump_document
     from test_drift import restore_document
-    from yrelay.app.yws import CLOSE_REWOUND
+    from yrelay.app.wire.yws import CLOSE_REWOUND
 
     async with running_server(redis_url, gc_interval=0) as url:
         peer = await YwsPeer.connect(http(url), "back")

@@ -132,7 +132,7 @@ class ReconnectingPeer:
 
 
 class RecordedSocket:
-    """What a :class:`~yrelay.app.yws.YwsCodec` writes to, recording what it
+    """What a :class:`~yrelay.app.wire.yws.YwsCodec` writes to, recording what it
     was given (tests of an untracked subscription alone, without a socket)."""
 
     def __init__(self, ctx: Any):
@@ -151,8 +151,8 @@ def untracked_subscription(ctx: Any, doc: str, socket: Any = None) -> tuple[Any,
     """A ``/yws`` connection's subscription to ``doc`` (untracked, speaking
     y-protocols to ``socket``, a :class:`RecordedSocket` by default), started:
     (subscription, socket)."""
-    from yrelay.app.subscription import Subscription
-    from yrelay.app.yws import YwsCodec
+    from yrelay.app.core.subscription import Subscription
+    from yrelay.app.wire.yws import YwsCodec
 
     socket = socket or RecordedSocket(ctx)
     subscription = Subscription(ctx, doc, "reader", YwsCodec(socket, doc, None), None, tracked=False)

@@ -111,7 +111,7 @@ class Settings:
     #: ... with this many saved up for bursts (a reconnect resending its buffer).
     update_burst: int = 1_000
     #: Frames per second one websocket is read at, any kind, and its burst;
-    #: past it the socket is read more slowly (yrelay/app/pacing.py) ...
+    #: past it the socket is read more slowly (yrelay/app/core/pacing.py) ...
     frames_per_second: float = 1_000.0
     frame_burst: int = 4_000
     #: ... control frames (ping, subscribe, unsubscribe, sync, digests,

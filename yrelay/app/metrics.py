@@ -278,7 +278,7 @@ class Metrics:
             counter.inc()
 
     def throttled(self, limit: str, seconds: float) -> None:
-        """A websocket waits ``seconds`` for ``limit`` (yrelay/app/pacing.py)."""
+        """A websocket waits ``seconds`` for ``limit`` (yrelay/app/core/pacing.py)."""
         self._throttled.labels(limit).inc(seconds)
 
     def flooded(self, limit: str) -> None:

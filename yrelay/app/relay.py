@@ -31,29 +31,23 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from yrelay.app.binding import binder
-from yrelay.app.connection import Connection
 from yrelay.app.context import ServerContext
-from yrelay.app.handshake import SUBPROTOCOL
 from yrelay.app.health import router as health_router
 from yrelay.app.ops import router as ops_router
 from yrelay.app.paths import DOC_PARAM
 from yrelay.app.scrape import router as scrape_router
-from yrelay.app.ws_codec import JsonCodec
-from yrelay.app.yws_endpoint import YWS_PREFIX, YwsEndpoint
+from yrelay.app.wire.ws_endpoint import SyncEndpoint
+from yrelay.app.wire.yws_endpoint import YWS_PREFIX, YwsEndpoint
 from yrelay.auth import Authenticator
-from yrelay.auth.host import AuthenticateFn, HostAuthenticator, current_connection
+from yrelay.auth.host import AuthenticateFn, HostAuthenticator
 from yrelay.config import Settings
 from yrelay.observability import logs, pygc
-from yrelay.transport.prepared_frames import prepared_writer
 
 #: The endpoint form ``add_websocket_route`` names (it also takes a raw ASGI app).
 WebSocketFunction = Callable[[WebSocket], Awaitable[None]]
 
 #: The websocket endpoint, relative to wherever the router is included.
 WEBSOCKET_PATH = "/ws"
-
-#: Close code of a websocket that arrives while the relay is not running.
-CLOSE_NOT_RUNNING = 1013  # "try again later"
 
 
 class Relay:
@@ -86,7 +80,7 @@ class Relay:
         self.authenticator = HostAuthenticator(authenticate) if authenticate is not None else authenticator
         #: The running parts while the lifespan is entered, else None.
         self.context: ServerContext | None = None
-        self.endpoint = SyncEndpoint(self)
+        self.endpoint = SyncEndpoint(lambda: self.context)
         #: ``/yws/<doc>``: the y-websocket protocol for stock clients (:mod:`.yws`).
         self.yws_endpoint = YwsEndpoint(lambda: self.context)
         self.router = self._router()
@@ -132,29 +126,6 @@ class Relay:
             await context.close()
 
 
-class SyncEndpoint:
-    """The websocket endpoint as a raw ASGI app: Starlette routes to it
-    without its per-connection ``websocket_session`` wrapper, and FastAPI
-    without dependencies or their exit stacks (docs/embedding.md, memory)."""
-
-    __slots__ = ("relay",)
-
-    def __init__(self, relay: Relay):
-        self.relay = relay
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        websocket = WebSocket(scope, receive, send)
-        context = self.relay.context
-        if context is None:  # the host did not enter relay.lifespan(): refuse the upgrade (HTTP 403)
-            await websocket.close(CLOSE_NOT_RUNNING)
-            return
-        if isinstance(self.relay.authenticator, HostAuthenticator):  # ~0.4 kB per connection: only when read
-            current_connection.set(websocket)  # this connection's task only: for the host's authenticate
-        connection = Connection(websocket, context, SUBPROTOCOL)
-        connection.speak(JsonCodec(connection, prepared_writer(scope, send)))
-        await connection.run()
-
-
 class SyncShortcut:
     """ASGI middleware: websockets to ``path`` go straight to the endpoint;
     everything else (and every other path) goes on to ``app``."""
@@ -174,4 +145,4 @@ def is_sync(scope: Scope, path: str) -> bool:
     return scope["type"] == "websocket" and get_route_path(scope) == path
 
 
-__all__ = ["Relay", "SyncEndpoint", "SyncShortcut", "WEBSOCKET_PATH", "is_sync"]
+__all__ = ["Relay", "SyncShortcut", "WEBSOCKET_PATH", "is_sync"]

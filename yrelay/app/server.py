@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 from yrelay import __version__
 from yrelay.app.relay import WEBSOCKET_PATH, Relay, is_sync
 from yrelay.app.web import mount_web_client
-from yrelay.app.yws_endpoint import yws_doc
+from yrelay.app.wire.yws_endpoint import yws_doc
 from yrelay.auth import Authenticator
 from yrelay.config import Settings
 

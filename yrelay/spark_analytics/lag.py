@@ -4,7 +4,7 @@ An ``ack`` event carries the session's offset and the process's ``head``
 at that moment, so every ack is one exact lag measurement. It follows the
 tracker's rule: a session's own entries never hold it back (the server
 never sends a session its own updates, and moves its tracked offset past
-them, yrelay/app/acks.py):
+them, yrelay/app/core/acks.py):
 
 - lag in entries = the ``append`` events of that document (duplicates not
   counted) whose offset is in ``(offset, head]``, less the session's own;

@@ -665,7 +665,7 @@ def read_layout(update: bytes, strict: bool = False, decide: bool = False) -> La
     """Every struct of ``update`` with its refs and byte span, and its delete
     set; raises :class:`MalformedUpdate` (also for ids past 2**53 - 1).
 
-    ``strict`` (what the server stores from now on: :mod:`yrelay.app.write_path`)
+    ``strict`` (what the server stores from now on: :mod:`yrelay.app.core.write_path`)
     also refuses what pycrdt and y-py read but Yjs 13.6, the browser
     clients' engine, cannot even decode, and no Yjs encoder writes: a
     client in two sections (Yjs keeps the last one only, so it would not

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from yrelay.app.write_path import WritePath
+from yrelay.app.core.write_path import WritePath
 from yrelay.cli import cli
 
 

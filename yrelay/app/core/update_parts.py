@@ -19,7 +19,6 @@ memory.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -194,20 +193,3 @@ class UpdateParts:
                 current.clock,
                 current.doc,
             )
-
-
-def frame_identity(text: str) -> tuple[str | None, int | None]:
-    """The doc and clock an oversized frame names, so that ``frame_too_large``
-    can name the update it refuses. A full JSON parse: the websocket layer
-    already bounds the text (``ws_max_size``), and parsing it costs about a
-    fifth of decoding its base64 (2 ms for 6 MB), far less than a client
-    that resends an update it cannot identify as refused."""
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError):
-        return None, None
-    if not isinstance(raw, dict):
-        return None, None
-    doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
-    clock = raw.get("clock") if type(raw.get("clock")) is int else None
-    return doc, clock

@@ -17,7 +17,7 @@ with the connection.
 from __future__ import annotations
 
 from yrelay.app.context import ServerContext
-from yrelay.app.pacing import Pacer
+from yrelay.app.core.pacing import Pacer
 from yrelay.app.quotas import SharedBucket, SubjectBuckets
 from yrelay.auth import NoAuthenticator, Principal
 from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError

@@ -31,17 +31,18 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
-from yrelay.app.allowance import Allowance
-from yrelay.app.connection_documents import ConnectionDocuments
-from yrelay.app.connection_presence import ConnectionPresence
 from yrelay.app.context import ServerContext
-from yrelay.app.handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened
-from yrelay.app.pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
-from yrelay.app.peer import Codec
-from yrelay.app.write_path import WritePath
+from yrelay.app.core.allowance import Allowance
+from yrelay.app.core.documents import ConnectionDocuments
+from yrelay.app.core.handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened
+from yrelay.app.core.pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
+from yrelay.app.core.peer import Codec
+from yrelay.app.core.presence import ConnectionPresence
+from yrelay.app.core.write_path import WritePath
 from yrelay.auth import Principal
+from yrelay.auth.host import HostAuthenticator, current_connection
 from yrelay.observability import logs, pygc
-from yrelay.protocol import AnyUpdate, ErrorCode, Hello, ProtocolError
+from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
 from yrelay.tasks import TaskSet, lost_redis
@@ -113,6 +114,8 @@ class Connection:
 
     async def run(self) -> None:
         """Serve the websocket, unless a connection limit refuses it."""
+        if isinstance(self.ctx.authenticator, HostAuthenticator):  # ~0.4 kB per connection: only when read
+            current_connection.set(self.websocket)  # this connection's task only: for the host's authenticate
         refusal = self.ctx.limits.open_connection(self.address)
         if refusal is not None:
             await self.codec.refuse_connection(refusal)
@@ -226,11 +229,13 @@ class Connection:
 
     # ------------------------------------------------------------ the session
 
-    async def hello(self, frame: Hello) -> Opened | None:
-        """A ``hello``: authenticate and open its session (None: cut off)."""
+    async def hello(self, session: str | None, token: str | None) -> Opened | None:
+        """A ``hello``: authenticate (``token``, else the subprotocol's) and
+        open its session (``session``: the one the client resumes); None:
+        cut off."""
         if self.state is not ConnectionState.AWAITING_HELLO:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, "'hello' was already sent on this connection")
-        opened = await self.handshake.hello(frame)
+        opened = await self.handshake.hello(session, token)
         if isinstance(opened, CutOff):
             await self.cut_off(opened)
             return None

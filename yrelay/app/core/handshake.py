@@ -16,19 +16,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.datastructures import Headers
-from starlette.websockets import WebSocket
 
-from yrelay import protocol
 from yrelay.app.context import ServerContext
-from yrelay.app.limits import Refusal
-from yrelay.auth import Authenticator, AuthError, NoAuthenticator, Principal, origin_allowed
-from yrelay.auth.authenticator import JwtAuthenticator
+from yrelay.auth import AuthError, Principal, origin_allowed
 from yrelay.auth.origins import own_origins
 from yrelay.observability import logs
-from yrelay.protocol import ErrorCode, Hello, ProtocolError
+from yrelay.protocol import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +101,14 @@ class Handshake:
             return CutOff(f"no 'hello' within {timeout:g} s", ErrorCode.HANDSHAKE_REQUIRED, CLOSE_HELLO_TIMEOUT)
         return None
 
-    async def hello(self, frame: Hello) -> Opened | CutOff:
-        """Authenticate ``hello`` and open its session; a bad token ends the connection."""
+    async def hello(self, session: str | None, token: str | None) -> Opened | CutOff:
+        """Authenticate a ``hello`` and open its session (``session``: the one
+        the client resumes, if any); a bad token ends the connection."""
         ctx = self._ctx
-        if frame.protocol != protocol.PROTOCOL_VERSION:
-            raise ProtocolError(
-                ErrorCode.MALFORMED_FRAME,
-                f"protocol {frame.protocol} is not supported; use {protocol.PROTOCOL_VERSION}",
-            )
-        principal = await self.authenticate(frame.token)
+        principal = await self.authenticate(token)
         if isinstance(principal, CutOff):
             return principal
-        session, resumed = await ctx.sessions.open(frame.session, owner=principal.subject)
+        session, resumed = await ctx.sessions.open(session, owner=principal.subject)
         logs.session.set(session)  # the connection's context: every later line and task carries it
         return Opened(principal, session, resumed)
 
@@ -133,15 +124,6 @@ class Handshake:
         self.principal = principal
         return principal
 
-    def welcome(self, opened: Opened) -> dict[str, Any]:
-        ctx = self._ctx
-        auth = {
-            "mode": _auth_mode(ctx.authenticator),
-            "subject": opened.principal.subject,
-            "permission": opened.principal.permission.value,
-        }
-        return protocol.welcome(opened.session, opened.resumed, ctx.settings.client_limits(), auth)
-
     def token_lapsed(self) -> CutOff | None:
         """The token expired (``auth_leeway`` past its expiry, as ``hello``
         allows) or was revoked (the revoked list itself is refreshed every
@@ -156,18 +138,6 @@ class Handshake:
         return None
 
 
-async def refuse(websocket: WebSocket, refusal: Refusal) -> None:
-    """A connection limit refused the socket: accept only to say why not and
-    when to come back, then close (browsers cannot read the status of a
-    refused upgrade, only frames and close codes)."""
-    try:
-        await websocket.accept()
-        await websocket.send_text(protocol.encode(protocol.error(refusal.error)))
-        await websocket.close(refusal.close_code)
-    except Exception:  # noqa: BLE001 - gone already (whatever the closed socket raises): the refusal is best effort
-        pass
-
-
 def offered_subprotocols(headers: Headers) -> list[str]:
     raw = headers.get("sec-websocket-protocol", "")
     return [part.strip() for part in raw.split(",") if part.strip()]
@@ -178,9 +148,3 @@ def token_in(offered: list[str]) -> str | None:
         if protocol_name.startswith(TOKEN_SUBPROTOCOL_PREFIX):
             return protocol_name[len(TOKEN_SUBPROTOCOL_PREFIX) :] or None
     return None
-
-
-def _auth_mode(authenticator: Authenticator) -> str:
-    if isinstance(authenticator, NoAuthenticator):
-        return "disabled"
-    return "jwt" if isinstance(authenticator, JwtAuthenticator) else "custom"

@@ -26,12 +26,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from yrelay.app.acks import AckWindow
+from yrelay.app.core.acks import AckWindow
+from yrelay.app.core.peer import Peer
+from yrelay.app.core.resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point, sync_answer
+from yrelay.app.core.sending import Sender
 from yrelay.app.fanout import Batch
 from yrelay.app.limits import DeliveryBudget
-from yrelay.app.peer import Peer
-from yrelay.app.resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point, sync_answer
-from yrelay.app.sending import Sender
 from yrelay.backoff import Reconnect
 from yrelay.observability import logs
 from yrelay.protocol import ErrorCode, ProtocolError, ResyncReason

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from functools import partial
 
-from yrelay.app.allowance import Allowance
-from yrelay.app.connection_presence import ConnectionPresence
 from yrelay.app.context import ServerContext
+from yrelay.app.core.allowance import Allowance
+from yrelay.app.core.peer import Peer
+from yrelay.app.core.presence import ConnectionPresence
+from yrelay.app.core.subscription import Subscription, SubscriptionState
 from yrelay.app.limits import DeliveryBudget
-from yrelay.app.peer import Peer
-from yrelay.app.subscription import Subscription, SubscriptionState
 from yrelay.auth import Principal
 from yrelay.protocol import ErrorCode, ProtocolError, Subscribe
 from yrelay.reconciliation.digest import Digest

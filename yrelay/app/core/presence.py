@@ -12,9 +12,9 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
-from yrelay.app.allowance import Allowance
 from yrelay.app.context import ServerContext
-from yrelay.app.peer import Peer
+from yrelay.app.core.allowance import Allowance
+from yrelay.app.core.peer import Peer
 from yrelay.app.presence import Member, NotOwner, PresenceFull
 from yrelay.protocol import ErrorCode, ProtocolError
 from yrelay.yjs import awareness

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from yrelay.app.core.handshake import CutOff
 from yrelay.app.fanout import Batch
-from yrelay.app.handshake import CutOff
 from yrelay.app.limits import Refusal
 from yrelay.protocol import ProtocolError, ResyncReason
 from yrelay.reconciliation.stream_digest import WindowDigest

@@ -27,11 +27,11 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from yrelay.app.allowance import Allowance
 from yrelay.app.context import ServerContext
+from yrelay.app.core.allowance import Allowance
+from yrelay.app.core.peer import Peer
+from yrelay.app.core.update_parts import Reject, UpdateParts
 from yrelay.app.inflight import InflightUpdates
-from yrelay.app.peer import Peer
-from yrelay.app.update_parts import Reject, UpdateParts
 from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
 from yrelay.storage.append import AppendResult, NotAdmitted
 from yrelay.storage.replicas import ReplicationTimeout

@@ -11,7 +11,7 @@ from typing import Any
 
 from yrelay import protocol
 from yrelay.app.context import ServerContext
-from yrelay.app.payloads import decode_b64
+from yrelay.app.wire.payloads import decode_b64
 from yrelay.protocol import CheckSubscriptions, ErrorCode, ProtocolError, Reconcile
 from yrelay.reconciliation import MalformedMessage, respond
 

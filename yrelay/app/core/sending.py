@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from yrelay.app import sizing
-from yrelay.app.acks import AckWindow
+from yrelay.app.core.acks import AckWindow
+from yrelay.app.core.peer import FrameKey, Peer
 from yrelay.app.fanout import Batch
-from yrelay.app.peer import FrameKey, Peer
 from yrelay.storage.offsets import StreamId
 from yrelay.storage.reads import Entry
 from yrelay.storage.tombstones import DocumentDeleted, is_deletion

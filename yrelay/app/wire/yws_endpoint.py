@@ -1,4 +1,4 @@
-"""The ``/yws/<doc>`` endpoint as a raw ASGI app (as :class:`~.relay.SyncEndpoint`
+"""The ``/yws/<doc>`` endpoint as a raw ASGI app (as :class:`~.ws_endpoint.SyncEndpoint`
 for ``/ws``): which document a request names, and its ``?token=``, taken
 out of the request's scope before anything can log the URL with it
 (uvicorn's ``WebSocket ... [accepted]`` line reads the same scope). The
@@ -13,9 +13,9 @@ from starlette._utils import get_route_path  # Starlette's own (routing re-expor
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from yrelay.app.connection import CLOSE_TRY_AGAIN, Connection
 from yrelay.app.context import ServerContext
-from yrelay.app.yws import YWS_SUBPROTOCOL, YwsCodec
+from yrelay.app.core.connection import CLOSE_TRY_AGAIN, Connection
+from yrelay.app.wire.yws import YWS_SUBPROTOCOL, YwsCodec
 
 #: Where the endpoint is, relative to the relay's root: ``/yws/<doc>``.
 YWS_PREFIX = "/yws/"
@@ -71,7 +71,7 @@ def _undecodable_left_out(scope: Scope, room: str) -> str:
 
 
 class YwsEndpoint:
-    """The endpoint as a raw ASGI app (as :class:`~.relay.SyncEndpoint`);
+    """The endpoint as a raw ASGI app (as :class:`~.ws_endpoint.SyncEndpoint`);
     ``context`` returns the running relay's parts, or None."""
 
     def __init__(self, context: Callable[[], ServerContext | None]):

@@ -45,11 +45,11 @@ from typing import Any
 
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 
-from yrelay.app.connection import CLOSE_TRY_AGAIN, Connection
+from yrelay.app.core.connection import CLOSE_TRY_AGAIN, Connection
+from yrelay.app.core.handshake import CutOff
+from yrelay.app.core.peer import FrameKey
 from yrelay.app.fanout import Batch
-from yrelay.app.handshake import CutOff
 from yrelay.app.limits import Refusal
-from yrelay.app.peer import FrameKey
 from yrelay.protocol import ErrorCode, ProtocolError, ResyncReason, Update
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.keys import InvalidDocumentId, room_doc_id
