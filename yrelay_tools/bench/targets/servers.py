@@ -236,12 +236,17 @@ def _children(pid: int) -> list[int]:
 
 
 def make_target(key: str, work_dir: Path) -> Target:
-    """``yrelay``, ``yrelay-yws``, ``yrelay-embedded``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>`` or
+    """``yrelay``, ``yrelay-yws``, ``yrelay-embedded``, ``pycrdt``, ``node``, ``broadcast``, ``yrelay@<checkout>``,
+    ``yrelay-yws@<checkout>`` or
     ``yrelay+<SETTING>=<value>`` or ``yrelay-cluster<N>`` (N shards)."""
     if key.startswith("yrelay-cluster"):
         return YrelayClusterTarget(work_dir, masters=int(key[len("yrelay-cluster") :] or 3))
     if key.startswith("yrelay@"):
         return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
+    if key.startswith("yrelay-yws@"):  # the /yws protocol of another checkout
+        target = YrelayYwsTarget(work_dir, tree=key.split("@", 1)[1])
+        target.name = f"yrelay /yws@{key.split('@', 1)[1]}"
+        return target
     if key.startswith(
         "yrelay+"
     ):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0), or Redis's appendfsync
