@@ -18,21 +18,21 @@ from yrelay.auth import Principal
 from yrelay.config import Settings
 from yrelay.protocol import ErrorCode, ProtocolError
 
-APP = Path(__file__).resolve().parents[1] / "yrelay" / "app"
-#: The modules the connection hands frames to; none may import it back.
-FLOWS = ("handshake", "write_path", "allowance", "connection_presence", "subscription_set", "payloads")
+APP = Path(__file__).resolve().parents[1] / "yrelay" / "app" / "core"
+#: The modules the connection hands commands to; none may import it back.
+FLOWS = ("handshake", "write_path", "allowance", "presence", "documents", "subscription", "sending", "update_parts")
 
 
 def _app_imports() -> dict[str, set[str]]:
-    """Each yrelay.app module's imports of its siblings (TYPE_CHECKING ones included)."""
+    """Each yrelay.app.core module's imports of its siblings (TYPE_CHECKING ones included)."""
     graph: dict[str, set[str]] = {}
     for path in APP.glob("*.py"):
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 deps.update([node.module] if node.module else [alias.name for alias in node.names])
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("yrelay.app."):
-                deps.add(node.module.removeprefix("yrelay.app."))
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("yrelay.app.core."):
+                deps.add(node.module.removeprefix("yrelay.app.core."))
         graph[path.stem] = {dep.split(".")[0] for dep in deps} & {p.stem for p in APP.glob("*.py")}
     return graph
 

@@ -244,9 +244,9 @@ def make_target(key: str, work_dir: Path) -> Target:
     if key.startswith("yrelay@"):
         return YrelayTarget(work_dir, tree=key.split("@", 1)[1])
     if key.startswith("yrelay-yws@"):  # the /yws protocol of another checkout
-        target = YrelayYwsTarget(work_dir, tree=key.split("@", 1)[1])
-        target.name = f"yrelay /yws@{key.split('@', 1)[1]}"
-        return target
+        yws = YrelayYwsTarget(work_dir, tree=key.split("@", 1)[1])
+        yws.name = f"yrelay /yws@{key.split('@', 1)[1]}"
+        return yws
     if key.startswith(
         "yrelay+"
     ):  # yrelay+NAME=VALUE: a setting changed (e.g. YRELAY_EVENT_LOG=0), or Redis's appendfsync
