@@ -354,7 +354,7 @@ def _read_refused(text: str | bytes) -> ClientFrame:
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame is not valid JSON") from None
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a JSON object")
-    doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
+    doc = raw.get("doc") if isinstance(raw.get("doc"), str) and _encodable(raw["doc"]) else None
     clock = raw.get("clock") if type(raw.get("clock")) is int else None
     op = raw.get("op")
     frame = _FRAMES.get(op) if isinstance(op, str) else None
@@ -395,7 +395,10 @@ def _check_fields(struct: type[_Checked], raw: dict[str, Any], prefix: str) -> N
             _check_fields(nested, value, f"{name}.")
             continue
         try:
-            msgspec.convert(value, field.type, strict=True)
+            try:
+                msgspec.convert(value, field.type, strict=True)
+            except UnicodeEncodeError:  # msgspec encodes a string it refuses; a lone surrogate cannot be
+                msgspec.convert(_replaced(value), field.type, strict=True)
         except msgspec.ValidationError as exc:
             raise _WrongField(f"{name}: {_worded(str(exc))}") from None
         check = _FIELD_CHECKS.get(field.name)
@@ -404,7 +407,7 @@ def _check_fields(struct: type[_Checked], raw: dict[str, Any], prefix: str) -> N
     known = {field.name for field in fields} | ({"op"} if issubclass(struct, _Frame) else set())
     extra = next((key for key in raw if key not in known), None)
     if extra is not None:
-        raise _WrongField(f"{prefix}{extra}: Extra inputs are not permitted")
+        raise _WrongField(f"{prefix}{_printable(extra)}: Extra inputs are not permitted")
 
 
 def _struct_in(annotation: object) -> type[_Checked] | None:
@@ -413,6 +416,31 @@ def _struct_in(annotation: object) -> type[_Checked] | None:
         if isinstance(option, type) and issubclass(option, _Checked):
             return option
     return None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can go into an error frame (a lone surrogate cannot)."""
+    return _LONE_SURROGATE.search(text) is None
+
+
+def _replaced(value: object) -> object:
+    """``value`` with each lone surrogate as U+FFFD: one character too, and
+    refused by the same patterns, so msgspec can say what else is wrong."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replaced(key): _replaced(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_replaced(item) for item in value]
+    return value
+
+
+def _printable(text: str) -> str:
+    """``text`` for an error frame: a lone surrogate as its escape."""
+    return text if _encodable(text) else text.encode("utf-8", "backslashreplace").decode()
 
 
 def _worded(reason: str) -> str:
