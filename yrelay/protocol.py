@@ -13,12 +13,12 @@ import enum
 import itertools
 import json
 import re
-from typing import Annotated, Any, Literal, TypeAlias, get_args
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, TypeAlias, get_args
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from yrelay.storage.keys import DOC_ID_PATTERN, InvalidDocumentId, validate_doc_id
+from yrelay.storage.keys import InvalidDocumentId, validate_doc_id
 from yrelay.storage.offsets import InvalidOffset, StreamId
 
 PROTOCOL_VERSION = 1
@@ -133,7 +133,7 @@ class ProtocolError(Exception):
         self.missing = missing
 
     @classmethod
-    def about(cls, update: AnyUpdate, code: ErrorCode, message: str, **fields: Any) -> ProtocolError:
+    def about(cls, update: Update, code: ErrorCode, message: str, **fields: Any) -> ProtocolError:
         """A refusal of one update frame, naming its doc and clock (how the
         client knows which of its updates it is about)."""
         return cls(code, message, doc=update.doc, clock=update.clock, **fields)
@@ -151,199 +151,153 @@ def b64decode(text: str) -> bytes:
 
 
 # ---------------------------------------------------------------- client frames
+# One model: a msgspec Struct per op, decoded by one Decoder as a union tagged
+# on ``op`` (~1 us a frame; json.loads and pydantic took ~4-5). Strict as JSON
+# is: ``"clock": true``, ``"93"`` or ``1.0`` is a malformed frame, never
+# coerced (a coerced clock once acked bytes that were dropped).
+
+#: A count, clock or reference: a JavaScript number holds it exactly.
+Uint53 = Annotated[int, msgspec.Meta(ge=0, lt=2**53)]
+#: An xxh3_128 digest, lower-case hex.
+Hash = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}\Z")]
+#: What a type cannot say, by field name: a document id and a stream id are
+#: checked as a frame is decoded (and built), so no Redis call ever sees an
+#: invalid one. (A check in Python: msgspec's own pattern check costs more.)
+_FIELD_CHECKS: dict[str, Callable[[object], object]] = {
+    "doc": validate_doc_id,
+    "offset": StreamId.check,
+    "since": StreamId.check,
+    "through": StreamId.check,
+}
 
 
-class _Frame(BaseModel):
-    # strict: `"clock": true` or `"clock": "93"` is a malformed frame, never
-    # coerced (a coerced clock once acked bytes that were dropped).
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+class _Checked(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A struct whose fields named in :data:`_FIELD_CHECKS` are checked as it
+    is decoded or built (an error raised here is a msgspec ValidationError
+    while decoding)."""
+
+    #: This class's fields that have a check, with it (set below, per class).
+    _checks: ClassVar[tuple[tuple[str, Callable[[object], object]], ...]] = ()
+
+    def __post_init__(self) -> None:  # raising InvalidDocumentId or InvalidOffset
+        for name, check in self._checks:
+            value = getattr(self, name)
+            if value is not None:
+                check(value)
 
 
-class _DocFrame(_Frame):
+class _Frame(_Checked, frozen=True, tag_field="op"):
+    """A client frame: its class's tag is its ``op``."""
+
+
+class _DocFrame(_Frame, frozen=True):  # frozen on every class: mypy reads no inherited config
     doc: str
 
-    @field_validator("doc")
-    @classmethod
-    def _check_doc(cls, value: str) -> str:
-        return validate_doc_id(value)
 
-
-def _check_offset(value: str | None) -> str | None:
-    if value is not None:
-        StreamId.parse(value)
-    return value
-
-
-class Hello(_Frame):
-    op: Literal["hello"]
+class Hello(_Frame, tag="hello", frozen=True):
     session: str | None = None
     protocol: int = PROTOCOL_VERSION
     #: The client's credential (a JWT by default); or sent as the websocket
     #: subprotocol ``yrelay.auth.<token>``. Never in the URL: URLs end up in logs.
-    token: str | None = Field(default=None, max_length=16_384, repr=False)
+    token: Annotated[str, msgspec.Meta(max_length=16_384)] | None = None
+
+    def __repr__(self) -> str:  # the token stays out of logs
+        return f"Hello(session={self.session!r}, protocol={self.protocol!r})"
 
 
-class WindowDigest(_Frame):
+class WindowDigest(_Checked, frozen=True, kw_only=True):
     """Count and XOR of xxh3_128 over the stream ids held in ``(since, offset]``
     plus the client's own entries in ``(offset, through]`` (its updates
     appended after the last delivery it got)."""
 
     since: str
     through: str | None = None
-    count: int = Field(ge=0, lt=2**53)
-    hash: str = Field(pattern=r"^[0-9a-f]{32}$")
-
-    _since = field_validator("since", "through")(_check_offset)
+    count: Uint53
+    hash: Hash
 
 
-class Subscribe(_DocFrame):
-    op: Literal["subscribe"]
+class Subscribe(_DocFrame, tag="subscribe", frozen=True):
     offset: str | None = None
     digest: WindowDigest | None = None
 
-    _offset = field_validator("offset")(_check_offset)
+
+class Unsubscribe(_DocFrame, tag="unsubscribe", frozen=True):
+    pass
 
 
-class Unsubscribe(_DocFrame):
-    op: Literal["unsubscribe"]
-
-
-class Update(_DocFrame):
-    op: Literal["update"]
-    clock: int = Field(ge=0, lt=2**53)
+class Update(_DocFrame, tag="update", frozen=True):
+    clock: Uint53
     update: str
     #: A two-way sync's diff (feature ``sync_push``): the server stores the
     #: part the document can apply and reports the rest in ``appended.dropped``.
     sync: bool = False
     #: Feature ``update_parts``: this frame carries slice ``part`` of ``parts``
     #: of one update (same doc and clock on every part, sent in order).
-    part: int | None = Field(default=None, ge=0, lt=2**16)
-    parts: int | None = Field(default=None, ge=2, le=2**16)
-
-
-class Ack(_DocFrame):
-    op: Literal["ack"]
-    offset: str
-
-    _offset = field_validator("offset")(_check_offset)
-
-
-class Sync(_DocFrame):
-    op: Literal["sync"]
-    state_vector: str
-
-
-class CheckSubscriptions(_Frame):
-    """The digest of the documents the client is subscribed to."""
-
-    op: Literal["check_subscriptions"]
-    count: int = Field(ge=0, lt=2**53)
-    hash: str = Field(pattern=r"^[0-9a-f]{32}$")
-    #: Echoed in the answer, so a late answer is never taken for a newer one.
-    ref: int | None = Field(default=None, ge=0, lt=2**53)
-
-
-class Reconcile(_Frame):
-    """One range-reconciliation request (yrelay.reconciliation.messages), base64."""
-
-    op: Literal["reconcile"]
-    payload: str
-    ref: int | None = Field(default=None, ge=0, lt=2**53)
-
-
-class Ping(_Frame):
-    op: Literal["ping"]
-
-
-class Awareness(_DocFrame):
-    """A y-protocols awareness update (``encodeAwarenessUpdate``), base64."""
-
-    op: Literal["awareness"]
-    update: str
-
-
-class _HotFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="op"):
-    """The frames every update brings (an update and its readers' acks),
-    decoded by msgspec: ~1 us against ~4-5 us for json.loads and the
-    pydantic models. Strict types as in those models; anything these
-    refuse goes the pydantic way, so every error frame stays what it was."""
-
-    doc: str
-
-
-class UpdateFrame(_HotFrame, tag="update", frozen=True):  # frozen as its base (mypy reads no inherited config)
-    """:class:`Update`, decoded on the hot path (the same fields and bounds)."""
-
-    clock: Annotated[int, msgspec.Meta(ge=0, lt=2**53)]
-    update: str
-    sync: bool = False
     part: Annotated[int, msgspec.Meta(ge=0, lt=2**16)] | None = None
     parts: Annotated[int, msgspec.Meta(ge=2, le=2**16)] | None = None
 
 
-class AckFrame(_HotFrame, tag="ack", frozen=True):
-    """:class:`Ack`, decoded on the hot path."""
-
+class Ack(_DocFrame, tag="ack", frozen=True):
     offset: str
 
 
-_hot_frame: msgspec.json.Decoder[UpdateFrame | AckFrame] = msgspec.json.Decoder(UpdateFrame | AckFrame)
-#: Either form of an update frame (the write path reads only its fields).
-AnyUpdate: TypeAlias = Update | UpdateFrame
+class Sync(_DocFrame, tag="sync", frozen=True):
+    state_vector: str
 
 
-def _parse_hot_frame(text: str | bytes) -> UpdateFrame | AckFrame | None:
-    """A valid ``update`` or ``ack`` frame, else None (the caller's pydantic
-    parse then accepts it or names exactly what is wrong)."""
-    try:
-        frame = _hot_frame.decode(text)
-    except msgspec.DecodeError:  # also ValidationError: another op, a wrong type, a bound
-        return None
-    if DOC_ID_PATTERN.fullmatch(frame.doc) is None:
-        return None
-    if type(frame) is AckFrame:
-        try:
-            StreamId.parse(frame.offset)
-        except InvalidOffset:
-            return None
-    return frame
+class CheckSubscriptions(_Frame, tag="check_subscriptions", frozen=True):
+    """The digest of the documents the client is subscribed to."""
+
+    count: Uint53
+    hash: Hash
+    #: Echoed in the answer, so a late answer is never taken for a newer one.
+    ref: Uint53 | None = None
 
 
-#: A client frame as pydantic validates it (on the op); the hot path reads
-#: update and ack frames as an :class:`UpdateFrame` or :class:`AckFrame`.
-ClientModel: TypeAlias = (
+class Reconcile(_Frame, tag="reconcile", frozen=True):
+    """One range-reconciliation request (yrelay.reconciliation.messages), base64."""
+
+    payload: str
+    ref: Uint53 | None = None
+
+
+class Ping(_Frame, tag="ping", frozen=True):
+    pass
+
+
+class Awareness(_DocFrame, tag="awareness", frozen=True):
+    """A y-protocols awareness update (``encodeAwarenessUpdate``), base64."""
+
+    update: str
+
+
+#: Every client frame.
+ClientFrame: TypeAlias = (
     Hello | Subscribe | Unsubscribe | Update | Ack | Sync | CheckSubscriptions | Reconcile | Ping | Awareness
 )
-ClientFrame = Annotated[ClientModel, Field(discriminator="op")]
-_client_frame = TypeAdapter(ClientFrame)
-#: Every client op: the ``op`` literal of each model.
-CLIENT_OPS = {get_args(model.model_fields["op"].annotation)[0] for model in get_args(ClientModel)}
+_decoder: msgspec.json.Decoder[ClientFrame] = msgspec.json.Decoder(ClientFrame)
+#: Each client op's frame.
+_FRAMES: dict[str, type[_Frame]] = {str(frame.__struct_config__.tag): frame for frame in get_args(ClientFrame)}
+#: Every client op.
+CLIENT_OPS = frozenset(_FRAMES)
+_CHECKED: tuple[type[_Checked], ...] = (*_FRAMES.values(), WindowDigest)
+for _struct in _CHECKED:
+    _struct._checks = tuple((name, _FIELD_CHECKS[name]) for name in _struct.__struct_fields__ if name in _FIELD_CHECKS)
 
 
-def parse_client_frame(text: str | bytes) -> ClientModel | UpdateFrame | AckFrame:
+def parse_client_frame(text: str | bytes) -> ClientFrame:
     """Decode and validate one client frame, or raise :class:`ProtocolError`.
-    A valid ``update`` or ``ack`` comes back as an :class:`UpdateFrame` or
-    :class:`AckFrame` (read fast); the same frame refused says why as before."""
-    if _json_depth(text) > MAX_JSON_DEPTH:  # before json.loads, which recurses per level
-        raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame nests deeper than {MAX_JSON_DEPTH} levels")
-    hot = _parse_hot_frame(text)
-    if hot is not None:
-        return hot
+
+    A refused frame is read again to say why (:func:`_read_refused`, which
+    guards the depth before json.loads). The decoder needs no such guard: a
+    frame it accepts nests 2 deep (no unknown fields), and JSON nested past
+    the interpreter's recursion limit while it looks for ``op`` stops it with
+    a RecursionError, refused below as too deep."""
     try:
-        raw = json.loads(text)
-    except (ValueError, UnicodeDecodeError):
-        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame is not valid JSON") from None
-    if not isinstance(raw, dict):
-        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a JSON object")
-    doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
-    clock = raw.get("clock") if type(raw.get("clock")) is int else None
-    op = raw.get("op")
-    if not isinstance(op, str) or op not in CLIENT_OPS:
-        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}", doc=doc, clock=clock)
-    try:
-        return _client_frame.validate_python(raw)
-    except ValidationError as exc:
-        raise _error_from_validation(exc, doc, clock) from None
+        return _decoder.decode(text)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError too (a subclass)
+        pass
+    return _read_refused(text)
 
 
 #: Deepest nesting of arrays and objects in a client frame (real frames nest 2 deep).
@@ -355,7 +309,7 @@ _BRACKET_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 
 def _json_depth(text: str | bytes) -> int:
     """The deepest nesting of ``text`` as JSON, at C speed (an upper bound
-    for text that is not JSON, which json.loads then refuses anyway)."""
+    for text that is not JSON, which the parsers then refuse anyway)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # every real frame: nothing to scan
@@ -364,15 +318,138 @@ def _json_depth(text: str | bytes) -> int:
     return max(itertools.accumulate(memoryview(brackets.translate(_BRACKET_STEP)).cast("b")), default=0)
 
 
-def _error_from_validation(exc: ValidationError, doc: str | None, clock: int | None) -> ProtocolError:
-    first = exc.errors(include_url=False, include_input=False)[0]
-    field = ".".join(str(part) for part in first["loc"][1:]) or "frame"
-    cause = first.get("ctx", {}).get("error")
-    if isinstance(cause, InvalidDocumentId):
-        return ProtocolError(ErrorCode.INVALID_DOC_ID, str(cause), clock=clock)
-    if isinstance(cause, InvalidOffset):
-        return ProtocolError(ErrorCode.INVALID_OFFSET, str(cause), doc=doc, clock=clock)
-    return ProtocolError(ErrorCode.MALFORMED_FRAME, f"{field}: {first['msg']}", doc=doc, clock=clock)
+# ------------------------------------------------- why a client frame is refused
+# The one place a refusal is worded. The frame is read again as Python's json
+# reads it and checked field by field in its class's field order, so a frame
+# wrong in several ways is refused for its first wrong field, as error frames
+# always were (a bad doc id before anything else). JSON that only Python's
+# parser reads (a lone UTF-16 surrogate in a string) is judged by the same
+# model, and may pass.
+
+#: msgspec's reasons in the words error frames have always used.
+_WORDING = tuple(
+    (re.compile(pattern, re.DOTALL), words)
+    for pattern, words in (
+        (r"Expected `int(?: \| null)?`, got `\w+`", "Input should be a valid integer"),
+        (r"Expected `str(?: \| null)?`, got `\w+`", "Input should be a valid string"),
+        (r"Expected `bool`, got `\w+`", "Input should be a valid boolean"),
+        (r"Expected `object(?: \| null)?`, got `\w+`", "Input should be an object"),
+        (r"Expected `int` < (\d+)", r"Input should be less than \1"),
+        (r"Expected `int` <= (\d+)", r"Input should be less than or equal to \1"),
+        (r"Expected `int` >= (\d+)", r"Input should be greater than or equal to \1"),
+        (r"Expected `str` of length <= (\d+)", r"String should have at most \1 characters"),
+        (r"Expected `str` matching regex (.*)", r"String should match pattern \1"),
+    )
+)
+
+
+def _read_refused(text: str | bytes) -> ClientFrame:
+    """The frame the decoder refused, read again to say why (or, for JSON
+    only Python reads, accepted by the same model)."""
+    if _json_depth(text) > MAX_JSON_DEPTH:  # before json.loads, which recurses per level
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame is not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a JSON object")
+    doc = raw.get("doc") if isinstance(raw.get("doc"), str) and _encodable(raw["doc"]) else None
+    clock = raw.get("clock") if type(raw.get("clock")) is int else None
+    op = raw.get("op")
+    frame = _FRAMES.get(op) if isinstance(op, str) else None
+    if frame is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}", doc=doc, clock=clock)
+    try:
+        _check_fields(frame, raw, "")
+    except InvalidDocumentId as exc:
+        raise ProtocolError(ErrorCode.INVALID_DOC_ID, str(exc), clock=clock) from None
+    except InvalidOffset as exc:
+        raise ProtocolError(ErrorCode.INVALID_OFFSET, str(exc), doc=doc, clock=clock) from None
+    except _WrongField as wrong:
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, str(wrong), doc=doc, clock=clock) from None
+    try:
+        accepted: ClientFrame = msgspec.convert(raw, ClientFrame, strict=True)
+        return accepted
+    except msgspec.ValidationError as exc:  # every field passed above: not expected, but never a traceback
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, _worded(str(exc)), doc=doc, clock=clock) from None
+
+
+class _WrongField(Exception):
+    """A field missing, unknown, or of the wrong type or range: ``<field>: <why>``."""
+
+
+def _check_fields(struct: type[_Checked], raw: dict[str, Any], prefix: str) -> None:
+    """Check ``raw`` against ``struct`` one field at a time in the struct's
+    order (a nested struct's fields in place), then for unknown fields."""
+    fields = msgspec.structs.fields(struct)
+    for field in fields:
+        name = prefix + field.name
+        if field.name not in raw:
+            if field.required:
+                raise _WrongField(f"{name}: Field required")
+            continue
+        value = raw[field.name]
+        nested = _struct_in(field.type)
+        if nested is not None and isinstance(value, dict):
+            _check_fields(nested, value, f"{name}.")
+            continue
+        try:
+            try:
+                msgspec.convert(value, field.type, strict=True)
+            except UnicodeEncodeError:  # msgspec encodes a string it refuses; a lone surrogate cannot be
+                msgspec.convert(_replaced(value), field.type, strict=True)
+        except msgspec.ValidationError as exc:
+            raise _WrongField(f"{name}: {_worded(str(exc))}") from None
+        check = _FIELD_CHECKS.get(field.name)
+        if check is not None and value is not None:
+            check(value)
+    known = {field.name for field in fields} | ({"op"} if issubclass(struct, _Frame) else set())
+    extra = next((key for key in raw if key not in known), None)
+    if extra is not None:
+        raise _WrongField(f"{prefix}{_printable(extra)}: Extra inputs are not permitted")
+
+
+def _struct_in(annotation: object) -> type[_Checked] | None:
+    """The struct a field holds (``WindowDigest | None``: WindowDigest), if any."""
+    for option in (annotation, *get_args(annotation)):
+        if isinstance(option, type) and issubclass(option, _Checked):
+            return option
+    return None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can go into an error frame (a lone surrogate cannot)."""
+    return _LONE_SURROGATE.search(text) is None
+
+
+def _replaced(value: object) -> object:
+    """``value`` with each lone surrogate as U+FFFD: one character too, and
+    refused by the same patterns, so msgspec can say what else is wrong."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replaced(key): _replaced(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_replaced(item) for item in value]
+    return value
+
+
+def _printable(text: str) -> str:
+    """``text`` for an error frame: a lone surrogate as its escape."""
+    return text if _encodable(text) else text.encode("utf-8", "backslashreplace").decode()
+
+
+def _worded(reason: str) -> str:
+    """msgspec's reason for one value, in the words error frames have always used."""
+    for wording, words in _WORDING:
+        matched = wording.fullmatch(reason)
+        if matched is not None:
+            return matched.expand(words)
+    return reason
 
 
 # ---------------------------------------------------------------- server frames

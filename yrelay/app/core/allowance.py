@@ -20,7 +20,7 @@ from yrelay.app.context import ServerContext
 from yrelay.app.core.pacing import Pacer
 from yrelay.app.quotas import SharedBucket, SubjectBuckets
 from yrelay.auth import NoAuthenticator, Principal
-from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
+from yrelay.protocol import ErrorCode, ProtocolError, Update
 from yrelay.storage.keys import subject_id
 from yrelay.transport.buckets import TokenBucket
 
@@ -50,7 +50,7 @@ class Allowance:
         self._rate = self._ctx.limits.sessions.acquire(session)
         self.pacer.trust()
 
-    async def take_update(self, frame: AnyUpdate) -> None:
+    async def take_update(self, frame: Update) -> None:
         """One update's tokens: the session's, then the subject's, waiting
         for each (no Redis call for most updates: quotas.py)."""
         assert self._rate is not None

@@ -42,7 +42,7 @@ from yrelay.app.core.write_path import WritePath
 from yrelay.auth import Principal
 from yrelay.auth.host import HostAuthenticator, current_connection
 from yrelay.observability import logs, pygc
-from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
+from yrelay.protocol import ErrorCode, ProtocolError, Update
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
 from yrelay.tasks import TaskSet, lost_redis
@@ -278,7 +278,7 @@ class Connection:
 
     # ------------------------------------------------------------ commands
 
-    async def write(self, frame: AnyUpdate, update: bytes) -> None:
+    async def write(self, frame: Update, update: bytes) -> None:
         """Store ``update``, of a subscribed document (``frame`` names it, its
         clock, whether it is a sync push, and which part of an update it is)."""
         self._opened()

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
+from yrelay.protocol import ErrorCode, ProtocolError, Update
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class _Open:
     size: int = 0
     slices: list[bytes] = field(default_factory=list)
 
-    def same_update(self, frame: AnyUpdate) -> bool:
+    def same_update(self, frame: Update) -> bool:
         return (frame.doc, frame.clock, frame.parts, frame.sync) == (self.doc, self.clock, self.parts, self.sync)
 
 
@@ -82,7 +82,7 @@ class UpdateParts:
         #: on their way, are ignored until the client starts it again at part 0.
         self._skip: tuple[str, int] | None = None
 
-    async def feed(self, frame: AnyUpdate, data: bytes) -> bytes | None:
+    async def feed(self, frame: Update, data: bytes) -> bytes | None:
         """``data`` is the frame's decoded payload. A plain update is returned
         as is; a part is kept and None returned, until the last part, which
         returns the whole update. Raises :class:`ProtocolError` about this
@@ -116,7 +116,7 @@ class UpdateParts:
             self._open = _Open(frame.doc, frame.clock, frame.parts, frame.sync)
         return self._keep(self._open, frame, data)
 
-    def _keep(self, current: _Open, frame: AnyUpdate, data: bytes) -> bytes | None:
+    def _keep(self, current: _Open, frame: Update, data: bytes) -> bytes | None:
         if current.size + len(data) > self.max_update_bytes:  # refused before it is kept
             self._drop()
             raise ProtocolError.about(
@@ -135,7 +135,7 @@ class UpdateParts:
         self._drop()
         return b"".join(current.slices)
 
-    def ignored(self, frame: AnyUpdate) -> bool:
+    def ignored(self, frame: Update) -> bool:
         """Is ``frame`` one of the remaining parts of an update that was
         refused? The client was told; it sends the update again from part 0.
         (Checked before the connection's own checks, so that they do not

@@ -32,7 +32,7 @@ from yrelay.app.core.allowance import Allowance
 from yrelay.app.core.peer import Peer
 from yrelay.app.core.update_parts import Reject, UpdateParts
 from yrelay.app.inflight import InflightUpdates
-from yrelay.protocol import AnyUpdate, ErrorCode, ProtocolError
+from yrelay.protocol import ErrorCode, ProtocolError, Update
 from yrelay.storage.append import AppendResult, NotAdmitted
 from yrelay.storage.replicas import ReplicationTimeout
 from yrelay.storage.tombstones import is_deleted_error
@@ -82,7 +82,7 @@ class WritePath:
     def close(self) -> None:
         self._parts.close()
 
-    async def receive(self, frame: AnyUpdate, update: bytes, received: float) -> None:
+    async def receive(self, frame: Update, update: bytes, received: float) -> None:
         """Check ``frame``'s ``update`` (raising :class:`ProtocolError`) and
         start its append; ``received``: when its frame arrived (append latency)."""
         if self._parts.ignored(frame):  # the rest of a refused update's parts
@@ -95,7 +95,7 @@ class WritePath:
         if whole is not None:
             await self.submit(frame, whole, received)
 
-    async def submit(self, frame: AnyUpdate, update: bytes, received: float) -> None:
+    async def submit(self, frame: Update, update: bytes, received: float) -> None:
         """Check the whole ``update`` (raising :class:`ProtocolError`) and
         start its append; the answer goes to the peer."""
         # A small update is read struct by struct here (a few us): that read is
@@ -118,7 +118,7 @@ class WritePath:
 
     async def _append_when_valid(
         self,
-        frame: AnyUpdate,
+        frame: Update,
         update: bytes,
         verdict: asyncio.Future[Exception | None],
         reading: Reading | Exception | None,
@@ -165,9 +165,7 @@ class WritePath:
         else:
             await self._refuse(frame, ErrorCode.INVALID_UPDATE, str(error))
 
-    async def _confirm(
-        self, frame: AnyUpdate, future: asyncio.Future[AppendResult], size: int, received: float
-    ) -> None:
+    async def _confirm(self, frame: Update, future: asyncio.Future[AppendResult], size: int, received: float) -> None:
         """Ack an update once (and only once) the append script returned.
         (yrelay_tools/testing/broken_server.py replaces this method.)"""
         try:
@@ -212,7 +210,7 @@ class WritePath:
             "append", frame.doc, self.session, offset=entry_id, clock=frame.clock, bytes=size, duplicate=duplicate
         )
 
-    async def _refuse(self, frame: AnyUpdate, code: ErrorCode, message: str, **fields: Any) -> None:
+    async def _refuse(self, frame: Update, code: ErrorCode, message: str, **fields: Any) -> None:
         """Answer ``frame``'s update with an error naming its doc and clock."""
         await _answer(self._peer.refused(ProtocolError.about(frame, code, message, **fields)))
 

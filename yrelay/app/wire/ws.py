@@ -32,7 +32,6 @@ from yrelay.auth.authenticator import JwtAuthenticator
 from yrelay.observability import logs
 from yrelay.protocol import (
     Ack,
-    AckFrame,
     Awareness,
     CheckSubscriptions,
     ErrorCode,
@@ -45,7 +44,6 @@ from yrelay.protocol import (
     Sync,
     Unsubscribe,
     Update,
-    UpdateFrame,
 )
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
@@ -102,12 +100,12 @@ class JsonCodec:
         connection = self.connection
         if not isinstance(frame, Hello):
             self._session()
-        if isinstance(frame, (UpdateFrame, Update)):
+        if isinstance(frame, Update):
             limit = self.ctx.settings.max_update_bytes
             await connection.write(
                 frame, decode_limited(frame.update, limit, ErrorCode.UPDATE_TOO_LARGE, frame.doc, frame.clock)
             )
-        elif isinstance(frame, (AckFrame, Ack)):
+        elif isinstance(frame, Ack):
             connection.ack(frame.doc, StreamId.parse(frame.offset))
         elif isinstance(frame, Hello):  # the one frame before the session
             if frame.protocol != protocol.PROTOCOL_VERSION:

@@ -202,8 +202,7 @@ class YwsCodec:
             return
         if message.payload == b"\x00\x00":  # an empty update (the usual answer to our step 1)
             return
-        frame = Update.model_construct(
-            op="update",
+        frame = Update(
             doc=self.doc,
             clock=self._clock,
             update="",
