@@ -28,6 +28,19 @@ class AckWindow:
     The connection's :class:`DeliveryBudget` counts the unacked entries of
     all its documents; this window keeps its part of that count current."""
 
+    __slots__ = (
+        "doc",
+        "session",
+        "_ack_writer",
+        "_budget",
+        "acked",
+        "tracked",
+        "_sent",
+        "_counted",
+        "_unacked_since",
+        "resends",
+    )
+
     def __init__(self, doc: str, session: str, ack_writer: AckWriter, budget: DeliveryBudget):
         self.doc = doc
         self.session = session

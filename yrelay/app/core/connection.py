@@ -68,6 +68,25 @@ class Connection:
     """One client's socket; ``codec`` is set by the endpoint (:meth:`speak`)
     before :meth:`run`."""
 
+    __slots__ = (
+        "websocket",
+        "ctx",
+        "state",
+        "session",
+        "handshake",
+        "_send_lock",
+        "_tasks",
+        "received",
+        "_stop_ticking",
+        "address",
+        "allowance",
+        "pacer",
+        "codec",
+        "presence",
+        "writes",
+        "documents",
+    )
+
     def __init__(self, websocket: WebSocket, ctx: ServerContext, subprotocol: str):
         self.websocket = websocket
         self.ctx = ctx

@@ -7,8 +7,6 @@ otherwise). The connection holds one of these and calls it one way.
 
 from __future__ import annotations
 
-from functools import partial
-
 from yrelay.app.context import ServerContext
 from yrelay.app.core.allowance import Allowance
 from yrelay.app.core.peer import Peer
@@ -92,12 +90,10 @@ class ConnectionDocuments:
             requested,
             claimed,
             budget=self.budget,
-            on_deleted=partial(self._deleted, doc),
-            answered=partial(self._presence.answered, doc),
-            booked=self._allowance.answered,
+            owner=self,
             tracked=self._tracked,
             deliver_now=self._deliver_now,
-        )  # partials, not lambdas: a lambda would keep the frame
+        )
         self.subscriptions[doc] = subscription
         subscription.start()
 
@@ -111,7 +107,15 @@ class ConnectionDocuments:
             await self._ctx.tracker.untrack(doc, session)
         await self._peer.unsubscribed(doc)
 
-    async def _deleted(self, doc: str) -> None:
+    def answered(self, doc: str) -> None:
+        """``doc``'s subscribe was answered: its presence greets the client."""
+        self._presence.answered(doc)
+
+    def booked(self, nbytes: int) -> None:
+        """A subscription's answer bytes, against the connection's and the subject's answer rates."""
+        self._allowance.answered(nbytes)
+
+    async def deleted(self, doc: str) -> None:
         """The subscription to ``doc`` ended: the document was deleted."""
         subscription = self.subscriptions.get(doc)
         if subscription is not None and subscription.state is SubscriptionState.CLOSED:

@@ -14,7 +14,7 @@ while ``max_unacked_entries`` (or the connection's budget) are in flight.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from yrelay.app import sizing
 from yrelay.app.core.acks import AckWindow
@@ -68,11 +68,31 @@ class PendingBatches:
         return len(self._batches)
 
 
+class Booking(Protocol):
+    """Where a sender books the bytes it delivers (its subscription)."""
+
+    def book_delivery(self, nbytes: int) -> None: ...
+
+
 class Sender:
     """Sends one document's entries to one client, from the cursor on, in
-    its codec's words (:class:`.peer.Peer`); ``booked`` is told the bytes
+    its codec's words (:class:`.peer.Peer`); ``booking`` is told the bytes
     of each delivery (the connection's answer rates); ``tracked``: the
     deliveries are acked, and logged (event ``deliver``)."""
+
+    __slots__ = (
+        "ctx",
+        "doc",
+        "session",
+        "peer",
+        "window",
+        "_booking",
+        "_tracked",
+        "cursor",
+        "own_visible_through",
+        "pending",
+        "_page_count",
+    )
 
     def __init__(
         self,
@@ -81,7 +101,7 @@ class Sender:
         session: str,
         peer: Peer,
         window: AckWindow,
-        booked: Callable[[int], None],
+        booking: Booking,
         tracked: bool = True,
     ):
         self.ctx = ctx
@@ -89,7 +109,7 @@ class Sender:
         self.session = session
         self.peer = peer
         self.window = window
-        self._booked = booked
+        self._booking = booking
         self._tracked = tracked
         #: Every entry up to the cursor was sent, or skipped as the session's own.
         self.cursor = StreamId(0, 0)
@@ -168,7 +188,9 @@ class Sender:
         if visible:
             filtered = len(visible) < len(entries)
             for frame in frames(visible, self.ctx.settings.max_page_bytes):
-                self._booked(await self.peer.deliver(self.doc, frame, self._frame_key(frame, filtered), batch))
+                self._booking.book_delivery(
+                    await self.peer.deliver(self.doc, frame, self._frame_key(frame, filtered), batch)
+                )
         self._sent(entries, visible)
 
     def deliver_now(self, batch: Batch) -> bool:

@@ -23,8 +23,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from yrelay.app.core.acks import AckWindow
 from yrelay.app.core.peer import Peer
@@ -67,20 +66,70 @@ _TRANSITIONS = {
 }
 
 
-def _nothing(_: int = 0) -> None:
-    pass
+class Owner(Protocol):
+    """What a subscription tells the connection it belongs to
+    (:class:`.documents.ConnectionDocuments`)."""
+
+    def answered(self, doc: str) -> None:
+        """The subscribe was answered (presence greets the client now)."""
+
+    def booked(self, nbytes: int) -> None:
+        """Bytes sent that answer a request (the connection's answer rates)."""
+
+    async def deleted(self, doc: str) -> None:
+        """The client was told the document was deleted; the subscription ended."""
+
+
+class _NoOwner:
+    """A subscription on its own (tests)."""
+
+    def answered(self, doc: str) -> None:
+        pass
+
+    def booked(self, nbytes: int) -> None:
+        pass
+
+    async def deleted(self, doc: str) -> None:
+        pass
+
+
+_NO_OWNER = _NoOwner()
 
 
 class Subscription:
     """``peer`` is told everything about the document, in order
-    (:class:`.peer.Peer`); ``answered`` is called once the subscribe was
-    answered (presence greets the client then); ``booked`` is told the bytes
-    of what answers the subscribe or a sync (the connection's answer
-    rates). ``tracked`` (the ``/ws`` policy): the client acks, the tracker
+    (:class:`.peer.Peer`); ``owner`` that the subscribe was answered
+    (presence greets the client then), the bytes of what answers the
+    subscribe or a sync (the connection's answer rates) and that the
+    document was deleted. ``tracked`` (the ``/ws`` policy): the client acks, the tracker
     holds its offset, and the subscription starts from ``requested``
     (``subscribed``, or a snapshot); untracked (``/yws``): nothing pins the
     stream, nothing is acked, and the subscription waits for the client's
     state vector (:meth:`request_sync`) before it sends anything."""
+
+    __slots__ = (
+        "ctx",
+        "doc",
+        "session",
+        "_peer",
+        "_owner",
+        "tracked",
+        "_requested",
+        "_claimed",
+        "state",
+        "_window",
+        "_sender",
+        "_synced_at",
+        "_sync_vector",
+        "_failure",
+        "_evicted",
+        "_rewound",
+        "_wake",
+        "_pump",
+        "_offered",
+        "_deliver_inline",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -91,10 +140,8 @@ class Subscription:
         requested: StreamId | None,
         claimed: WindowDigest | None = None,
         budget: DeliveryBudget | None = None,
-        on_deleted: Callable[[], Awaitable[None]] | None = None,
+        owner: Owner | None = None,
         *,
-        answered: Callable[[], None] = _nothing,
-        booked: Callable[[int], None] = _nothing,
         tracked: bool = True,
         deliver_now: bool = False,
     ):
@@ -102,8 +149,7 @@ class Subscription:
         self.doc = doc
         self.session = session
         self._peer = peer
-        self._answered = answered
-        self._booked = booked
+        self._owner = _NO_OWNER if owner is None else owner  # not `or`: an owner with no documents yet is falsy
         self.tracked = tracked
         self._requested = requested
         #: The client's drift digest over (claimed.since, requested], if it sent one.
@@ -111,7 +157,7 @@ class Subscription:
         self.state = SubscriptionState.STARTING
         #: Shared with the connection's other subscriptions (unacked entries).
         self._window = AckWindow(doc, session, ctx.ack_writer, budget or DeliveryBudget(0))
-        self._sender = Sender(ctx, doc, session, peer, self._window, self._book_delivery, tracked)
+        self._sender = Sender(ctx, doc, session, peer, self._window, self, tracked)
         #: The document's last id when the subscribe was answered: once the
         #: cursor reaches it, the client holds the server's state (``synced``).
         self._synced_at: StreamId | None = None
@@ -126,8 +172,6 @@ class Subscription:
         self._pump = BackgroundTask(f"yrelay-sub-{doc}", self._run, kind="yrelay-subscription")
         #: The fan-out offered a batch since the pump last parked (it parks only then).
         self._offered = False
-        #: Called once the client was told the document was deleted (the subscription then ends).
-        self._on_deleted = on_deleted
         #: The codec may write a caught-up delivery from the fan-out's dispatch (:meth:`.peer.Peer.deliver_now`).
         self._deliver_inline = deliver_now
 
@@ -305,7 +349,7 @@ class Subscription:
     async def _start(self) -> None:
         if not self.tracked:  # the client's state vector comes first (request_sync)
             self._move(SubscriptionState.RESYNC_REQUIRED)
-            self._answered()
+            self._owner.answered(self.doc)
             if self._sync_vector is not None:  # it came while this started
                 self._wake.set()
             return
@@ -314,7 +358,7 @@ class Subscription:
             snapshot = await self.ctx.store.load_snapshot(self.doc)
             await self._go_live(Resume(snapshot.offset, WindowDigest(snapshot.offset, snapshot.offset, Digest())))
             if snapshot.update:
-                self._booked(await self._peer.snapshot(self.doc, snapshot.offset, snapshot.update))
+                self._owner.booked(await self._peer.snapshot(self.doc, snapshot.offset, snapshot.update))
             return
         last = self._synced_at = await self.ctx.store.last_id(self.doc)
         point = await resume_point(self.ctx, self.doc, self.session, self._requested, self._claimed, last)
@@ -329,7 +373,7 @@ class Subscription:
         self._window.restart(point.offset)
         self._move(SubscriptionState.LIVE)
         await self._peer.subscribed(self.doc, point.offset, point.window)
-        self._answered()
+        self._owner.answered(self.doc)
         self._wake.set()
 
     async def _step(self) -> None:
@@ -368,7 +412,7 @@ class Subscription:
         self._sender.pending.clear()
         self._window.drop()
         await self._peer.resync_required(self.doc, reason)
-        self._answered()
+        self._owner.answered(self.doc)
 
     async def _answer_sync(self) -> None:
         """Two-way state-vector exchange (:func:`.resync.answer_sync`): send
@@ -392,7 +436,7 @@ class Subscription:
             self._sync_vector = None
         offset = answer.offset
         self.live_from(offset)
-        self._booked(await self._peer.sync_answer(self.doc, offset, answer.diff, answer.state_vector))
+        self._owner.booked(await self._peer.sync_answer(self.doc, offset, answer.diff, answer.state_vector))
         await self._send_synced(offset)
 
     def live_from(self, offset: StreamId) -> None:
@@ -441,16 +485,15 @@ class Subscription:
             self.ctx.events.emit("deleted", self.doc, self.session)
         await self._error(ErrorCode.DOCUMENT_DELETED, "the document was deleted; subscribe again for a new, empty one")
         await self.close()
-        if self._on_deleted is not None:
-            await self._on_deleted()
+        await self._owner.deleted(self.doc)
 
     async def _error(self, code: ErrorCode, message: str) -> None:
         await self._peer.refused(ProtocolError(code, message, doc=self.doc))
 
-    def _book_delivery(self, nbytes: int) -> None:
+    def book_delivery(self, nbytes: int) -> None:
         """Deliveries count against the answer rates while they answer the subscribe."""
         if self.answering:
-            self._booked(nbytes)
+            self._owner.booked(nbytes)
 
 
 __all__ = ["Subscription", "SubscriptionState"]

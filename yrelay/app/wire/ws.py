@@ -61,6 +61,8 @@ class JsonCodec:
     """One ``/ws`` connection's frames; ``write_prepared``: the server's
     writer of prepared frames for it (None: every frame goes the ASGI way)."""
 
+    __slots__ = ("connection", "ctx", "_write_prepared", "writes_now")
+
     subprotocol = SUBPROTOCOL
     tracked = True
     hello_first = True

@@ -104,6 +104,8 @@ _RESYNCS = {
 class YwsCodec:
     """One y-websocket client on one document (the room of its URL)."""
 
+    __slots__ = ("connection", "ctx", "unnamed", "doc", "_token", "_held", "_clock", "_last_sent")
+
     subprotocol = YWS_SUBPROTOCOL
     tracked = False
     hello_first = False
