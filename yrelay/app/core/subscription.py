@@ -190,11 +190,16 @@ class Subscription:
             self._pump.start()  # nothing when it runs already: it sees the work before it ends
 
     async def close(self) -> None:
+        """Stop delivering. The pump stops first, then the fan-out forgets
+        this subscription: a pump cancelled inside the fan-out's ``register``
+        (a socket reset right after it opened) may still finish it, since
+        redis-py can swallow that cancel, and an unregister before would
+        leave it fed and read forever."""
         if self.state is not SubscriptionState.CLOSED:
             self._move(SubscriptionState.CLOSED)
+        await self._pump.stop()
         self.ctx.fanout.unregister(self)
         self._window.close()
-        await self._pump.stop()
 
     @property
     def cursor(self) -> StreamId:
