@@ -150,7 +150,7 @@ async def test_sockets_reset_as_they_open_leave_no_subscription_behind(server):
         return set(left) == {"yrelay_subscriptions_open", "yrelay_documents_active"} and not any(left.values())
 
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # generous: a busy machine; the leak never clears at all
         while not await none_left():
             assert time.monotonic() < deadline
             await asyncio.sleep(0.1)
