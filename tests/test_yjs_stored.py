@@ -20,7 +20,7 @@ import pytest
 
 from engines import needs_ypy
 from wsraw import RawPeer
-from yrelay.yjs import crdt, lib0
+from yrelay.yjs import crdt, lib0, update_format
 from yrelay.yjs.update_format import read_layout, stored_form
 
 YJS = Path(__file__).resolve().parent.parent / "web" / "node_modules" / "yjs" / "dist" / "yjs.mjs"
@@ -79,15 +79,7 @@ def typed(client_id: int, chunks: list[tuple[int, str]]) -> list[bytes]:
 
 def delete_set(*entries: tuple[int, list[tuple[int, int]]]) -> bytes:
     """A delete set's bytes, ``(client, [(clock, length), ...])`` as given (empty ranges too)."""
-    out = bytearray()
-    lib0.write_varuint(out, len(entries))
-    for client, ranges in entries:
-        lib0.write_varuint(out, client)
-        lib0.write_varuint(out, len(ranges))
-        for clock, length in ranges:
-            lib0.write_varuint(out, clock)
-            lib0.write_varuint(out, length)
-    return bytes(out)
+    return update_format._delete_set(entries)
 
 
 def with_delete_set(update: bytes, deletes: bytes) -> bytes:

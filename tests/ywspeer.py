@@ -147,6 +147,19 @@ class RecordedSocket:
         self.closed.append((code, reason))
 
 
+class _Alone:
+    """The owner of a subscription that belongs to no connection: told nothing."""
+
+    def answered(self, doc: str) -> None:
+        pass
+
+    def booked(self, nbytes: int) -> None:
+        pass
+
+    async def deleted(self, doc: str) -> None:
+        pass
+
+
 def untracked_subscription(ctx: Any, doc: str, socket: Any = None) -> tuple[Any, Any]:
     """A ``/yws`` connection's subscription to ``doc`` (untracked, speaking
     y-protocols to ``socket``, a :class:`RecordedSocket` by default), started:
@@ -155,6 +168,6 @@ def untracked_subscription(ctx: Any, doc: str, socket: Any = None) -> tuple[Any,
     from yrelay.app.wire.yws import YwsCodec
 
     socket = socket or RecordedSocket(ctx)
-    subscription = Subscription(ctx, doc, "reader", YwsCodec(socket, doc, None), None, tracked=False)
+    subscription = Subscription(ctx, doc, "reader", YwsCodec(socket, doc, None), None, owner=_Alone(), tracked=False)
     subscription.start()
     return subscription, socket

@@ -284,12 +284,6 @@ class Connection:
         trust(self.websocket)  # messages may now be as large as ws_max_size
         self.state = ConnectionState.OPEN
 
-    def hold(self) -> None:
-        """Keep the socket open without a session (a refusal a client would
-        otherwise retry in a loop): paced as before a token is checked, and
-        closed as any other once its token lapses."""
-        self.state = ConnectionState.OPEN
-
     def _opened(self) -> str:
         if self.state is not ConnectionState.OPEN or self.session is None:
             raise ProtocolError(ErrorCode.HANDSHAKE_REQUIRED, "send 'hello' first")

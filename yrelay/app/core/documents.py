@@ -14,8 +14,7 @@ from yrelay.app.core.presence import ConnectionPresence
 from yrelay.app.core.subscription import Subscription, SubscriptionState
 from yrelay.app.limits import DeliveryBudget
 from yrelay.auth import Principal
-from yrelay.protocol import ErrorCode, ProtocolError, Subscribe
-from yrelay.reconciliation.digest import Digest
+from yrelay.protocol import ErrorCode, ProtocolError
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
 
@@ -132,15 +131,3 @@ class ConnectionDocuments:
         quick reconnect resumes from its offset."""
         for subscription in list(self.subscriptions.values()):
             await subscription.close()
-
-
-def claimed(frame: Subscribe) -> WindowDigest | None:
-    """The client's drift digest, meaningful only with an offset to end its window."""
-    if frame.digest is None or frame.offset is None:
-        return None
-    since, offset = StreamId.parse(frame.digest.since), StreamId.parse(frame.offset)
-    through = StreamId.parse(frame.digest.through) if frame.digest.through is not None else offset
-    if since > offset or through < offset:
-        raise ProtocolError(ErrorCode.INVALID_OFFSET, "digest needs since <= offset <= through", doc=frame.doc)
-    digest = Digest(count=frame.digest.count, hash=int(frame.digest.hash, 16))
-    return WindowDigest(since, offset, digest, through)

@@ -80,22 +80,6 @@ class Owner(Protocol):
         """The client was told the document was deleted; the subscription ended."""
 
 
-class _NoOwner:
-    """A subscription on its own (tests)."""
-
-    def answered(self, doc: str) -> None:
-        pass
-
-    def booked(self, nbytes: int) -> None:
-        pass
-
-    async def deleted(self, doc: str) -> None:
-        pass
-
-
-_NO_OWNER = _NoOwner()
-
-
 class Subscription:
     """``peer`` is told everything about the document, in order
     (:class:`.peer.Peer`); ``owner`` that the subscribe was answered
@@ -140,8 +124,8 @@ class Subscription:
         requested: StreamId | None,
         claimed: WindowDigest | None = None,
         budget: DeliveryBudget | None = None,
-        owner: Owner | None = None,
         *,
+        owner: Owner,
         tracked: bool = True,
         deliver_now: bool = False,
     ):
@@ -149,7 +133,7 @@ class Subscription:
         self.doc = doc
         self.session = session
         self._peer = peer
-        self._owner = _NO_OWNER if owner is None else owner  # not `or`: an owner with no documents yet is falsy
+        self._owner = owner
         self.tracked = tracked
         self._requested = requested
         #: The client's drift digest over (claimed.since, requested], if it sent one.

@@ -14,13 +14,12 @@ once for many sockets, when the server offers that (:mod:`yrelay.transport.prepa
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from yrelay import protocol
 from yrelay.app.context import ServerContext
 from yrelay.app.core.connection import Connection
-from yrelay.app.core.documents import claimed
 from yrelay.app.core.handshake import SUBPROTOCOL, CutOff, Opened
 from yrelay.app.core.peer import FrameKey
 from yrelay.app.fanout import Batch
@@ -45,6 +44,7 @@ from yrelay.protocol import (
     Unsubscribe,
     Update,
 )
+from yrelay.reconciliation.digest import Digest
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
 from yrelay.storage.reads import Entry
@@ -181,21 +181,23 @@ class JsonCodec:
         await self._send(protocol.subscribed(doc, str(offset), window.to_wire() if window else None))
 
     async def snapshot(self, doc: str, offset: StreamId, update: bytes) -> int:
-        parts = protocol.chunks(update, self.ctx.settings.chunk_bytes)
-        sent = 0
-        for index, part in enumerate(parts):
-            frame = protocol.snapshot(doc, str(offset), part, index, len(parts))
-            sent += len(frame["update"])
-            await self._send(frame)
-        return sent
+        return await self._send_parts(
+            update, lambda part, index, parts: protocol.snapshot(doc, str(offset), part, index, parts)
+        )
 
     async def sync_answer(self, doc: str, offset: StreamId, diff: bytes, state_vector: bytes) -> int:
-        parts = protocol.chunks(diff, self.ctx.settings.chunk_bytes)
+        return await self._send_parts(
+            diff, lambda part, index, parts: protocol.sync_reply(doc, str(offset), part, state_vector, index, parts)
+        )
+
+    async def _send_parts(self, data: bytes, frame: Callable[[bytes, int, int], dict[str, Any]]) -> int:
+        """``data`` in frames of at most ``chunk_bytes`` each; the base64 bytes sent."""
+        parts = protocol.chunks(data, self.ctx.settings.chunk_bytes)
         sent = 0
         for index, part in enumerate(parts):
-            frame = protocol.sync_reply(doc, str(offset), part, state_vector, index, len(parts))
-            sent += len(frame["update"])
-            await self._send(frame)
+            built = frame(part, index, len(parts))
+            sent += len(built["update"])
+            await self._send(built)
         return sent
 
     async def synced(self, doc: str, offset: StreamId) -> None:
@@ -280,6 +282,18 @@ def frame_identity(text: str) -> tuple[str | None, int | None]:
     doc = raw.get("doc") if isinstance(raw.get("doc"), str) else None
     clock = raw.get("clock") if type(raw.get("clock")) is int else None
     return doc, clock
+
+
+def claimed(frame: Subscribe) -> WindowDigest | None:
+    """The client's drift digest, meaningful only with an offset to end its window."""
+    if frame.digest is None or frame.offset is None:
+        return None
+    since, offset = StreamId.parse(frame.digest.since), StreamId.parse(frame.offset)
+    through = StreamId.parse(frame.digest.through) if frame.digest.through is not None else offset
+    if since > offset or through < offset:
+        raise ProtocolError(ErrorCode.INVALID_OFFSET, "digest needs since <= offset <= through", doc=frame.doc)
+    digest = Digest(count=frame.digest.count, hash=int(frame.digest.hash, 16))
+    return WindowDigest(since, offset, digest, through)
 
 
 __all__ = ["MAX_PREPARED_CHARS", "JsonCodec", "frame_identity", "welcome"]

@@ -164,8 +164,7 @@ class YwsCodec:
         outlive the token that opened it.
         """
         log.info("/yws room refused: %s", reason)
-        self._held = True
-        self.connection.hold()
+        self._held = True  # open without a session (Connection.speak): the timer still checks its token
         await self._send(yprotocol.permission_denied(reason))
         self.connection.spawn(self._keep_alive())
 
