@@ -74,13 +74,13 @@ def test_the_token_subprotocol_is_read_and_the_protocol_answered_only_when_offer
     assert offered == ["yrelay.v1", "yrelay.auth.abc.def"]
     assert token_in(offered) == "abc.def"
     assert token_in(["yrelay.auth."]) is None
-    assert Handshake(_ctx(), Headers({"sec-websocket-protocol": "yrelay.auth.t"})).subprotocol is None
-    assert Handshake(_ctx(), Headers({"sec-websocket-protocol": "yrelay.v1"})).subprotocol == "yrelay.v1"
+    assert Handshake(_services(), Headers({"sec-websocket-protocol": "yrelay.auth.t"})).subprotocol is None
+    assert Handshake(_services(), Headers({"sec-websocket-protocol": "yrelay.v1"})).subprotocol == "yrelay.v1"
 
 
 def test_the_hello_deadline_and_the_tokens_expiry_and_revocation_cut_off():
     revoked: set[str] = set()
-    handshake = Handshake(_ctx(hello_timeout=0.05, auth_leeway=0, revoked=revoked), Headers({}))
+    handshake = Handshake(_services(hello_timeout=0.05, auth_leeway=0, revoked=revoked), Headers({}))
     handshake.accepted()
     assert handshake.hello_overdue() is None
     time.sleep(0.06)
@@ -99,7 +99,8 @@ def test_the_hello_deadline_and_the_tokens_expiry_and_revocation_cut_off():
     assert handshake.token_lapsed() == type(lapsed)("the token has expired")
 
 
-def _ctx(revoked: set[str] | None = None, **settings: float) -> types.SimpleNamespace:
-    """What the handshake reads of the server context, without Redis."""
+def _services(revoked: set[str] | None = None, **settings: float) -> types.SimpleNamespace:
+    """What the handshake uses (:class:`yrelay.app.core.services.HandshakeServices`),
+    without Redis: the settings and the revoked list are all its decisions read."""
     revocations = types.SimpleNamespace(is_revoked=lambda token_id: token_id in (revoked or set()))
     return types.SimpleNamespace(settings=Settings(**settings), revocations=revocations)  # type: ignore[arg-type]

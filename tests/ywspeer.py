@@ -136,7 +136,7 @@ class RecordedSocket:
     was given (tests of an untracked subscription alone, without a socket)."""
 
     def __init__(self, ctx: Any):
-        self.ctx = ctx
+        self.services = ctx.services
         self.sent: list[bytes] = []
         self.closed: list[tuple[int, str]] = []
 
@@ -168,6 +168,8 @@ def untracked_subscription(ctx: Any, doc: str, socket: Any = None) -> tuple[Any,
     from yrelay.app.wire.yws import YwsCodec
 
     socket = socket or RecordedSocket(ctx)
-    subscription = Subscription(ctx, doc, "reader", YwsCodec(socket, doc, None), None, owner=_Alone(), tracked=False)
+    subscription = Subscription(
+        ctx.services.reads, doc, "reader", YwsCodec(socket, doc, None), None, owner=_Alone(), tracked=False
+    )
     subscription.start()
     return subscription, socket

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript as Script
 
 from yrelay.app.answer_cache import AnswerCache
+from yrelay.app.core.services import AllowanceServices, HandshakeServices, ReadServices, Services, WriteServices
 from yrelay.app.fanout import Fanout, Subscriber
 from yrelay.app.inflight import ByteBudget
 from yrelay.app.limits import Limits
@@ -88,11 +89,37 @@ class ServerContext:
     receiving: Receiving = field(default=RECEIVING, repr=False)
     #: Every connection's periodic checks, on one task (ticker.py).
     ticker: Ticker = field(init=False, repr=False)
+    #: What each flow of a connection uses of the above (core/services.py).
+    services: Services = field(init=False, repr=False)
     #: What ``close`` unwinds (see the module doc).
     _stack: AsyncExitStack = field(default_factory=AsyncExitStack, repr=False)
 
     def __post_init__(self) -> None:
         self.ticker = Ticker(self.settings.resend_check_interval)
+        settings, events, metrics = self.settings, self.events, self.metrics
+        self.services = Services(
+            settings=settings,
+            limits=self.limits,
+            ticker=self.ticker,
+            authenticator=self.authenticator,
+            events=events,
+            metrics=metrics,
+            presence=self.presence,
+            handshake=HandshakeServices(settings, self.sessions, self.authenticator, self.revocations),
+            allowance=AllowanceServices(settings, self.limits, self.authenticator, metrics),
+            writes=WriteServices(settings, self.validator, self.appender, self.inflight_bytes, events, metrics),
+            reads=ReadServices(
+                settings,
+                self.store,
+                self.fanout,
+                self.tracker,
+                self.ack_writer,
+                self.digests,
+                self.engine,
+                self.answers,
+                events,
+            ),
+        )
 
     def scrape_figures(self) -> ServerFigures:
         """This process's state for a scrape (:class:`yrelay.app.metrics.ServerState`)."""

@@ -32,6 +32,7 @@ from starlette.websockets import WebSocket
 
 from yrelay.app.binding import binder
 from yrelay.app.context import ServerContext
+from yrelay.app.core.services import Services
 from yrelay.app.health import router as health_router
 from yrelay.app.ops import router as ops_router
 from yrelay.app.paths import DOC_PARAM
@@ -80,10 +81,14 @@ class Relay:
         self.authenticator = HostAuthenticator(authenticate) if authenticate is not None else authenticator
         #: The running parts while the lifespan is entered, else None.
         self.context: ServerContext | None = None
-        self.endpoint = SyncEndpoint(lambda: self.context)
+        self.endpoint = SyncEndpoint(self._services)
         #: ``/yws/<doc>``: the y-websocket protocol for stock clients (:mod:`.yws`).
-        self.yws_endpoint = YwsEndpoint(lambda: self.context)
+        self.yws_endpoint = YwsEndpoint(self._services)
         self.router = self._router()
+
+    def _services(self) -> Services | None:
+        """What a connection is given while the relay runs, else None."""
+        return self.context.services if self.context is not None else None
 
     def _router(self) -> APIRouter:
         """The websocket route and the HTTP routes; every HTTP route reads

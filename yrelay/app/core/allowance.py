@@ -16,8 +16,8 @@ with the connection.
 
 from __future__ import annotations
 
-from yrelay.app.context import ServerContext
 from yrelay.app.core.pacing import Pacer
+from yrelay.app.core.services import AllowanceServices
 from yrelay.app.quotas import SharedBucket, SubjectBuckets
 from yrelay.auth import NoAuthenticator, Principal
 from yrelay.protocol import ErrorCode, ProtocolError, Update
@@ -28,26 +28,26 @@ from yrelay.transport.buckets import TokenBucket
 class Allowance:
     """One connection's rates and its share of its subject's quotas."""
 
-    __slots__ = ("_ctx", "_address", "_principal", "_session", "_rate", "_presence_rate", "_subject", "pacer")
+    __slots__ = ("_services", "_address", "_principal", "_session", "_rate", "_presence_rate", "_subject", "pacer")
 
-    def __init__(self, ctx: ServerContext, address: str):
-        self._ctx = ctx
+    def __init__(self, services: AllowanceServices, address: str):
+        self._services = services
         self._address = address
         #: How fast the connection is read (every frame passes it first).
-        self.pacer = Pacer(ctx.settings, ctx.metrics)
+        self.pacer = Pacer(services.settings, services.metrics)
         self._principal: Principal | None = None
         self._session: str | None = None
         #: The session's update rate (shared with its other connections here).
         self._rate: TokenBucket | None = None
         #: Presence updates of this connection, all documents together.
-        self._presence_rate = TokenBucket(ctx.settings.presence_per_second, ctx.settings.presence_burst)
+        self._presence_rate = TokenBucket(services.settings.presence_per_second, services.settings.presence_burst)
         #: The subject's deployment-wide buckets (acquired on first use).
         self._subject: SubjectBuckets | None = None
 
     def open(self, session: str, principal: Principal) -> None:
         """``hello`` was answered: the session's rate applies from now on."""
         self._session, self._principal = session, principal
-        self._rate = self._ctx.limits.sessions.acquire(session)
+        self._rate = self._services.limits.sessions.acquire(session)
         self.pacer.trust()
 
     async def take_update(self, frame: Update) -> None:
@@ -77,7 +77,7 @@ class Allowance:
 
     async def take_awareness(self, doc: str) -> None:
         """One awareness update's tokens, or ``rate_limited``."""
-        settings = self._ctx.settings
+        settings = self._services.settings
         if not self._presence_rate.take():
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,
@@ -97,21 +97,21 @@ class Allowance:
 
     async def open_subscription(self, doc: str) -> None:
         """Count one more live subscription of the subject, or ``too_many_subscriptions``."""
-        if not await self._ctx.limits.subjects.open_subscription(self.subject().subject):
+        if not await self._services.limits.subjects.open_subscription(self.subject().subject):
             raise ProtocolError(
                 ErrorCode.TOO_MANY_SUBSCRIPTIONS,
-                f"at most {self._ctx.settings.max_subscriptions_per_subject} live subscriptions per user, "
+                f"at most {self._services.settings.max_subscriptions_per_subject} live subscriptions per user, "
                 "all connections together; unsubscribe from some",
                 doc=doc,
             )
 
     def close_subscription(self) -> None:
-        self._ctx.limits.subjects.close_subscription(self.subject().subject)
+        self._services.limits.subjects.close_subscription(self.subject().subject)
 
     def subject(self) -> SubjectBuckets:
         """The deployment-wide limits of who is connected (docs/operations.md#limits)."""
         if self._subject is None:
-            self._subject = self._ctx.limits.subjects.acquire(self.subject_id())
+            self._subject = self._services.limits.subjects.acquire(self.subject_id())
         return self._subject
 
     def subject_id(self) -> str:
@@ -120,13 +120,13 @@ class Allowance:
         with auth off the client address as the server sees it (behind a
         ``trusted_proxies`` proxy, its ``X-Forwarded-For``): with no identity
         at all, the address is what stays the same when a client reconnects."""
-        if isinstance(self._ctx.authenticator, NoAuthenticator) or self._principal is None:
+        if isinstance(self._services.authenticator, NoAuthenticator) or self._principal is None:
             return subject_id("addr:" + self._address)
         return subject_id("sub:" + self._principal.subject)
 
     def release(self, subscriptions: int) -> None:
         """The connection ended with ``subscriptions`` live: give everything back."""
-        limits = self._ctx.limits
+        limits = self._services.limits
         if self._rate is not None and self._session is not None:
             limits.sessions.release(self._session)
         if self._subject is not None:

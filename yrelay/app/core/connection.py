@@ -10,8 +10,8 @@ tasks that end with it. What differs per protocol is its codec
 calls :meth:`Connection.write`, :meth:`Connection.subscribe`, ...) and how
 what the core says becomes bytes (:class:`.peer.Peer`). Calls go one way:
 the codec calls the connection, the connection calls the flows
-(:mod:`.write_path`, :mod:`.connection_documents`,
-:mod:`.connection_presence`), and the flows speak to the client only
+(:mod:`.write_path`, :mod:`.documents`,
+:mod:`.presence`), each given only the services it uses (:mod:`.services`), and the flows speak to the client only
 through the codec's :class:`~.peer.Peer` methods.
 
 Every refusal goes to the codec's :meth:`~.peer.Peer.refused`; nothing a
@@ -31,13 +31,13 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
-from yrelay.app.context import ServerContext
 from yrelay.app.core.allowance import Allowance
 from yrelay.app.core.documents import ConnectionDocuments
 from yrelay.app.core.handshake import CLOSE_FORBIDDEN_ORIGIN, CutOff, Handshake, Opened
 from yrelay.app.core.pacing import CLOSE_TOO_MANY_MESSAGES, Flooded
 from yrelay.app.core.peer import Codec
 from yrelay.app.core.presence import ConnectionPresence
+from yrelay.app.core.services import Services
 from yrelay.app.core.write_path import WritePath
 from yrelay.auth import Principal
 from yrelay.auth.host import HostAuthenticator, current_connection
@@ -70,7 +70,7 @@ class Connection:
 
     __slots__ = (
         "websocket",
-        "ctx",
+        "services",
         "state",
         "session",
         "handshake",
@@ -87,19 +87,19 @@ class Connection:
         "documents",
     )
 
-    def __init__(self, websocket: WebSocket, ctx: ServerContext, subprotocol: str):
+    def __init__(self, websocket: WebSocket, services: Services, subprotocol: str):
         self.websocket = websocket
-        self.ctx = ctx
+        self.services = services
         self.state = ConnectionState.AWAITING_HELLO
         self.session: str | None = None
-        self.handshake = Handshake(ctx, websocket.headers, subprotocol)
+        self.handshake = Handshake(services.handshake, websocket.headers, subprotocol)
         self._send_lock = asyncio.Lock()
         self._tasks = TaskSet("yrelay-connection")
         #: When the message being handled arrived (append latency).
         self.received = 0.0
         self._stop_ticking: Callable[[], None] = _nothing
         self.address = websocket.client.host if websocket.client else ""
-        self.allowance = Allowance(ctx, self.address)
+        self.allowance = Allowance(services.allowance, self.address)
         self.pacer = self.allowance.pacer
 
     def speak(self, codec: Codec) -> None:
@@ -107,10 +107,12 @@ class Connection:
         self.codec = codec
         if not codec.hello_first:
             self.state = ConnectionState.OPEN  # authenticated as it opens (Codec.opened)
-        self.presence = ConnectionPresence(self.ctx, self.allowance, codec, self._tasks.spawn)
-        self.writes = WritePath(self.ctx, self.allowance, codec, self.reject, self.spawn)
+        self.presence = ConnectionPresence(
+            self.services.presence, self.services.settings, self.allowance, codec, self._tasks.spawn
+        )
+        self.writes = WritePath(self.services.writes, self.allowance, codec, self.reject, self.spawn)
         self.documents = ConnectionDocuments(
-            self.ctx,
+            self.services.reads,
             self.allowance,
             self.presence,
             codec,
@@ -133,9 +135,9 @@ class Connection:
 
     async def run(self) -> None:
         """Serve the websocket, unless a connection limit refuses it."""
-        if isinstance(self.ctx.authenticator, HostAuthenticator):  # ~0.4 kB per connection: only when read
+        if isinstance(self.services.authenticator, HostAuthenticator):  # ~0.4 kB per connection: only when read
             current_connection.set(self.websocket)  # this connection's task only: for the host's authenticate
-        refusal = self.ctx.limits.open_connection(self.address)
+        refusal = self.services.limits.open_connection(self.address)
         if refusal is not None:
             await self.codec.refuse_connection(refusal)
             return
@@ -144,7 +146,7 @@ class Connection:
             await self._serve()
         finally:
             pygc.CHURN.closed_one()
-            self.ctx.limits.close_connection(self.address)
+            self.services.limits.close_connection(self.address)
             self.allowance.release(len(self.documents))
 
     async def _serve(self) -> None:
@@ -154,7 +156,7 @@ class Connection:
         await self.websocket.accept(subprotocol=self.handshake.subprotocol)
         self.handshake.accepted()
         opened = time.monotonic()
-        self._stop_ticking = self.ctx.ticker.add(self._tick)
+        self._stop_ticking = self.services.ticker.add(self._tick)
         try:
             await self.codec.opened()
             while not self.closed:  # cut off (a tick, a flood): its socket is closing
@@ -181,7 +183,7 @@ class Connection:
             await self.documents.close()
             await self.presence.leave_all()
             if self.session is not None and self.codec.tracked:
-                self.ctx.events.emit(
+                self.services.events.emit(
                     "disconnect",
                     session=self.session,
                     docs=len(self.documents),
@@ -259,11 +261,11 @@ class Connection:
             await self.cut_off(opened)
             return None
         self.open(opened.session, opened.principal)
-        self.ctx.events.emit(
+        self.services.events.emit(
             "connect",
             session=opened.session,
             resumed=opened.resumed,
-            **self.ctx.events.log.subject(opened.principal.subject),
+            **self.services.events.log.subject(opened.principal.subject),
         )
         return opened
 

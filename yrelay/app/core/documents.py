@@ -7,10 +7,10 @@ otherwise). The connection holds one of these and calls it one way.
 
 from __future__ import annotations
 
-from yrelay.app.context import ServerContext
 from yrelay.app.core.allowance import Allowance
 from yrelay.app.core.peer import Peer
 from yrelay.app.core.presence import ConnectionPresence
+from yrelay.app.core.services import ReadServices
 from yrelay.app.core.subscription import Subscription, SubscriptionState
 from yrelay.app.limits import DeliveryBudget
 from yrelay.auth import Principal
@@ -24,11 +24,11 @@ class ConnectionDocuments:
     client through it (:class:`.peer.Peer`). ``tracked`` and
     ``deliver_now`` are the endpoint's policy (:class:`.peer.Codec`)."""
 
-    __slots__ = ("_ctx", "_allowance", "_presence", "_peer", "_tracked", "_deliver_now", "subscriptions", "budget")
+    __slots__ = ("_services", "_allowance", "_presence", "_peer", "_tracked", "_deliver_now", "subscriptions", "budget")
 
     def __init__(
         self,
-        ctx: ServerContext,
+        services: ReadServices,
         allowance: Allowance,
         presence: ConnectionPresence,
         peer: Peer,
@@ -36,7 +36,7 @@ class ConnectionDocuments:
         tracked: bool = True,
         deliver_now: bool = False,
     ):
-        self._ctx = ctx
+        self._services = services
         self._allowance = allowance
         self._presence = presence
         self._peer = peer
@@ -44,7 +44,7 @@ class ConnectionDocuments:
         self._deliver_now = deliver_now
         self.subscriptions: dict[str, Subscription] = {}
         #: Unacked deliveries of all this connection's documents.
-        self.budget = DeliveryBudget(ctx.settings.max_unacked_per_connection)
+        self.budget = DeliveryBudget(services.settings.max_unacked_per_connection)
 
     def __len__(self) -> int:
         return len(self.subscriptions)
@@ -72,17 +72,17 @@ class ConnectionDocuments:
         old = self.subscriptions.pop(doc, None)
         if old is not None:
             await old.close()
-        elif len(self.subscriptions) >= self._ctx.settings.max_docs_per_connection:
+        elif len(self.subscriptions) >= self._services.settings.max_docs_per_connection:
             raise ProtocolError(
                 ErrorCode.MALFORMED_FRAME,
-                f"at most {self._ctx.settings.max_docs_per_connection} documents per connection",
+                f"at most {self._services.settings.max_docs_per_connection} documents per connection",
                 doc=doc,
             )
         else:
             await self._allowance.open_subscription(doc)
         self._presence.join(doc, session)
         subscription = Subscription(
-            self._ctx,
+            self._services,
             doc,
             session,
             self._peer,
@@ -103,7 +103,7 @@ class ConnectionDocuments:
             self._allowance.close_subscription()
         await self._presence.leave(doc)
         if self._tracked:
-            await self._ctx.tracker.untrack(doc, session)
+            await self._services.tracker.untrack(doc, session)
         await self._peer.unsubscribed(doc)
 
     def answered(self, doc: str) -> None:

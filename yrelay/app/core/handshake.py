@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
-from yrelay.app.context import ServerContext
+from yrelay.app.core.services import HandshakeServices
 from yrelay.auth import AuthError, Principal, origin_allowed
 from yrelay.auth.origins import own_origins
 from yrelay.observability import logs
@@ -64,10 +64,10 @@ class Opened:
 class Handshake:
     """One connection's handshake and the later checks of its token."""
 
-    __slots__ = ("_ctx", "_headers", "subprotocol", "_token", "_hello_by", "principal")
+    __slots__ = ("_services", "_headers", "subprotocol", "_token", "_hello_by", "principal")
 
-    def __init__(self, ctx: ServerContext, headers: Headers, subprotocol: str = SUBPROTOCOL):
-        self._ctx = ctx
+    def __init__(self, services: HandshakeServices, headers: Headers, subprotocol: str = SUBPROTOCOL):
+        self._services = services
         self._headers = headers
         offered = offered_subprotocols(headers)
         #: What the upgrade answers with (None: the client did not offer it).
@@ -78,7 +78,7 @@ class Handshake:
 
     def origin_refused(self) -> bool:
         """A browser page from another site may not open the socket (logged)."""
-        settings, origin = self._ctx.settings, self._headers.get("origin")
+        settings, origin = self._services.settings, self._headers.get("origin")
         own = own_origins(settings.public_url, settings.host, settings.port)
         if origin_allowed(origin, own, settings.allowed_origins):
             return False
@@ -92,11 +92,11 @@ class Handshake:
 
     def accepted(self) -> None:
         """The socket is open: the ``hello`` deadline starts."""
-        self._hello_by = time.monotonic() + self._ctx.settings.hello_timeout
+        self._hello_by = time.monotonic() + self._services.settings.hello_timeout
 
     def hello_overdue(self) -> CutOff | None:
         """No ``hello`` yet, past ``hello_timeout`` (0: no deadline)."""
-        timeout = self._ctx.settings.hello_timeout
+        timeout = self._services.settings.hello_timeout
         if timeout > 0 and time.monotonic() >= self._hello_by:
             return CutOff(f"no 'hello' within {timeout:g} s", ErrorCode.HANDSHAKE_REQUIRED, CLOSE_HELLO_TIMEOUT)
         return None
@@ -104,22 +104,22 @@ class Handshake:
     async def hello(self, session: str | None, token: str | None) -> Opened | CutOff:
         """Authenticate a ``hello`` and open its session (``session``: the one
         the client resumes, if any); a bad token ends the connection."""
-        ctx = self._ctx
+        services = self._services
         principal = await self.authenticate(token)
         if isinstance(principal, CutOff):
             return principal
-        session, resumed = await ctx.sessions.open(session, owner=principal.subject)
+        session, resumed = await services.sessions.open(session, owner=principal.subject)
         logs.session.set(session)  # the connection's context: every later line and task carries it
         return Opened(principal, session, resumed)
 
     async def authenticate(self, token: str | None) -> Principal | CutOff:
         """Who ``token`` (else the subprotocol's) is, unless it is invalid or revoked."""
-        ctx = self._ctx
+        services = self._services
         try:
-            principal = await ctx.authenticator.authenticate(token or self._token, self._headers)
+            principal = await services.authenticator.authenticate(token or self._token, self._headers)
         except AuthError as exc:
             return CutOff(str(exc))
-        if ctx.revocations.is_revoked(principal.token_id):
+        if services.revocations.is_revoked(principal.token_id):
             return CutOff("the token was revoked")
         self.principal = principal
         return principal
@@ -131,9 +131,12 @@ class Handshake:
         principal = self.principal
         if principal is None:
             return None
-        if principal.expires_at is not None and time.time() > principal.expires_at + self._ctx.settings.auth_leeway:
+        if (
+            principal.expires_at is not None
+            and time.time() > principal.expires_at + self._services.settings.auth_leeway
+        ):
             return CutOff("the token has expired")
-        if self._ctx.revocations.is_revoked(principal.token_id):
+        if self._services.revocations.is_revoked(principal.token_id):
             return CutOff("the token was revoked")
         return None
 

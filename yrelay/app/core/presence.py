@@ -1,5 +1,5 @@
 """One connection's presence: a member of the process's relay
-(:mod:`.presence`) per subscribed document, and the awareness updates it
+(:mod:`yrelay.app.presence`) per subscribed document, and the awareness updates it
 sends. Presence is never stored in a document's stream; an update over a
 limit (rates, ``max_awareness_bytes``, clientIDs per connection, clientIDs
 another subject owns) is an ``error`` frame and nothing is stored or relayed.
@@ -12,10 +12,10 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
-from yrelay.app.context import ServerContext
 from yrelay.app.core.allowance import Allowance
 from yrelay.app.core.peer import Peer
-from yrelay.app.presence import Member, NotOwner, PresenceFull
+from yrelay.app.presence import Member, NotOwner, Presence, PresenceFull
+from yrelay.config import Settings
 from yrelay.protocol import ErrorCode, ProtocolError
 from yrelay.yjs import awareness
 
@@ -26,10 +26,11 @@ class ConnectionPresence:
     """``peer`` is told the others' states; ``spawn`` runs a greeting as a
     task the connection cancels when it closes."""
 
-    __slots__ = ("_ctx", "_allowance", "_peer", "_spawn", "members", "_greeting")
+    __slots__ = ("_relay", "_settings", "_allowance", "_peer", "_spawn", "members", "_greeting")
 
-    def __init__(self, ctx: ServerContext, allowance: Allowance, peer: Peer, spawn: Spawn):
-        self._ctx = ctx
+    def __init__(self, relay: Presence, settings: Settings, allowance: Allowance, peer: Peer, spawn: Spawn):
+        self._relay = relay
+        self._settings = settings
         self._allowance = allowance
         self._peer = peer
         self._spawn = spawn
@@ -46,7 +47,7 @@ class ConnectionPresence:
         after a server restart, a new session, gets its clientID back."""
         member = self.members.get(doc)
         if member is None:
-            self.members[doc] = self._ctx.presence.join(
+            self.members[doc] = self._relay.join(
                 doc, session, partial(self._peer.presence, doc), self._allowance.subject_id()
             )
         else:
@@ -71,22 +72,22 @@ class ConnectionPresence:
     async def greet(self, member: Member) -> None:
         """Send ``member`` the others' states; their bytes count as an answer
         of the connection (:meth:`.allowance.Allowance.answered`)."""
-        self._allowance.answered(await self._ctx.presence.greet(member))
+        self._allowance.answered(await self._relay.greet(member))
 
     async def leave(self, doc: str) -> None:
         member = self.members.pop(doc, None)
         if member is not None:
-            await self._ctx.presence.leave(member)
+            await self._relay.leave(member)
 
     async def leave_all(self) -> None:
         """The connection closed: its clientIDs are removed for the others."""
         for member in list(self.members.values()):
-            await self._ctx.presence.leave(member)
+            await self._relay.leave(member)
 
     async def receive(self, doc: str, data: bytes) -> None:
         """Relay the awareness update ``data`` of a subscribed document,
         within the rates and ``max_awareness_bytes``."""
-        settings = self._ctx.settings
+        settings = self._settings
         await self._allowance.take_awareness(doc)
         if len(data) > settings.max_awareness_bytes:
             raise ProtocolError(
@@ -104,7 +105,7 @@ class ConnectionPresence:
                 doc=doc,
             )
         try:
-            await self._ctx.presence.update(member, entries)
+            await self._relay.update(member, entries)
         except NotOwner as exc:
             raise ProtocolError(ErrorCode.AWARENESS_NOT_OWNER, str(exc), doc=doc) from None
         except PresenceFull as exc:

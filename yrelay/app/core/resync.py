@@ -21,7 +21,7 @@ from yrelay.storage.reads import Entry, Snapshot, held_offset
 from yrelay.yjs.engine_pool import precheck_state_vector
 
 if TYPE_CHECKING:
-    from yrelay.app.context import ServerContext
+    from yrelay.app.core.services import ReadServices
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Resume:
 
 
 async def resume_point(
-    ctx: ServerContext, doc: str, session: str, requested: StreamId, claimed: WindowDigest | None, last: StreamId
+    services: ReadServices, doc: str, session: str, requested: StreamId, claimed: WindowDigest | None, last: StreamId
 ) -> Resume | ResyncReason:
     """Where a client that holds ``requested`` (with the drift digest
     ``claimed`` over its window) continues, given the document's ``last``
@@ -52,11 +52,11 @@ async def resume_point(
     claimed_end = claimed.end if claimed else requested
     if max(requested, claimed_end) > last:  # the client holds entries the server lost
         return ResyncReason.AHEAD
-    if requested < await ctx.store.trimmed_through(doc):
+    if requested < await services.store.trimmed_through(doc):
         return ResyncReason.TRIMMED
     if claimed is None:  # a client that keeps no digest
         return Resume(requested)
-    window = await ctx.digests.window(doc, claimed.since, requested, claimed.through, session)
+    window = await services.digests.window(doc, claimed.since, requested, claimed.through, session)
     if window is None or (window.since == claimed.since and window.digest != claimed.digest):
         log.warning("document %s session %s: drift detected (client %s, server %s)", doc, session, claimed, window)
         return ResyncReason.DRIFT
@@ -73,7 +73,7 @@ class SyncAnswer:
     state_vector: bytes
 
 
-async def answer_sync(ctx: ServerContext, doc: str, session: str, state_vector: bytes) -> SyncAnswer:
+async def answer_sync(services: ReadServices, doc: str, session: str, state_vector: bytes) -> SyncAnswer:
     """The server's side of the two-way state-vector exchange; the session
     is tracked at the answer's offset. Raises :class:`crdt.InvalidUpdate`
     for a bad state vector, :class:`.engine_pool.EngineFailed` when the
@@ -83,35 +83,35 @@ async def answer_sync(ctx: ServerContext, doc: str, session: str, state_vector: 
     engine sees it, here when it is small; the answer is computed in an
     engine worker (:mod:`.engine_pool`), so neither a hostile vector nor a
     costly document can crash or stall this process."""
-    answer = await sync_answer(ctx, doc, state_vector)
-    await ctx.tracker.track(doc, session, answer.offset)
+    answer = await sync_answer(services, doc, state_vector)
+    await services.tracker.track(doc, session, answer.offset)
     return answer
 
 
-async def sync_answer(ctx: ServerContext, doc: str, state_vector: bytes) -> SyncAnswer:
+async def sync_answer(services: ReadServices, doc: str, state_vector: bytes) -> SyncAnswer:
     """:func:`answer_sync` without tracking anyone (``/yws`` connections
     never pin a stream); an answer computed from the same entries is served
     again instead of computed in an engine worker (:mod:`.answer_cache`)."""
     precheck_state_vector(state_vector)
-    snapshot, entries = await _read_again_if_lost(ctx, doc)
+    snapshot, entries = await _read_again_if_lost(services, doc)
     folded = str(entries[-1].id if entries else snapshot.offset)  # what the answer is computed from
-    cached: SyncAnswer | None = ctx.answers.get(doc, state_vector, folded)
+    cached: SyncAnswer | None = services.answers.get(doc, state_vector, folded)
     if cached is not None:  # the same entries and state vector: the engine's diff would be the same
         return cached
-    answer = await ctx.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])
+    answer = await services.engine.sync_answer(state_vector, snapshot.update, [entry.update for entry in entries])
     result = SyncAnswer(held_offset(snapshot, entries, answer.held), answer.diff, answer.state_vector)
-    ctx.answers.put(doc, state_vector, folded, result, len(result.diff) + len(result.state_vector))
+    services.answers.put(doc, state_vector, folded, result, len(result.diff) + len(result.state_vector))
     return result
 
 
-async def _read_again_if_lost(ctx: ServerContext, doc: str) -> tuple[Snapshot, list[Entry]]:
+async def _read_again_if_lost(services: ReadServices, doc: str) -> tuple[Snapshot, list[Entry]]:
     """The document's snapshot and entries. A read is all it is, so one that
     met a connection Redis closed (the pool's connections after a Redis
     restart fail once each) is made again, up to ``READ_ATTEMPTS`` times,
     rather than closing the client's connection for it."""
     for attempt in range(READ_ATTEMPTS):
         try:
-            return await ctx.store.load_entries(doc, ctx.settings.page_size)
+            return await services.store.load_entries(doc, services.settings.page_size)
         except redis.exceptions.ConnectionError:
             if attempt == READ_ATTEMPTS - 1:
                 raise

@@ -25,7 +25,7 @@ from yrelay.storage.reads import Entry
 from yrelay.storage.tombstones import DocumentDeleted, is_deletion
 
 if TYPE_CHECKING:
-    from yrelay.app.context import ServerContext
+    from yrelay.app.core.services import ReadServices
 
 MAX_PENDING_BATCHES = 64
 
@@ -81,7 +81,7 @@ class Sender:
     deliveries are acked, and logged (event ``deliver``)."""
 
     __slots__ = (
-        "ctx",
+        "services",
         "doc",
         "session",
         "peer",
@@ -96,7 +96,7 @@ class Sender:
 
     def __init__(
         self,
-        ctx: ServerContext,
+        services: ReadServices,
         doc: str,
         session: str,
         peer: Peer,
@@ -104,7 +104,7 @@ class Sender:
         booking: Booking,
         tracked: bool = True,
     ):
-        self.ctx = ctx
+        self.services = services
         self.doc = doc
         self.session = session
         self.peer = peer
@@ -117,9 +117,9 @@ class Sender:
         #: to here too (written before this subscribe, e.g. by an earlier
         #: binding of the document); past it, never its own.
         self.own_visible_through = StreamId(0, 0)
-        self.pending = PendingBatches(ctx.settings.max_pending_bytes)
+        self.pending = PendingBatches(services.settings.max_pending_bytes)
         #: Entries per catch-up read: grows while entries are small.
-        self._page_count = sizing.first_count(ctx.settings.page_size, ctx.settings.max_page_bytes)
+        self._page_count = sizing.first_count(services.settings.page_size, services.settings.max_page_bytes)
 
     def restart(self, offset: StreamId) -> None:
         """Send from ``offset`` on; batches already queued are read again."""
@@ -128,22 +128,22 @@ class Sender:
 
     def head(self) -> StreamId:
         """The last id this process knows for the document (for lag figures)."""
-        return self.ctx.fanout.cursor(self.doc) or self.cursor
+        return self.services.fanout.cursor(self.doc) or self.cursor
 
     def has_work(self) -> bool:
         """Batches wait, or the fan-out has read past the cursor: what a paused
         window resumes once acked (a resend comes from the periodic check)."""
         if self.pending:
             return True
-        target = self.ctx.fanout.cursor(self.doc)
+        target = self.services.fanout.cursor(self.doc)
         return target is not None and self.cursor < target
 
     async def send_more(self, wake: Callable[[], None]) -> bool:
         """Send one batch or page; False when there is nothing to send now
         (``wake`` is called when the connection's budget has room again)."""
-        if self.window.resend_due(self.ctx.settings.resend_after):
+        if self.window.resend_due(self.services.settings.resend_after):
             self.rewind()
-        if self.window.paused(self.ctx.settings.max_unacked_entries, wake):
+        if self.window.paused(self.services.settings.max_unacked_entries, wake):
             return False  # an ack wakes us
         if self.pending:
             batch = self.pending.popleft()
@@ -154,14 +154,16 @@ class Sender:
                 return await self._send_page(until=batch.after)
             await self._send_entries([entry for entry in batch.entries if entry.id > self.cursor], batch)
             return True
-        target = self.ctx.fanout.cursor(self.doc)
+        target = self.services.fanout.cursor(self.doc)
         if target is not None and self.cursor < target:
             return await self._send_page(until=target)
         return False
 
     def rewind(self) -> None:
         """Send again everything after the client's ack, read from the stream."""
-        self.ctx.events.emit("resend", self.doc, self.session, offset=str(self.window.acked), entries=len(self.window))
+        self.services.events.emit(
+            "resend", self.doc, self.session, offset=str(self.window.acked), entries=len(self.window)
+        )
         self.restart(self.window.rewind())
 
     async def _send_page(self, until: StreamId) -> bool:
@@ -169,9 +171,9 @@ class Sender:
         # sync answer's, read ahead of the fan-out): the read checks it is
         # still there (StreamRewound), as the fan-out's check after a
         # failover may never have seen it.
-        page = await self.ctx.store.read_page(self.doc, self.cursor, self._page_count, held=not self._tracked)
+        page = await self.services.store.read_page(self.doc, self.cursor, self._page_count, held=not self._tracked)
         self._page_count = sizing.next_count(
-            self._page_count, page, self.ctx.settings.page_size, self.ctx.settings.max_page_bytes
+            self._page_count, page, self.services.settings.page_size, self.services.settings.max_page_bytes
         )
         page = [entry for entry in page if entry.id <= until]
         if not page:
@@ -187,7 +189,7 @@ class Sender:
         visible = self._visible(entries)
         if visible:
             filtered = len(visible) < len(entries)
-            for frame in frames(visible, self.ctx.settings.max_page_bytes):
+            for frame in frames(visible, self.services.settings.max_page_bytes):
                 self._booking.book_delivery(
                     await self.peer.deliver(self.doc, frame, self._frame_key(frame, filtered), batch)
                 )
@@ -201,7 +203,7 @@ class Sender:
         resend is due, the entries fit one frame and hold no deletion
         marker, and the codec can write them now
         (:meth:`.peer.Peer.deliver_now`). False: nothing was done, queue it."""
-        settings = self.ctx.settings
+        settings = self.services.settings
         if (
             self.pending
             or not batch.after <= self.cursor < batch.last
@@ -233,7 +235,7 @@ class Sender:
         if not self._tracked:
             return  # nothing is acked, nothing held for it
         if visible:
-            self.ctx.events.emit(
+            self.services.events.emit(
                 "deliver",
                 self.doc,
                 self.session,

@@ -46,7 +46,7 @@ from yrelay.yjs import crdt
 from yrelay.yjs.engine_pool import EngineFailed
 
 if TYPE_CHECKING:
-    from yrelay.app.context import ServerContext
+    from yrelay.app.core.services import ReadServices
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Subscription:
     state vector (:meth:`request_sync`) before it sends anything."""
 
     __slots__ = (
-        "ctx",
+        "services",
         "doc",
         "session",
         "_peer",
@@ -117,7 +117,7 @@ class Subscription:
 
     def __init__(
         self,
-        ctx: ServerContext,
+        services: ReadServices,
         doc: str,
         session: str,
         peer: Peer,
@@ -129,7 +129,7 @@ class Subscription:
         tracked: bool = True,
         deliver_now: bool = False,
     ):
-        self.ctx = ctx
+        self.services = services
         self.doc = doc
         self.session = session
         self._peer = peer
@@ -140,8 +140,8 @@ class Subscription:
         self._claimed = claimed
         self.state = SubscriptionState.STARTING
         #: Shared with the connection's other subscriptions (unacked entries).
-        self._window = AckWindow(doc, session, ctx.ack_writer, budget or DeliveryBudget(0))
-        self._sender = Sender(ctx, doc, session, peer, self._window, self, tracked)
+        self._window = AckWindow(doc, session, services.ack_writer, budget or DeliveryBudget(0))
+        self._sender = Sender(services, doc, session, peer, self._window, self, tracked)
         #: The document's last id when the subscribe was answered: once the
         #: cursor reaches it, the client holds the server's state (``synced``).
         self._synced_at: StreamId | None = None
@@ -182,7 +182,7 @@ class Subscription:
         if self.state is not SubscriptionState.CLOSED:
             self._move(SubscriptionState.CLOSED)
         await self._pump.stop()
-        self.ctx.fanout.unregister(self)
+        self.services.fanout.unregister(self)
         self._window.close()
 
     @property
@@ -265,7 +265,7 @@ class Subscription:
     def on_ack(self, offset: StreamId) -> None:
         """The client holds everything up to ``offset``."""
         offset = min(offset, self.cursor)  # it cannot hold what was never sent
-        self.ctx.events.emit("ack", self.doc, self.session, offset=str(offset), head=str(self._sender.head()))
+        self.services.events.emit("ack", self.doc, self.session, offset=str(offset), head=str(self._sender.head()))
         self._window.ack(offset, self.cursor)
         if self._sender.has_work():  # an ack only matters to a pump that waits for it
             self._wake.set()
@@ -277,7 +277,7 @@ class Subscription:
     def check_resend(self) -> None:
         """Called periodically: resend when the document went quiet; a pump
         parked through a whole period without work ends."""
-        if self.state is SubscriptionState.LIVE and self._window.resend_due(self.ctx.settings.resend_after):
+        if self.state is SubscriptionState.LIVE and self._window.resend_due(self.services.settings.resend_after):
             self._wake.set()
         self._wake.release_if_quiet()
 
@@ -303,7 +303,7 @@ class Subscription:
             self._wake.clear()
             try:
                 if self.state is SubscriptionState.STARTING:  # retried like any step while Redis is away
-                    await self.ctx.fanout.register(self)
+                    await self.services.fanout.register(self)
                     await self._start()
                 else:
                     await self._step()
@@ -343,21 +343,21 @@ class Subscription:
                 self._wake.set()
             return
         if self._requested is None:
-            self._sender.own_visible_through = self._synced_at = await self.ctx.store.last_id(self.doc)
-            snapshot = await self.ctx.store.load_snapshot(self.doc)
+            self._sender.own_visible_through = self._synced_at = await self.services.store.last_id(self.doc)
+            snapshot = await self.services.store.load_snapshot(self.doc)
             await self._go_live(Resume(snapshot.offset, WindowDigest(snapshot.offset, snapshot.offset, Digest())))
             if snapshot.update:
                 self._owner.booked(await self._peer.snapshot(self.doc, snapshot.offset, snapshot.update))
             return
-        last = self._synced_at = await self.ctx.store.last_id(self.doc)
-        point = await resume_point(self.ctx, self.doc, self.session, self._requested, self._claimed, last)
+        last = self._synced_at = await self.services.store.last_id(self.doc)
+        point = await resume_point(self.services, self.doc, self.session, self._requested, self._claimed, last)
         if isinstance(point, Resume):
             await self._go_live(point)
         else:
             await self._require_resync(point)
 
     async def _go_live(self, point: Resume) -> None:
-        await self.ctx.tracker.track(self.doc, self.session, point.offset)
+        await self.services.tracker.track(self.doc, self.session, point.offset)
         self._sender.cursor = point.offset
         self._window.restart(point.offset)
         self._move(SubscriptionState.LIVE)
@@ -389,7 +389,7 @@ class Subscription:
     async def _require_resync(self, reason: ResyncReason) -> None:
         log.info("resync required: %s", reason.value)
         if self.tracked:
-            self.ctx.events.emit(
+            self.services.events.emit(
                 "resync",
                 self.doc,
                 self.session,
@@ -446,14 +446,14 @@ class Subscription:
         holds none of it: a fresh answer from the stream as it is now is all
         it takes."""
         for _ in range(READ_ATTEMPTS):
-            failures = self.ctx.fanout.failures
+            failures = self.services.fanout.failures
             answer = await (
-                answer_sync(self.ctx, self.doc, self.session, state_vector)
+                answer_sync(self.services, self.doc, self.session, state_vector)
                 if self.tracked
-                else sync_answer(self.ctx, self.doc, state_vector)
+                else sync_answer(self.services, self.doc, state_vector)
             )
-            if failures == self.ctx.fanout.failures or not await find_rewound(
-                self.ctx.store.redis, {self.doc: [answer.offset]}
+            if failures == self.services.fanout.failures or not await find_rewound(
+                self.services.store.redis, {self.doc: [answer.offset]}
             ):
                 return answer
             log.warning(
@@ -471,7 +471,7 @@ class Subscription:
         """The document was deleted (its marker was read): say so, end the
         subscription (from inside its own pump: close only forgets the task)."""
         if self.tracked:
-            self.ctx.events.emit("deleted", self.doc, self.session)
+            self.services.events.emit("deleted", self.doc, self.session)
         await self._error(ErrorCode.DOCUMENT_DELETED, "the document was deleted; subscribe again for a new, empty one")
         await self.close()
         await self._owner.deleted(self.doc)

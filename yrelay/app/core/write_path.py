@@ -27,9 +27,9 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from yrelay.app.context import ServerContext
 from yrelay.app.core.allowance import Allowance
 from yrelay.app.core.peer import Peer
+from yrelay.app.core.services import WriteServices
 from yrelay.app.core.update_parts import Reject, UpdateParts
 from yrelay.app.inflight import InflightUpdates
 from yrelay.protocol import ErrorCode, ProtocolError, Update
@@ -57,21 +57,23 @@ class WritePath:
     refuses an update in parts, ``spawn`` runs a task the connection
     cancels when it closes."""
 
-    __slots__ = ("ctx", "_allowance", "_peer", "_spawn", "_inflight", "_turn", "_parts", "session")
+    __slots__ = ("_services", "_allowance", "_peer", "_spawn", "_inflight", "_turn", "_parts", "session")
 
-    def __init__(self, ctx: ServerContext, allowance: Allowance, peer: Peer, reject: Reject, spawn: Spawn):
-        self.ctx = ctx
+    def __init__(self, services: WriteServices, allowance: Allowance, peer: Peer, reject: Reject, spawn: Spawn):
+        self._services = services
         self._allowance = allowance
         self._peer = peer
         self._spawn = spawn
         self._inflight = InflightUpdates(
-            ctx.settings.max_inflight_appends, ctx.settings.max_inflight_bytes_per_connection, ctx.inflight_bytes
+            services.settings.max_inflight_appends,
+            services.settings.max_inflight_bytes_per_connection,
+            services.inflight_bytes,
         )
         #: Resolved once the last update received was submitted or rejected:
         #: updates are validated concurrently but appended in arrival order.
         self._turn: asyncio.Future[None] | None = None
         #: An update larger than a frame, arriving in parts.
-        self._parts = UpdateParts(ctx.settings.max_update_bytes, reject)
+        self._parts = UpdateParts(services.settings.max_update_bytes, reject)
         #: Whose updates these are (set once ``hello`` opened the session).
         self.session: str | None = None
 
@@ -88,7 +90,7 @@ class WritePath:
         if self._parts.ignored(frame):  # the rest of a refused update's parts
             return
         await self._allowance.take_update(frame)  # not stored; the client resends after retry_after_ms
-        limit = self.ctx.settings.max_update_bytes
+        limit = self._services.settings.max_update_bytes
         if len(update) > limit:
             raise ProtocolError.about(frame, ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {limit} bytes")
         whole = await self._parts.feed(frame, update)  # None until the last part of an update in parts
@@ -105,7 +107,7 @@ class WritePath:
         try:
             if isinstance(reading, Exception):
                 raise reading
-            verdict = self.ctx.validator.submit(
+            verdict = self._services.validator.submit(
                 reading.update if reading is not None else update,
                 layout_checked=reading is not None,
                 layout=reading.layout if reading is not None else None,
@@ -142,7 +144,7 @@ class WritePath:
                 await previous
             if error is None:
                 assert not isinstance(reading, Exception)
-                future = self.ctx.appender.submit(
+                future = self._services.appender.submit(
                     frame.doc,
                     self.session,
                     frame.clock,
@@ -179,7 +181,7 @@ class WritePath:
                 "not stored: the document lacks content this update builds on; send earlier updates first",
                 missing=refused.lacking,
             )
-            self.ctx.events.emit(
+            self._services.events.emit(
                 "refuse",
                 frame.doc,
                 self.session,
@@ -205,8 +207,8 @@ class WritePath:
         await _answer(self._peer.appended(frame.doc, frame.clock, entry_id, duplicate, result.dropped))
         if entry_id is None:
             return
-        self.ctx.metrics.appended(time.perf_counter() - received)
-        self.ctx.events.emit(
+        self._services.metrics.appended(time.perf_counter() - received)
+        self._services.events.emit(
             "append", frame.doc, self.session, offset=entry_id, clock=frame.clock, bytes=size, duplicate=duplicate
         )
 

@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from yrelay import protocol
-from yrelay.app.context import ServerContext
 from yrelay.app.core.connection import Connection
 from yrelay.app.core.handshake import SUBPROTOCOL, CutOff, Opened
 from yrelay.app.core.peer import FrameKey
+from yrelay.app.core.services import Services
 from yrelay.app.fanout import Batch
 from yrelay.app.limits import Refusal
 from yrelay.app.wire import subscription_set
@@ -61,7 +61,7 @@ class JsonCodec:
     """One ``/ws`` connection's frames; ``write_prepared``: the server's
     writer of prepared frames for it (None: every frame goes the ASGI way)."""
 
-    __slots__ = ("connection", "ctx", "_write_prepared", "writes_now")
+    __slots__ = ("connection", "services", "_write_prepared", "writes_now")
 
     subprotocol = SUBPROTOCOL
     tracked = True
@@ -69,7 +69,7 @@ class JsonCodec:
 
     def __init__(self, connection: Connection, write_prepared: WritePrepared | None = None):
         self.connection = connection
-        self.ctx = connection.ctx
+        self.services = connection.services
         self._write_prepared = write_prepared
         self.writes_now = write_prepared is not None
 
@@ -82,7 +82,7 @@ class JsonCodec:
         text = message.get("text")
         if text is None:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frames are JSON text, not binary")
-        limit = self.ctx.settings.max_frame_bytes
+        limit = self.services.settings.max_frame_bytes
         if len(text) > limit:
             doc, clock = frame_identity(text)  # bounded by ws_max_size; names the refused update
             raise ProtocolError(
@@ -103,7 +103,7 @@ class JsonCodec:
         if not isinstance(frame, Hello):
             self._session()
         if isinstance(frame, Update):
-            limit = self.ctx.settings.max_update_bytes
+            limit = self.services.settings.max_update_bytes
             await connection.write(
                 frame, decode_limited(frame.update, limit, ErrorCode.UPDATE_TOO_LARGE, frame.doc, frame.clock)
             )
@@ -117,7 +117,7 @@ class JsonCodec:
                 )
             opened = await connection.hello(frame.session, frame.token)
             if opened is not None:
-                await self._send(welcome(self.ctx, opened))
+                await self._send(welcome(self.services, opened))
         elif isinstance(frame, Subscribe):
             await connection.allowance.take_answer()  # its snapshot and catch-up are booked as they are sent
             requested = StreamId.parse(frame.offset) if frame.offset is not None else None
@@ -128,17 +128,19 @@ class JsonCodec:
             await connection.sync(frame.doc, decode_b64(frame.state_vector, frame.doc, None))
         elif isinstance(frame, CheckSubscriptions):
             await connection.pacer.control()
-            await self._send(await subscription_set.check(self.ctx, self._session(), frame))
+            await self._send(await subscription_set.check(self.services.reads.tracker, self._session(), frame))
         elif isinstance(frame, Reconcile):
             await connection.allowance.take_answer()
-            answer = protocol.encode(await subscription_set.reconcile(self.ctx, self._session(), frame))
+            answer = protocol.encode(
+                await subscription_set.reconcile(self.services.reads.tracker, self._session(), frame)
+            )
             connection.allowance.answered(len(answer))
             await connection.send(answer)
         elif isinstance(frame, Ping):
             await connection.pacer.control()
             await self._send(protocol.pong())
         elif isinstance(frame, Awareness):
-            settings = self.ctx.settings
+            settings = self.services.settings
             await connection.awareness(
                 frame.doc,
                 decode_limited(
@@ -174,7 +176,7 @@ class JsonCodec:
         await self.refused(ProtocolError(cut.code, cut.reason, retry_after_ms=cut.retry_after_ms))
 
     async def refused(self, error: ProtocolError) -> None:
-        self.ctx.metrics.rejected(error.code.value)
+        self.services.metrics.rejected(error.code.value)
         await self._send(protocol.error(error))
 
     async def subscribed(self, doc: str, offset: StreamId, window: WindowDigest | None) -> None:
@@ -192,7 +194,7 @@ class JsonCodec:
 
     async def _send_parts(self, data: bytes, frame: Callable[[bytes, int, int], dict[str, Any]]) -> int:
         """``data`` in frames of at most ``chunk_bytes`` each; the base64 bytes sent."""
-        parts = protocol.chunks(data, self.ctx.settings.chunk_bytes)
+        parts = protocol.chunks(data, self.services.settings.chunk_bytes)
         sent = 0
         for index, part in enumerate(parts):
             built = frame(part, index, len(parts))
@@ -251,14 +253,14 @@ class JsonCodec:
         return text
 
 
-def welcome(ctx: ServerContext, opened: Opened) -> dict[str, Any]:
+def welcome(services: Services, opened: Opened) -> dict[str, Any]:
     """The answer to ``hello``: the session, the limits, who authenticated."""
     auth = {
-        "mode": _auth_mode(ctx.authenticator),
+        "mode": _auth_mode(services.authenticator),
         "subject": opened.principal.subject,
         "permission": opened.principal.permission.value,
     }
-    return protocol.welcome(opened.session, opened.resumed, ctx.settings.client_limits(), auth)
+    return protocol.welcome(opened.session, opened.resumed, services.settings.client_limits(), auth)
 
 
 def _auth_mode(authenticator: Authenticator) -> str:

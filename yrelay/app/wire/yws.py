@@ -104,7 +104,7 @@ _RESYNCS = {
 class YwsCodec:
     """One y-websocket client on one document (the room of its URL)."""
 
-    __slots__ = ("connection", "ctx", "unnamed", "doc", "_token", "_held", "_clock", "_last_sent")
+    __slots__ = ("connection", "services", "unnamed", "doc", "_token", "_held", "_clock", "_last_sent")
 
     subprotocol = YWS_SUBPROTOCOL
     tracked = False
@@ -113,7 +113,7 @@ class YwsCodec:
 
     def __init__(self, connection: Connection, room: str, token: str | None):
         self.connection = connection
-        self.ctx = connection.ctx
+        self.services = connection.services
         #: Why no document id can name the room (then ``doc`` is empty and nothing is served).
         self.unnamed: str | None = None
         try:
@@ -171,7 +171,7 @@ class YwsCodec:
     async def _keep_alive(self) -> None:
         with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected, RuntimeError, OSError):
             while True:
-                await asyncio.sleep(self.ctx.settings.yws_echo_after)
+                await asyncio.sleep(self.services.settings.yws_echo_after)
                 await self._send(EMPTY_AWARENESS)
 
     async def receive(self, message: Mapping[str, Any]) -> None:
@@ -182,8 +182,8 @@ class YwsCodec:
         if data is None:
             await connection.close(CLOSE_UNSUPPORTED_DATA, "y-websocket messages are binary")
             return
-        if len(data) > self.ctx.settings.max_update_bytes + MESSAGE_OVERHEAD:
-            await connection.close(CLOSE_TOO_BIG, f"message exceeds {self.ctx.settings.max_update_bytes} bytes")
+        if len(data) > self.services.settings.max_update_bytes + MESSAGE_OVERHEAD:
+            await connection.close(CLOSE_TOO_BIG, f"message exceeds {self.services.settings.max_update_bytes} bytes")
             return
         try:
             parsed = yprotocol.decode(data)
@@ -222,7 +222,7 @@ class YwsCodec:
         except ProtocolError as error:
             log.debug("awareness update dropped: %s", error.message)
             return
-        if asyncio.get_running_loop().time() - self._last_sent >= self.ctx.settings.yws_echo_after:
+        if asyncio.get_running_loop().time() - self._last_sent >= self.services.settings.yws_echo_after:
             await self._send(yprotocol.awareness(update))  # keeps a lone client's socket alive (y-websocket's way)
 
     # ------------------------------------------------------------ outbound
@@ -247,7 +247,7 @@ class YwsCodec:
         """A read-only token's update: permission denied (the socket stays);
         an update not stored: close (the reconnect sync sends it again);
         whatever ends the document's deliveries: close with its code."""
-        self.ctx.metrics.rejected(error.code.value)
+        self.services.metrics.rejected(error.code.value)
         if error.code is ErrorCode.FORBIDDEN:
             await self._send(yprotocol.permission_denied(error.message))
             return

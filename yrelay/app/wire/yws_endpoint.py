@@ -13,8 +13,8 @@ from starlette._utils import get_route_path  # Starlette's own (routing re-expor
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from yrelay.app.context import ServerContext
 from yrelay.app.core.connection import CLOSE_TRY_AGAIN, Connection
+from yrelay.app.core.services import Services
 from yrelay.app.wire.yws import YWS_SUBPROTOCOL, YwsCodec
 
 #: Where the endpoint is, relative to the relay's root: ``/yws/<doc>``.
@@ -72,19 +72,19 @@ def _undecodable_left_out(scope: Scope, room: str) -> str:
 
 class YwsEndpoint:
     """The endpoint as a raw ASGI app (as :class:`~.ws_endpoint.SyncEndpoint`);
-    ``context`` returns the running relay's parts, or None."""
+    ``services`` returns what the running relay gives a connection, or None."""
 
-    def __init__(self, context: Callable[[], ServerContext | None]):
-        self._context = context
+    def __init__(self, services: Callable[[], Services | None]):
+        self._services = services
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         token = take_token(scope)  # first: nothing may log the URL with it
         websocket = WebSocket(scope, receive, send)
-        ctx = self._context()
-        if ctx is None:
+        services = self._services()
+        if services is None:
             await websocket.close(CLOSE_TRY_AGAIN)
             return
-        connection = Connection(websocket, ctx, YWS_SUBPROTOCOL)
+        connection = Connection(websocket, services, YWS_SUBPROTOCOL)
         connection.speak(YwsCodec(connection, yws_doc(scope) or "", token))
         await connection.run()
 
