@@ -1,6 +1,7 @@
 """A subscription's answers about where the client stands: where a
 resubscribing client resumes (or why it must resync), and the two-way
-state-vector exchange that brings a client back.
+state-vector exchange that brings a client back (answered again when a
+failover took the answer's entries back while it was read).
 
 Both only read and compute; the subscription applies the outcome to its
 state (:mod:`.subscription`).
@@ -18,6 +19,7 @@ from yrelay.protocol import ResyncReason
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
 from yrelay.storage.reads import Entry, Snapshot, held_offset
+from yrelay.storage.rewind import find_rewound
 from yrelay.yjs.engine_pool import precheck_state_vector
 
 if TYPE_CHECKING:
@@ -119,3 +121,26 @@ async def _read_again_if_lost(services: ReadServices, doc: str) -> tuple[Snapsho
 
 
 __all__ = ["Resume", "SyncAnswer", "answer_sync", "resume_point", "sync_answer"]
+
+
+async def answer_from_current_stream(
+    services: ReadServices, doc: str, session: str | None, state_vector: bytes
+) -> SyncAnswer:
+    """:func:`answer_sync` for ``session`` (None: :func:`sync_answer`, an
+    untracked client), computed again when Redis failed while it was read
+    and its offset is gone from the stream now: the answer was read from a
+    master that lost it (a failover to a replica that lagged), and the
+    fan-out's check may be over before this answer's offset becomes the
+    subscription's cursor. Not sent yet, so the client holds none of it: a
+    fresh answer from the stream as it is now is all it takes."""
+    for _ in range(READ_ATTEMPTS):
+        failures = services.fanout.failures
+        answer = await (
+            sync_answer(services, doc, state_vector)
+            if session is None
+            else answer_sync(services, doc, session, state_vector)
+        )
+        if failures == services.fanout.failures or not await find_rewound(services.store.redis, {doc: [answer.offset]}):
+            return answer
+        log.warning("document %s: the sync answer was read from a stream that went back since; answering again", doc)
+    return answer

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from yrelay.app.core.acks import AckWindow
 from yrelay.app.core.peer import Peer
-from yrelay.app.core.resync import READ_ATTEMPTS, Resume, SyncAnswer, answer_sync, resume_point, sync_answer
+from yrelay.app.core.resync import Resume, answer_from_current_stream, resume_point
 from yrelay.app.core.sending import Sender
 from yrelay.app.fanout import Batch
 from yrelay.app.limits import DeliveryBudget
@@ -38,7 +38,6 @@ from yrelay.reconciliation.digest import Digest
 from yrelay.reconciliation.stream_digest import WindowDigest
 from yrelay.storage.offsets import StreamId
 from yrelay.storage.reads import HistoryTrimmed, StreamRewound
-from yrelay.storage.rewind import find_rewound
 from yrelay.storage.tombstones import DocumentDeleted
 from yrelay.tasks import BackgroundTask, lost_redis
 from yrelay.transport.lean import Kick
@@ -404,13 +403,15 @@ class Subscription:
         self._owner.answered(self.doc)
 
     async def _answer_sync(self) -> None:
-        """Two-way state-vector exchange (:func:`.resync.answer_sync`): send
+        """Two-way state-vector exchange (:func:`.resync.answer_from_current_stream`): send
         what the client lacks, with the server's state vector so the client
         can send back what the server lacks."""
         state_vector = self._sync_vector
         assert state_vector is not None
         try:
-            answer = await self._answer_from_current_stream(state_vector)
+            answer = await answer_from_current_stream(
+                self.services, self.doc, self.session if self.tracked else None, state_vector
+            )
         except (crdt.InvalidUpdate, EngineFailed) as exc:
             self._sync_vector = None
             if isinstance(exc, EngineFailed):
@@ -436,30 +437,6 @@ class Subscription:
         if self.state is SubscriptionState.RESYNC_REQUIRED:
             self._move(SubscriptionState.LIVE)
         self._wake.set()
-
-    async def _answer_from_current_stream(self, state_vector: bytes) -> SyncAnswer:
-        """:func:`.resync.answer_sync`, computed again when Redis failed
-        while it was read and its offset is gone from the stream now: the
-        answer was read from a master that lost it (a failover to a replica
-        that lagged), and the fan-out's check may be over before this
-        answer's offset becomes the cursor. Not sent yet, so the client
-        holds none of it: a fresh answer from the stream as it is now is all
-        it takes."""
-        for _ in range(READ_ATTEMPTS):
-            failures = self.services.fanout.failures
-            answer = await (
-                answer_sync(self.services, self.doc, self.session, state_vector)
-                if self.tracked
-                else sync_answer(self.services, self.doc, state_vector)
-            )
-            if failures == self.services.fanout.failures or not await find_rewound(
-                self.services.store.redis, {self.doc: [answer.offset]}
-            ):
-                return answer
-            log.warning(
-                "document %s: the sync answer was read from a stream that went back since; answering again", self.doc
-            )
-        return answer
 
     async def _send_synced(self, offset: StreamId) -> None:
         """The client has been sent everything admitted up to ``offset``
