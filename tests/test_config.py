@@ -158,3 +158,27 @@ def test_a_socket_holds_few_unread_messages(monkeypatch):
     assert options["ws_max_queue"] * options["ws_max_size"] <= 40 * 1024 * 1024
     monkeypatch.setenv("YRELAY_WS_MAX_QUEUE", "8")
     assert Settings.from_env().uvicorn_options()["ws_max_queue"] == 8
+
+
+@pytest.mark.parametrize(
+    "variable, raw, expected",
+    [
+        ("YRELAY_MAX_UPDATE_BYTES", "-1", "max_update_bytes must not be negative"),
+        ("YRELAY_GC_INTERVAL", "-0.5", "gc_interval must not be negative"),
+        ("YRELAY_YWS_ECHO_AFTER", "0", "yws_echo_after must be more than 0: .*busy loop"),
+        ("YRELAY_RESEND_CHECK_INTERVAL", "0", "resend_check_interval must be more than 0"),
+        ("YRELAY_BLOCK_MS", "0", "block_ms must be more than 0: Redis reads BLOCK 0 as waiting for ever"),
+        ("YRELAY_CHUNK_BYTES", "0", "chunk_bytes must be more than 0"),
+    ],
+)
+def test_a_negative_number_or_a_period_of_0_is_refused_naming_the_setting(monkeypatch, variable, raw, expected):
+    monkeypatch.setenv(variable, raw)
+    with pytest.raises(ValueError, match=expected):
+        Settings.from_env()
+
+
+def test_0_still_means_off_or_no_cap_where_the_docs_say_so(monkeypatch):
+    for variable in ("YRELAY_GC_INTERVAL", "YRELAY_HELLO_TIMEOUT", "YRELAY_MAX_CONNECTIONS_PER_ADDRESS"):
+        monkeypatch.setenv(variable, "0")
+    settings = Settings.from_env()
+    assert (settings.gc_interval, settings.hello_timeout, settings.max_connections_per_address) == (0, 0, 0)

@@ -300,6 +300,12 @@ class Settings:
     ack_replicas_timeout: float = 1.0
 
     def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ValueError(f"{item.name} must not be negative, got {value!r}")
+            if item.name in _PERIODS and value == 0:
+                raise ValueError(f"{item.name} must be more than 0: {_PERIODS[item.name]}")
         if self.event_log_subject not in SUBJECT_MODES:
             raise ValueError(
                 f"event_log_subject must be one of {', '.join(SUBJECT_MODES)}, got {self.event_log_subject!r}"
@@ -397,6 +403,19 @@ class Settings:
 #: is refused, so ``YRELAY_METRICS=on`` cannot quietly mean "off".
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
+
+
+#: Settings 0 cannot mean: each is how often a loop runs, or how much one
+#: read takes, and 0 would spin that loop or block a read for ever.
+_PERIODS = {
+    "resend_check_interval": "every connection's checks would run in a busy loop",
+    "revocation_refresh": "the revoked list would be read from Redis in a busy loop",
+    "yws_echo_after": "a held /yws room would be sent awareness in a busy loop",
+    "subscription_lease": "the subscription counts would be renewed in a busy loop",
+    "block_ms": "Redis reads BLOCK 0 as waiting for ever",
+    "page_size": "a stream read of 0 entries reads nothing",
+    "chunk_bytes": "an answer cannot be cut into chunks of 0 bytes",
+}
 
 
 def _ypy_installed() -> bool:
