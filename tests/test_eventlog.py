@@ -113,8 +113,12 @@ async def test_a_server_logs_what_happens(redis_url, redis_client, make_client, 
     for line in lines:
         assert COMMON <= set(line)
         by_type.setdefault(line["type"], []).append(line)
-    appends = by_type["append"]
-    assert len(appends) == 6 and {line["session"] for line in appends} == {writer}
+    # A busy machine may delay an answer past the client's resend: the resend
+    # is answered from the dedup (`duplicate`), stored once. Stored updates:
+    appends = [line for line in by_type["append"] if not line["duplicate"]]
+    resent = [line for line in by_type["append"] if line["duplicate"]]
+    assert len(appends) == 6 and {line["session"] for line in by_type["append"]} == {writer}
+    assert {line["offset"] for line in resent} <= {line["offset"] for line in appends}
     assert [line["offset"] for line in appends] == sorted(line["offset"] for line in appends)
     delivered = sum(line["entries"] for line in by_type["deliver"] if line["session"] == reader)
     assert delivered >= 6
