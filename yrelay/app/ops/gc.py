@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from yrelay.app.binding import relay_context as _ctx
+from yrelay.app.binding import RelayCollector, RelayMetrics, RelaySettings
 from yrelay.app.http_body import documented, json_body
 from yrelay.app.ops.names import doc_id
 from yrelay.gc import DocReport, collect_documents
@@ -36,13 +36,17 @@ class GcResponse(BaseModel):
 
 
 @router.post("/gc", response_model=GcResponse, openapi_extra=documented(GcRequest))
-async def run_gc(body: Annotated[GcRequest, Depends(json_body(GcRequest))], request: Request) -> GcResponse:
+async def run_gc(
+    body: Annotated[GcRequest, Depends(json_body(GcRequest))],
+    collector: RelayCollector,
+    metrics: RelayMetrics,
+    settings: RelaySettings,
+) -> GcResponse:
     """Collect one document or all of them now (or, with ``dry_run``, report)."""
-    ctx = _ctx(request)
     docs = None if body.doc is None else [doc_id(body.doc)]
-    summary = await collect_documents(ctx.collector, docs, dry_run=body.dry_run, batch_size=ctx.settings.gc_batch_size)
+    summary = await collect_documents(collector, docs, dry_run=body.dry_run, batch_size=settings.gc_batch_size)
     if not body.dry_run:
-        ctx.metrics.gc_pass(summary, trigger="ops")
+        metrics.gc_pass(summary, trigger="ops")
     totals = {name: value for name, value in asdict(summary).items() if name != "reports"}
     reports = [asdict(report) for report in summary.reports if _eventful(report) or body.doc is not None]
     return GcResponse(dry_run=body.dry_run, reports=reports, **totals)

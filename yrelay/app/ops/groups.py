@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, status
 
-from yrelay.app.binding import relay_context as _ctx
+from yrelay.app.binding import RelayEvents, RelayRedis
 from yrelay.app.ops.names import group_name
 from yrelay.consumers.admin import delete_group, describe_group, list_groups
 
@@ -15,31 +15,30 @@ router = APIRouter(prefix="/groups")
 
 
 @router.get("")
-async def get_groups(request: Request) -> dict[str, Any]:
+async def get_groups(redis: RelayRedis) -> dict[str, Any]:
     """Every consumer group: live members, leader, documents assigned, and
     its lag (entries handed out and not acked, age of the oldest)."""
-    return {"groups": await list_groups(_ctx(request).redis)}
+    return {"groups": await list_groups(redis)}
 
 
 @router.get("/{group}")
-async def get_group(group: str, request: Request) -> dict[str, Any]:
+async def get_group(group: str, redis: RelayRedis) -> dict[str, Any]:
     """One group: members, leader, and per document its member, version,
     pending handover and lag behind the stream's newest entry."""
-    detail = await describe_group(_ctx(request).redis, group_name(group))
+    detail = await describe_group(redis, group_name(group))
     if detail is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown consumer group {group!r}")
     return detail
 
 
 @router.delete("/{group}")
-async def remove_group(group: str, request: Request) -> dict[str, Any]:
+async def remove_group(group: str, redis: RelayRedis, events: RelayEvents) -> dict[str, Any]:
     """Delete a group: its members stop at their next heartbeat, its keys
     and its progress on every document go (GC no longer holds streams for
     it). Answers the number of documents it had progress on. Recorded in the
     event log (``consumer_group_deleted``)."""
-    ctx = _ctx(request)
-    cleared = await delete_group(ctx.redis, group_name(group))
+    cleared = await delete_group(redis, group_name(group))
     if cleared is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown consumer group {group!r}")
-    ctx.events.emit("consumer_group_deleted", group=group, documents=cleared)
+    events.emit("consumer_group_deleted", group=group, documents=cleared)
     return {"group": group, "documents_cleared": cleared}

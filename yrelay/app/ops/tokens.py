@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Response, status
 from pydantic import BaseModel, Field
 
-from yrelay.app.binding import relay_context as _ctx
+from yrelay.app.binding import RelayRevocations
 from yrelay.app.http_body import documented, json_body
 from yrelay.auth import AlreadyExpired
 
@@ -26,12 +26,14 @@ class RevokeRequest(BaseModel):
 
 
 @router.post("/tokens/revoke", status_code=status.HTTP_204_NO_CONTENT, openapi_extra=documented(RevokeRequest))
-async def revoke_token(body: Annotated[RevokeRequest, Depends(json_body(RevokeRequest))], request: Request) -> Response:
+async def revoke_token(
+    body: Annotated[RevokeRequest, Depends(json_body(RevokeRequest))], revocations: RelayRevocations
+) -> Response:
     """Revoke a client token on every server process: its connections are
     closed with code 4401 within ``revocation_refresh`` + ``resend_check_interval`` seconds, and it is
     refused from then on."""
     try:
-        await _ctx(request).revocations.revoke(body.jti, body.expires_at)
+        await revocations.revoke(body.jti, body.expires_at)
     except AlreadyExpired as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)
