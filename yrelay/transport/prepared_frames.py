@@ -1,7 +1,7 @@
 """Deliver frames framed once for many sockets, and the way to write them.
 
-The fan-out encodes a batch's deliver frame once for every subscriber
-(:meth:`.sending.Sender.deliver_frame`); websockets then framed it again for
+A fan-out batch's deliver frame is encoded once for every subscriber
+(:meth:`yrelay.app.wire.ws.JsonCodec.deliver`); websockets then framed it again for
 each socket, and the frame went through Starlette's, uvicorn's and
 websockets' send paths per reader. A server frame is not masked, so the
 same bytes serve every socket: yrelay's uvicorn protocol

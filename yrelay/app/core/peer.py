@@ -1,17 +1,18 @@
 """What the connection core says to one client, and how a wire protocol
 plugs into the core: the two protocols every endpoint's codec implements.
 
-The core (:mod:`.connection`, :mod:`.connection_documents`,
-:mod:`.subscription`, :mod:`.sending`, :mod:`.write_path`, presence) knows
-no wire format. It tells a client things (:class:`Peer`: a document's
-entries, a sync answer, an update stored, a refusal...) and is told things
-by the client's codec calling the connection's commands
+The core (:mod:`.connection`, :mod:`.documents`, :mod:`.subscription`,
+:mod:`.sending`, :mod:`.write_path`, :mod:`.presence`) knows no wire
+format. It tells a client things (:class:`Peer`: a document's entries, a
+sync answer, an update stored, a refusal...) and is told things by the
+client's codec calling the connection's commands
 (:class:`.connection.Connection`: ``write``, ``ack``, ``subscribe``,
 ``sync``, ``awareness``...). A codec is both directions of one wire format
 plus the endpoint's small policy (:class:`Codec`): ``/ws`` speaks JSON
-frames (:mod:`.ws_codec`), ``/yws`` y-protocols (:mod:`.yws`). A new
-protocol is a new codec and an endpoint; the core's limits, fairness,
-backpressure and authentication come with it.
+frames (:mod:`yrelay.app.wire.ws`), ``/yws`` y-protocols
+(:mod:`yrelay.app.wire.yws`). A new protocol is a new codec and an
+endpoint; the core's limits, fairness, backpressure and authentication
+come with it.
 """
 
 from __future__ import annotations
