@@ -49,13 +49,16 @@ def test_every_path_in_the_table_exists():
 
 # ---------------------------------------------------------------- names
 # Docs and docstrings name modules, classes and functions (``yrelay.app.core.
-# connection``, :class:`.peer.Codec`, `yrelay/storage/reads.py`); code moves,
+# connection``, :class:`.peer.Codec`, `yrelay/storage/reads.py`, `app/ticker.py`); code moves,
 # and a name that resolves to nothing sends a reader looking for what is gone.
 # Resolved from the source (ast), so no optional extra has to be installed.
 
 ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|exc|obj):`~?([\w.]+)`")
 DOTTED = re.compile(r"`{1,2}(yrelay(?:_tools)?(?:\.\w+)+)(?:\(\))?`")
-FILE = re.compile(r"(?<![\w./-])((?:yrelay|yrelay_tools)/[\w/.*-]*?(?:\.py|\.lua|/))(?![\w.-])")
+FILE = re.compile(r"(?<![\w./-])((?:yrelay|yrelay_tools)/[\w/.*-]*?/|(?:[\w-]+/)+[\w*-]+\.(?:py|lua))(?![\w.-])")
+#: Where a path in the docs may start: the repository, or the package the
+#: text is about (``app/ticker.py``, ``core/services.py``, ``lua/append.lua``, ``examples/x.py``).
+BASES = (ROOT, *(ROOT / "yrelay" / sub for sub in ("", "app", "storage")), ROOT / "yrelay_tools", ROOT / "docs")
 
 
 class Module:
@@ -209,7 +212,8 @@ def strings_of_the_code() -> set[str]:
 
 
 def file_exists(path: str) -> bool:
-    return any(ROOT.glob(path.rstrip("/"))) if "*" in path else (ROOT / path.rstrip("/")).exists()
+    path = path.rstrip("/")
+    return any(any(base.glob(path)) if "*" in path else (base / path).exists() for base in BASES)
 
 
 def unresolved() -> list[str]:
