@@ -1,14 +1,18 @@
 """Issue 36's hostile client, from the outside, against one real server
 process with JWT auth: what ``tests/test_core_attacks.py`` does not try.
 
-The finding fixed here: updates in parts left half-sent. All connections of
+The findings fixed here. Updates in parts left half-sent: All connections of
 a process hold at most 256 MiB of parts, but nothing bounded one user's
 share: 17 connections of one token, each holding 15 MiB of an update it
 never finished, took the whole budget (the server's RSS went from 79 MB to
 424 MB) for as long as they stayed open, and every other user's update in
 parts was refused ``unavailable`` all that time. Now one user holds at most
 four updates' worth (``SUBJECT_UPDATES_IN_PARTS`` x ``max_update_bytes``);
-past it only its own parts are refused.
+past it only its own parts are refused. And ``/ops`` bodies: one that was
+not UTF-8 was answered 500 with a traceback in the log (FastAPI's 422
+encoder decodes the echoed body as UTF-8), and unknown fields were ignored,
+so ``POST /ops/gc {"docs": ["a"]}`` (a misspelt ``doc``) collected every
+document.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 
@@ -37,6 +42,7 @@ ENV = {
     "YRELAY_GC_INTERVAL": "0",
     "YRELAY_MAX_FRAME_BYTES": "4096",  # a few kilobytes need parts (SLICE fits a frame)
     "YRELAY_MAX_UPDATE_BYTES": str(MAX_UPDATE_BYTES),
+    "YRELAY_OPS_TOKEN": "attacks36-ops-token-0123456789abcdef",
 }
 
 
@@ -101,6 +107,22 @@ async def test_one_user_holding_half_sent_updates_cannot_refuse_everyone_elses(s
     finally:
         for ws in attackers:
             await ws.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "misspelt"),
+    [("/ops/gc", {"docs": ["a"]}), ("/ops/tokens/revoke", {"jti": "a", "expires": 2_000_000_000})],
+)
+async def test_ops_bodies_that_are_not_utf8_or_misspelt_are_refused_422(server, path, misspelt):
+    headers = {"Authorization": f"Bearer {ENV['YRELAY_OPS_TOKEN']}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", headers=headers) as ops:
+        for body in (b"\xff\xfe", b'"\xff"', b'{"jti": "\xff", "expires_at": 1}'):
+            response = await ops.post(path, content=body)
+            assert response.status_code == 422, (body, response.status_code, response.text)
+            assert response.json()["detail"][0]["type"] == "json_invalid"
+        response = await ops.post(path, json=misspelt)  # was: every document collected; kept 30 days, not until exp
+        assert response.status_code == 422, response.text
+        assert [error["loc"] for error in response.json()["detail"]] == [["body", list(misspelt)[-1]]]
 
 
 async def test_the_server_survived_and_logged_no_traceback(server):
