@@ -100,14 +100,14 @@ async def test_a_blocked_document_is_reported_then_resolved_by_dropping_what_nev
     seconds, _ = await redis_client.time()
     now = seconds * 1000
     ids = await append_at(redis_client, "old", [now - 10_000 + i for i in range(5)], updates[:2] + updates[3:])
-    assert (await ops.post("/ops/gc", json={"docs": ["old"]}, headers=AUTH)).status_code == 200
+    assert (await ops.post("/ops/gc", json={"doc": "old"}, headers=AUTH)).status_code == 200
     status = (await ops.get("/ops/docs/old", headers=AUTH)).json()
     assert status["blocked_at"] == str(ids[2]) and status["blocked_since"] > 0
     assert status["stream_length"] == 3
 
     answer = await ops.post("/ops/docs/old/drop-blocked", headers=AUTH)
     assert answer.status_code == 200 and answer.json()["dropped"] == [str(i) for i in ids[2:]]
-    assert (await ops.post("/ops/gc", json={"docs": ["old"]}, headers=AUTH)).status_code == 200
+    assert (await ops.post("/ops/gc", json={"doc": "old"}, headers=AUTH)).status_code == 200
     status = (await ops.get("/ops/docs/old", headers=AUTH)).json()
     assert status["blocked_at"] is None and status["stream_length"] == 0
     assert not await redis_client.exists("yrelay:{old}:dropped")

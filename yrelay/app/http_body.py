@@ -45,10 +45,21 @@ def json_body(model: type[Model], cap: int = MAX_BODY_BYTES) -> Callable[[Reques
         try:
             return model.model_validate_json(await _capped(request, cap))
         except ValidationError as exc:
-            errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors(include_url=False)]
+            errors = [
+                {**error, "loc": ("body", *error["loc"]), "input": _echoable(error.get("input"))}
+                for error in exc.errors(include_url=False)
+            ]
             raise RequestValidationError(errors) from None
 
     return read_body
+
+
+def _echoable(value: Any) -> Any:
+    """What a refused body is echoed as in the 422 answer: the raw bytes of
+    a body that is not JSON, as text. FastAPI encodes bytes as UTF-8 text
+    and raised on any other: a body that was not UTF-8 (``b"\\xff"``) was
+    answered 500, with a traceback in the log (issue 36)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def documented(model: type[BaseModel]) -> dict[str, Any]:

@@ -11,10 +11,15 @@ open discard what was buffered, with an ``error`` naming the discarded
 update's doc and clock, so the client knows to send it again from part 0
 (``unavailable`` when another update's part broke in: this one was fine).
 One error per broken update: its remaining parts, already on their way, are
-ignored until it starts again at part 0. All connections of a process together hold at most ``PROCESS_PARTS_BYTES``
-of parts: past it a part is refused with ``unavailable`` (resend later), so
-many connections that open large updates and never finish cannot exhaust
-memory.
+ignored until it starts again at part 0. All connections of a process
+together hold at most ``PROCESS_PARTS_BYTES`` of parts: past it a part is
+refused with ``unavailable`` (resend later), so many connections that open
+large updates and never finish cannot exhaust memory. One user's
+connections (its subject) hold at most ``SUBJECT_UPDATES_IN_PARTS`` updates'
+worth (``max_update_bytes`` each) of it: without a share, 17 connections of
+one token holding 15 MiB each, never finished, took the whole budget for as
+long as they stayed open, and every other user's update in parts was
+refused ``unavailable`` all that time (issue 36).
 """
 
 from __future__ import annotations
@@ -31,23 +36,41 @@ Reject = Callable[[ProtocolError], Awaitable[None]]
 
 #: Bytes of parts all connections of one process may hold at once.
 PROCESS_PARTS_BYTES = 256 * 1024 * 1024
+#: ... and all connections of one user (subject) at most this many updates
+#: of ``max_update_bytes`` (64 MiB by default: a quarter of the process's).
+SUBJECT_UPDATES_IN_PARTS = 4
 
 
 class PartsBudget:
-    """Bytes held in parts across a process's connections."""
+    """Bytes held in parts across a process's connections, and by each
+    owner (a user's connections together)."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.held = 0
+        #: Bytes held per owner; an owner holding none is not kept.
+        self._owners: dict[str, int] = {}
 
-    def take(self, size: int) -> bool:
+    def refusal(self, owner: str, size: int, owner_limit: int) -> str | None:
+        """Why ``owner`` may not hold ``size`` more bytes, at most
+        ``owner_limit`` of its own (None: it may)."""
+        if self._owners.get(owner, 0) + size > owner_limit:
+            return "your connections hold too many updates in parts; resend later"
         if self.held + size > self.limit:
-            return False
-        self.held += size
-        return True
+            return "the server holds too many updates in parts; resend later"
+        return None
 
-    def give_back(self, size: int) -> None:
+    def take(self, owner: str, size: int) -> None:
+        self.held += size
+        self._owners[owner] = self._owners.get(owner, 0) + size
+
+    def give_back(self, owner: str, size: int) -> None:
         self.held -= size
+        left = self._owners.get(owner, 0) - size
+        if left > 0:
+            self._owners[owner] = left
+        else:
+            self._owners.pop(owner, None)
 
 
 #: The process's budget (one event loop per server process).
@@ -62,6 +85,7 @@ class _Open:
     clock: int
     parts: int
     sync: bool
+    owner: str  # whose share of the budget its bytes are
     received: int = 0  # parts kept so far (the next expected index)
     size: int = 0
     slices: list[bytes] = field(default_factory=list)
@@ -71,12 +95,23 @@ class _Open:
 
 
 class UpdateParts:
-    """One connection's update in parts; ``reject`` sends an error frame."""
+    """One connection's update in parts; ``reject`` sends an error frame;
+    ``owner`` names whose share of the budget it takes (the connection's
+    subject, asked when an update starts: known only after ``hello``; by
+    default the connection alone)."""
 
-    def __init__(self, max_update_bytes: int, reject: Reject, budget: PartsBudget = PROCESS_BUDGET):
+    def __init__(
+        self,
+        max_update_bytes: int,
+        reject: Reject,
+        budget: PartsBudget = PROCESS_BUDGET,
+        owner: Callable[[], str] | None = None,
+    ):
         self.max_update_bytes = max_update_bytes
         self._reject = reject
         self._budget = budget
+        self._owner = owner or (lambda: f"connection:{id(self)}")
+        self._owner_limit = SUBJECT_UPDATES_IN_PARTS * max_update_bytes
         self._open: _Open | None = None
         #: The last update refused (doc, clock): its remaining parts, already
         #: on their way, are ignored until the client starts it again at part 0.
@@ -113,7 +148,7 @@ class UpdateParts:
                 raise ProtocolError.about(
                     frame, ErrorCode.MALFORMED_FRAME, f"part {frame.part} without part 0 before it"
                 )
-            self._open = _Open(frame.doc, frame.clock, frame.parts, frame.sync)
+            self._open = _Open(frame.doc, frame.clock, frame.parts, frame.sync, self._owner())
         return self._keep(self._open, frame, data)
 
     def _keep(self, current: _Open, frame: Update, data: bytes) -> bytes | None:
@@ -122,11 +157,11 @@ class UpdateParts:
             raise ProtocolError.about(
                 frame, ErrorCode.UPDATE_TOO_LARGE, f"update exceeds {self.max_update_bytes} bytes"
             )
-        if not self._budget.take(len(data)):
+        refusal = self._budget.refusal(current.owner, len(data), self._owner_limit)
+        if refusal is not None:
             self._drop()
-            raise ProtocolError.about(
-                frame, ErrorCode.UNAVAILABLE, "the server holds too many updates in parts; resend later"
-            )
+            raise ProtocolError.about(frame, ErrorCode.UNAVAILABLE, refusal)
+        self._budget.take(current.owner, len(data))
         current.slices.append(data)
         current.size += len(data)
         current.received += 1
@@ -162,7 +197,7 @@ class UpdateParts:
         """Forget the open update; its bytes go back to the process's budget."""
         current, self._open = self._open, None
         if current is not None:
-            self._budget.give_back(current.size)
+            self._budget.give_back(current.owner, current.size)
         return current
 
     async def discard(self, why: str) -> None:

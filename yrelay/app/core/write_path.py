@@ -73,7 +73,7 @@ class WritePath:
         #: updates are validated concurrently but appended in arrival order.
         self._turn: asyncio.Future[None] | None = None
         #: An update larger than a frame, arriving in parts.
-        self._parts = UpdateParts(services.settings.max_update_bytes, reject)
+        self._parts = UpdateParts(services.settings.max_update_bytes, reject, owner=allowance.subject_id)
         #: Whose updates these are (set once ``hello`` opened the session).
         self.session: str | None = None
 

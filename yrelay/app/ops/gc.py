@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from yrelay.app.binding import RelayCollector, RelayMetrics, RelaySettings
 from yrelay.app.http_body import documented, json_body
@@ -18,6 +18,8 @@ router = APIRouter()
 
 
 class GcRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not ignored
+
     doc: str | None = Field(None, description="One document; all documents when omitted.")
     dry_run: bool = Field(False, description="Report what would be folded, trimmed and evicted; change nothing.")
 

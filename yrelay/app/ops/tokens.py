@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Response, status
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from yrelay.app.binding import RelayRevocations
 from yrelay.app.http_body import documented, json_body
@@ -16,6 +16,8 @@ router = APIRouter()
 
 
 class RevokeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not ignored
+
     jti: str = Field(..., min_length=1, max_length=200, description="The token id (JWT 'jti') to revoke.")
     expires_at: float | None = Field(
         None,
