@@ -27,11 +27,13 @@ from typing import Any
 import httpx
 import pytest
 import websockets
+from redis.asyncio import Redis
 
 from test_update_parts import SLICE, big_update, part_frames
 from yrelay.app.core.update_parts import SUBJECT_UPDATES_IN_PARTS
 from yrelay.auth import issue_token
 from yrelay.storage.embedded import RedisProcess
+from yrelay.storage.keys import session_documents_key, tracker_key
 from yrelay_tools.testing.processes import ServerProcess
 
 SECRET = "attacks36-secret-0123456789abcdef0123456"
@@ -123,6 +125,47 @@ async def test_ops_bodies_that_are_not_utf8_or_misspelt_are_refused_422(server, 
         response = await ops.post(path, json=misspelt)  # was: every document collected; kept 30 days, not until exp
         assert response.status_code == 422, response.text
         assert [error["loc"] for error in response.json()["detail"]] == [["body", list(misspelt)[-1]]]
+
+
+async def test_a_reader_that_opens_empty_documents_and_leaves_leaves_nothing_in_redis(server, redis_process):
+    """Every empty document a read-only token subscribed to and left kept a
+    tracker entry and a session-set member for good (5,710 keys from 3
+    connections in 30 s, none collected by GC). Now the tracking of a
+    document nothing was written to goes with the connection; a document
+    with entries keeps it, so a reconnect resumes from its offset."""
+    writer = await opened(server, "writer", "kept-doc")
+    await writer.send(json.dumps({"op": "update", "doc": "kept-doc", "clock": 1, "update": b64(big_update(50))}))
+    assert [a["op"] for a in await answers(writer) if a["op"] == "appended"] == ["appended"]
+    await writer.close()
+
+    ghosts = [f"ghost-{i}" for i in range(40)]
+    reader = await websockets.connect(server.ws_url)
+    await reader.send(json.dumps({"op": "hello", "token": issue_token(SECRET, "reader", ["*"], "read", 600)}))
+    session = json.loads(await reader.recv())["session"]
+    for doc in [*ghosts, "kept-doc"]:
+        await reader.send(json.dumps({"op": "subscribe", "doc": doc}))
+    synced = {answer["doc"] for answer in await answers(reader) if answer["op"] == "synced"}
+    assert synced == {*ghosts, "kept-doc"}
+    redis = Redis.from_url(redis_process.url)
+    try:
+        assert await redis.zscore(tracker_key("ghost-0"), session) is not None  # tracked while connected
+        await reader.close()
+        deadline = asyncio.get_running_loop().time() + 30  # the disconnect is handled after the close: wait for it
+        while await _tracked_documents(redis, session) != {b"kept-doc"}:
+            assert asyncio.get_running_loop().time() < deadline, await _tracked_documents(redis, session)
+            await asyncio.sleep(0.02)
+        assert await redis.exists(*(tracker_key(doc) for doc in ghosts)) == 0
+        assert await redis.zscore(tracker_key("kept-doc"), session) is not None
+    finally:
+        await redis.aclose()
+
+
+async def _tracked_documents(redis: Redis, session: str) -> set[bytes]:
+    return set(await redis.zrange(session_documents_key(session), 0, -1))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 async def test_the_server_survived_and_logged_no_traceback(server):

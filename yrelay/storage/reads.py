@@ -39,6 +39,11 @@ class DocumentStore:
         """The last id ever appended to ``doc`` (``0-0`` for a new document)."""
         return stream_id(await self.redis.hget(meta_key(doc), "last_id")) or ZERO
 
+    async def exists(self, doc: str) -> bool:
+        """Something was ever written to ``doc`` (its stream, meta or
+        snapshot is there; a deleted one's tombstone counts until it expires)."""
+        return bool(await self.redis.exists(stream_key(doc), meta_key(doc), snapshot_key(doc)))
+
     async def trimmed_through(self, doc: str) -> StreamId:
         return stream_id(await self.redis.hget(meta_key(doc), "trimmed_through")) or ZERO
 

@@ -189,6 +189,10 @@ class Connection:
                     docs=len(self.documents),
                     duration_ms=int((time.monotonic() - opened) * 1000),
                 )
+                try:
+                    await self.documents.forget_empty(self.session)
+                except Exception as exc:  # noqa: BLE001 - only Redis space: the tracking stays, as it did before
+                    log.info("could not forget the empty documents' tracking: %r", exc)
 
     async def _handle(self, message: Mapping[str, Any]) -> None:
         self.received = time.perf_counter()

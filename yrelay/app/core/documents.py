@@ -16,7 +16,7 @@ from yrelay.app.limits import DeliveryBudget
 from yrelay.auth import Principal
 from yrelay.protocol import ErrorCode, ProtocolError
 from yrelay.reconciliation.stream_digest import WindowDigest
-from yrelay.storage.offsets import StreamId
+from yrelay.storage.offsets import ZERO, StreamId
 
 
 class ConnectionDocuments:
@@ -128,6 +128,21 @@ class ConnectionDocuments:
 
     async def close(self) -> None:
         """Stop delivering, locally only: the session stays tracked, so a
-        quick reconnect resumes from its offset."""
+        quick reconnect resumes from its offset (but see :meth:`forget_empty`)."""
         for subscription in list(self.subscriptions.values()):
             await subscription.close()
+
+    async def forget_empty(self, session: str) -> None:
+        """The connection ended: stop tracking ``session`` in the documents
+        nothing was ever written to. There is nothing to resume in them, and
+        GC, which visits only documents with entries, would never drop the
+        tracking: every page that opened an empty document and closed left a
+        tracker entry and a session-set member in Redis for good, and one
+        read-only token could leave thousands a minute (issue 36). A
+        reconnecting client subscribes again at 0-0 and is tracked again."""
+        if not self._tracked:
+            return
+        for doc, subscription in self.subscriptions.items():
+            # A cursor past 0-0: the document held entries (no Redis read for those).
+            if subscription.cursor == ZERO and not await self._services.store.exists(doc):
+                await self._services.tracker.untrack(doc, session)
