@@ -39,10 +39,15 @@ class DocumentStore:
         """The last id ever appended to ``doc`` (``0-0`` for a new document)."""
         return stream_id(await self.redis.hget(meta_key(doc), "last_id")) or ZERO
 
-    async def exists(self, doc: str) -> bool:
-        """Something was ever written to ``doc`` (its stream, meta or
-        snapshot is there; a deleted one's tombstone counts until it expires)."""
-        return bool(await self.redis.exists(stream_key(doc), meta_key(doc), snapshot_key(doc)))
+    async def never_written(self, docs: list[str]) -> list[str]:
+        """Those of ``docs`` nothing was ever written to: no stream, meta or
+        snapshot (a deleted one's tombstone counts as written until it
+        expires). One pipelined read for all of them."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for doc in docs:
+                pipe.exists(stream_key(doc), meta_key(doc), snapshot_key(doc))
+            found = await pipe.execute()
+        return [doc for doc, count in zip(docs, found, strict=True) if not count]
 
     async def trimmed_through(self, doc: str) -> StreamId:
         return stream_id(await self.redis.hget(meta_key(doc), "trimmed_through")) or ZERO

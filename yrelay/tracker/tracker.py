@@ -55,6 +55,15 @@ class Tracker:
         await self.session_documents(session).remove([doc])
         return bool(await self.redis.zrem(tracker_key(doc), session))
 
+    async def untrack_all(self, docs: list[str], session: str) -> None:
+        """Drop a session from many documents: the set's digest in batches,
+        the trackers in one pipeline."""
+        await self.session_documents(session).remove(docs)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for doc in docs:
+                pipe.zrem(tracker_key(doc), session)
+            await pipe.execute()
+
     def session_documents(self, session: str) -> RedisIdSet:
         """The documents whose tracker holds ``session``, with their digest."""
         return session_documents(self.redis, session, self.scripts)

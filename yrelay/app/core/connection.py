@@ -148,6 +148,17 @@ class Connection:
             pygc.CHURN.closed_one()
             self.services.limits.close_connection(self.address)
             self.allowance.release(len(self.documents))
+            await self._forget_empty()
+
+    async def _forget_empty(self) -> None:
+        """After everything else is given back: the documents that hold
+        nothing stop tracking the session (:meth:`.documents.ConnectionDocuments.forget_empty`)."""
+        if self.session is None:
+            return
+        try:
+            await self.documents.forget_empty(self.session)
+        except Exception as exc:  # noqa: BLE001 - only Redis space: the tracking stays, as it did before
+            log.info("could not forget the empty documents' tracking: %r", exc)
 
     async def _serve(self) -> None:
         if self.handshake.origin_refused():
@@ -189,10 +200,6 @@ class Connection:
                     docs=len(self.documents),
                     duration_ms=int((time.monotonic() - opened) * 1000),
                 )
-                try:
-                    await self.documents.forget_empty(self.session)
-                except Exception as exc:  # noqa: BLE001 - only Redis space: the tracking stays, as it did before
-                    log.info("could not forget the empty documents' tracking: %r", exc)
 
     async def _handle(self, message: Mapping[str, Any]) -> None:
         self.received = time.perf_counter()

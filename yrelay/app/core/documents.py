@@ -140,9 +140,9 @@ class ConnectionDocuments:
         tracker entry and a session-set member in Redis for good, and one
         read-only token could leave thousands a minute (issue 36). A
         reconnecting client subscribes again at 0-0 and is tracked again."""
-        if not self._tracked:
-            return
-        for doc, subscription in self.subscriptions.items():
-            # A cursor past 0-0: the document held entries (no Redis read for those).
-            if subscription.cursor == ZERO and not await self._services.store.exists(doc):
-                await self._services.tracker.untrack(doc, session)
+        # A cursor past 0-0: the document held entries (no Redis read for those).
+        maybe_empty = [doc for doc, subscription in self.subscriptions.items() if subscription.cursor == ZERO]
+        if self._tracked and maybe_empty:
+            empty = await self._services.store.never_written(maybe_empty)
+            if empty:
+                await self._services.tracker.untrack_all(empty, session)
